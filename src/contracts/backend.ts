@@ -1,0 +1,153 @@
+// The backend interface: the only thing model graphs and the execution layer know about a device.
+//
+// Semantics are those of a CUDA stream: every op is *enqueued* and returns at once with a handle
+// to its (future) result; ops run in enqueue order; only `read`/`sync` wait, and they are async so
+// the Node event loop never blocks on compute. A backend decides its activation dtype (f32 on the
+// CPU, bf16 on CUDA); model code never names a dtype for activations.
+//
+// Layout conventions (all row-major, contiguous):
+//   activations  [T, D]          T = tokens of the flattened step batch (all rows together)
+//   weights      [N, K]          Hugging Face nn.Linear layout (out_features, in_features)
+//   heads        [T, H, headDim]
+//   paged KV     [numBlocks, blockSize, kvHeads, headDim], one pool for K and one for V per layer
+
+export type DType = 'f32' | 'f16' | 'bf16' | 'i32';
+
+export const dtypeBytes: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, i32: 4 };
+
+/** An opaque device tensor. Backends attach their own fields; callers only read shape/dtype. */
+export interface Tensor {
+  readonly shape: readonly number[];
+  readonly dtype: DType;
+}
+
+/** Raw little-endian tensor bytes inside a file (a safetensors payload). */
+export interface WeightSource {
+  path: string;
+  /** absolute byte offset of the first element in the file */
+  offset: number;
+  dtype: Exclude<DType, 'i32'>;
+  shape: number[];
+  /** human-readable name for error messages, e.g. "model.layers.0.self_attn.q_proj.weight" */
+  name: string;
+}
+
+export type Activation = 'silu' | 'gelu_tanh' | 'gelu';
+
+/** Paged KV storage of one attention layer. */
+export interface PagedKv {
+  k: Tensor; // [numBlocks, blockSize, kvHeads, headDim]
+  v: Tensor; // [numBlocks, blockSize, kvHeads, headDim]
+}
+
+/**
+ * Where every token of a step sits. Built once per step per KV group (full / sliding layers may
+ * have different block tables) and shared by all layers of that group.
+ */
+export interface StepLayout {
+  /** i32 [T]: which batch row each token belongs to */
+  tokenRow: Tensor;
+  /** i32 [T]: absolute position of each token in its sequence */
+  tokenPos: Tensor;
+  /** i32 [T]: flat KV slot (block * blockSize + pos % blockSize) the token's K/V are written to */
+  slots: Tensor;
+  /** i32 [R, maxBlocksPerRow]: physical block of each logical block; -1 where not held */
+  blockTables: Tensor;
+  blockSize: number;
+}
+
+export interface AttentionParams {
+  /** multiplier applied to q·k before the softmax */
+  scale: number;
+  /** 0 = full causal attention; W > 0 = a query at position p sees keys at p-W+1 .. p */
+  window: number;
+  /** 0 = none; else scores = cap * tanh(scores / cap) before the softmax */
+  softcap: number;
+}
+
+export interface MoeRouting {
+  weights: Tensor; // f32 [T, topK]
+  experts: Tensor; // i32 [T, topK]
+}
+
+export interface Backend {
+  readonly name: 'reference' | 'cpu' | 'cuda';
+  /** dtype the backend keeps activations in (f32 on CPU) */
+  readonly activationDtype: DType;
+
+  // ---- memory ------------------------------------------------------------------------------
+  /** Copies host data to the device. f32 data becomes activationDtype; i32 stays i32. */
+  upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor;
+  /**
+   * Loads a weight from a file without passing it through the JS heap. `as` = 'keep' keeps the
+   * stored dtype (for matmul weights), 'f32' converts (norm weights, biases, small vectors).
+   */
+  loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor>;
+  /** Loads rows [rowStart, rowStart+rows) of a 2-D (or leading dim of an N-D) weight. */
+  loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor>;
+  /** Stacks equally shaped weights into one [n, ...shape] tensor (MoE experts). */
+  loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor>;
+  /** Zero-filled tensor (KV pools). */
+  zeros(shape: readonly number[], dtype: DType): Tensor;
+  /** A view with a different shape over the same contiguous memory (same element count). */
+  reshape(t: Tensor, shape: readonly number[]): Tensor;
+  /** Waits for every enqueued op, then copies the tensor to the host (f32 or i32). */
+  read(t: Tensor): Promise<Float32Array | Int32Array>;
+  /** Frees the tensor once the ops enqueued before this call have run. Views free nothing. */
+  free(t: Tensor): void;
+  /** Waits until every enqueued op has run; rejects with the first op error, if any. */
+  sync(): Promise<void>;
+  /** Releases every resource; the backend is unusable afterwards. */
+  close(): Promise<void>;
+
+  /**
+   * Scopes bound the lifetime of intermediates: every tensor created by an op or `upload` while
+   * a scope is open belongs to the innermost scope; `endScope` frees all of them except `keep`,
+   * which move to the enclosing scope (or become unowned when none is open).
+   */
+  beginScope(): void;
+  endScope(keep?: readonly Tensor[]): void;
+
+  // ---- ops (enqueued; each returns a new tensor in activationDtype unless stated) -----------
+  /** rows of `table` [V, D] picked by `ids` i32 [T], times `scale` -> [T, D] */
+  embedding(table: Tensor, ids: Tensor, scale: number): Tensor;
+  /** x [M, K] · w [N, K]^T (+ bias [N]) -> [M, N]; w may be f32, f16 or bf16 */
+  matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor;
+  /** over the last dim: y = x / sqrt(mean(x^2) + eps) * (weightOffset + w); x [..., D], w [D] */
+  rmsnorm(x: Tensor, w: Tensor, eps: number, weightOffset: number): Tensor;
+  /** a + bScale * b, same shapes */
+  add(a: Tensor, b: Tensor, bScale: number): Tensor;
+  /** x * s */
+  scale(x: Tensor, s: number): Tensor;
+  /** act(gate) * up, same shapes */
+  glu(gate: Tensor, up: Tensor, act: Activation): Tensor;
+  /**
+   * Rotary embedding, rotate-half (GPT-NeoX / HF llama) convention, on the first
+   * 2 * invFreq.length dims of every head; the rest pass through.
+   * x [T, H, headDim], pos i32 [T], invFreq f32 [rotaryDim / 2]; cos/sin are multiplied by
+   * attentionScaling (YaRN / LongRoPE magnitude correction; 1 otherwise).
+   */
+  rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor;
+  /** writes k, v [T, kvHeads, headDim] into the pools at layout.slots (slot -1 = skip) */
+  writeKv(kv: PagedKv, k: Tensor, v: Tensor, layout: StepLayout): void;
+  /**
+   * Causal attention of q [T, H, headDim] over the paged KV of each token's row, reading keys at
+   * positions 0..tokenPos (limited by the window) through the row's block table. GQA: query head
+   * h reads KV head floor(h / (H / kvHeads)). -> [T, H, headDim]
+   */
+  attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor;
+  /** cap * tanh(x / cap) */
+  softcap(x: Tensor, cap: number): Tensor;
+  /** x [T, D], idx i32 [R] -> [R, D] */
+  gatherRows(x: Tensor, idx: Tensor): Tensor;
+  /**
+   * softmax over experts (f32), top-k (ties: lower expert index first), then, when `renormalize`,
+   * divide the k weights by their sum. logits [T, E].
+   */
+  moeRoute(logits: Tensor, topK: number, renormalize: boolean): MoeRouting;
+  /**
+   * sum over k of weight_k * down_e(act(gate_e(x)) * up_e(x)) with e = experts[t, k].
+   * x [T, D]; gate/up [E, I, D]; down [E, D, I] -> [T, D]
+   */
+  moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor, act: Activation): Tensor;
+}
