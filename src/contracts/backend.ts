@@ -109,7 +109,7 @@ export interface Backend {
   endScope(keep?: readonly Tensor[]): void;
 
   // ---- ops (enqueued; each returns a new tensor in activationDtype unless stated) -----------
-  /** rows of `table` [V, D] picked by `ids` i32 [T], times `scale` -> [T, D] */
+  /** rows of `table` [V, D] (f32, f16 or bf16) picked by `ids` i32 [T], times `scale` -> [T, D] */
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor;
   /** x [M, K] · w [N, K]^T (+ bias [N]) -> [M, N]; w may be f32, f16 or bf16 */
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor;

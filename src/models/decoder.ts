@@ -1,0 +1,151 @@
+// The decoder-only transformer graph, written once for every supported family against the
+// Backend interface. Family differences arrive as data in ModelConfig (norm placement, qk-norm,
+// multipliers, soft-caps, windows, MoE) — this file never looks at model_type.
+//
+// One forward = one flattened step batch: the tokens of every row concatenated ([T]), each row
+// at its own positions, KV read and written through the paged cache.
+
+import type { Backend, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
+import type { ModelConfig } from '../contracts/model-config.ts';
+import { RopeTables, type RopeTable } from './rope-tables.ts';
+import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
+
+/** A batch row: tokens at positions [start, start + count) of one sequence. */
+export interface RowSpan {
+  start: number;
+  count: number;
+}
+
+/**
+ * The paged KV the graph reads and writes (state/kv-cache implements it). Declared here so the
+ * model layer does not import the state layer above it.
+ */
+export interface KvAccess<Row extends RowSpan> {
+  kvOfLayer(layer: number): PagedKv;
+  groupIndexOfLayer(layer: number): number;
+  /** true when every row already holds the blocks its positions need */
+  isAllocated(row: Row): boolean;
+  /** uploads one layout per KV group (tensors belong to the caller's open scope) */
+  layouts(rows: readonly Row[]): StepLayout[];
+}
+
+export interface StepBatch<Row extends RowSpan> {
+  /** token ids of every row, concatenated in row order: i32 [T] */
+  tokens: Int32Array;
+  /** rows in order; row r owns tokens [sum of earlier counts, + count) */
+  rows: Row[];
+  /** indices into `tokens` whose logits are wanted (usually each row's last token) */
+  logitTokens: number[];
+}
+
+export class DecoderModel {
+  private readonly rope: RopeTables;
+
+  constructor(
+    readonly backend: Backend,
+    readonly config: ModelConfig,
+    readonly weights: ModelWeights,
+  ) {
+    this.rope = new RopeTables(backend, config.layers.map((l) => l.rope));
+  }
+
+  /** Runs one step; resolves to logits, f32 [logitTokens.length * vocabSize]. */
+  async forward<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>): Promise<Float32Array> {
+    const T = batch.tokens.length;
+    const total = batch.rows.reduce((a, r) => a + r.count, 0);
+    if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
+    if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
+    const maxPos = Math.max(...batch.rows.map((r) => r.start + r.count - 1));
+    const ropes = this.rope.prepare(maxPos);
+
+    const b = this.backend;
+    b.beginScope();
+    try {
+      const layouts = kv.layouts(batch.rows);
+      const ids = b.upload(batch.tokens, [T]);
+      let x = b.embedding(this.weights.embed, ids, this.config.embeddingScale);
+      for (let l = 0; l < this.config.numLayers; l++) {
+        x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+      }
+      const c = this.config;
+      const picked = b.gatherRows(x, b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]));
+      const normed = b.rmsnorm(picked, this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
+      let logits = b.matmul(normed, this.weights.lmHead);
+      if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
+      if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
+      return (await b.read(logits)) as Float32Array;
+    } finally {
+      b.endScope();
+    }
+  }
+
+  private norm(x: Tensor, w: Tensor | undefined): Tensor {
+    if (!w) throw new Error('decoder: a norm weight required by the norm placement is missing');
+    return this.backend.rmsnorm(x, w, this.config.rmsNormEps, this.config.normWeightOffset);
+  }
+
+  private layer(l: number, x: Tensor, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
+    const b = this.backend, c = this.config, w = this.weights.layers[l];
+    const rs = c.residualScale;
+    switch (c.normPlacement) {
+      case 'pre': {
+        x = b.add(x, this.attention(l, this.norm(x, w.inputNorm), w, layout, rope, kv), rs);
+        return b.add(x, this.mlp(this.norm(x, w.postAttnNorm), w), rs);
+      }
+      case 'pre_post': {
+        const a = this.norm(this.attention(l, this.norm(x, w.inputNorm), w, layout, rope, kv), w.postAttnNorm);
+        x = b.add(x, a, rs);
+        const m = this.norm(this.mlp(this.norm(x, w.preFfNorm), w), w.postFfNorm);
+        return b.add(x, m, rs);
+      }
+      case 'post': {
+        x = b.add(x, this.norm(this.attention(l, x, w, layout, rope, kv), w.postAttnNorm), rs);
+        return b.add(x, this.norm(this.mlp(x, w), w.postFfNorm), rs);
+      }
+    }
+  }
+
+  private attention(l: number, h: Tensor, w: LayerWeights, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
+    const b = this.backend, c = this.config, a: AttentionWeights = w.attn;
+    const T = h.shape[0];
+    let q = b.matmul(h, a.q, a.qBias);
+    let k = b.matmul(h, a.k, a.kBias);
+    const v = b.matmul(h, a.v, a.vBias);
+    if (c.qkNorm === 'full') {
+      q = this.norm(q, a.qNorm);
+      k = this.norm(k, a.kNorm);
+    }
+    q = b.reshape(q, [T, c.numHeads, c.headDim]);
+    k = b.reshape(k, [T, c.numKvHeads, c.headDim]);
+    if (c.qkNorm === 'head') {
+      q = this.norm(q, a.qNorm);
+      k = this.norm(k, a.kNorm);
+    }
+    q = b.rope(q, layout.tokenPos, rope.invFreq, rope.attentionScaling);
+    k = b.rope(k, layout.tokenPos, rope.invFreq, rope.attentionScaling);
+    const paged = kv.kvOfLayer(l);
+    b.writeKv(paged, k, b.reshape(v, [T, c.numKvHeads, c.headDim]), layout);
+    const spec = c.layers[l];
+    const o = b.attention(q, paged, layout, {
+      scale: c.attentionScale,
+      window: spec.window,
+      softcap: c.attnLogitSoftcap,
+    });
+    return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+  }
+
+  private mlp(h: Tensor, w: LayerWeights): Tensor {
+    const b = this.backend, c = this.config, m = w.mlp;
+    if (m.kind === 'dense') {
+      const g = b.matmul(h, m.gate, m.gateBias);
+      const u = b.matmul(h, m.up, m.upBias);
+      return b.matmul(b.glu(g, u, c.activation), m.down, m.downBias);
+    }
+    const routing = b.moeRoute(b.matmul(h, m.router), c.moe!.topK, c.moe!.normTopK);
+    return b.moeFfn(h, routing, m.gate, m.up, m.down, c.activation);
+  }
+
+  dispose(): void {
+    this.rope.dispose();
+  }
+}
