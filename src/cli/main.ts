@@ -1,0 +1,31 @@
+// Entry point of `bin/llmts`: dispatches to one command module per subcommand.
+
+import { exitWithError, UsageError } from './errors.ts';
+
+const USAGE = `usage: llmts <command> [options]
+
+commands:
+  generate --model DIR (--prompt TEXT | --messages JSON) [options]   generate text
+  help                                                               this text
+
+Run "llmts <command> --help" for a command's options.`;
+
+async function main(argv: string[]): Promise<void> {
+  const [command, ...rest] = argv;
+  switch (command) {
+    case 'generate': {
+      const { runGenerate } = await import('./generate.ts');
+      return runGenerate(rest);
+    }
+    case undefined:
+    case 'help':
+    case '--help':
+    case '-h':
+      process.stdout.write(`${USAGE}\n`);
+      return;
+    default:
+      throw new UsageError(`unknown command "${command}" (commands: generate, help)`);
+  }
+}
+
+main(process.argv.slice(2)).catch(exitWithError);

@@ -1,0 +1,26 @@
+// Picks the backend for `--device auto|cpu|cuda`.
+
+import type { Backend } from '../contracts/backend.ts';
+import { createCpuBackend } from '../backends/cpu/cpu-backend.ts';
+
+export const DEVICES = ['auto', 'cpu', 'cuda'] as const;
+export type Device = (typeof DEVICES)[number];
+
+export class DeviceError extends Error {}
+
+export function parseDevice(raw: string | undefined): Device {
+  const d = raw ?? 'auto';
+  if (!(DEVICES as readonly string[]).includes(d)) throw new DeviceError(`--device must be one of ${DEVICES.join(', ')}, got "${d}"`);
+  return d as Device;
+}
+
+/** Why CUDA cannot be used here, or undefined when it can. */
+function cudaUnavailableReason(): string {
+  // The CUDA backend is not part of this build yet; `auto` therefore always means the CPU.
+  return 'this build of llmts has no CUDA backend yet';
+}
+
+export async function openBackend(device: Device): Promise<Backend> {
+  if (device === 'cuda') throw new DeviceError(`--device cuda: CUDA is not usable: ${cudaUnavailableReason()}`);
+  return createCpuBackend();
+}

@@ -1,0 +1,311 @@
+// The engine: one loop owns the device. Each step is three moves (nano-vllm): schedule (the
+// catch-up rule), run (one forward over the flattened batch), postprocess (sample the rows that
+// reached their end, emit events, retire finished sequences). A lone request takes this same
+// path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
+
+import type { DecoderModel } from '../models/decoder.ts';
+import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
+import { topLogprobs } from '../sampling/index.ts';
+import type { DecodeFn } from '../generation/detokenizer.ts';
+import { EventStream } from './event-stream.ts';
+import { Scheduler, type ScheduledRow } from './scheduler.ts';
+import { Sequence, type EngineRequest, type FinishReason, type SequenceEvent, type TokenLogprob } from './sequence.ts';
+
+export interface EngineOptions {
+  /** rows decoding together (default 16) */
+  maxBatch?: number;
+  /** sequences waiting for admission before new ones are refused (default 256) */
+  maxQueued?: number;
+  /** tokens per step, decode rows + prefill chunks (default 512) */
+  tokenBudget?: number;
+  /** tokens of KV the full-attention layers can hold in all (default: maxBatch * maxModelLen) */
+  kvTokens?: number;
+  /** longest sequence (prompt + output); default the model's max_position_embeddings */
+  maxModelLen?: number;
+  blockSize?: number;
+  /** events buffered per stream before its sequence pauses (default 256) */
+  streamBuffer?: number;
+  /** a full stream unread this long cancels its sequence (default 60 s; 0 = never) */
+  idleTimeoutMs?: number;
+}
+
+export interface TextCodec {
+  eosIds: readonly number[];
+  decode: DecodeFn;
+}
+
+export interface Completion {
+  tokenIds: number[];
+  text: string;
+  finishReason: FinishReason;
+  logprobs?: TokenLogprob[];
+  promptTokens: number;
+  completionTokens: number;
+  error?: string;
+}
+
+export class ContextLengthError extends Error {}
+export class EngineClosedError extends Error {}
+
+export interface EngineStats {
+  running: number;
+  waiting: number;
+  kvBlocksUsed: number;
+  kvBlocksTotal: number;
+  steps: number;
+}
+
+interface Handle {
+  seq: Sequence;
+  stream?: EventStream<SequenceEvent>;
+  cancelled?: string;
+}
+
+export class Engine {
+  readonly kv: KvCache;
+  readonly scheduler: Scheduler;
+  readonly maxModelLen: number;
+  private readonly handles = new Map<Sequence, Handle>();
+  private nextId = 1;
+  private looping = false;
+  private closed = false;
+  private wake?: () => void;
+  private steps = 0;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen'>>;
+
+  constructor(
+    readonly model: DecoderModel,
+    private readonly codec: TextCodec,
+    options: EngineOptions = {},
+  ) {
+    const cfg = model.config;
+    this.opts = {
+      maxBatch: options.maxBatch ?? 16,
+      maxQueued: options.maxQueued ?? 256,
+      tokenBudget: options.tokenBudget ?? 512,
+      blockSize: options.blockSize ?? 16,
+      streamBuffer: options.streamBuffer ?? 256,
+      idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
+    };
+    this.maxModelLen = Math.min(options.maxModelLen ?? cfg.maxPositionEmbeddings, cfg.maxPositionEmbeddings);
+    const bs = this.opts.blockSize;
+    const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
+    this.kv = new KvCache(model.backend, cfg.layers.map((l) => l.window), {
+      numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs,
+    }, (spec) => spec.window === 0
+      ? Math.max(1, Math.ceil(kvTokens / bs))
+      // sliding layers: every row at its bounded worst case, never more than full layers hold
+      : Math.min(Math.ceil(kvTokens / bs), this.opts.maxBatch * blocksPerSequence(spec.window, this.maxModelLen, bs, this.opts.tokenBudget)));
+    this.scheduler = new Scheduler(this.kv, {
+      maxBatch: this.opts.maxBatch, maxQueued: this.opts.maxQueued, tokenBudget: this.opts.tokenBudget,
+    });
+  }
+
+  get stats(): EngineStats {
+    return {
+      running: this.scheduler.running.length,
+      waiting: this.scheduler.waiting.length,
+      kvBlocksUsed: this.kv.usedBlocks,
+      kvBlocksTotal: this.kv.groups.reduce((a, g) => a + g.pool.numBlocks, 0),
+      steps: this.steps,
+    };
+  }
+
+  /**
+   * Validates and queues a request; events go to `emit`. Throws (nothing queued) for a prompt
+   * that does not fit the context, bad sampling parameters, a full queue, or a request that can
+   * never fit the KV cache.
+   */
+  submit(req: EngineRequest, emit: (e: SequenceEvent) => void, signal?: AbortSignal): Sequence {
+    if (this.closed) throw new EngineClosedError('the engine is shutting down');
+    const n = req.promptIds.length;
+    if (n === 0) throw new ContextLengthError('the prompt is empty');
+    if (n >= this.maxModelLen)
+      throw new ContextLengthError(`the prompt has ${n} tokens; the context holds ${this.maxModelLen} (prompt + at least 1 generated token)`);
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new RangeError(`max_tokens must be a positive integer, got ${req.maxTokens}`);
+    const vocab = this.model.config.vocabSize;
+    for (const id of req.promptIds) if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new RangeError(`prompt token id ${id} is outside the vocabulary [0, ${vocab})`);
+    const seq = new Sequence(this.nextId++, req, this.maxModelLen, vocab, this.codec.eosIds, this.codec.decode, emit);
+    this.scheduler.add(seq);
+    const handle: Handle = { seq };
+    this.handles.set(seq, handle);
+    if (signal) {
+      if (signal.aborted) this.cancel(seq, 'aborted');
+      else signal.addEventListener('abort', () => this.cancel(seq, 'aborted'), { once: true });
+    }
+    this.kick();
+    return seq;
+  }
+
+  /** Streams a request's events; breaking out of the loop cancels it. */
+  generate(req: EngineRequest, opts: { signal?: AbortSignal } = {}): AsyncIterable<SequenceEvent> {
+    let seq: Sequence | undefined;
+    const stream = new EventStream<SequenceEvent>(
+      this.opts.streamBuffer,
+      this.opts.idleTimeoutMs,
+      (why) => seq && this.cancel(seq, why),
+      () => this.kick(),
+    );
+    seq = this.submit(req, (e) => {
+      stream.push(e);
+      if (e.type === 'finish') stream.end();
+    }, opts.signal);
+    this.handles.get(seq)!.stream = stream;
+    return stream;
+  }
+
+  /** Runs a request to the end and returns everything it produced. */
+  complete(req: EngineRequest, opts: { signal?: AbortSignal } = {}): Promise<Completion> {
+    return new Promise((resolve, reject) => {
+      const tokenIds: number[] = [];
+      const logprobs: TokenLogprob[] | undefined = req.topLogprobs === undefined ? undefined : [];
+      let text = '';
+      try {
+        this.submit(req, (e) => {
+          if (e.type === 'token') {
+            tokenIds.push(e.tokenId);
+            text += e.text;
+            if (logprobs && e.logprobs) logprobs.push(e.logprobs);
+            return;
+          }
+          text += e.text;
+          resolve({
+            tokenIds, text, finishReason: e.finishReason, logprobs,
+            promptTokens: e.promptTokens, completionTokens: e.completionTokens, error: e.error,
+          });
+        }, opts.signal);
+      } catch (err) {
+        reject(err);
+      }
+    });
+  }
+
+  /** Stops a sequence at the next step boundary (or now, when it is not running). */
+  cancel(seq: Sequence, why = 'cancelled'): void {
+    const h = this.handles.get(seq);
+    if (!h || seq.finished) return;
+    h.cancelled = why;
+    if (!this.scheduler.running.includes(seq)) this.finish(seq, 'cancelled');
+    this.kick();
+  }
+
+  /**
+   * Stops admitting; lets running and queued sequences finish for up to `graceMs`, then cancels
+   * what is left. Resolves when the loop is idle.
+   */
+  async close(graceMs = 30_000): Promise<void> {
+    this.closed = true;
+    const deadline = Date.now() + graceMs;
+    while (this.scheduler.hasWork && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.finish(seq, 'cancelled');
+    while (this.looping) await new Promise((r) => setTimeout(r, 5));
+    this.kv.dispose();
+    this.model.dispose();
+  }
+
+  private kick(): void {
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+    if (!this.looping) void this.loop();
+  }
+
+  private isPaused = (seq: Sequence): boolean => this.handles.get(seq)?.stream?.isFull ?? false;
+
+  private async loop(): Promise<void> {
+    this.looping = true;
+    try {
+      while (this.scheduler.hasWork) {
+        this.reapCancelled();
+        const rows = this.scheduler.schedule(this.isPaused);
+        if (rows.length === 0) {
+          if (!this.scheduler.hasWork) break;
+          // everyone left is paused by a slow reader, or waiting for room: sleep until kicked
+          await new Promise<void>((resolve) => (this.wake = resolve));
+          continue;
+        }
+        await this.step(rows);
+      }
+    } finally {
+      this.looping = false;
+    }
+  }
+
+  private reapCancelled(): void {
+    for (const seq of [...this.scheduler.running]) if (this.handles.get(seq)?.cancelled) this.finish(seq, 'cancelled');
+  }
+
+  private async step(rows: ScheduledRow[]): Promise<void> {
+    const tokens: number[] = [];
+    const logitTokens: number[] = [];
+    for (const row of rows) {
+      for (let p = row.start; p < row.start + row.count; p++) tokens.push(row.seq.tokenAt(p));
+      if (row.sample) logitTokens.push(tokens.length - 1);
+    }
+    let logits: Float32Array;
+    try {
+      logits = await this.model.forward({
+        tokens: Int32Array.from(tokens),
+        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count })),
+        logitTokens,
+      }, this.kv);
+    } catch (err) {
+      // The device step failed: its rows cannot continue; everyone else can.
+      for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
+      return;
+    }
+    this.steps++;
+    const V = this.model.config.vocabSize;
+    let li = 0;
+    for (const row of rows) {
+      row.seq.computed += row.count;
+      if (!row.sample) continue;
+      const rowLogits = logits.subarray(li * V, (li + 1) * V);
+      li++;
+      if (row.seq.finished) continue;
+      try {
+        this.accept(row.seq, rowLogits);
+      } catch (err) {
+        this.finish(row.seq, 'error', (err as Error).message);
+      }
+    }
+  }
+
+  /** Samples, records and emits one token of `seq`, finishing it when a stop condition holds. */
+  private accept(seq: Sequence, logits: Float32Array): void {
+    const id = seq.sampler.sample(logits, seq.history);
+    seq.history.push(id);
+    seq.output.push(id);
+    seq.firstTokenAt ??= performance.now();
+    let lp: TokenLogprob | undefined;
+    if (seq.request.topLogprobs !== undefined) {
+      const r = topLogprobs(logits, seq.request.topLogprobs, id);
+      lp = { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
+    }
+    if (seq.eos.has(id)) {
+      seq.emit({ type: 'token', tokenId: id, text: '', logprobs: lp });
+      return this.finish(seq, 'stop');
+    }
+    const fed = seq.stops.feed(seq.detok.push(id));
+    seq.emit({ type: 'token', tokenId: id, text: fed.text, logprobs: lp });
+    if (fed.stopped) return this.finish(seq, 'stop');
+    if (seq.known >= seq.maxTokensTotal) this.finish(seq, 'length');
+  }
+
+  private finish(seq: Sequence, reason: FinishReason, error?: string): void {
+    if (seq.finished) return;
+    seq.finished = reason;
+    this.scheduler.retire(seq);
+    this.handles.delete(seq);
+    let tail = '';
+    if (reason === 'stop' || reason === 'length') tail = seq.stops.stopped ? '' : seq.stops.feed(seq.detok.flush()).text + seq.stops.flush();
+    try {
+      seq.emit({
+        type: 'finish', finishReason: reason, text: tail,
+        promptTokens: seq.prompt.length, completionTokens: seq.output.length, error,
+      });
+    } catch {
+      // a consumer's callback failing on the last event concerns only that consumer
+    }
+  }
+}

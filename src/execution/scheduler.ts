@@ -1,0 +1,119 @@
+// Decides what every step computes, by the catch-up rule (vLLM v1): each running sequence is
+// owed `known - computed` tokens; a step hands them out under a token budget, decode rows and
+// prefill chunks alike, in one flattened batch. There is no separate prefill phase.
+//
+// Admission is queue-don't-OOM: a sequence is admitted only when its worst case (prompt +
+// max_tokens, per KV group) fits beside the worst cases already promised, so a running sequence
+// can never run out of blocks and nothing is ever preempted. One that could never fit is
+// refused when it arrives.
+
+import { blocksPerSequence, type KvCache } from '../state/kv-cache.ts';
+import type { Sequence } from './sequence.ts';
+
+export interface SchedulerOptions {
+  /** rows decoding together */
+  maxBatch: number;
+  /** sequences waiting for admission before new ones get QueueFullError */
+  maxQueued: number;
+  /** tokens computed per step (decode rows + prefill chunks) */
+  tokenBudget: number;
+}
+
+export interface ScheduledRow {
+  seq: Sequence;
+  start: number;
+  count: number;
+  /** true when this row reaches the end of its known tokens, so it samples the next one */
+  sample: boolean;
+}
+
+export class QueueFullError extends Error {}
+export class NeverFitsError extends Error {}
+
+export class Scheduler {
+  readonly waiting: Sequence[] = [];
+  readonly running: Sequence[] = [];
+  /** blocks promised to running sequences, per KV group */
+  private readonly promised: number[];
+
+  constructor(
+    private readonly kv: KvCache,
+    readonly opts: SchedulerOptions,
+  ) {
+    this.promised = kv.groups.map(() => 0);
+  }
+
+  /** Worst-case blocks per group for a sequence's whole life. */
+  private worstCase(seq: Sequence): number[] {
+    const bs = this.kv.shape.blockSize;
+    return this.kv.groups.map((g) => blocksPerSequence(g.spec.window, seq.maxTokensTotal, bs, this.opts.tokenBudget));
+  }
+
+  /** Queues a sequence, or throws when it can never fit or the queue is full. */
+  add(seq: Sequence): void {
+    const need = this.worstCase(seq);
+    need.forEach((n, g) => {
+      const cap = this.kv.groups[g].pool.numBlocks;
+      if (n > cap)
+        throw new NeverFitsError(
+          `the request needs ${seq.maxTokensTotal} tokens of KV cache (prompt ${seq.prompt.length} + max_tokens ${seq.maxTokensTotal - seq.prompt.length}); the cache holds ${cap * this.kv.shape.blockSize}`,
+        );
+    });
+    if (this.waiting.length >= this.opts.maxQueued) throw new QueueFullError(`queue full (${this.opts.maxQueued} waiting)`);
+    this.waiting.push(seq);
+  }
+
+  get hasWork(): boolean {
+    return this.waiting.length > 0 || this.running.length > 0;
+  }
+
+  private admit(seq: Sequence): boolean {
+    const need = this.worstCase(seq);
+    if (!need.every((n, g) => this.promised[g] + n <= this.kv.groups[g].pool.numBlocks)) return false;
+    need.forEach((n, g) => (this.promised[g] += n));
+    seq.reservedBlocks = need;
+    seq.kv = this.kv.newSequence();
+    this.running.push(seq);
+    return true;
+  }
+
+  /** Removes a finished or cancelled sequence and returns its blocks and promise. */
+  retire(seq: Sequence): void {
+    const r = this.running.indexOf(seq);
+    if (r >= 0) {
+      this.running.splice(r, 1);
+      seq.reservedBlocks.forEach((n, g) => (this.promised[g] -= n));
+      seq.reservedBlocks = [];
+      if (seq.kv) this.kv.release(seq.kv);
+      return;
+    }
+    const w = this.waiting.indexOf(seq);
+    if (w >= 0) this.waiting.splice(w, 1);
+  }
+
+  /**
+   * Plans one step. `isPaused` lets a sequence whose reader lags sit out (its KV stays).
+   * Allocates the blocks the planned rows need.
+   */
+  schedule(isPaused: (seq: Sequence) => boolean = () => false): ScheduledRow[] {
+    const rows: ScheduledRow[] = [];
+    let budget = this.opts.tokenBudget;
+    const take = (seq: Sequence) => {
+      const owed = seq.known - seq.computed;
+      const count = Math.min(owed, budget);
+      if (count <= 0) return;
+      this.kv.grow(seq.kv!, seq.computed, seq.computed + count);
+      rows.push({ seq, start: seq.computed, count, sample: seq.computed + count === seq.known });
+      budget -= count;
+    };
+    for (const seq of this.running) {
+      if (rows.length >= this.opts.maxBatch || budget <= 0) break;
+      if (!isPaused(seq)) take(seq);
+    }
+    while (this.waiting.length > 0 && this.running.length < this.opts.maxBatch && budget > 0) {
+      if (!this.admit(this.waiting[0])) break; // FIFO: the head waits for room, nobody overtakes it
+      take(this.waiting.shift()!);
+    }
+    return rows;
+  }
+}

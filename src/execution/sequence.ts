@@ -1,0 +1,96 @@
+// One request inside the engine: its tokens, how far its KV has caught up, its sampler and text
+// state. The scheduler only reads `known`/`computed`; the engine's postprocess appends tokens.
+
+import type { SequenceKv } from '../state/kv-cache.ts';
+import { Sampler, TokenHistory, type SamplingParamsInput } from '../sampling/index.ts';
+import { IncrementalDetokenizer, type DecodeFn } from '../generation/detokenizer.ts';
+import { StopStringMatcher } from '../generation/stop-strings.ts';
+
+export type FinishReason = 'stop' | 'length' | 'cancelled' | 'error';
+
+export interface EngineRequest {
+  promptIds: readonly number[];
+  maxTokens: number;
+  sampling?: SamplingParamsInput;
+  stop?: readonly string[];
+  ignoreEos?: boolean;
+  /** undefined = no logprobs; K = the chosen token plus the K best */
+  topLogprobs?: number;
+}
+
+export interface TokenLogprob {
+  token_id: number;
+  logprob: number;
+  top: { token_id: number; logprob: number }[];
+}
+
+/** Emitted for every accepted token; `text` is the printable delta it completed (may be ''). */
+export interface TokenEvent {
+  type: 'token';
+  tokenId: number;
+  text: string;
+  logprobs?: TokenLogprob;
+}
+
+export interface FinishEvent {
+  type: 'finish';
+  finishReason: FinishReason;
+  /** text held back until the end (an unfinished stop-string prefix, a split character) */
+  text: string;
+  promptTokens: number;
+  completionTokens: number;
+  error?: string;
+}
+
+export type SequenceEvent = TokenEvent | FinishEvent;
+
+export class Sequence {
+  readonly prompt: readonly number[];
+  readonly output: number[] = [];
+  /** tokens whose K/V are in the cache: the catch-up rule schedules known - computed */
+  computed = 0;
+  /** the KV block tables; set when admitted */
+  kv?: SequenceKv;
+  finished?: FinishReason;
+  readonly sampler: Sampler;
+  readonly history: TokenHistory;
+  readonly detok: IncrementalDetokenizer;
+  readonly stops: StopStringMatcher;
+  readonly eos: ReadonlySet<number>;
+  /** blocks promised to this sequence at admission (its worst case), for admission accounting */
+  reservedBlocks: number[] = [];
+  readonly arrivedAt = performance.now();
+  firstTokenAt?: number;
+
+  constructor(
+    readonly id: number,
+    readonly request: EngineRequest,
+    /** prompt + output can never exceed this */
+    readonly maxLength: number,
+    vocabSize: number,
+    eosIds: readonly number[],
+    decode: DecodeFn,
+    readonly emit: (e: SequenceEvent) => void,
+  ) {
+    this.prompt = request.promptIds;
+    this.sampler = new Sampler(request.sampling ?? {}, { vocabSize });
+    this.history = new TokenHistory(this.prompt);
+    this.detok = new IncrementalDetokenizer(decode, { contextTokens: this.prompt });
+    this.stops = new StopStringMatcher(request.stop ?? []);
+    this.eos = new Set(request.ignoreEos ? [] : eosIds);
+  }
+
+  /** prompt + generated tokens */
+  get known(): number {
+    return this.prompt.length + this.output.length;
+  }
+
+  tokenAt(pos: number): number {
+    return pos < this.prompt.length ? this.prompt[pos] : this.output[pos - this.prompt.length];
+  }
+
+  /** the most tokens this sequence can ever hold */
+  get maxTokensTotal(): number {
+    return Math.min(this.maxLength, this.prompt.length + this.request.maxTokens);
+  }
+}
