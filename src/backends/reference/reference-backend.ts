@@ -187,13 +187,14 @@ export class ReferenceBackend implements Backend {
   rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor {
     const [T, H, hd] = x.shape;
     const xv = f(x), pv = i(pos), fv = f(invFreq);
-    const half = fv.length;
+    const half = last(invFreq);
+    const perToken = invFreq.shape.length === 2; // [T, half]: one table per token
     const out = this.floats(x.shape);
     out.data.set(xv);
     for (let t = 0; t < T; t++)
       for (let j = 0; j < half; j++) {
         // PyTorch computes the angle as an f32 product, then cos/sin in f32.
-        const ang = Math.fround(Math.fround(pv[t]) * fv[j]);
+        const ang = Math.fround(Math.fround(pv[t]) * fv[(perToken ? t * half : 0) + j]);
         const c = Math.fround(Math.cos(ang)) * attentionScaling, s = Math.fround(Math.sin(ang)) * attentionScaling;
         for (let h = 0; h < H; h++) {
           const base = (t * H + h) * hd;

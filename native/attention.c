@@ -1,0 +1,124 @@
+// Paged causal attention, varlen (any mix of prefill and decode tokens in one step).
+//
+// Token t of row r = tokenRow[t] at position p = tokenPos[t] attends to keys j in
+// [max(0, p - window + 1), p] (window 0 = no limit), key j living in physical block
+// blockTables[r][j / blockSize] at offset j % blockSize. Query head h reads KV head
+// h / (H / kvHeads). Scores = scale * q.k, optionally cap * tanh(s / cap), then an online
+// (chunked) softmax in f32. Work items are (token, kv head): the G query heads sharing a KV head
+// are done together, so a chunk of key/value rows is fetched from memory once for all of them (and
+// re-read from L1/L2 per head). No gather copy: keys are read in place through the block table.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+#include "fastmath.h"
+#include "llm.h"
+#include "simd.h"
+
+#define CHUNK 16 // keys per softmax rescale
+
+typedef struct {
+  const float *q;              // [T, H, D]
+  const float *kpool, *vpool;  // [NB, BS, KVH, D]
+  const int32_t *row, *pos;    // [T]
+  const int32_t *tables;       // [R, MBR]
+  float *out;                  // [T, H, D]
+  int64_t T, H, KVH, D, NB, BS, R, MBR, window;
+  float scale, softcap;
+} attn_args;
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
+#define ATTN_ISA avx512
+#define VEC_AVX512 1
+#define VEC_AVX2 0
+#define VW 16
+#include "attention_impl.h"
+#undef ATTN_ISA
+#undef VEC_AVX512
+#undef VEC_AVX2
+#undef VW
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define ATTN_ISA avx2
+#define VEC_AVX512 0
+#define VEC_AVX2 1
+#define VW 8
+#include "attention_impl.h"
+#undef ATTN_ISA
+#undef VEC_AVX512
+#undef VEC_AVX2
+#undef VW
+#pragma GCC pop_options
+
+#define ATTN_ISA generic
+#define VEC_AVX512 0
+#define VEC_AVX2 0
+#define VW 4
+#include "attention_impl.h"
+#undef ATTN_ISA
+#undef VEC_AVX512
+#undef VEC_AVX2
+#undef VW
+
+// Every block a token will read must be mapped to a real block.
+static int validate(const attn_args *a) {
+  for (int64_t t = 0; t < a->T; t++) {
+    const int64_t r = a->row[t], p = a->pos[t];
+    if (r < 0 || r >= a->R)
+      return llm_fail("attention: tokenRow %lld of token %lld is out of range [0, %lld)", (long long)r,
+                      (long long)t, (long long)a->R);
+    if (p < 0) return llm_fail("attention: tokenPos %lld of token %lld is negative", (long long)p, (long long)t);
+    const int64_t start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+    if (p / a->BS >= a->MBR)
+      return llm_fail("attention: token %lld at position %lld needs logical block %lld but block tables have %lld "
+                      "columns",
+                      (long long)t, (long long)p, (long long)(p / a->BS), (long long)a->MBR);
+    for (int64_t b = start / a->BS; b <= p / a->BS; b++) {
+      const int32_t phys = a->tables[r * a->MBR + b];
+      if (phys < 0 || phys >= a->NB)
+        return llm_fail("attention: token %lld (row %lld, position %lld) reads logical block %lld, mapped to "
+                        "physical block %d outside [0, %lld)",
+                        (long long)t, (long long)r, (long long)p, (long long)b, phys, (long long)a->NB);
+    }
+  }
+  return 0;
+}
+
+// i: [q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window]; f: [scale, softcap]
+static int exec_attention(const llm_cmd *c) {
+  const attn_args a = {
+      .q = PTR(c->i[0]), .kpool = PTR(c->i[1]), .vpool = PTR(c->i[2]), .row = PTR(c->i[3]),
+      .pos = PTR(c->i[4]), .tables = PTR(c->i[5]), .out = PTR(c->i[6]), .T = c->i[7], .H = c->i[8],
+      .KVH = c->i[9], .D = c->i[10], .NB = c->i[11], .BS = c->i[12], .R = c->i[13], .MBR = c->i[14],
+      .window = c->i[15], .scale = (float)c->f[0], .softcap = (float)c->f[1],
+  };
+  if (validate(&a)) return -1;
+  const int64_t items = a.T * a.KVH, G = a.H / a.KVH;
+  const int isa = llm_isa();
+#pragma omp parallel
+  {
+    float *scratch = malloc((size_t)(G * CHUNK + 2 * G) * sizeof(float) + 2 * CHUNK * sizeof(float *));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; it++) {
+      if (isa == ISA_AVX512) attend_avx512(&a, it / a.KVH, it % a.KVH, scratch);
+      else if (isa == ISA_AVX2) attend_avx2(&a, it / a.KVH, it % a.KVH, scratch);
+      else attend_generic(&a, it / a.KVH, it % a.KVH, scratch);
+    }
+    free(scratch);
+  }
+  return 0;
+}
+
+LLM_EXPORT void llm_op_attention(int64_t q, int64_t kpool, int64_t vpool, int64_t row, int64_t pos, int64_t tables,
+                                 int64_t out, int64_t T, int64_t H, int64_t KVH, int64_t D, int64_t NB, int64_t BS,
+                                 int64_t R, int64_t MBR, int64_t window, double scale, double softcap) {
+  llm_cmd c = {.exec = exec_attention,
+               .i = {q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window},
+               .f = {scale, softcap}};
+  llm_enqueue(&c);
+}

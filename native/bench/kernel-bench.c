@@ -1,0 +1,61 @@
+// Kernel bench without Node (e.g. a GPU host that has no Node.js): drives the library through its
+// exported queue API and prints matmul GFLOP/s and GB/s at decode and prefill shapes, a stream
+// (elementwise add) ceiling, and paged attention at decode (4k context) and 512-token prefill.
+//
+//   gcc -std=gnu11 -O3 -fopenmp -fno-math-errno -Wno-psabi native/bench/kernel-bench.c native/*.c -lm \
+//       -o build/kernel-bench && OMP_WAIT_POLICY=passive build/kernel-bench
+//
+// Note: weights of 32-235 MB fit a large L3 (300 MB on the Xeon measured): read "% of stream"
+// as cache-resident there.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <stdint.h>
+#include <omp.h>
+int llm_init(void); int64_t llm_alloc(int64_t); int64_t llm_fence(void); int64_t llm_wait(int64_t);
+int llm_set_isa(int);
+void llm_op_matmul(int64_t,int64_t,int64_t,int64_t,int,int,int,int);
+void llm_op_add(int64_t,int64_t,int64_t,int64_t,double);
+void llm_op_attention(int64_t q,int64_t kp,int64_t vp,int64_t row,int64_t pos,int64_t tab,int64_t out,int64_t T,int64_t H,int64_t KVH,int64_t D,int64_t NB,int64_t BS,int64_t R,int64_t MBR,int64_t window,double scale,double softcap);
+static double now(){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
+static void sync_(){ llm_wait(llm_fence()); }
+static float *rnd(size_t n){ float*p=(float*)(intptr_t)llm_alloc(n*4); for(size_t i=0;i<n;i++) p[i]=(float)((i*2654435761u)%1000)/1000.f-0.5f; return p;}
+int main(int argc,char**argv){
+  llm_init();
+  printf("threads %d, isa %d\n", omp_get_max_threads(), llm_set_isa(-1));
+  size_t n=32u<<20; float*a=rnd(n),*c=rnd(n),*o=rnd(n);
+  llm_op_add((intptr_t)a,(intptr_t)c,(intptr_t)o,n,1); sync_();
+  double t0=now(); for(int r=0;r<5;r++) llm_op_add((intptr_t)a,(intptr_t)c,(intptr_t)o,n,1); sync_();
+  double ceil_=12.0*n/((now()-t0)/5)/1e9; printf("stream add: %.1f GB/s\n", ceil_);
+  int shapes[][2]={{4096,4096},{14336,4096}};
+  for(int s=0;s<2;s++){ int N=shapes[s][0],K=shapes[s][1];
+    for(int dt=0;dt<3;dt+=2){ size_t esz=dt?2:4; uint16_t*w=(uint16_t*)(intptr_t)llm_alloc((size_t)N*K*4);
+      for(size_t i=0;i<(size_t)N*K*2;i++) w[i]=0x3c00+(i*7919%512);
+      int Ms[]={1,2,4,5,8,9,16,128,512}; int nMs=9;
+      for(int mi=0;mi<nMs;mi++){ int M=Ms[mi]; float*x=rnd((size_t)M*K); float*y=rnd((size_t)M*N);
+        llm_op_matmul((intptr_t)x,(intptr_t)w,0,(intptr_t)y,M,N,K,dt); sync_();
+        int reps = M==1?50:(M<=8?20:(M==128?5:2)); t0=now();
+        for(int r=0;r<reps;r++) llm_op_matmul((intptr_t)x,(intptr_t)w,0,(intptr_t)y,M,N,K,dt);
+        sync_();
+        double ms=(now()-t0)/reps*1e3; double gb=((double)N*K*esz+4.0*M*(N+K))/(ms*1e6);
+        printf("matmul %-4s M=%-4d N=%-6d K=%-5d %8.3f ms %8.1f GFLOP/s %6.1f GB/s (%3.0f%% of stream)\n", dt?"bf16":"f32", M,N,K, ms, 2.0*M*N*K/(ms*1e6), gb, 100*gb/ceil_);
+        free(x); free(y);
+      }
+      free(w);
+    }
+  }
+  // attention: decode at 4k context and a 512-token prefill; H=32, KVH=8, D=128, BS=16
+  int H=32,KVH=8,D=128,BS=16;
+  for(int cse=0;cse<2;cse++){ int T = cse?512:1, ctx = cse?512:4096; int NB=ctx/BS;
+    float*kp=rnd((size_t)NB*BS*KVH*D),*vp=rnd((size_t)NB*BS*KVH*D),*q=rnd((size_t)T*H*D),*out=rnd((size_t)T*H*D);
+    int32_t*row=(int32_t*)(intptr_t)llm_alloc(T*4),*pos=(int32_t*)(intptr_t)llm_alloc(T*4),*tab=(int32_t*)(intptr_t)llm_alloc(NB*4);
+    for(int t=0;t<T;t++){row[t]=0;pos[t]=cse?t:ctx-1;} for(int b=0;b<NB;b++)tab[b]=b;
+    llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,0.088,0); sync_();
+    int reps=cse?3:50; t0=now();
+    for(int r=0;r<reps;r++) llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,0.088,0);
+    sync_(); double ms=(now()-t0)/reps*1e3; double keys = cse? (double)T*(T+1)/2 : (double)ctx;
+    printf("attention T=%d ctx=%d: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", T, ctx, ms, 4*keys*H*D/(ms*1e6), cse?0:(double)ctx*KVH*D*8/(ms*1e6));
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+// writeKv: k, v [T, kvHeads, headDim] into the paged pools [numBlocks, blockSize, kvHeads, headDim]
+// at flat slot = block * blockSize + offset; slot -1 skips the token (e.g. padding).
+#include <string.h>
+
+#include "llm.h"
+
+// i: [kpool, vpool, k, v, slots, T, row_floats (kvHeads*headDim), num_slots]
+static int exec_write_kv(const llm_cmd *c) {
+  float *kp = PTR(c->i[0]), *vp = PTR(c->i[1]);
+  const float *k = PTR(c->i[2]), *v = PTR(c->i[3]);
+  const int32_t *slots = PTR(c->i[4]);
+  const int64_t T = c->i[5], rf = c->i[6], ns = c->i[7];
+  for (int64_t t = 0; t < T; t++)
+    if (slots[t] < -1 || slots[t] >= ns)
+      return llm_fail("writeKv: slot %d of token %lld is out of range [-1, %lld)", slots[t], (long long)t,
+                      (long long)ns);
+  for (int64_t t = 0; t < T; t++) {
+    if (slots[t] < 0) continue;
+    memcpy(kp + (size_t)slots[t] * rf, k + t * rf, (size_t)rf * sizeof(float));
+    memcpy(vp + (size_t)slots[t] * rf, v + t * rf, (size_t)rf * sizeof(float));
+  }
+  return 0;
+}
+
+LLM_EXPORT void llm_op_write_kv(int64_t kpool, int64_t vpool, int64_t k, int64_t v, int64_t slots, int64_t T,
+                                int64_t row_floats, int64_t num_slots) {
+  llm_cmd c = {.exec = exec_write_kv, .i = {kpool, vpool, k, v, slots, T, row_floats, num_slots}};
+  llm_enqueue(&c);
+}

@@ -1,0 +1,83 @@
+// Shared declarations of the llmts CPU backend (build/libllmts_cpu.so).
+//
+// The library mirrors a CUDA stream: JS calls cheap exported llm_op_* functions that only push a
+// command record onto a FIFO queue; one worker thread pops and executes them (each op using an
+// OpenMP team for its own parallelism); llm_wait blocks until a fence has been reached. Pointers
+// cross the FFI boundary as int64 addresses so JS can form views as base + offset.
+#ifndef LLM_H
+#define LLM_H
+
+#include <stddef.h>
+#include <omp.h>
+#include <stdint.h>
+
+// Element types; the numbers are part of the FFI (src/backends/cpu/native-lib.ts mirrors them).
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3 };
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
+
+#define LLM_EXPORT __attribute__((visibility("default")))
+
+// Runtime ISA dispatch for hot serial kernels. OpenMP outlines parallel-loop bodies into separate
+// functions that target_clones does not clone, so clones go on serial range/row kernels that the
+// parallel loops call.
+#define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+
+// Runs `body` (which sees int64_t i0, i1) over [0, n) split into one contiguous chunk per
+// thread; single-threaded below `grain` items, where waking the team costs more than it saves.
+#define PARALLEL_RANGE(n, grain, ...)                                                               \
+  do {                                                                                               \
+    const int64_t n_ = (n);                                                                          \
+    const int nt_ = n_ >= (int64_t)(grain) ? omp_get_max_threads() : 1;                             \
+    _Pragma("omp parallel for schedule(static) num_threads(nt_)") for (int c_ = 0; c_ < nt_; c_++) { \
+      const int64_t i0 = n_ * c_ / nt_, i1 = n_ * (c_ + 1) / nt_;                                   \
+      __VA_ARGS__;                                                                                   \
+    }                                                                                                \
+  } while (0)
+#define PTR(a) ((void *)(intptr_t)(a))
+
+static inline size_t dtype_size(int dt) { return dt == DT_F16 || dt == DT_BF16 ? 2 : 4; }
+
+// ---- command queue -----------------------------------------------------------------------------
+
+typedef struct llm_cmd llm_cmd;
+typedef int (*llm_exec_fn)(const llm_cmd *c);
+
+// One enqueued op. `i` holds addresses and integer arguments, `f` floating arguments; their
+// meaning is private to each op (see the llm_op_* function that fills it).
+struct llm_cmd {
+  llm_exec_fn exec; // runs on the worker thread; returns 0 or llm_fail(...)
+  int64_t i[20];
+  double f[4];
+};
+
+// Pushes a copy of *c; never blocks on the worker (the ring grows when full).
+void llm_enqueue(const llm_cmd *c);
+
+// Records an op error message (printf-style) for the current op and returns -1. Called on the
+// worker thread only, outside OpenMP regions (kernels validate indices in a serial pre-pass).
+int llm_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ---- dtype conversion (convert.c) --------------------------------------------------------------
+
+// dst[0..n) = (float) src[0..n) for src dtype f32/f16/bf16; exact (f16 subnormals, inf, nan too).
+void cvt_to_f32(float *dst, const void *src, int src_dtype, size_t n);
+
+// ---- ISA of the hand-dispatched kernels (isa.c) ------------------------------------------------
+
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+int llm_isa(void);
+
+// ---- matmul (matmul.c) -------------------------------------------------------------------------
+
+// y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]); w is f32/f16/bf16 and consumed without a full copy.
+// Multi-threaded internally (call from outside any OpenMP region).
+void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y, int64_t M, int64_t N,
+          int64_t K);
+
+// ---- activations (act.c) -----------------------------------------------------------------------
+
+// out[i] = act(gate[i]) * up[i]
+void glu_rows(float *out, const float *gate, const float *up, int64_t n, int act);
+
+#endif

@@ -1,0 +1,63 @@
+// Per-ISA native-width vectors, included by each *_impl.h instantiation (under a `#pragma GCC
+// target`, with VW = floats per register, VEC_AVX512 / VEC_AVX2 = 0/1 to use intrinsics, and
+// FN() = the instantiation's name suffixer). Vectors
+// are exactly one register wide: wider GCC vectors are lowered through memory on targets that
+// lack them.
+typedef float FN(vf) __attribute__((vector_size(VW * 4)));
+typedef uint32_t FN(vu) __attribute__((vector_size(VW * 4)));
+typedef int32_t FN(vi) __attribute__((vector_size(VW * 4)));
+typedef uint16_t FN(vh) __attribute__((vector_size(VW * 2)));
+#define VF FN(vf)
+#define VU FN(vu)
+#define VI FN(vi)
+#define VH FN(vh)
+
+SIMD_INLINE VF FN(vload)(const float *p) {
+  VF v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+SIMD_INLINE void FN(vstore)(float *p, VF v) { memcpy(p, &v, sizeof v); }
+SIMD_INLINE VF FN(vsplat)(float s) { return __builtin_shuffle((VF){s}, (VI){0}); }
+
+// Horizontal sum (GCC scalarises a generic lane loop; the intrinsics reduce in log steps).
+SIMD_INLINE float FN(vhsum)(VF v) {
+#if VEC_AVX512
+  return _mm512_reduce_add_ps((__m512)v);
+#elif VEC_AVX2
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+#else
+  return (v[0] + v[2]) + (v[1] + v[3]);
+#endif
+}
+
+// VW elements of a row of dtype dt (f32/f16/bf16) starting at element k, as f32.
+SIMD_INLINE VF FN(load_w)(const void *w, int dt, int64_t k) {
+  const uint16_t *h16 = (const uint16_t *)w + k;
+#if VEC_AVX512
+  // GCC splits a generic u16 -> u32 widening into halves; one vpmovzxwd / vcvtph2ps does it.
+  if (dt == DT_BF16) return (VF)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h16)), 16);
+  if (dt == DT_F16) return (VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h16));
+#elif VEC_AVX2
+  if (dt == DT_BF16) return (VF)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h16)), 16);
+  if (dt == DT_F16) return (VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h16));
+#else
+  if (dt != DT_F32) {
+    VH h;
+    memcpy(&h, h16, sizeof h);
+    VU x = __builtin_convertvector(h, VU);
+    if (dt == DT_BF16) return (VF)(x << 16);
+    // exact f16 -> f32, as v16_load_f16 in simd.h
+    VU em = x & 0x7fff, sign = (x & 0x8000) << 16, bits = em << 13;
+    VU r = (VU)((VF)bits * 0x1p112f);
+    VU special = (VU)(em >= 0x7c00);
+    r = (r & ~special) | ((bits | 0x7f800000u) & special);
+    return (VF)(r | sign);
+  }
+#endif
+  return FN(vload)((const float *)w + k);
+}
+

@@ -1,0 +1,45 @@
+// The CPU backend's tensor: a shape and dtype over a native address.
+import type { DType, Tensor } from '../../contracts/backend.ts';
+
+export class CpuTensor implements Tensor {
+  /** set once the memory is released (explicitly or by its scope); any later use is an error */
+  freed = false;
+
+  constructor(
+    readonly shape: readonly number[],
+    readonly dtype: DType,
+    /** native address of element 0 */
+    readonly addr: number,
+    /** bytes of the elements (numel * dtype size) */
+    readonly bytes: number,
+    /** the tensor owning the memory when this is a view (reshape); null when this owns it */
+    readonly base: CpuTensor | null,
+    /** pool size class of the block (0 = not pooled: freed exactly); meaningless for views */
+    readonly blockClass: number,
+    /** identity of the backend that made it (tensors must not cross backends) */
+    readonly backendId: number,
+  ) {}
+
+  get isView(): boolean {
+    return this.base !== null;
+  }
+
+  get owner(): CpuTensor {
+    return this.base ?? this;
+  }
+
+  /** a view is usable while the memory it looks at is */
+  get alive(): boolean {
+    return !this.owner.freed;
+  }
+
+  toString(): string {
+    return `${this.dtype}[${this.shape.join(', ')}]`;
+  }
+}
+
+export function numel(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}

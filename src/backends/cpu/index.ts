@@ -1,0 +1,2 @@
+export { CpuBackend, createCpuBackend, type CpuBackendOptions } from './cpu-backend.ts';
+export { CpuTensor } from './cpu-tensor.ts';

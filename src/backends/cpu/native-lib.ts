@@ -1,0 +1,115 @@
+// Loads build/libllmts_cpu.so through koffi and exposes its functions with TypeScript types.
+//
+// Addresses cross the boundary as int64 numbers (x86-64 user addresses fit in 53 bits), so a view
+// is just base + offset in JS. Every llm_op_* call only enqueues (~0.1 us); waits go through
+// koffi's `.async` on a worker thread so the event loop never blocks.
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import koffi from 'koffi';
+
+import type { DType } from '../../contracts/backend.ts';
+
+/** dtype codes of native/llm.h */
+export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
+export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;
+
+type Addr = number;
+type HostArray = Float32Array | Int32Array | Uint16Array | Uint8Array;
+type AsyncFn<A extends unknown[]> = (...args: [...A, (err: unknown, rc: number) => void]) => void;
+
+export interface NativeLib {
+  readonly path: string;
+  init(): number;
+  setIsa(level: number): number;
+  alloc(bytes: number): Addr;
+  freeNow(addr: Addr): void;
+  writeNow(dst: Addr, src: HostArray, bytes: number): void;
+  readNow(src: Addr, dst: HostArray, bytes: number): void;
+  fence(): number;
+  /** async: (fence, cb(err, rc)); rc 0, or the sequence number of the first failed op <= fence (then lastError()) */
+  waitAsync: AsyncFn<[number]>;
+  lastError(): string;
+  /** async: (path, fileOffset, nbytes, dst, srcDtype, dstDtype, cb(err, rc)); rc 0 or negative code */
+  readFileAsync: AsyncFn<[string, number, number, Addr, number, number]>;
+
+  opFree(addr: Addr): void;
+  opCopy(src: Addr, dst: Addr, bytes: number): void;
+  opUpload(dst: Addr, src: HostArray, bytes: number): number;
+  opZero(dst: Addr, bytes: number): void;
+  opMatmul(x: Addr, w: Addr, bias: Addr, y: Addr, M: number, N: number, K: number, wdtype: number): void;
+  opEmbedding(table: Addr, ids: Addr, out: Addr, T: number, V: number, D: number, dtype: number, scale: number): void;
+  opRmsnorm(x: Addr, w: Addr, out: Addr, rows: number, D: number, eps: number, offset: number): void;
+  opAdd(a: Addr, b: Addr, out: Addr, n: number, bScale: number): void;
+  opScale(x: Addr, out: Addr, n: number, s: number): void;
+  opSoftcap(x: Addr, out: Addr, n: number, cap: number): void;
+  opGlu(gate: Addr, up: Addr, out: Addr, n: number, act: number): void;
+  opRope(x: Addr, pos: Addr, invFreq: Addr, out: Addr, T: number, H: number, D: number, half: number, invStride: number,
+    attentionScaling: number): void;
+  opWriteKv(kpool: Addr, vpool: Addr, k: Addr, v: Addr, slots: Addr, T: number, rowFloats: number,
+    numSlots: number): void;
+  opAttention(q: Addr, kpool: Addr, vpool: Addr, row: Addr, pos: Addr, tables: Addr, out: Addr, T: number,
+    H: number, KVH: number, D: number, NB: number, BS: number, R: number, MBR: number, window: number,
+    scale: number, softcap: number): void;
+  opGatherRows(x: Addr, idx: Addr, out: Addr, R: number, T: number, rowBytes: number): void;
+  opMoeRoute(logits: Addr, weights: Addr, experts: Addr, T: number, E: number, topK: number, renorm: number): void;
+  opMoeFfn(x: Addr, weights: Addr, experts: Addr, gate: Addr, up: Addr, down: Addr, out: Addr, T: number,
+    K: number, D: number, I: number, E: number, gateDt: number, upDt: number, downDt: number, act: number): void;
+}
+
+export const defaultLibraryPath = fileURLToPath(new URL('../../../build/libllmts_cpu.so', import.meta.url));
+
+let loaded: NativeLib | null = null;
+
+/** Loads the library once per process (the command queue and its worker thread are process-wide). */
+export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibraryPath): NativeLib {
+  if (loaded) return loaded;
+  if (!existsSync(path)) {
+    throw new Error(`CPU backend: native library ${path} is missing; build it with \`npm run build:native\` ` +
+      '(needs gcc with OpenMP)');
+  }
+  // OpenMP threads that spin between parallel regions steal the cores the Node thread (and, on a
+  // shared machine, everything else) needs; measured here, spinning made a 2-core decode matmul
+  // 5x slower whenever another process was busy. Sleep instead, unless the user chose otherwise.
+  // (libgomp reads these when it is loaded, which is below.)
+  if (process.env.OMP_WAIT_POLICY === undefined && process.env.GOMP_SPINCOUNT === undefined) {
+    process.env.OMP_WAIT_POLICY = 'passive';
+  }
+  const lib = koffi.load(path);
+  const f = (decl: string) => lib.func(decl);
+  const wait = f('int64_t llm_wait(int64_t fence)');
+  const readFile = f('int llm_read_file(const char *path, int64_t off, int64_t nbytes, int64_t dst, int sdt, int ddt)');
+  const i64 = 'int64_t';
+  const native: NativeLib = {
+    path,
+    init: f('int llm_init()'),
+    setIsa: f('int llm_set_isa(int level)'),
+    alloc: f('int64_t llm_alloc(int64_t bytes)'),
+    freeNow: f('void llm_free_now(int64_t addr)'),
+    writeNow: f('void llm_write_now(int64_t dst, const void *src, int64_t bytes)'),
+    readNow: f('void llm_read_now(int64_t src, void *dst, int64_t bytes)'),
+    fence: f('int64_t llm_fence()'),
+    waitAsync: wait.async,
+    lastError: f('const char *llm_last_error()'),
+    readFileAsync: readFile.async,
+    opFree: f('void llm_op_free(int64_t addr)'),
+    opCopy: f('void llm_op_copy(int64_t src, int64_t dst, int64_t bytes)'),
+    opUpload: f('int llm_op_upload(int64_t dst, const void *src, int64_t bytes)'),
+    opZero: f('void llm_op_zero(int64_t dst, int64_t bytes)'),
+    opMatmul: f('void llm_op_matmul(int64_t x, int64_t w, int64_t bias, int64_t y, int M, int N, int K, int wdt)'),
+    opEmbedding: f(`void llm_op_embedding(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int, double)`),
+    opRmsnorm: f(`void llm_op_rmsnorm(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double, double)`),
+    opAdd: f(`void llm_op_add(${i64}, ${i64}, ${i64}, ${i64}, double)`),
+    opScale: f(`void llm_op_scale(${i64}, ${i64}, ${i64}, double)`),
+    opSoftcap: f(`void llm_op_softcap(${i64}, ${i64}, ${i64}, double)`),
+    opGlu: f(`void llm_op_glu(${i64}, ${i64}, ${i64}, ${i64}, int)`),
+    opRope: f(`void llm_op_rope(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double)`),
+    opWriteKv: f(`void llm_op_write_kv(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
+    opAttention: f(`void llm_op_attention(${Array(16).fill(i64).join(', ')}, double, double)`),
+    opGatherRows: f(`void llm_op_gather_rows(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
+    opMoeRoute: f(`void llm_op_moe_route(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int)`),
+    opMoeFfn: f(`void llm_op_moe_ffn(${Array(12).fill(i64).join(', ')}, int, int, int, int)`),
+  };
+  if (native.init() !== 0) throw new Error('CPU backend: could not start the native worker thread');
+  loaded = native;
+  return native;
+}

@@ -1,0 +1,324 @@
+// Every CPU backend op against the reference backend on random (never zero) inputs, odd shapes and
+// each weight dtype.
+//
+// Tolerances (|cpu - ref| <= atol + rtol * |ref|): the reference accumulates in f64, the CPU
+// backend in f32 (FMA, blocked sums), so the bound scales with the reduction length:
+//   matmul / moeFfn: atol 1e-4, rtol 1e-4 (K <= 300, |x|,|w| <= 1: f32 error ~ K * 6e-8 * |terms|)
+//   attention: 2e-5 / 1e-4; rmsnorm, rope, glu, softcap, moeRoute weights: 1e-5 / 1e-5
+//   embedding, gatherRows, add, scale, writeKv, moeRoute experts: exact or 1 ulp (1e-7 rel)
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+
+import type { Backend, DType, StepLayout, Tensor } from '../../src/contracts/backend.ts';
+import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
+import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
+import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
+import { compareBackends, randomF32, rng, WeightDir } from './helpers.ts';
+
+const WDTYPES = ['f32', 'f16', 'bf16'] as const;
+const EXACT = { atol: 0, rtol: 1.2e-7 };
+const TIGHT = { atol: 1e-5, rtol: 1e-5 };
+const GEMM = { atol: 1e-4, rtol: 1e-4 };
+
+let ref: ReferenceBackend;
+let cpu: CpuBackend;
+let files: WeightDir;
+
+before(async () => {
+  ref = new ReferenceBackend();
+  cpu = await createCpuBackend();
+  files = new WeightDir();
+});
+after(async () => {
+  loadNativeLib().setIsa(-1);
+  await cpu.close();
+  files.cleanup();
+});
+
+/** A weight of `dtype` on backend b: loaded from a file (the only way to get f16/bf16). */
+function weight(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: number[]) {
+  const src = files.write(values, dtype, shape);
+  return (b: Backend) => b.loadWeight(src, 'keep');
+}
+
+const isaNames = ['generic', 'avx2', 'avx512'];
+
+/** Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand). */
+async function forEachIsa(body: (isa: number) => Promise<void>): Promise<void> {
+  const lib = loadNativeLib();
+  try {
+    for (let isa = lib.setIsa(-1); isa >= 0; isa--) {
+      await cpu.sync();
+      lib.setIsa(isa);
+      await body(isa);
+    }
+  } finally {
+    await cpu.sync();
+    lib.setIsa(-1);
+  }
+}
+
+describe('matmul', () => {
+  const shapes: [number, number, number][] = [
+    [1, 129, 67], [2, 7, 16], [4, 33, 96], [5, 129, 67], [8, 17, 3], [9, 33, 64], [37, 129, 67], [70, 100, 300],
+    [33, 1, 5], [16, 40, 100], [17, 40, 100],
+  ];
+  for (const dtype of WDTYPES) {
+    it(`${dtype} weights, every ISA's kernels, with and without bias`, async () => {
+      await forEachIsa(async (isa) => {
+        const r = rng(11 + isa);
+        for (const [M, N, K] of shapes) {
+          const x = randomF32(r, M * K);
+          const w = weight(randomF32(r, N * K), dtype, [N, K]);
+          const bias = randomF32(r, N);
+          await compareBackends(`matmul M=${M} N=${N} K=${K} ${dtype} ${isaNames[isa]}`, ref, cpu, async (b) => {
+            const xt = b.upload(x, [M, K]);
+            const wt = await w(b);
+            return [b.matmul(xt, wt), b.matmul(xt, wt, b.upload(bias, [N]))];
+          }, GEMM);
+        }
+      });
+    });
+  }
+
+  it('handles M = 0 and K = 0 (empty sum = bias)', async () => {
+    const y0 = cpu.matmul(cpu.upload(new Float32Array(0), [0, 8]), cpu.upload(randomF32(rng(1), 24), [3, 8]));
+    const yk = cpu.matmul(cpu.upload(new Float32Array(0), [2, 0]), cpu.upload(new Float32Array(0), [3, 0]),
+      cpu.upload(new Float32Array([1, 2, 3]), [3]));
+    assert.deepEqual([...y0.shape], [0, 3]);
+    assert.deepEqual([...(await cpu.read(y0))], []);
+    assert.deepEqual([...(await cpu.read(yk))], [1, 2, 3, 1, 2, 3]);
+  });
+});
+
+describe('elementwise and row ops', () => {
+  it('embedding: every table dtype, repeated ids, scale', async () => {
+    const r = rng(2);
+    for (const dtype of WDTYPES) {
+      const table = weight(randomF32(r, 50 * 67), dtype, [50, 67]);
+      const ids = new Int32Array([3, 49, 0, 3, 17]);
+      await compareBackends(`embedding ${dtype}`, ref, cpu, async (b) => [
+        b.embedding(await table(b), b.upload(ids, [5]), 1),
+        b.embedding(await table(b), b.upload(ids, [5]), 1.7),
+      ], EXACT);
+    }
+  });
+
+  it('rmsnorm: weightOffset 0 and 1, 2-D and 3-D', async () => {
+    const r = rng(3);
+    for (const shape of [[5, 67], [2, 3, 24], [1, 4096]]) {
+      const D = shape[shape.length - 1]!;
+      const x = randomF32(r, shape.reduce((a, b) => a * b, 1), 3);
+      const w = randomF32(r, D);
+      await compareBackends(`rmsnorm [${shape}]`, ref, cpu, (b) => [
+        b.rmsnorm(b.upload(x, shape), b.upload(w, [D]), 1e-6, 0),
+        b.rmsnorm(b.upload(x, shape), b.upload(w, [D]), 1e-5, 1),
+      ], TIGHT);
+    }
+  });
+
+  it('add (bScale 1, -0.5), scale, softcap', async () => {
+    const r = rng(4);
+    const a = randomF32(r, 5 * 67, 40);
+    const c = randomF32(r, 5 * 67, 40);
+    await compareBackends('add/scale', ref, cpu, (b) => {
+      const at = b.upload(a, [5, 67]);
+      const ct = b.upload(c, [5, 67]);
+      return [b.add(at, ct, 1), b.add(at, ct, -0.5), b.scale(at, 0.125), b.scale(at, -3.3)];
+    }, EXACT);
+    await compareBackends('softcap', ref, cpu, (b) => [b.softcap(b.upload(a, [5, 67]), 30),
+      b.softcap(b.upload(a, [335]), 7.5)], TIGHT);
+  });
+
+  it('glu: silu, gelu_tanh, gelu', async () => {
+    const r = rng(5);
+    const g = randomF32(r, 3 * 129, 6);
+    const u = randomF32(r, 3 * 129, 2);
+    for (const act of ['silu', 'gelu_tanh', 'gelu'] as const) {
+      await compareBackends(`glu ${act}`, ref, cpu, (b) => [b.glu(b.upload(g, [3, 129]), b.upload(u, [3, 129]), act)],
+        TIGHT);
+    }
+  });
+
+  it('rope: partial rotary dims, scattered positions, attentionScaling', async () => {
+    const r = rng(6);
+    const [T, H, D, rot] = [5, 3, 24, 12];
+    const x = randomF32(r, T * H * D, 2);
+    const pos = new Int32Array([0, 7, 3, 1000, 65535]);
+    const inv = Float32Array.from({ length: rot / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rot));
+    for (const scaling of [1, 0.8]) {
+      await compareBackends(`rope scaling ${scaling}`, ref, cpu, (b) =>
+        [b.rope(b.upload(x, [T, H, D]), b.upload(pos, [T]), b.upload(inv, [rot / 2]), scaling)], TIGHT);
+    }
+    // full rotary dims too
+    const invFull = Float32Array.from({ length: D / 2 }, (_, i) => 1 / 500000 ** ((2 * i) / D));
+    await compareBackends('rope full', ref, cpu, (b) =>
+      [b.rope(b.upload(x, [T, H, D]), b.upload(pos, [T]), b.upload(invFull, [D / 2]), 1)], TIGHT);
+    // one table per token (rows of different lengths under dynamic NTK / LongRoPE)
+    const perToken = randomF32(r, T * (rot / 2), 1).map((v) => Math.abs(v) + 1e-3);
+    await compareBackends('rope per-token tables', ref, cpu, (b) =>
+      [b.rope(b.upload(x, [T, H, D]), b.upload(pos, [T]), b.upload(perToken, [T, rot / 2]), 0.9)], TIGHT);
+  });
+
+  it('gatherRows: repeated and out-of-order rows, f32 and i32', async () => {
+    const r = rng(7);
+    const x = randomF32(r, 7 * 13);
+    const xi = Int32Array.from({ length: 7 * 13 }, (_, i) => i * 3 - 50);
+    const idx = new Int32Array([6, 0, 6, 2]);
+    await compareBackends('gatherRows', ref, cpu, (b) => [b.gatherRows(b.upload(x, [7, 13]), b.upload(idx, [4]))],
+      EXACT);
+    const got = await cpu.read(cpu.gatherRows(cpu.upload(xi, [7, 13]), cpu.upload(idx, [4])));
+    const want = [...idx].flatMap((i) => [...xi.subarray(i * 13, i * 13 + 13)]);
+    assert.deepEqual([...got], want);
+  });
+});
+
+describe('paged KV: writeKv and attention', () => {
+  // 12 blocks of 4 slots, 2 KV heads, 6 query heads (GQA groups of 3), headDim 24.
+  const [NB, BS, KVH, H, D] = [12, 4, 2, 6, 24];
+  const MBR = 5;
+  // Non-contiguous, shuffled block tables; -1 where a row holds no block.
+  const tables = new Int32Array([
+    5, 2, 9, 11, -1, // row 0
+    0, 7, -1, -1, -1, // row 1
+    3, -1, -1, -1, -1, // row 2
+  ]);
+  // One flattened step: row 0 prefills positions 9..13 (chunk after a cached prefix), row 1
+  // decodes at position 6, row 2 prefills 0..2; the last token is padding (slot -1 -> skipped,
+  // but it still attends as row 2 at position 2).
+  const tokenRow = new Int32Array([0, 0, 0, 0, 0, 1, 2, 2, 2, 2]);
+  const tokenPos = new Int32Array([9, 10, 11, 12, 13, 6, 0, 1, 2, 2]);
+  const T = tokenRow.length;
+  const slots = Int32Array.from(tokenRow, (row, t) => {
+    if (t === T - 1) return -1;
+    const p = tokenPos[t]!;
+    return tables[row * MBR + Math.floor(p / BS)]! * BS + (p % BS);
+  });
+  const r = rng(8);
+  const kPool0 = randomF32(r, NB * BS * KVH * D); // earlier steps' keys (and garbage elsewhere)
+  const vPool0 = randomF32(r, NB * BS * KVH * D);
+  const k = randomF32(r, T * KVH * D);
+  const v = randomF32(r, T * KVH * D);
+  const q = randomF32(r, T * H * D, 2);
+
+  const step = (b: Backend, params: { scale: number; window: number; softcap: number }): Tensor[] => {
+    const kv = { k: b.upload(kPool0, [NB, BS, KVH, D]), v: b.upload(vPool0, [NB, BS, KVH, D]) };
+    const layout: StepLayout = {
+      tokenRow: b.upload(tokenRow, [T]), tokenPos: b.upload(tokenPos, [T]), slots: b.upload(slots, [T]),
+      blockTables: b.upload(tables, [3, MBR]), blockSize: BS,
+    };
+    b.writeKv(kv, b.upload(k, [T, KVH, D]), b.upload(v, [T, KVH, D]), layout);
+    return [b.attention(b.upload(q, [T, H, D]), kv, layout, params), kv.k, kv.v];
+  };
+
+  for (const params of [
+    { scale: 1 / Math.sqrt(D), window: 0, softcap: 0 },
+    { scale: 1 / Math.sqrt(D), window: 3, softcap: 0 },
+    { scale: 0.35, window: 0, softcap: 5 },
+    { scale: 0.2, window: 1, softcap: 50 },
+  ]) {
+    it(`window ${params.window}, softcap ${params.softcap}, every ISA's kernel`, async () => {
+      await forEachIsa(() => compareBackends(`attention ${JSON.stringify(params)}`, ref, cpu, (b) => step(b, params),
+        { atol: 2e-5, rtol: 1e-4 }));
+    });
+  }
+
+  it('MQA (one KV head) and long context across many blocks', async () => {
+    const [nb, bs, kvh, h, d] = [40, 16, 1, 4, 64];
+    const rr = rng(9);
+    const perm = Array.from({ length: nb }, (_, i) => i).sort(() => rr() - 0.5);
+    const tab = new Int32Array(perm.slice(0, 38));
+    const pos = new Int32Array([599, 600, 17]);
+    const rows = new Int32Array([0, 0, 0]);
+    const kp = randomF32(rr, nb * bs * kvh * d);
+    const vp = randomF32(rr, nb * bs * kvh * d);
+    const qq = randomF32(rr, 3 * h * d);
+    await forEachIsa(() => compareBackends('attention MQA long', ref, cpu, (b) => {
+      const kv = { k: b.upload(kp, [nb, bs, kvh, d]), v: b.upload(vp, [nb, bs, kvh, d]) };
+      const layout: StepLayout = {
+        tokenRow: b.upload(rows, [3]), tokenPos: b.upload(pos, [3]), slots: b.upload(new Int32Array([-1, -1, -1]), [3]),
+        blockTables: b.upload(tab, [1, 38]), blockSize: bs,
+      };
+      return [b.attention(b.upload(qq, [3, h, d]), kv, layout, { scale: 0.125, window: 0, softcap: 0 }),
+        b.attention(b.upload(qq, [3, h, d]), kv, layout, { scale: 0.125, window: 100, softcap: 0 })];
+    }, { atol: 2e-5, rtol: 1e-4 }));
+  });
+});
+
+describe('mixture of experts', () => {
+  it('moeRoute: softmax top-k with ties to the lower index, with and without renormalisation', async () => {
+    const r = rng(10);
+    const [T, E] = [5, 8];
+    const logits = randomF32(r, T * E, 3);
+    logits[1] = logits[5] = 4; // token 0: experts 1 and 5 tie for first
+    logits[8 + 2] = logits[8 + 3] = logits[8 + 6] = -0.5; // token 1: a three-way tie
+    for (const topK of [1, 2, 3, 8]) {
+      for (const renorm of [false, true]) {
+        await compareBackends(`moeRoute k=${topK} renorm=${renorm}`, ref, cpu, (b) => {
+          const { weights, experts } = b.moeRoute(b.upload(logits, [T, E]), topK, renorm);
+          return [experts, weights];
+        }, { atol: 1e-6, rtol: 1e-5 });
+      }
+    }
+  });
+
+  for (const dtype of WDTYPES) {
+    it(`moeFfn: ${dtype} experts, shared and unused experts`, async () => {
+      const r = rng(12);
+      const [T, D, I, E, K] = [5, 24, 20, 4, 2];
+      const x = randomF32(r, T * D);
+      const gate = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
+      const up = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
+      const down = weight(randomF32(r, E * D * I), dtype, [E, D, I]);
+      // expert 3 unused; expert 0 used by 4 tokens
+      const experts = new Int32Array([0, 1, 0, 2, 1, 0, 2, 0, 0, 1]);
+      const weights = randomF32(r, T * K);
+      for (const act of ['silu', 'gelu_tanh'] as const) {
+        await compareBackends(`moeFfn ${dtype} ${act}`, ref, cpu, async (b) => {
+          const routing = { weights: b.upload(weights, [T, K]), experts: b.upload(experts, [T, K]) };
+          return [b.moeFfn(b.upload(x, [T, D]), routing, await gate(b), await up(b), await down(b), act)];
+        }, GEMM);
+      }
+    });
+  }
+
+  it('moeFfn after moeRoute, prefill-sized batch (grouped gemm path)', async () => {
+    const r = rng(13);
+    const [T, D, I, E, K] = [40, 32, 24, 6, 3];
+    const x = randomF32(r, T * D);
+    const logits = randomF32(r, T * E, 2);
+    const gate = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
+    const up = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
+    const down = weight(randomF32(r, E * D * I), 'bf16', [E, D, I]);
+    await compareBackends('moe prefill', ref, cpu, async (b) => {
+      const routing = b.moeRoute(b.upload(logits, [T, E]), K, true);
+      return [b.moeFfn(b.upload(x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
+    }, GEMM);
+  });
+});
+
+describe('shape checks', () => {
+  const bad: [string, (b: Backend) => unknown, RegExp][] = [
+    ['matmul K mismatch', (b) => b.matmul(b.upload(new Float32Array(6), [2, 3]), b.upload(new Float32Array(8), [2, 4])),
+      /matmul: .*f32\[2, 3\].*f32\[2, 4\]/],
+    ['rope odd invFreq', (b) => b.rope(b.upload(new Float32Array(8), [1, 1, 8]), b.upload(new Int32Array(1), [1]),
+      b.upload(new Float32Array(5), [5]), 1), /rope: .*rotates 10 dims but headDim is 8/],
+    ['add shape mismatch', (b) => b.add(b.upload(new Float32Array(4), [4]), b.upload(new Float32Array(4), [2, 2]), 1),
+      /add: shapes differ/],
+    ['ids must be i32', (b) => b.embedding(b.upload(new Float32Array(4), [2, 2]), b.upload(new Float32Array(1), [1]), 1),
+      /embedding: ids must be i32/],
+  ];
+  for (const [name, call, msg] of bad) {
+    it(`${name} throws a clear error`, async () => {
+      assert.throws(() => call(cpu), msg);
+    });
+  }
+
+  it('zeros of every dtype reads back as zeros', async () => {
+    for (const dt of ['f32', 'f16', 'bf16', 'i32'] as DType[]) {
+      const z = cpu.zeros([3, 5], dt);
+      assert.deepEqual([...(await cpu.read(z))], new Array(15).fill(0));
+      cpu.free(z);
+    }
+  });
+});

@@ -1,0 +1,105 @@
+// Shared helpers for backend op tests: seeded random data (never zero), weight files in a temp
+// dir, running the same graph on the reference and CPU backends, and tolerance checks.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import type { Backend, Tensor, WeightSource } from '../../src/contracts/backend.ts';
+import { encodeHalf } from '../../src/backends/common/half.ts';
+
+/** mulberry32: small, seeded, good enough for test data */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** n values with |v| in [0.05, 1] (so never zero) and random sign, times `scale`. */
+export function randomF32(r: () => number, n: number, scale = 1): Float32Array {
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = (r() < 0.5 ? -1 : 1) * (0.05 + 0.95 * r()) * scale;
+  return out;
+}
+
+export interface Tolerance {
+  atol: number;
+  rtol: number;
+}
+
+/** Asserts |got - want| <= atol + rtol * |want| everywhere (NaN only where want is NaN). */
+export function assertClose(label: string, got: ArrayLike<number>, want: ArrayLike<number>, tol: Tolerance): void {
+  assert.equal(got.length, want.length, `${label}: length ${got.length} != ${want.length}`);
+  let worst = -1;
+  let worstExcess = 0;
+  for (let i = 0; i < want.length; i++) {
+    const g = got[i]!;
+    const w = want[i]!;
+    if (Number.isNaN(w) || Number.isNaN(g)) {
+      assert.ok(Number.isNaN(w) && Number.isNaN(g), `${label}[${i}]: got ${g}, want ${w}`);
+      continue;
+    }
+    if (g === w) continue; // also covers equal infinities
+    const excess = Math.abs(g - w) - (tol.atol + tol.rtol * Math.abs(w));
+    if (!(excess <= 0) && (worst < 0 || excess > worstExcess)) {
+      worst = i;
+      worstExcess = excess;
+    }
+  }
+  if (worst >= 0) {
+    assert.fail(`${label}: element ${worst} is ${got[worst]}, want ${want[worst]} ` +
+      `(|diff| ${Math.abs(got[worst]! - want[worst]!)} > atol ${tol.atol} + rtol ${tol.rtol} * |want|)`);
+  }
+}
+
+/** A temp dir for weight files, removed by `cleanup`. */
+export class WeightDir {
+  readonly dir = mkdtempSync(join(tmpdir(), 'llmts-backend-test-'));
+  private n = 0;
+
+  /**
+   * Writes `values` encoded as `dtype` after `pad` bytes of junk (so offsets matter) and returns
+   * its WeightSource.
+   */
+  write(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: number[], pad = 24): WeightSource {
+    const body = dtype === 'f32' ? new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
+      : new Uint8Array(encodeHalf(values, dtype).buffer);
+    return this.writeRaw(body, dtype, shape, pad);
+  }
+
+  writeRaw(body: Uint8Array, dtype: 'f32' | 'f16' | 'bf16', shape: number[], pad = 24): WeightSource {
+    const bytes = new Uint8Array(pad + body.byteLength + 8).fill(0xa5);
+    bytes.set(body, pad);
+    const name = `w${this.n++}`;
+    const path = join(this.dir, `${name}.bin`);
+    writeFileSync(path, bytes);
+    return { path, offset: pad, dtype, shape, name };
+  }
+
+  cleanup(): void {
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** Reads a tensor as f32 values (i32 converted) for comparison. */
+export async function readF(b: Backend, t: Tensor): Promise<Float32Array | Int32Array> {
+  return b.read(t);
+}
+
+/** Runs `graph` on both backends and compares every returned tensor. */
+export async function compareBackends(label: string, ref: Backend, cpu: Backend,
+  graph: (b: Backend) => Promise<Tensor[]> | Tensor[], tol: Tolerance): Promise<void> {
+  const want = await graph(ref);
+  const got = await graph(cpu);
+  assert.equal(got.length, want.length);
+  for (let i = 0; i < want.length; i++) {
+    assert.deepEqual([...got[i]!.shape], [...want[i]!.shape], `${label}: output ${i} shape`);
+    assert.equal(got[i]!.dtype, want[i]!.dtype, `${label}: output ${i} dtype`);
+    assertClose(`${label} (output ${i})`, await cpu.read(got[i]!), await ref.read(want[i]!), tol);
+  }
+}
