@@ -124,7 +124,9 @@ export interface Backend {
   /**
    * Rotary embedding, rotate-half (GPT-NeoX / HF llama) convention, on the first
    * 2 * invFreq.length dims of every head; the rest pass through.
-   * x [T, H, headDim], pos i32 [T], invFreq f32 [rotaryDim / 2]; cos/sin are multiplied by
+   * x [T, H, headDim], pos i32 [T], invFreq f32 [rotaryDim / 2] shared by every token, or
+   * [T, rotaryDim / 2] with one table per token (length-dependent rope — dynamic NTK, LongRoPE —
+   * where each batch row's table follows its own length); cos/sin are multiplied by
    * attentionScaling (YaRN / LongRoPE magnitude correction; 1 otherwise).
    */
   rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor;

@@ -110,4 +110,22 @@ export interface ModelConfig {
   bosTokenId?: number;
   eosTokenIds: number[];
   padTokenId?: number;
+  /** q/k/v projections carry a bias (qwen2 always; attention_bias in llama/granite/olmo2/qwen3/gemma) */
+  attentionBias: boolean;
+  /** o_proj carries a bias (attention_bias families; qwen2 never) */
+  attentionOutBias: boolean;
+  /** gate/up/down projections carry a bias (llama/granite mlp_bias) */
+  mlpBias: boolean;
+  /** tensor name of the output projection, read when tieWordEmbeddings is false ("lm_head.weight") */
+  lmHeadWeight: string;
+  /**
+   * gemma: transformers rounds embeddingScale to the embedding table's dtype before multiplying
+   * (sqrt(1152) = 33.94 becomes 34.0 in bf16), so a bf16 model must do the same to match it.
+   */
+  embeddingScaleInWeightDtype: boolean;
+  /**
+   * When set (phi3 LongRoPE): KV computed while a sequence was at most this long is stale once
+   * it grows longer (the rope switches to the long factors); the sequence is recomputed.
+   */
+  recomputeKvPastLength?: number;
 }

@@ -1,0 +1,62 @@
+// A Hugging Face model directory, loaded and cross-checked: config.json -> ModelConfig,
+// safetensors headers -> WeightIndex, tokenizer, chat template and generation defaults.
+// Nothing here reads tensor data, so `fit` can call it with { tokenizer: false } cheaply.
+
+import fs from 'node:fs';
+import path from 'node:path';
+import type { ModelConfig } from '../contracts/model-config.ts';
+import { ChatTemplate } from './chat-template.ts';
+import { normalizeConfig } from './config.ts';
+import { ArtifactError } from './errors.ts';
+import { readGenerationConfig, type GenerationConfig } from './generation-config.ts';
+import { expectObject, readJsonFile } from './json-file.ts';
+import { openWeights, type WeightIndex } from './safetensors.ts';
+import { TextTokenizer, TOKENIZER_FILE } from './tokenizer.ts';
+
+export const CONFIG_FILE = 'config.json';
+
+export interface ModelDir {
+  dir: string;
+  config: ModelConfig;
+  /** config.json as parsed */
+  rawConfig: Record<string, unknown>;
+  weights: WeightIndex;
+  tokenizer: TextTokenizer;
+  /** undefined when the model ships no chat template */
+  chatTemplate?: ChatTemplate;
+  generationConfig?: GenerationConfig;
+}
+
+export interface LoadModelDirOptions {
+  /** load tokenizer and chat template (default true); false for header-only work such as fit */
+  tokenizer?: boolean;
+}
+
+export function loadModelDir(dir: string, opts?: { tokenizer?: true }): ModelDir;
+export function loadModelDir(dir: string, opts: LoadModelDirOptions): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer };
+export function loadModelDir(
+  dir: string, opts: LoadModelDirOptions = {},
+): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer } {
+  if (!fs.existsSync(dir)) throw new ArtifactError(`model directory ${dir} does not exist`, dir);
+  if (!fs.statSync(dir).isDirectory()) throw new ArtifactError(`model path ${dir} is not a directory`, dir);
+
+  const configFile = path.join(dir, CONFIG_FILE);
+  const rawConfig = expectObject(readJsonFile(configFile, 'model config'), 'model config', configFile);
+  const generationConfig = readGenerationConfig(dir);
+  const weights = openWeights(dir);
+  const config = normalizeConfig(rawConfig, {
+    file: configFile,
+    generationEosIds: generationConfig?.eosTokenIds,
+    hasTensor: (name) => weights.has(name),
+  });
+
+  if (opts.tokenizer === false) return { dir, config, rawConfig, weights, generationConfig };
+
+  const tokenizerFile = path.join(dir, TOKENIZER_FILE);
+  if (!fs.existsSync(tokenizerFile)) {
+    throw new ArtifactError(`${tokenizerFile} is missing (only tokenizer.json tokenizers are supported)`, tokenizerFile);
+  }
+  const tokenizer = TextTokenizer.fromDir(dir);
+  const chatTemplate = ChatTemplate.fromDir(dir, tokenizer);
+  return { dir, config, rawConfig, weights, tokenizer, chatTemplate, generationConfig };
+}
