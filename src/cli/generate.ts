@@ -96,7 +96,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
   const t0 = performance.now();
   const backend = await openBackend(device);
   try {
-    const loaded = await loadModel(backend, dir, { maxModelLen });
+    const loaded = await loadModel(backend, dir, { maxModelLen, onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`) });
     const loadMs = performance.now() - t0;
     const promptIds = messages ? loaded.applyChatTemplate(messages) : loaded.encode(prompt!);
     // One request through the same engine the server uses (a lone row is just a batch of one).

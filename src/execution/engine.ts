@@ -4,6 +4,7 @@
 // path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
 
 import type { DecoderModel } from '../models/decoder.ts';
+import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import { topLogprobs } from '../sampling/index.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
@@ -20,7 +21,7 @@ export interface EngineOptions {
   tokenBudget?: number;
   /** tokens of KV the full-attention layers can hold in all (default: maxBatch * maxModelLen) */
   kvTokens?: number;
-  /** longest sequence (prompt + output); default the model's max_position_embeddings */
+  /** longest sequence (prompt + output); default derivedContextLength(config) */
   maxModelLen?: number;
   blockSize?: number;
   /** events buffered per stream before its sequence pauses (default 256) */
@@ -87,7 +88,7 @@ export class Engine {
       streamBuffer: options.streamBuffer ?? 256,
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     };
-    this.maxModelLen = Math.min(options.maxModelLen ?? cfg.maxPositionEmbeddings, cfg.maxPositionEmbeddings);
+    this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
     this.kv = new KvCache(model.backend, cfg.layers.map((l) => l.window), {
@@ -199,8 +200,7 @@ export class Engine {
     while (this.scheduler.hasWork && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
     for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.finish(seq, 'cancelled');
     while (this.looping) await new Promise((r) => setTimeout(r, 5));
-    this.kv.dispose();
-    this.model.dispose();
+    this.kv.dispose(); // the model belongs to whoever loaded it; the engine only owned its KV
   }
 
   private kick(): void {
@@ -217,6 +217,7 @@ export class Engine {
     try {
       while (this.scheduler.hasWork) {
         this.reapCancelled();
+        this.recomputeStaleKv();
         const rows = this.scheduler.schedule(this.isPaused);
         if (rows.length === 0) {
           if (!this.scheduler.hasWork) break;
@@ -228,6 +229,24 @@ export class Engine {
       }
     } finally {
       this.looping = false;
+    }
+  }
+
+  /**
+   * A model may declare that KV computed below some length goes stale once a sequence grows past
+   * it (phi3 LongRoPE switches rope factors; transformers then re-prefills). Such a sequence
+   * starts over: the catch-up rule recomputes all its known tokens, then it samples as usual.
+   */
+  private recomputeStaleKv(): void {
+    const limit = this.model.config.recomputeKvPastLength;
+    if (limit === undefined) return;
+    for (const seq of this.scheduler.running) {
+      // once per sequence: the recompute itself may be chunked below the limit
+      if (!seq.kvRecomputed && seq.computed > 0 && seq.computed <= limit && seq.known > limit) {
+        this.kv.release(seq.kv!);
+        seq.computed = 0;
+        seq.kvRecomputed = true;
+      }
     }
   }
 
@@ -246,7 +265,7 @@ export class Engine {
     try {
       logits = await this.model.forward({
         tokens: Int32Array.from(tokens),
-        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count })),
+        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: r.seq.known })),
         logitTokens,
       }, this.kv);
     } catch (err) {

@@ -7,6 +7,10 @@ import { loadModelDir } from '../artifacts/model-dir.ts';
 import { loadModelWeights, MissingWeightError } from '../models/weights.ts';
 import { DecoderModel } from '../models/decoder.ts';
 import { ArtifactError } from '../artifacts/errors.ts';
+import { derivedContextLength } from '../artifacts/context-length.ts';
+import type { TextTokenizer } from '../artifacts/tokenizer.ts';
+import type { ChatTemplate } from '../artifacts/chat-template.ts';
+import type { ModelConfig } from '../contracts/model-config.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 
 export interface ChatMessage {
@@ -17,6 +21,9 @@ export interface ChatMessage {
 
 export interface LoadedModel {
   dir: string;
+  config: ModelConfig;
+  tokenizer: TextTokenizer;
+  chatTemplate?: ChatTemplate;
   model: DecoderModel;
   /** eos ids from config + generation_config */
   eosIds: readonly number[];
@@ -30,7 +37,9 @@ export interface LoadedModel {
 }
 
 export interface LoadOptions {
+  /** context limit; default derivedContextLength(config) */
   maxModelLen?: number;
+  onWarning?: (message: string) => void;
   /** progress of weight upload, (layersDone, layersTotal) */
   onProgress?: (done: number, total: number) => void;
 }
@@ -49,7 +58,11 @@ export async function loadModel(backend: Backend, dir: string, opts: LoadOptions
     throw err;
   }
   const model = new DecoderModel(backend, cfg, weights);
-  const maxContext = Math.min(opts.maxModelLen ?? Infinity, cfg.maxPositionEmbeddings);
+  // An explicit --max-model-len may exceed what the model was built for (transformers does not
+  // stop at max_position_embeddings either); the caller is told, not refused.
+  const derived = derivedContextLength(cfg);
+  const maxContext = opts.maxModelLen ?? derived;
+  if (maxContext > derived) opts.onWarning?.(`--max-model-len ${maxContext} exceeds the model's context of ${derived} tokens; quality past it is not guaranteed`);
   const tok = art.tokenizer;
   const gen = art.generationConfig;
   const samplingDefaults: SamplingParamsInput = gen?.doSample
@@ -57,6 +70,9 @@ export async function loadModel(backend: Backend, dir: string, opts: LoadOptions
     : { temperature: 0, repetitionPenalty: gen?.repetitionPenalty };
   return {
     dir,
+    config: cfg,
+    tokenizer: tok,
+    chatTemplate: art.chatTemplate,
     model,
     eosIds: cfg.eosTokenIds,
     maxContext,

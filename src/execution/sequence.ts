@@ -49,6 +49,8 @@ export class Sequence {
   readonly output: number[] = [];
   /** tokens whose K/V are in the cache: the catch-up rule schedules known - computed */
   computed = 0;
+  /** set once the model's recomputeKvPastLength rule has restarted this sequence's KV */
+  kvRecomputed = false;
   /** the KV block tables; set when admitted */
   kv?: SequenceKv;
   finished?: FinishReason;

@@ -14,6 +14,12 @@ import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts'
 export interface RowSpan {
   start: number;
   count: number;
+  /**
+   * The sequence length length-dependent rope (dynamic NTK, LongRoPE) follows for this row:
+   * transformers uses the length the forward reaches, so a chunk of a longer prompt passes the
+   * whole known length to compute what a single-shot prefill computes. Default start + count.
+   */
+  ropeLength?: number;
 }
 
 /**
@@ -55,12 +61,12 @@ export class DecoderModel {
     const total = batch.rows.reduce((a, r) => a + r.count, 0);
     if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
-    const maxPos = Math.max(...batch.rows.map((r) => r.start + r.count - 1));
-    const ropes = this.rope.prepare(maxPos);
+    const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
 
     const b = this.backend;
     b.beginScope();
     try {
+      const ropes = ropePlan();
       const layouts = kv.layouts(batch.rows);
       const ids = b.upload(batch.tokens, [T]);
       let x = b.embedding(this.weights.embed, ids, this.config.embeddingScale);

@@ -62,6 +62,7 @@ export interface StepRow {
   seq: SequenceKv;
   start: number;
   count: number;
+  ropeLength?: number;
 }
 
 export class KvCache implements KvAccess<StepRow> {
