@@ -8,6 +8,7 @@
 import type { Backend, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
+import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
 import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
 
 /** A batch row: tokens at positions [start, start + count) of one sequence. */
@@ -47,12 +48,19 @@ export interface StepBatch<Row extends RowSpan> {
 export class DecoderModel {
   private readonly rope: RopeTables;
 
+  /** the embedding multiplier as the model applies it (gemma rounds it to the table's dtype) */
+  private readonly embeddingScale: number;
+
   constructor(
     readonly backend: Backend,
     readonly config: ModelConfig,
     readonly weights: ModelWeights,
   ) {
     this.rope = new RopeTables(backend, config.layers.map((l) => l.rope));
+    const dt = weights.embed.dtype;
+    this.embeddingScale = config.embeddingScaleInWeightDtype && (dt === 'bf16' || dt === 'f16')
+      ? roundToHalf(config.embeddingScale, dt)
+      : config.embeddingScale;
   }
 
   /** Runs one step; resolves to logits, f32 [logitTokens.length * vocabSize]. */
@@ -69,7 +77,7 @@ export class DecoderModel {
       const ropes = ropePlan();
       const layouts = kv.layouts(batch.rows);
       const ids = b.upload(batch.tokens, [T]);
-      let x = b.embedding(this.weights.embed, ids, this.config.embeddingScale);
+      let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
       for (let l = 0; l < this.config.numLayers; l++) {
         x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
       }
@@ -154,4 +162,8 @@ export class DecoderModel {
   dispose(): void {
     this.rope.dispose();
   }
+}
+
+function roundToHalf(x: number, dtype: 'bf16' | 'f16'): number {
+  return dtype === 'bf16' ? bf16ToF32(f32ToBf16(x)) : f16ToF32(f32ToF16(x));
 }

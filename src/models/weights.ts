@@ -72,7 +72,7 @@ class Loader {
     if (!name) throw new MissingWeightError(`missing tensor ${names[0]}`);
     const src = this.w.get(name);
     if (shape && (src.shape.length !== shape.length || src.shape.some((d, k) => d !== shape[k])))
-      throw new MissingWeightError(`tensor ${name} has shape [${src.shape}], expected [${shape}]`);
+      throw new MissingWeightError(`tensor ${name} in ${src.path} has shape [${src.shape}], expected [${shape}] from config.json`);
     return src;
   }
   matrix(names: string[], shape: number[]): Promise<Tensor> {

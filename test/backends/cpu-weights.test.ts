@@ -6,7 +6,7 @@ import { after, before, describe, it } from 'node:test';
 import { f32ToBf16, f32ToF16 } from '../../src/backends/common/half.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
-import { bf16ToF32, f16ToF32 } from '../../src/backends/reference/half.ts';
+import { bf16ToF32, f16ToF32 } from '../../src/backends/common/half.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { assertClose, randomF32, rng, WeightDir } from './helpers.ts';
 

@@ -7,7 +7,7 @@ import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
-import { decodeToF32 } from './half.ts';
+import { decodeHalf } from '../common/half.ts';
 
 class RefTensor implements Tensor {
   constructor(
@@ -62,6 +62,13 @@ export function erf(x: number): number {
   }
   const erfc = t * Math.exp(-z * z + 0.5 * (cof[0] + ty * d) - dd);
   return x >= 0 ? 1 - erfc : erfc - 1;
+}
+
+/** Decodes little-endian raw bytes of the given dtype into f32 (exactly). */
+function decodeToF32(bytes: Uint8Array, dtype: 'f32' | 'f16' | 'bf16'): Float32Array {
+  const copy = bytes.slice(); // aligned for the typed-array views below
+  if (dtype === 'f32') return new Float32Array(copy.buffer, 0, copy.byteLength / 4);
+  return decodeHalf(new Uint16Array(copy.buffer, 0, copy.byteLength / 2), dtype);
 }
 
 export class ReferenceBackend implements Backend {
