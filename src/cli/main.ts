@@ -6,6 +6,7 @@ const USAGE = `usage: llmts <command> [options]
 
 commands:
   generate --model DIR (--prompt TEXT | --messages JSON) [options]   generate text
+  serve --model DIR [options]                                        OpenAI/Anthropic-compatible HTTP server
   help                                                               this text
 
 Run "llmts <command> --help" for a command's options.`;
@@ -17,6 +18,10 @@ async function main(argv: string[]): Promise<void> {
       const { runGenerate } = await import('./generate.ts');
       return runGenerate(rest);
     }
+    case 'serve': {
+      const { runServe } = await import('./serve.ts');
+      return runServe(rest);
+    }
     case undefined:
     case 'help':
     case '--help':
@@ -24,7 +29,7 @@ async function main(argv: string[]): Promise<void> {
       process.stdout.write(`${USAGE}\n`);
       return;
     default:
-      throw new UsageError(`unknown command "${command}" (commands: generate, help)`);
+      throw new UsageError(`unknown command "${command}" (commands: generate, serve, help)`);
   }
 }
 

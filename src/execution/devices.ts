@@ -2,6 +2,7 @@
 
 import type { Backend } from '../contracts/backend.ts';
 import { createCpuBackend } from '../backends/cpu/cpu-backend.ts';
+import { ReferenceBackend } from '../backends/reference/reference-backend.ts';
 
 export const DEVICES = ['auto', 'cpu', 'cuda'] as const;
 export type Device = (typeof DEVICES)[number];
@@ -21,6 +22,13 @@ function cudaUnavailableReason(): string {
 }
 
 export async function openBackend(device: Device): Promise<Backend> {
+  // Test-only, undocumented for users: LLMTS_BACKEND=reference runs the plain TypeScript reference
+  // backend (slow, no native build needed) so spawned-process tests (server, CLI) do not depend on
+  // the native library. Any other value is an error rather than silently ignored.
+  const forced = process.env.LLMTS_BACKEND;
+  if (forced === 'reference') return new ReferenceBackend();
+  if (forced !== undefined && forced !== '') throw new DeviceError(`LLMTS_BACKEND must be "reference" (test-only) or unset, got "${forced}"`);
   if (device === 'cuda') throw new DeviceError(`--device cuda: CUDA is not usable: ${cudaUnavailableReason()}`);
   return createCpuBackend();
 }
+

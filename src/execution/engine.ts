@@ -226,6 +226,9 @@ export class Engine {
           continue;
         }
         await this.step(rows);
+        // Let I/O in between steps (health checks, disconnects, new requests) even when the
+        // backend answered without leaving the thread (the reference backend does).
+        await new Promise<void>((resolve) => setImmediate(resolve));
       }
     } finally {
       this.looping = false;

@@ -7,7 +7,7 @@ import { join, relative, resolve, dirname } from 'node:path';
 
 const SRC = resolve(import.meta.dirname, '../../src');
 // Highest first. A file in layer i may import layers j >= i... only those listed as below it.
-const ORDER = ['cli', 'server', 'execution', 'generation', 'sampling', 'state', 'models', 'artifacts', 'backends', 'contracts'];
+const ORDER = ['cli', 'api', 'server', 'execution', 'generation', 'sampling', 'state', 'models', 'artifacts', 'backends', 'contracts'];
 
 function layerOf(file: string): string {
   return relative(SRC, file).split('/')[0];

@@ -1,0 +1,110 @@
+// POST /v1/completions (OpenAI legacy completions): raw prompts, no chat template. `prompt` is a
+// string, a list of strings, a list of token ids, or a list of token-id lists; each prompt gets
+// n choices (choice index = prompt index * n + i).
+
+import { badRequest } from './errors.ts';
+import { Fields, type Json, type JsonObject } from './fields.ts';
+import { ClientGoneError, SseWriter, sendJson } from './http-io.ts';
+import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
+import { runToCompletion, startStreams } from './run.ts';
+import { legacyLogprobs } from './logprobs-format.ts';
+import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
+import type { ServedModel } from './served-model.ts';
+
+const MAX_PROMPTS = 256;
+
+function tokenIds(list: Json[], where: string, vocab: number): number[] {
+  if (list.length === 0) throw badRequest(`${where} must not be empty`, 'prompt');
+  return list.map((id, k) => {
+    if (typeof id !== 'number' || !Number.isInteger(id)) throw badRequest(`${where}[${k}] must be an integer token id`, 'prompt');
+    if (id < 0 || id >= vocab) throw badRequest(`${where}[${k}] = ${id} is outside the vocabulary [0, ${vocab})`, 'prompt');
+    return id;
+  });
+}
+
+/** every accepted prompt form -> token id lists */
+export function parsePrompts(raw: Json | undefined, model: ServedModel): number[][] {
+  if (raw === undefined) throw badRequest('prompt is required', 'prompt');
+  const shape = 'prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays';
+  if (typeof raw === 'string') return [model.encode(raw)];
+  if (!Array.isArray(raw)) throw badRequest(shape, 'prompt');
+  if (raw.length === 0) throw badRequest('prompt must not be empty', 'prompt');
+  if (raw.length > MAX_PROMPTS) throw badRequest(`prompt has ${raw.length} entries; at most ${MAX_PROMPTS} are allowed`, 'prompt');
+  if (raw.every((x) => typeof x === 'number')) return [tokenIds(raw, 'prompt', model.vocabSize)];
+  if (raw.every((x) => typeof x === 'string')) return (raw as string[]).map((s) => model.encode(s));
+  if (raw.every((x) => Array.isArray(x))) return (raw as Json[][]).map((ids, i) => tokenIds(ids, `prompt[${i}]`, model.vocabSize));
+  throw badRequest(shape, 'prompt');
+}
+
+export async function handleCompletions(ctx: HandlerContext, body: JsonObject): Promise<void> {
+  const f = new Fields(body);
+  checkModel(f, ctx.model);
+  const p = parseGenerationParams(f, ctx.model, 'completions');
+  const prompts = parsePrompts(f.raw('prompt'), ctx.model);
+  const plans = planSequences(prompts, p, ctx.model);
+  const model = ctx.model;
+  const id = newId('cmpl-');
+  const created = nowSeconds();
+  const promptTokens = prompts.reduce((a, ids) => a + ids.length, 0);
+
+  if (!p.stream) {
+    const results = await runToCompletion(ctx, plans);
+    const failed = results.find((r) => r.finishReason === 'error');
+    if (failed) throw new Error(`generation failed: ${failed.error ?? 'unknown error'}`);
+    if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return;
+    let completionTokens = 0;
+    const choices = results.map((r, index) => {
+      completionTokens += r.completionTokens;
+      return {
+        index,
+        text: r.text,
+        logprobs: p.topLogprobs === undefined ? null : legacyLogprobs(model.tokens, r.logprobs, r.textOffsets),
+        finish_reason: finishReasonOf(r.finishReason),
+        stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
+      };
+    });
+    sendJson(ctx.res, 200, { id, object: 'text_completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens) });
+    return;
+  }
+
+  const run = startStreams(ctx, plans);
+  const sse = new SseWriter(ctx.res);
+  sse.start();
+  const chunk = (choices: unknown[], usage?: unknown) => ({
+    id, object: 'text_completion', created, model: model.name, choices,
+    ...(p.includeUsage ? { usage: usage ?? null } : {}),
+  });
+  const states = plans.map(() => ({ tokenIds: [] as number[], text: '' }));
+  let completionTokens = 0;
+  try {
+    await run(async (index, e) => {
+      const st = states[index];
+      if (e.type === 'token') {
+        const offset = st.text.length;
+        st.tokenIds.push(e.tokenId);
+        st.text += e.text;
+        const logprobs = p.topLogprobs !== undefined && e.logprobs ? legacyLogprobs(model.tokens, [e.logprobs], [offset]) : null;
+        if (e.text || logprobs) await sse.send(chunk([{ index, text: e.text, logprobs, finish_reason: null }]));
+        return;
+      }
+      completionTokens += e.completionTokens;
+      if (e.finishReason === 'error') {
+        ctx.logError('POST /v1/completions (stream)', new Error(e.error ?? 'generation failed'));
+        await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
+        return;
+      }
+      st.text += e.text;
+      await sse.send(chunk([{
+        index, text: e.text, logprobs: null,
+        finish_reason: finishReasonOf(e.finishReason),
+        stop_reason: stopReasonOf(model, plans[index].request, st.tokenIds, st.text, e.finishReason),
+      }]));
+    }, (err) => err instanceof ClientGoneError);
+    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens)));
+    await sse.raw('data: [DONE]\n\n');
+  } catch (err) {
+    await streamFailed(ctx, sse, 'POST /v1/completions (stream)', err);
+  } finally {
+    sse.end();
+  }
+}

@@ -1,0 +1,177 @@
+// The request parameters /v1/chat/completions and /v1/completions share: sampling, stop, n,
+// streaming options, token limits, and the parameters this build refuses because it does not
+// implement them yet (refused with a 400, never silently ignored).
+
+import type { EngineRequest } from '../execution/sequence.ts';
+import { validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
+import { HttpError, badRequest, notSupported } from './errors.ts';
+import { isObject, type Fields } from './fields.ts';
+import type { ServedModel } from './served-model.ts';
+import type { SeqPlan } from './run.ts';
+
+export const MAX_N = 128;
+export const MAX_STOPS = 64;
+export const MAX_TOP_LOGPROBS = 20;
+/** sequences one request may start (n x prompts) */
+export const MAX_SEQUENCES_PER_REQUEST = 256;
+
+export interface GenerationParams {
+  n: number;
+  stream: boolean;
+  includeUsage: boolean;
+  /** explicit limit (max_completion_tokens or max_tokens); undefined = up to the context */
+  maxTokens?: number;
+  sampling: SamplingParamsInput;
+  stop: string[];
+  ignoreEos: boolean;
+  /** undefined = no logprobs */
+  topLogprobs?: number;
+}
+
+/** `model` may be omitted (the one served model); otherwise it must be the served name. */
+export function checkModel(f: Fields, model: ServedModel): void {
+  const name = f.string('model');
+  if (name !== undefined && name !== model.name)
+    throw new HttpError(404, `the model "${name}" does not exist; this server serves "${model.name}"`, { param: 'model', code: 'model_not_found' });
+}
+
+/** Parameters the contract names (or clients commonly send) that this build cannot honour yet. */
+function refuseUnsupported(f: Fields, kind: 'chat' | 'completions'): void {
+  const rf = f.raw('response_format');
+  if (rf !== undefined) {
+    if (!isObject(rf) || typeof rf.type !== 'string') throw badRequest('response_format must be an object with a string "type"', 'response_format');
+    if (rf.type !== 'text') throw notSupported(`response_format ${rf.type}`, 'response_format');
+  }
+  const tools = f.raw('tools');
+  if (tools !== undefined) {
+    if (!Array.isArray(tools)) throw badRequest('tools must be an array', 'tools');
+    if (tools.length > 0) throw notSupported('tools (function calling)', 'tools');
+  }
+  const toolChoice = f.raw('tool_choice');
+  if (toolChoice !== undefined && toolChoice !== 'none') throw notSupported(`tool_choice ${JSON.stringify(toolChoice)}`, 'tool_choice');
+  for (const p of ['functions', 'function_call', 'guided_choice', 'guided_regex', 'guided_grammar', 'guided_json', 'structured_outputs', 'prompt_logprobs', 'prediction', 'audio'])
+    if (f.has(p)) throw notSupported(p, p);
+  const stopIds = f.array('stop_token_ids');
+  if (stopIds && stopIds.length > 0) throw notSupported('stop_token_ids', 'stop_token_ids');
+  if ((f.number('min_tokens', { integer: true, min: 0 }) ?? 0) > 0) throw notSupported('min_tokens', 'min_tokens');
+  if (f.boolean('use_beam_search')) throw notSupported('use_beam_search', 'use_beam_search');
+  if (f.boolean('include_stop_str_in_output')) throw notSupported('include_stop_str_in_output', 'include_stop_str_in_output');
+  if (f.boolean('skip_special_tokens') === false) throw notSupported('skip_special_tokens: false', 'skip_special_tokens');
+  if (f.boolean('echo')) throw notSupported('echo', 'echo');
+  const modalities = f.array('modalities');
+  if (modalities && modalities.some((m) => m !== 'text')) throw notSupported('modalities other than "text"', 'modalities');
+  if (kind === 'completions') {
+    const suffix = f.string('suffix');
+    if (suffix) throw notSupported('suffix', 'suffix');
+  }
+}
+
+export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat' | 'completions'): GenerationParams {
+  refuseUnsupported(f, kind);
+  const n = f.number('n', { integer: true, min: 1, max: MAX_N }) ?? 1;
+  if (kind === 'completions') {
+    const bestOf = f.number('best_of', { integer: true, min: 1 });
+    if (bestOf !== undefined && bestOf !== n) throw notSupported('best_of other than n', 'best_of');
+  }
+  const stream = f.boolean('stream') ?? false;
+  const opts = f.object('stream_options');
+  if (opts && !stream) throw badRequest('stream_options is only allowed when stream is true', 'stream_options');
+  const includeUsage = opts?.boolean('include_usage') ?? false;
+  opts?.boolean('continuous_usage_stats');
+
+  const limit = { integer: true, min: 1 };
+  const maxTokens = f.number('max_completion_tokens', limit) ?? f.number('max_tokens', limit);
+
+  let topLogprobs: number | undefined;
+  if (kind === 'chat') {
+    const logprobs = f.boolean('logprobs') ?? false;
+    const top = f.number('top_logprobs', { integer: true, min: 0, max: MAX_TOP_LOGPROBS });
+    if (top !== undefined && !logprobs) throw badRequest('top_logprobs requires logprobs to be true', 'top_logprobs');
+    topLogprobs = logprobs ? (top ?? 0) : undefined;
+  } else {
+    topLogprobs = f.number('logprobs', { integer: true, min: 0, max: MAX_TOP_LOGPROBS });
+  }
+
+  const num = (name: string, integer = false) => f.number(name, { integer });
+  const bias = f.raw('logit_bias');
+  if (bias !== undefined && !isObject(bias)) throw badRequest('logit_bias must be an object mapping token ids to biases', 'logit_bias');
+  const explicit: SamplingParamsInput = {
+    temperature: num('temperature'),
+    topP: num('top_p'),
+    topK: num('top_k', true),
+    minP: num('min_p'),
+    presencePenalty: num('presence_penalty'),
+    frequencyPenalty: num('frequency_penalty'),
+    repetitionPenalty: num('repetition_penalty'),
+    seed: num('seed', true),
+    logitBias: bias as Record<string, number> | undefined,
+  };
+  const sampling: SamplingParamsInput = { ...model.samplingDefaults };
+  for (const [k, v] of Object.entries(explicit)) if (v !== undefined) (sampling as Record<string, unknown>)[k] = v;
+  const issues = validateSamplingParams(sampling, model.vocabSize);
+  if (issues.length > 0) throw badRequest(issues.map((i) => i.message).join('; '), issues[0].param);
+
+  return {
+    n, stream, includeUsage, maxTokens, sampling,
+    stop: f.stringList('stop', MAX_STOPS) ?? [],
+    ignoreEos: f.boolean('ignore_eos') ?? false,
+    topLogprobs,
+  };
+}
+
+/**
+ * The engine requests for prompts x n choices. Choice index = promptIndex * n + i (OpenAI); with a
+ * seed, choice i of a prompt uses seed + i so the choices differ yet repeat run to run. Without
+ * max_tokens a sequence may fill the context; an explicit max_tokens is capped to it.
+ */
+export function planSequences(prompts: readonly number[][], p: GenerationParams, model: ServedModel): SeqPlan[] {
+  if (prompts.length * p.n > MAX_SEQUENCES_PER_REQUEST)
+    throw badRequest(`the request asks for ${prompts.length * p.n} sequences (prompts x n); at most ${MAX_SEQUENCES_PER_REQUEST} are allowed`, 'n');
+  const plans: SeqPlan[] = [];
+  prompts.forEach((promptIds, promptIndex) => {
+    if (promptIds.length === 0) throw badRequest('the prompt is empty', 'prompt');
+    const room = model.contextLen - promptIds.length;
+    if (room < 1)
+      throw badRequest(
+        `the prompt has ${promptIds.length} tokens, but this model's context holds ${model.contextLen} tokens (prompt + at least 1 generated token)`,
+        undefined, 'context_length_exceeded');
+    for (let i = 0; i < p.n; i++) {
+      const seed = p.sampling.seed;
+      const request: EngineRequest = {
+        promptIds,
+        maxTokens: Math.min(p.maxTokens ?? room, room),
+        sampling: seed === undefined ? p.sampling : { ...p.sampling, seed: seed + i },
+        stop: p.stop,
+        ignoreEos: p.ignoreEos,
+        topLogprobs: p.topLogprobs,
+      };
+      plans.push({ promptIndex, request });
+    }
+  });
+  return plans;
+}
+
+/** vLLM's stop_reason: the stop string or eos token id that ended a 'stop' finish, else null */
+export function stopReasonOf(
+  model: ServedModel, request: EngineRequest, tokenIds: readonly number[], text: string, finish: string,
+): string | number | null {
+  if (finish !== 'stop') return null;
+  const last = tokenIds[tokenIds.length - 1];
+  if (last !== undefined && !request.ignoreEos && model.eosIds.has(last)) return last;
+  const stops = (request.stop ?? []).filter((s) => s.length > 0);
+  if (stops.length === 0) return null;
+  const full = model.decode(tokenIds);
+  const rest = full.startsWith(text) ? full.slice(text.length) : full;
+  return stops.find((s) => rest.startsWith(s)) ?? stops.find((s) => rest.includes(s)) ?? stops[0];
+}
+
+export const finishReasonOf = (reason: string): string => (reason === 'cancelled' ? 'abort' : reason);
+
+export function usageOf(promptTokens: number, completionTokens: number) {
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+    prompt_tokens_details: { cached_tokens: 0 },
+  };
+}

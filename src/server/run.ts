@@ -1,0 +1,147 @@
+// Runs the sequences of one HTTP request on the engine: all n choices (times every prompt of a
+// completions request) are submitted together, all-or-nothing: when one is refused (queue full,
+// never fits) the ones already queued are cancelled and the refusal becomes the response. One
+// AbortSignal per request (aborted when the client disconnects) cancels every sequence of it.
+
+import { performance } from 'node:perf_hooks';
+import type { Engine } from '../execution/engine.ts';
+import type { EngineRequest, FinishEvent, FinishReason, SequenceEvent, TokenLogprob } from '../execution/sequence.ts';
+import { clientErrorOf } from './errors.ts';
+import type { ServerMetrics } from './metrics.ts';
+
+/** One sequence to run: which prompt it continues (completions with several prompts) and how. */
+export interface SeqPlan {
+  promptIndex: number;
+  request: EngineRequest;
+}
+
+/** Everything a finished sequence produced. */
+export interface SeqResult {
+  tokenIds: number[];
+  text: string;
+  /** per token: the length of `text` before that token's text was appended (legacy text_offset) */
+  textOffsets: number[];
+  logprobs: TokenLogprob[];
+  finishReason: FinishReason;
+  promptTokens: number;
+  completionTokens: number;
+  error?: string;
+}
+
+/** Latency metrics of one sequence, observed as its tokens reach the server. */
+export class SeqObserver {
+  private last?: number;
+
+  constructor(
+    private readonly metrics: ServerMetrics,
+    private readonly startedAt: number,
+  ) {}
+
+  token(): void {
+    const now = performance.now();
+    if (this.last === undefined) this.metrics.ttft.observe((now - this.startedAt) / 1000);
+    else this.metrics.itl.observe((now - this.last) / 1000);
+    this.last = now;
+    this.metrics.generatedTokens.inc();
+  }
+
+  finish(e: FinishEvent): void {
+    this.metrics.finished.inc({ reason: e.finishReason });
+    this.metrics.e2e.observe((performance.now() - this.startedAt) / 1000);
+  }
+}
+
+export interface RunContext {
+  engine: Engine;
+  metrics: ServerMetrics;
+  /** aborted when the client goes away; cancels every sequence of the request */
+  signal: AbortSignal;
+  /** cancels every sequence of the request (used when one of them is refused) */
+  abort(): void;
+  /** performance.now() at request arrival */
+  startedAt: number;
+}
+
+/** Submits `plans` in order; on a refusal cancels what was queued and throws (an HttpError when the client caused it). */
+function submitAll<T>(ctx: RunContext, plans: readonly SeqPlan[], submit: (plan: SeqPlan) => T): T[] {
+  const out: T[] = [];
+  try {
+    for (const plan of plans) {
+      out.push(submit(plan));
+      ctx.metrics.promptTokens.inc(plan.request.promptIds.length);
+    }
+  } catch (err) {
+    ctx.abort();
+    throw clientErrorOf(err, true) ?? err;
+  }
+  return out;
+}
+
+/** Non-streaming: runs every plan to its end. */
+export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Promise<SeqResult[]> {
+  const pending = submitAll(ctx, plans, (plan) => {
+    const r: SeqResult = {
+      tokenIds: [], text: '', textOffsets: [], logprobs: [], finishReason: 'length',
+      promptTokens: plan.request.promptIds.length, completionTokens: 0,
+    };
+    const obs = new SeqObserver(ctx.metrics, ctx.startedAt);
+    let resolve!: (r: SeqResult) => void;
+    const done = new Promise<SeqResult>((res) => (resolve = res));
+    ctx.engine.submit(plan.request, (e) => {
+      if (e.type === 'token') {
+        obs.token();
+        r.tokenIds.push(e.tokenId);
+        r.textOffsets.push(r.text.length);
+        r.text += e.text;
+        if (e.logprobs) r.logprobs.push(e.logprobs);
+        return;
+      }
+      obs.finish(e);
+      r.text += e.text;
+      r.finishReason = e.finishReason;
+      r.promptTokens = e.promptTokens;
+      r.completionTokens = e.completionTokens;
+      r.error = e.error;
+      resolve(r);
+    }, ctx.signal);
+    return done;
+  });
+  return Promise.all(pending);
+}
+
+/**
+ * Streaming: submits every plan (throwing before anything is written when one is refused), then
+ * returns a function that consumes all streams concurrently, calling `onEvent` for each event and
+ * awaiting it, so a slow client slows its sequences (the engine pauses them). When `onEvent`
+ * throws (the client is gone) every sequence of the request is cancelled. Resolves when all
+ * streams have ended; rejects with the first error that was not the client leaving.
+ */
+export function startStreams(
+  ctx: RunContext,
+  plans: readonly SeqPlan[],
+): (onEvent: (index: number, e: SequenceEvent) => Promise<void>, isClientGone: (err: unknown) => boolean) => Promise<void> {
+  const streams = submitAll(ctx, plans, (plan) => ctx.engine.generate(plan.request, { signal: ctx.signal }));
+  return async (onEvent, isClientGone) => {
+    const results = await Promise.allSettled(streams.map(async (stream, index) => {
+      const obs = new SeqObserver(ctx.metrics, ctx.startedAt);
+      let finished = false;
+      try {
+        for await (const e of stream) {
+          if (e.type === 'token') obs.token();
+          else {
+            finished = true;
+            obs.finish(e);
+          }
+          await onEvent(index, e);
+        }
+      } catch (err) {
+        ctx.abort();
+        throw err;
+      } finally {
+        // left before the finish event arrived (client gone): the engine cancels the sequence
+        if (!finished) ctx.metrics.finished.inc({ reason: 'cancelled' });
+      }
+    }));
+    for (const r of results) if (r.status === 'rejected' && !isClientGone(r.reason)) throw r.reason;
+  };
+}

@@ -1,0 +1,76 @@
+// What the wire formats need to know about the model being served: its name, text helpers, the
+// chat template, and the longest sequence a request can actually get (the context, further
+// bounded by the KV cache the engine was given).
+
+import type { Engine } from '../execution/engine.ts';
+import type { LoadedModel } from '../execution/load-model.ts';
+import type { ChatMessage, ChatTemplate, RenderOptions } from '../artifacts/chat-template.ts';
+import type { SamplingParamsInput } from '../sampling/index.ts';
+import { TokenTexts } from './token-text.ts';
+import { badRequest } from './errors.ts';
+
+export class ServedModel {
+  readonly created = Math.floor(Date.now() / 1000);
+  /** valid token ids are [0, vocabSize) */
+  readonly vocabSize: number;
+  /** prompt + generated tokens one sequence can hold here */
+  readonly contextLen: number;
+  readonly eosIds: ReadonlySet<number>;
+  readonly samplingDefaults: SamplingParamsInput;
+  readonly chatTemplate?: ChatTemplate;
+  readonly tokens: TokenTexts;
+  /** the chat template knows <think>: split reasoning from content in chat responses */
+  readonly thinks: boolean;
+
+  constructor(
+    readonly name: string,
+    private readonly loaded: LoadedModel,
+    engine: Engine,
+  ) {
+    // ids the model can score AND the tokenizer can decode (a padded embedding has more rows)
+    this.vocabSize = Math.min(loaded.config.vocabSize, loaded.tokenizer.vocabSize);
+    this.eosIds = new Set(loaded.eosIds);
+    this.samplingDefaults = loaded.samplingDefaults;
+    this.chatTemplate = loaded.chatTemplate;
+    this.tokens = new TokenTexts(loaded.tokenizer);
+    this.thinks = Object.values(loaded.chatTemplate?.sources ?? {}).some((s) => s.includes('<think>'));
+    // Full-attention KV groups hold every token of a sequence; sliding ones only their window.
+    const bs = engine.kv.shape.blockSize;
+    let kvTokens = Infinity;
+    for (const g of engine.kv.groups) if (g.spec.window === 0) kvTokens = Math.min(kvTokens, g.pool.numBlocks * bs);
+    this.contextLen = Math.min(engine.maxModelLen, kvTokens);
+  }
+
+  /** text -> ids with the tokenizer's special tokens (BOS), as a completions prompt */
+  encode(text: string): number[] {
+    return this.loaded.encode(text);
+  }
+
+  decode(ids: readonly number[]): string {
+    return this.loaded.decode([...ids]);
+  }
+
+  /**
+   * Renders a conversation with the model's template and encodes it. `continueFinal` leaves the
+   * last message open (its text is continued instead of a new assistant turn: Anthropic prefill,
+   * vLLM continue_final_message). Returns the ids and the rendered text.
+   */
+  renderChat(
+    messages: ChatMessage[],
+    opts: { continueFinal?: boolean; addGenerationPrompt?: boolean; variables?: Record<string, unknown> } = {},
+  ): { ids: number[]; text: string } {
+    const tpl = this.chatTemplate;
+    if (!tpl) throw badRequest(`the model "${this.name}" has no chat template; use /v1/completions with a raw prompt`, 'messages', 'no_chat_template');
+    const render: RenderOptions = { addGenerationPrompt: !opts.continueFinal && (opts.addGenerationPrompt ?? true), variables: opts.variables };
+    let text = tpl.render(messages, render);
+    if (opts.continueFinal) {
+      // vLLM's rule: cut the rendering right after the final message's text
+      const last = messages[messages.length - 1];
+      const content = typeof last.content === 'string' ? last.content : '';
+      const at = content === '' ? -1 : text.lastIndexOf(content);
+      if (at < 0) throw badRequest('cannot continue the final message: its text does not appear in the rendered chat template', 'messages');
+      text = text.slice(0, at + content.length);
+    }
+    return { ids: this.loaded.tokenizer.encode(text, { addSpecialTokens: false }), text };
+  }
+}

@@ -1,0 +1,260 @@
+// The HTTP server: routes, auth, body limits, error shapes, metrics, graceful shutdown.
+//
+// Invariants: a request a client got wrong is answered with a 4xx before it reaches the engine
+// and never affects another request; every request owns an AbortController that the response's
+// 'close' (client gone) aborts, which cancels all its sequences; an unexpected error is a 500,
+// logged once to stderr.
+
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import type { Engine } from '../execution/engine.ts';
+import type { LoadedModel } from '../execution/load-model.ts';
+import { HttpError, anthropicErrorBody, badRequest, clientErrorOf, openaiErrorBody } from './errors.ts';
+import { ClientGoneError, parseJsonObject, readBody, sendJson } from './http-io.ts';
+import type { JsonObject } from './fields.ts';
+import { ServerMetrics } from './metrics.ts';
+import { ServedModel } from './served-model.ts';
+import type { HandlerContext } from './context.ts';
+import { handleChat } from './openai-chat.ts';
+import { handleCompletions } from './openai-completions.ts';
+import { handleCountTokens, handleMessages } from './anthropic.ts';
+
+export interface ServerOptions {
+  engine: Engine;
+  loaded: LoadedModel;
+  /** the `model` name clients must use */
+  servedModelName: string;
+  /** when set, every /v1 route needs `Authorization: Bearer KEY` or `x-api-key: KEY` */
+  apiKey?: string;
+  /** request bodies larger than this get 413 (default 4 MiB) */
+  maxBodyBytes?: number;
+  /** internal errors are written here (default stderr) */
+  log?: (line: string) => void;
+  /** include Node process metrics in /metrics (default true) */
+  processMetrics?: boolean;
+}
+
+export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
+
+type Handler = (ctx: HandlerContext, body: JsonObject) => Promise<void>;
+
+interface Route {
+  method: 'GET' | 'POST';
+  /** the /v1 routes need the API key and take a JSON body (POST) */
+  v1: boolean;
+  anthropic?: boolean;
+  run: (req: IncomingMessage, res: ServerResponse, route: string) => Promise<void>;
+}
+
+export class LlmServer {
+  readonly http: http.Server;
+  readonly metrics: ServerMetrics;
+  readonly model: ServedModel;
+  private readonly engine: Engine;
+  private readonly apiKeyHash?: Buffer;
+  private readonly maxBody: number;
+  private readonly log: (line: string) => void;
+  private readonly routes: Map<string, Route[]>;
+  private readonly active = new Set<ServerResponse>();
+  private shuttingDown = false;
+
+  constructor(opts: ServerOptions) {
+    this.engine = opts.engine;
+    this.model = new ServedModel(opts.servedModelName, opts.loaded, opts.engine);
+    this.metrics = new ServerMetrics(() => this.engine.stats, { processMetrics: opts.processMetrics });
+    this.apiKeyHash = opts.apiKey === undefined ? undefined : sha256(opts.apiKey);
+    this.maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+    this.log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
+    const post = (handler: Handler, anthropic = false): Route => ({
+      method: 'POST', v1: true, anthropic, run: (req, res, route) => this.generation(req, res, route, handler),
+    });
+    this.routes = new Map<string, Route[]>([
+      ['/health', [{ method: 'GET', v1: false, run: async (_req, res) => this.health(res) }]],
+      ['/metrics', [{ method: 'GET', v1: false, run: async (_req, res) => this.sendMetrics(res) }]],
+      ['/v1/models', [{ method: 'GET', v1: true, run: async (req, res) => this.models(req, res) }]],
+      ['/v1/chat/completions', [post(handleChat)]],
+      ['/v1/completions', [post(handleCompletions)]],
+      ['/v1/messages', [post(handleMessages, true)]],
+      ['/v1/messages/count_tokens', [post(handleCountTokens, true)]],
+      ['/v1/models/{id}', [{ method: 'GET', v1: true, run: async (req, res, route) => this.model1(req, res, route) }]],
+    ]);
+    this.http = http.createServer((req, res) => void this.dispatch(req, res));
+    // requestTimeout (default 300 s) bounds receiving a request, never a long generation
+    this.http.headersTimeout = 60_000;
+  }
+
+  listen(port: number, host: string): Promise<AddressInfo> {
+    return new Promise((resolve, reject) => {
+      this.http.once('error', reject);
+      this.http.listen(port, host, () => {
+        this.http.off('error', reject);
+        resolve(this.http.address() as AddressInfo);
+      });
+    });
+  }
+
+  /** requests being answered now */
+  get inFlight(): number {
+    return this.active.size;
+  }
+
+  /**
+   * Graceful stop: refuse new connections and requests (503), let the running ones finish for
+   * up to `graceMs`, then cancel what is left and close every connection. The engine is closed
+   * (its model freed); the caller closes the backend.
+   */
+  async shutdown(graceMs: number): Promise<void> {
+    this.shuttingDown = true;
+    const closed = new Promise<void>((resolve) => this.http.close(() => resolve()));
+    this.http.closeIdleConnections();
+    await waitFor(() => this.active.size === 0, graceMs);
+    await this.engine.close(0); // cancels whatever is still running; their responses end now
+    await waitFor(() => this.active.size === 0, 2000);
+    this.http.closeAllConnections();
+    await closed;
+  }
+
+  private async dispatch(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0];
+    const key = path.length > 1 ? path.replace(/\/+$/, '') : path;
+    const candidates = this.routes.get(key.startsWith('/v1/models/') ? '/v1/models/{id}' : key);
+    const route = candidates?.find((r) => r.method === req.method || (req.method === 'HEAD' && r.method === 'GET'));
+    const label = !candidates ? 'unmatched' : key.startsWith('/v1/models/') ? '/v1/models/{id}' : key;
+    const anthropic = candidates?.[0]?.anthropic ?? false;
+    this.active.add(res);
+    this.metrics.inFlight.inc();
+    res.once('close', () => {
+      this.active.delete(res);
+      this.metrics.inFlight.dec();
+      this.metrics.requests.inc({ route: label, method: req.method ?? '', status: String(res.statusCode) });
+    });
+    if (this.shuttingDown) res.setHeader('Connection', 'close');
+    try {
+      if (!candidates) throw new HttpError(404, `no route ${req.method} ${path}`, { code: 'unknown_route' });
+      if (!route) {
+        const allow = candidates.map((r) => r.method).join(', ');
+        throw new HttpError(405, `${req.method} is not allowed on ${path} (allowed: ${allow})`, { code: 'method_not_allowed', headers: { Allow: allow } });
+      }
+      if (this.shuttingDown && path !== '/metrics' && path !== '/health')
+        throw new HttpError(503, 'the server is shutting down', { code: 'shutting_down' });
+      if (route.v1) this.authenticate(req);
+      await route.run(req, res, path);
+    } catch (err) {
+      this.fail(req, res, err, anthropic);
+    }
+  }
+
+  private authenticate(req: IncomingMessage): void {
+    if (!this.apiKeyHash) return;
+    const auth = req.headers.authorization;
+    const bearer = typeof auth === 'string' && /^Bearer\s+/i.test(auth) ? auth.replace(/^Bearer\s+/i, '').trim() : undefined;
+    const xKey = req.headers['x-api-key'];
+    const given = [bearer, typeof xKey === 'string' ? xKey.trim() : undefined].filter((k): k is string => k !== undefined);
+    if (given.length === 0) throw new HttpError(401, 'missing API key: send "Authorization: Bearer KEY" or "x-api-key: KEY"', { code: 'invalid_api_key' });
+    if (!given.some((k) => timingSafeEqual(sha256(k), this.apiKeyHash!))) throw new HttpError(401, 'invalid API key', { code: 'invalid_api_key' });
+  }
+
+  private async generation(req: IncomingMessage, res: ServerResponse, route: string, handler: Handler): Promise<void> {
+    const startedAt = performance.now();
+    let body: JsonObject;
+    try {
+      body = parseJsonObject(await readBody(req, this.maxBody));
+    } catch (err) {
+      if (err instanceof HttpError && err.status === 413) {
+        // The rest of the body is never buffered, only discarded while the client finishes
+        // sending it: closing with unread data would reset the connection and the client might
+        // lose the 413. A client still sending after 5 s is cut off.
+        req.resume();
+        setTimeout(() => {
+          if (!req.complete) req.socket.destroy();
+        }, 5000).unref();
+      }
+      throw err;
+    }
+    const ac = new AbortController();
+    res.once('close', () => {
+      if (!res.writableFinished) ac.abort();
+    });
+    const ctx: HandlerContext = {
+      engine: this.engine,
+      metrics: this.metrics,
+      model: this.model,
+      res,
+      signal: ac.signal,
+      abort: () => ac.abort(),
+      startedAt,
+      logError: (where, err) => this.logInternal(`${req.method} ${route}`, where, err),
+    };
+    await handler(ctx, body);
+  }
+
+  private health(res: ServerResponse): void {
+    if (this.shuttingDown) sendJson(res, 503, { status: 'shutting_down' });
+    else sendJson(res, 200, { status: 'ok' });
+  }
+
+  private async sendMetrics(res: ServerResponse): Promise<void> {
+    const text = await this.metrics.text();
+    res.writeHead(200, { 'Content-Type': this.metrics.contentType, 'Content-Length': Buffer.byteLength(text) });
+    res.end(text);
+  }
+
+  /** GET /v1/models/{id}: the served model, or 404 */
+  private model1(req: IncomingMessage, res: ServerResponse, path: string): void {
+    let id: string;
+    try {
+      id = decodeURIComponent(path.slice('/v1/models/'.length).replace(/\/+$/, ''));
+    } catch {
+      throw badRequest(`malformed model id in ${path}`, 'model');
+    }
+    const m = this.model;
+    if (id !== m.name) throw new HttpError(404, `the model "${id}" does not exist; this server serves "${m.name}"`, { param: 'model', code: 'model_not_found' });
+    if (req.headers['anthropic-version'] !== undefined)
+      sendJson(res, 200, { type: 'model', id: m.name, display_name: m.name, created_at: new Date(m.created * 1000).toISOString() });
+    else sendJson(res, 200, { id: m.name, object: 'model', created: m.created, owned_by: 'llmts', max_model_len: m.contextLen });
+  }
+
+  private models(req: IncomingMessage, res: ServerResponse): void {
+    const m = this.model;
+    if (req.headers['anthropic-version'] !== undefined) {
+      // Anthropic's list shape, for its SDK's models.list()
+      const created_at = new Date(m.created * 1000).toISOString();
+      sendJson(res, 200, { data: [{ type: 'model', id: m.name, display_name: m.name, created_at }], has_more: false, first_id: m.name, last_id: m.name });
+      return;
+    }
+    sendJson(res, 200, {
+      object: 'list',
+      data: [{ id: m.name, object: 'model', created: m.created, owned_by: 'llmts', max_model_len: m.contextLen }],
+    });
+  }
+
+  private fail(req: IncomingMessage, res: ServerResponse, err: unknown, anthropic: boolean): void {
+    if (err instanceof ClientGoneError) return;
+    let httpErr = clientErrorOf(err);
+    if (!httpErr) {
+      this.logInternal(`${req.method} ${req.url}`, 'request', err);
+      httpErr = new HttpError(500, `internal error: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    if (res.headersSent || res.destroyed) {
+      if (!res.writableEnded) res.end();
+      return;
+    }
+    sendJson(res, httpErr.status, anthropic ? anthropicErrorBody(httpErr) : openaiErrorBody(httpErr), httpErr.options.headers);
+  }
+
+  private logInternal(request: string, where: string, err: unknown): void {
+    const detail = err instanceof Error ? err.stack ?? err.message : String(err);
+    this.log(`llmts serve: internal error in ${request} (${where}): ${detail}`);
+  }
+}
+
+function sha256(s: string): Buffer {
+  return createHash('sha256').update(s, 'utf8').digest();
+}
+
+async function waitFor(cond: () => boolean, ms: number): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+}
