@@ -45,6 +45,9 @@ export interface Completion {
   error?: string;
 }
 
+/** longest stretch the loop may hold the event loop when the backend never leaves the thread */
+const YIELD_EVERY_MS = 5;
+
 export class ContextLengthError extends Error {}
 export class EngineClosedError extends Error {}
 
@@ -214,6 +217,7 @@ export class Engine {
 
   private async loop(): Promise<void> {
     this.looping = true;
+    let lastYield = performance.now();
     try {
       while (this.scheduler.hasWork) {
         this.reapCancelled();
@@ -226,9 +230,13 @@ export class Engine {
           continue;
         }
         await this.step(rows);
-        // Let I/O in between steps (health checks, disconnects, new requests) even when the
-        // backend answered without leaving the thread (the reference backend does).
-        await new Promise<void>((resolve) => setImmediate(resolve));
+        // A device backend's read waits on another thread, so I/O (health checks, disconnects,
+        // new requests) runs during every step; a backend that answers on this thread (the
+        // reference backend) would starve it, so yield at least every few milliseconds.
+        if (performance.now() - lastYield > YIELD_EVERY_MS) {
+          await new Promise<void>((resolve) => setImmediate(resolve));
+          lastYield = performance.now();
+        }
       }
     } finally {
       this.looping = false;

@@ -29,8 +29,9 @@ export function parsePrompts(raw: Json | undefined, model: ServedModel): number[
   if (typeof raw === 'string') return [model.encode(raw)];
   if (!Array.isArray(raw)) throw badRequest(shape, 'prompt');
   if (raw.length === 0) throw badRequest('prompt must not be empty', 'prompt');
-  if (raw.length > MAX_PROMPTS) throw badRequest(`prompt has ${raw.length} entries; at most ${MAX_PROMPTS} are allowed`, 'prompt');
+  // a flat list of numbers is ONE prompt of token ids (as long as the context allows)
   if (raw.every((x) => typeof x === 'number')) return [tokenIds(raw, 'prompt', model.vocabSize)];
+  if (raw.length > MAX_PROMPTS) throw badRequest(`prompt has ${raw.length} prompts; at most ${MAX_PROMPTS} are allowed`, 'prompt');
   if (raw.every((x) => typeof x === 'string')) return (raw as string[]).map((s) => model.encode(s));
   if (raw.every((x) => Array.isArray(x))) return (raw as Json[][]).map((ids, i) => tokenIds(ids, `prompt[${i}]`, model.vocabSize));
   throw badRequest(shape, 'prompt');

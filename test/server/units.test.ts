@@ -88,6 +88,10 @@ test('completions prompts: every accepted form, and the rejected ones', () => {
   assert.deepEqual(parsePrompts(['hi', 'a'], model), [[104, 105], [97]]);
   assert.deepEqual(parsePrompts([5, 6], model), [[5, 6]]);
   assert.deepEqual(parsePrompts([[5], [6, 7]], model), [[5], [6, 7]]);
+  // one long token-id prompt is not "too many prompts"
+  const long = Array.from({ length: 1000 }, (_, k) => k % 250);
+  assert.deepEqual(parsePrompts(long, model), [long]);
+  assert.throws(() => parsePrompts(Array.from({ length: 300 }, () => "a"), model), /300 prompts; at most 256/);
   for (const bad of [undefined, 3, {}, [], ['a', 1], [[1], 'a'], [1.5], [[-1]], [[]], [259]])
     assert.equal(status(() => parsePrompts(bad as never, model)).status, 400, JSON.stringify(bad));
 });

@@ -1,0 +1,191 @@
+// Serving benchmark (issue 3): in one run, on one model,
+//   1. a lone request through the engine vs a dedicated single-sequence loop (model.forward
+//      directly, no scheduler) — the cost of "batch even a lone request";
+//   2. single-stream decode tok/s through HTTP (SSE) vs engine-direct;
+//   3. aggregate output tok/s and TTFT p50/p99 at 1/4/16/64 concurrent streams;
+//   4. /health latency while a long prefill runs (is the event loop ever blocked?).
+//
+//   node --import tsx bench/serve.ts [--model models/demo] [--tokens 128] [--json out.json]
+
+import { parseArgs } from 'node:util';
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { execSync } from 'node:child_process';
+import os from 'node:os';
+import { resolve } from 'node:path';
+import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
+import { loadModel } from '../src/execution/load-model.ts';
+import { Engine } from '../src/execution/engine.ts';
+import { KvCache, blocksPerSequence } from '../src/state/kv-cache.ts';
+import { Sampler, TokenHistory } from '../src/sampling/index.ts';
+import { IncrementalDetokenizer } from '../src/generation/detokenizer.ts';
+
+const { values } = parseArgs({
+  options: {
+    model: { type: 'string', default: 'models/demo' },
+    tokens: { type: 'string', default: '128' },
+    json: { type: 'string' },
+  },
+});
+const MODEL = resolve(values.model!);
+const TOKENS = Number(values.tokens);
+const ROOT = resolve(import.meta.dirname, '..');
+
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+const median = (xs: number[]) => pct(xs, 50);
+const promptOf = (seed: number, n: number, vocab: number) => Array.from({ length: n }, (_, k) => (seed * 7919 + k * 104729) % Math.min(vocab, 4000) + 10);
+
+// ---- 1 and 2 (engine side), in process ------------------------------------------------------
+const backend = await createCpuBackend();
+const m = await loadModel(backend, MODEL);
+const V = m.config.vocabSize;
+const prompt = promptOf(1, 64, V);
+
+/**
+ * A dedicated single-sequence path: forward, sample, detokenize, repeat — the same per-token work
+ * a user gets (text out), without the scheduler, admission, events or streams.
+ */
+async function dedicatedLoop(): Promise<number> {
+  const cfg = m.config;
+  const total = prompt.length + TOKENS;
+  const kv = new KvCache(backend, cfg.layers.map((l) => l.window), { numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: 16 },
+    (s) => blocksPerSequence(s.window, total, 16, 512));
+  const seq = kv.newSequence();
+  kv.grow(seq, 0, prompt.length);
+  let logits = await m.model.forward({ tokens: Int32Array.from(prompt), rows: [{ seq, start: 0, count: prompt.length }], logitTokens: [prompt.length - 1] }, kv);
+  const sampler = new Sampler({ temperature: 0 }, { vocabSize: V });
+  const history = new TokenHistory(prompt);
+  const detok = new IncrementalDetokenizer(m.decode, { contextTokens: prompt });
+  let text = '';
+  const t0 = performance.now();
+  for (let k = 0; k < TOKENS - 1; k++) {
+    const id = sampler.sample(logits, history);
+    history.push(id);
+    text += detok.push(id);
+    const pos = prompt.length + k;
+    kv.grow(seq, pos, pos + 1);
+    logits = await m.model.forward({ tokens: Int32Array.of(id), rows: [{ seq, start: pos, count: 1 }], logitTokens: [0] }, kv);
+  }
+  const tps = (TOKENS - 1) / ((performance.now() - t0) / 1000);
+  if (text.length === 0 && TOKENS > 8) throw new Error('dedicated loop produced no text');
+  kv.release(seq);
+  kv.dispose();
+  return tps;
+}
+
+async function engineSingle(): Promise<number> {
+  const engine = new Engine(m.model, m, { maxBatch: 1 });
+  let tFirst = 0, n = 0;
+  for await (const e of engine.generate({ promptIds: prompt, maxTokens: TOKENS, sampling: { temperature: 0 }, ignoreEos: true }))
+    if (e.type === 'token' && n++ === 0) tFirst = performance.now();
+  const tps = (n - 1) / ((performance.now() - tFirst) / 1000);
+  await engine.close(0);
+  return tps;
+}
+
+const dedicated: number[] = [], engineDirect: number[] = [];
+await dedicatedLoop(); // warm-up
+for (let r = 0; r < 5; r++) {
+  dedicated.push(await dedicatedLoop());
+  engineDirect.push(await engineSingle());
+}
+m.model.dispose();
+await backend.close();
+
+// ---- 2, 3, 4 through HTTP ------------------------------------------------------------------
+const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench'], { stdio: ['ignore', 'pipe', 'inherit'] });
+const base: string = await new Promise((ok, fail) => {
+  let buf = '';
+  server.stdout!.on('data', (d) => {
+    buf += d;
+    const hit = /listening on (http:\/\/\S+)/.exec(buf);
+    if (hit) ok(hit[1]);
+  });
+  server.on('exit', (code) => fail(new Error(`server exited with ${code}`)));
+});
+
+interface StreamResult { ttftMs: number; tokens: number; decodeMs: number }
+
+/** One streamed completion; counts SSE chunks carrying text as tokens (one chunk per token). */
+async function stream(promptIds: number[], maxTokens: number): Promise<StreamResult> {
+  const t0 = performance.now();
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'bench', prompt: promptIds, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+  });
+  const reader = res.body!.getReader();
+  const dec = new TextDecoder();
+  let buf = '', tokens = 0, tFirst = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+      const chunk = JSON.parse(ev.slice(6));
+      if (chunk.choices?.[0]?.finish_reason === null || chunk.choices?.[0]?.text) {
+        if (tokens++ === 0) tFirst = performance.now();
+      }
+    }
+  }
+  return { ttftMs: tFirst - t0, tokens, decodeMs: performance.now() - tFirst };
+}
+
+await stream(prompt, 8); // warm-up
+const httpSingle: number[] = [];
+for (let r = 0; r < 5; r++) {
+  const s = await stream(prompt, TOKENS);
+  httpSingle.push((s.tokens - 1) / (s.decodeMs / 1000));
+}
+
+const concurrency: { streams: number; outputTokPerS: number; ttftP50Ms: number; ttftP99Ms: number }[] = [];
+for (const n of [1, 4, 16, 64]) {
+  const perStream = 64;
+  const t0 = performance.now();
+  const results = await Promise.all(Array.from({ length: n }, (_, k) => stream(promptOf(k + 2, 64, V), perStream)));
+  const wall = (performance.now() - t0) / 1000;
+  const ttfts = results.map((r) => r.ttftMs);
+  concurrency.push({
+    streams: n,
+    outputTokPerS: results.reduce((a, r) => a + r.tokens, 0) / wall,
+    ttftP50Ms: median(ttfts),
+    ttftP99Ms: pct(ttfts, 99),
+  });
+}
+
+// /health while a long prefill runs
+const longPrompt = promptOf(99, Math.min(1900, m.maxContext - 16), V);
+const healthMs: number[] = [];
+let prefillDone = false;
+const long = stream(longPrompt, 4).then((r) => ((prefillDone = true), r));
+while (!prefillDone) {
+  const t = performance.now();
+  await fetch(`${base}/health`).then((r) => r.text());
+  healthMs.push(performance.now() - t);
+  await new Promise((r) => setTimeout(r, 2));
+}
+const longResult = await long;
+server.kill('SIGTERM');
+
+let commit = 'unknown';
+try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const result = {
+  machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, commit, model: values.model, tokens: TOKENS,
+  dedicatedTokPerS: median(dedicated), engineDirectTokPerS: median(engineDirect), httpTokPerS: median(httpSingle),
+  loneVsDedicated: median(engineDirect) / median(dedicated), httpVsEngine: median(httpSingle) / median(engineDirect),
+  concurrency,
+  health: { samples: healthMs.length, p50Ms: median(healthMs), p99Ms: pct(healthMs, 99), maxMs: Math.max(...healthMs), prefillTokens: longPrompt.length, prefillTtftMs: longResult.ttftMs },
+};
+console.log(`machine ${result.machine}  commit ${commit}  model ${values.model}`);
+console.log(`single stream decode (median of 5, ${TOKENS} tokens):`);
+console.log(`  dedicated loop ${result.dedicatedTokPerS.toFixed(1)} tok/s | engine ${result.engineDirectTokPerS.toFixed(1)} tok/s (lone/dedicated ${result.loneVsDedicated.toFixed(3)}) | HTTP ${result.httpTokPerS.toFixed(1)} tok/s (HTTP/engine ${result.httpVsEngine.toFixed(3)})`);
+console.log('concurrent streams (64 tokens each, 64-token prompts):');
+for (const c of concurrency) console.log(`  ${String(c.streams).padStart(3)} streams: ${c.outputTokPerS.toFixed(1).padStart(8)} output tok/s   TTFT p50 ${c.ttftP50Ms.toFixed(1)} ms  p99 ${c.ttftP99Ms.toFixed(1)} ms`);
+console.log(`/health during a ${longPrompt.length}-token prefill (TTFT ${longResult.ttftMs.toFixed(0)} ms): ${healthMs.length} probes, p50 ${result.health.p50Ms.toFixed(2)} ms, p99 ${result.health.p99Ms.toFixed(2)} ms, max ${result.health.maxMs.toFixed(2)} ms`);
+if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2));
