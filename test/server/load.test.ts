@@ -67,8 +67,9 @@ async function streamed(k: number, maxTokens: number): Promise<Outcome> {
   return out;
 }
 
-test('load: 40 concurrent streams x 3 rounds match the non-streamed greedy results', async () => {
-  const N = 40, ROUNDS = 3, MAX = 16;
+test('load: 40 concurrent streams x 5 rounds match the non-streamed greedy results, memory flat', async () => {
+  const N = 40, ROUNDS = 5, MAX = 16;
+  const rss: number[] = [];
   const before = await scrape(srv.url);
   // the non-streamed results, 8 at a time (a different batching from the rounds below)
   const expected: Outcome[] = [];
@@ -85,7 +86,12 @@ test('load: 40 concurrent streams x 3 rounds match the non-streamed greedy resul
       assert.deepEqual(g.tokens, expected[k].tokens, `round ${round} stream ${k}: tokens`);
       assert.equal(g.text, expected[k].text, `round ${round} stream ${k}: text`);
     });
+    rss.push((await scrape(srv.url)).get('llmts_process_resident_memory_bytes') ?? NaN);
   }
+  // after the first round has warmed allocators and caches, more rounds must not keep growing
+  const growth = rss[rss.length - 1] - rss[0];
+  assert.ok(Number.isFinite(growth), 'resident memory is reported');
+  assert.ok(growth < 16 * 2 ** 20, `resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over ${ROUNDS - 1} rounds (${rss.map((b) => (b / 2 ** 20).toFixed(0)).join(', ')} MiB)`);
   const after = await eventually('the engine to be idle', () => scrape(srv.url), engineIdle);
   const delta = (name: string) => (after.get(name) ?? 0) - (before.get(name) ?? 0);
   assert.equal(delta('llmts_generation_tokens_total'), N * MAX * (ROUNDS + 1));
