@@ -20,6 +20,8 @@ export interface LoadOptions extends EngineOptions {
   /** Hugging Face model directory */
   model: string;
   device?: 'auto' | 'cpu' | 'cuda';
+  /** called with non-fatal notes (e.g. a context limit past what the model was built for) */
+  onWarning?: (message: string) => void;
 }
 
 export interface GenerateOptions extends SamplingParamsInput {
@@ -47,7 +49,7 @@ export class Llm {
   static async load(opts: LoadOptions): Promise<Llm> {
     const backend = await openBackend(parseDevice(opts.device));
     try {
-      const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen });
+      const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning });
       return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...opts, maxModelLen: loaded.maxContext }));
     } catch (err) {
       await backend.close();
@@ -67,13 +69,17 @@ export class Llm {
     return this.loaded.decode(ids);
   }
 
-  private request(o: GenerateOptions): EngineRequest {
+  /** The prompt token ids a request runs on: its promptIds, its rendered messages, or its encoded prompt. */
+  promptIdsOf(o: Pick<GenerateOptions, 'prompt' | 'messages' | 'promptIds'>): number[] {
     const given = [o.prompt, o.messages, o.promptIds].filter((x) => x !== undefined).length;
     if (given !== 1) throw new TypeError('give exactly one of prompt, messages or promptIds');
-    const promptIds = o.promptIds ?? (o.messages ? this.loaded.applyChatTemplate(o.messages) : this.loaded.encode(o.prompt!));
+    return o.promptIds ?? (o.messages ? this.loaded.applyChatTemplate(o.messages) : this.loaded.encode(o.prompt!));
+  }
+
+  private request(o: GenerateOptions): EngineRequest {
     const { prompt: _p, messages: _m, promptIds: _i, maxTokens, stop, ignoreEos, topLogprobs, signal: _s, ...sampling } = o;
     return {
-      promptIds,
+      promptIds: this.promptIdsOf(o),
       maxTokens: maxTokens ?? 256,
       sampling: { ...this.loaded.samplingDefaults, ...dropUndefined(sampling) },
       stop,

@@ -4,9 +4,8 @@
 import { performance } from 'node:perf_hooks';
 import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
-import { openBackend, parseDevice } from '../execution/devices.ts';
-import { loadModel } from '../execution/load-model.ts';
-import { Engine } from '../execution/engine.ts';
+import { parseDevice } from '../execution/devices.ts';
+import { load } from '../api/index.ts';
 import type { TokenLogprob } from '../execution/sequence.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 
@@ -94,13 +93,15 @@ export async function runGenerate(argv: string[]): Promise<void> {
   const device = parseDevice(stringFlag(v, 'device'));
 
   const t0 = performance.now();
-  const backend = await openBackend(device);
+  // One request through the same engine the server uses (a lone row is just a batch of one).
+  const llm = await load({
+    model: dir, device, maxBatch: 1, maxModelLen,
+    onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
+  });
   try {
-    const loaded = await loadModel(backend, dir, { maxModelLen, onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`) });
     const loadMs = performance.now() - t0;
-    const promptIds = messages ? loaded.applyChatTemplate(messages) : loaded.encode(prompt!);
-    // One request through the same engine the server uses (a lone row is just a batch of one).
-    const engine = new Engine(loaded.model, loaded, { maxBatch: 1, maxModelLen: loaded.maxContext, kvTokens: loaded.maxContext });
+    const request = messages ? { messages } : { prompt: prompt! };
+    const promptIds = llm.promptIdsOf(request);
     const stream = !v.json;
     const tStart = performance.now();
     let tFirst = tStart;
@@ -108,10 +109,10 @@ export async function runGenerate(argv: string[]): Promise<void> {
     const logprobs: TokenLogprob[] = [];
     let text = '';
     let finishReason = 'length';
-    const events = engine.generate({
+    const events = llm.generate({
       promptIds,
       maxTokens,
-      sampling: { ...loaded.samplingDefaults, ...dropUndefined(explicit) },
+      ...explicit,
       stop: listFlag(v, 'stop'),
       ignoreEos: v['ignore-eos'] === true,
       topLogprobs,
@@ -129,7 +130,6 @@ export async function runGenerate(argv: string[]): Promise<void> {
       if (stream && e.text) process.stdout.write(e.text);
     }
     const tEnd = performance.now();
-    await engine.close();
     if (stream) {
       process.stdout.write('\n');
     } else {
@@ -150,12 +150,9 @@ export async function runGenerate(argv: string[]): Promise<void> {
       process.stdout.write(`${JSON.stringify(out)}\n`);
     }
   } finally {
-    await backend.close();
+    await llm.close(0);
   }
 }
 
 const round = (ms: number) => Math.round(ms * 1000) / 1000;
 
-function dropUndefined<T extends object>(o: T): Partial<T> {
-  return Object.fromEntries(Object.entries(o).filter(([, x]) => x !== undefined)) as Partial<T>;
-}
