@@ -2,6 +2,7 @@
 
 import type { Backend } from '../contracts/backend.ts';
 import { createCpuBackend } from '../backends/cpu/cpu-backend.ts';
+import { createCudaBackend, probeCuda } from '../backends/cuda/index.ts';
 import { ReferenceBackend } from '../backends/reference/reference-backend.ts';
 
 export const DEVICES = ['auto', 'cpu', 'cuda'] as const;
@@ -15,10 +16,10 @@ export function parseDevice(raw: string | undefined): Device {
   return d as Device;
 }
 
-/** Why CUDA cannot be used here, or undefined when it can. */
-function cudaUnavailableReason(): string {
-  // The CUDA backend is not part of this build yet; `auto` therefore always means the CPU.
-  return 'this build of llmts has no CUDA backend yet';
+/** Why CUDA cannot be used here (no libcuda, cuInit fails, no device), or undefined when it can. */
+export function cudaUnavailableReason(): string | undefined {
+  const probe = probeCuda();
+  return probe.ok ? undefined : probe.reason;
 }
 
 export async function openBackend(device: Device): Promise<Backend> {
@@ -28,7 +29,10 @@ export async function openBackend(device: Device): Promise<Backend> {
   const forced = process.env.LLMTS_BACKEND;
   if (forced === 'reference') return new ReferenceBackend();
   if (forced !== undefined && forced !== '') throw new DeviceError(`LLMTS_BACKEND must be "reference" (test-only) or unset, got "${forced}"`);
-  if (device === 'cuda') throw new DeviceError(`--device cuda: CUDA is not usable: ${cudaUnavailableReason()}`);
+  if (device === 'cpu') return createCpuBackend();
+  const why = cudaUnavailableReason();
+  if (why === undefined) return createCudaBackend(); // auto = CUDA when usable
+  if (device === 'cuda') throw new DeviceError(`--device cuda: CUDA is not usable here: ${why}`);
   return createCpuBackend();
 }
 

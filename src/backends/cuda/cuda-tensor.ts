@@ -1,0 +1,47 @@
+// The CUDA backend's tensor: a shape and dtype over a device address.
+import type { DType, Tensor } from '../../contracts/backend.ts';
+
+/** dtype codes shared with the kernels (DT_* in kernels.ts) */
+export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
+export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;
+
+export class CudaTensor implements Tensor {
+  /** set once the memory is released (explicitly or by its scope); any later use is an error */
+  freed = false;
+
+  constructor(
+    readonly shape: readonly number[],
+    readonly dtype: DType,
+    /** device address of element 0 */
+    readonly addr: number,
+    /** bytes of the elements (numel * dtype size) */
+    readonly bytes: number,
+    /** the tensor owning the memory when this is a view (reshape); null when this owns it */
+    readonly base: CudaTensor | null,
+    /** identity of the backend that made it (tensors must not cross backends) */
+    readonly backendId: number,
+  ) {}
+
+  get isView(): boolean {
+    return this.base !== null;
+  }
+
+  get owner(): CudaTensor {
+    return this.base ?? this;
+  }
+
+  /** a view is usable while the memory it looks at is */
+  get alive(): boolean {
+    return !this.owner.freed;
+  }
+
+  toString(): string {
+    return `${this.dtype}[${this.shape.join(', ')}]`;
+  }
+}
+
+export function numel(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}

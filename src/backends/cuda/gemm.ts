@@ -1,0 +1,138 @@
+// y = x · w^T through cuBLASLt on the backend's stream (tensor cores for 16-bit inputs, f32
+// accumulation; f32 inputs use plain fp32 compute, not TF32).
+//
+// Row-major [M, N] = x [M, K] · w [N, K]^T is, in cuBLASLt's column-major terms,
+// D (N x M, ld N) = op(A) · B with A = w viewed as K x N (ld K) transposed, B = x as K x M (ld K):
+// the "TN" layout. Plans (descriptors + the heuristic's algorithm) are cached per shape and types.
+import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
+import type { CudaRuntime } from './runtime.ts';
+import type { DevicePool } from './device-pool.ts';
+
+export type GemmType = 'f32' | 'f16' | 'bf16';
+const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
+const CUBLAS_COMPUTE_32F = 68;
+const CUBLASLT_MATMUL_DESC_TRANSA = 3;
+const CUBLASLT_MATMUL_DESC_TRANSB = 4;
+const CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
+const CUBLAS_OP_N = 0;
+const CUBLAS_OP_T = 1;
+/** sizeof(cublasLtMatmulHeuristicResult_t): algo (8 x u64), size_t workspaceSize, int state, float waves, int[4] */
+const HEURISTIC_BYTES = 96;
+const WORKSPACE_BYTES = 32 * 1024 * 1024;
+const MAX_PLANS = 4096;
+
+interface Plan {
+  op: number;
+  a: number;
+  b: number;
+  d: number;
+  algo: Uint8Array;
+}
+
+export class LtGemm {
+  private readonly handle: number;
+  private readonly pref: number;
+  private readonly workspace: number;
+  private readonly plans = new Map<string, Plan | null>();
+  private readonly one = new Float32Array([1]);
+  private readonly zero = new Float32Array([0]);
+  readonly version: number;
+
+  constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool) {
+    this.version = Number(lt.cublasLtGetVersion());
+    const h = out64();
+    checkLt(lt.cublasLtCreate(h), 'cublasLtCreate');
+    this.handle = num(h);
+    const p = out64();
+    checkLt(lt.cublasLtMatmulPreferenceCreate(p), 'cublasLtMatmulPreferenceCreate');
+    this.pref = num(p);
+    const ws = new BigUint64Array([BigInt(WORKSPACE_BYTES)]);
+    checkLt(lt.cublasLtMatmulPreferenceSetAttribute(this.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws, 8),
+      'setting the workspace size');
+    this.workspace = pool.alloc(WORKSPACE_BYTES, true).addr;
+  }
+
+  /**
+   * Enqueues D[M, N] = x[M, K] · w[N, K]^T. Returns false (enqueuing nothing) when cuBLASLt has no
+   * algorithm for these shapes and types; the caller then uses its own kernel.
+   */
+  run(w: number, wt: GemmType, x: number, xt: GemmType, d: number, dt: GemmType, M: number, N: number, K: number): boolean {
+    const plan = this.plan(wt, xt, dt, M, N, K);
+    if (!plan) return false;
+    const rc = this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b, this.zero, d, plan.d, d,
+      plan.d, plan.algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
+    checkLt(rc, `cublasLtMatmul (M=${M} N=${N} K=${K}, w ${wt}, x ${xt}, out ${dt})`);
+    this.rt.launches++;
+    return true;
+  }
+
+  private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
+    const key = `${wt}.${xt}.${dt}.${M}.${N}.${K}`;
+    const cached = this.plans.get(key);
+    if (cached !== undefined) return cached;
+    const lt = this.lt;
+    const h = out64();
+    checkLt(lt.cublasLtMatmulDescCreate(h, CUBLAS_COMPUTE_32F, CUDA_R.f32), 'cublasLtMatmulDescCreate');
+    const op = num(h);
+    checkLt(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, new Int32Array([CUBLAS_OP_T]), 4), 'TRANSA');
+    checkLt(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, new Int32Array([CUBLAS_OP_N]), 4), 'TRANSB');
+    const layout = (t: GemmType, rows: number, cols: number, ld: number) => {
+      const l = out64();
+      checkLt(lt.cublasLtMatrixLayoutCreate(l, CUDA_R[t], rows, cols, ld), 'cublasLtMatrixLayoutCreate');
+      return num(l);
+    };
+    const a = layout(wt, K, N, K);
+    const b = layout(xt, K, M, K);
+    const d = layout(dt, N, M, N);
+    const requested = 8;
+    const results = new Uint8Array(HEURISTIC_BYTES * requested);
+    const count = new Int32Array(1);
+    const rc = lt.cublasLtMatmulAlgoGetHeuristic(this.handle, op, a, b, d, d, this.pref, requested, results, count);
+    let plan: Plan | null = null;
+    if (rc === 0) {
+      const view = new DataView(results.buffer);
+      for (let i = 0; i < count[0]!; i++) {
+        const base = i * HEURISTIC_BYTES;
+        const wsNeeded = Number(view.getBigUint64(base + 64, true));
+        const state = view.getInt32(base + 72, true);
+        if (state === 0 && wsNeeded <= WORKSPACE_BYTES) {
+          plan = { op, a, b, d, algo: results.slice(base, base + 64) };
+          break;
+        }
+      }
+    }
+    if (!plan) {
+      lt.cublasLtMatrixLayoutDestroy(a);
+      lt.cublasLtMatrixLayoutDestroy(b);
+      lt.cublasLtMatrixLayoutDestroy(d);
+      lt.cublasLtMatmulDescDestroy(op);
+    }
+    if (this.plans.size >= MAX_PLANS) this.clearPlans();
+    this.plans.set(key, plan);
+    return plan;
+  }
+
+  private clearPlans(): void {
+    for (const p of this.plans.values()) {
+      if (!p) continue;
+      this.lt.cublasLtMatrixLayoutDestroy(p.a);
+      this.lt.cublasLtMatrixLayoutDestroy(p.b);
+      this.lt.cublasLtMatrixLayoutDestroy(p.d);
+      this.lt.cublasLtMatmulDescDestroy(p.op);
+    }
+    this.plans.clear();
+  }
+
+  /** After the stream is idle. */
+  close(): void {
+    this.clearPlans();
+    this.lt.cublasLtMatmulPreferenceDestroy(this.pref);
+    this.lt.cublasLtDestroy(this.handle);
+    this.pool.release(this.workspace, WORKSPACE_BYTES);
+  }
+}
+
+function checkLt(rc: number, what: string): void {
+  if (rc !== 0) throw new Error(`cuda backend: cuBLASLt ${what} failed: cublasStatus_t ${rc}`);
+}
+

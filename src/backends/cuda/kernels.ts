@@ -1,0 +1,366 @@
+// CUDA C++ source of every kernel the CUDA backend launches, compiled at run time by NVRTC for the
+// device's architecture (see nvrtc.ts; cached on disk by source hash).
+//
+// The source includes no headers (NVRTC then needs no CUDA include directory): 16-bit floats are
+// handled as raw `unsigned short` bits with explicit conversions. Math is f32 throughout; values
+// are stored in their tensor's dtype. Dtype codes (DT_*) match DT_CODE in cuda-tensor.ts.
+//
+// Index errors inside kernels (token id outside the table, a KV position without a block, an
+// expert id outside [0, E)) do not fault: the kernel writes zeros for that element and records
+// the first error in `err` (int[4]: code, op-specific a, b, c), which read/sync turn into a
+// rejected promise.
+
+export const KERNEL_SOURCE = String.raw`
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+#define ACT_SILU 0
+#define ACT_GELU_TANH 1
+#define ACT_GELU 2
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+typedef unsigned short u16;
+typedef long long i64;
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ u16 f2bf(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u); // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
+  return (u16)(u >> 16);
+}
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+__device__ __forceinline__ float ld(const void* p, int dt, i64 i) {
+  if (dt == DT_BF16) return bf2f(((const u16*)p)[i]);
+  if (dt == DT_F32) return ((const float*)p)[i];
+  return h2f(((const u16*)p)[i]);
+}
+__device__ __forceinline__ void st(void* p, int dt, i64 i, float v) {
+  if (dt == DT_BF16) ((u16*)p)[i] = f2bf(v);
+  else if (dt == DT_F32) ((float*)p)[i] = v;
+  else ((u16*)p)[i] = f2h(v);
+}
+
+__device__ __forceinline__ void report(int* err, int code, int a, int b, int c) {
+  if (atomicCAS(err, 0, code) == 0) { err[1] = a; err[2] = b; err[3] = c; }
+}
+
+__device__ __forceinline__ float activate(float x, int act) {
+  if (act == ACT_SILU) return x / (1.0f + expf(-x));
+  if (act == ACT_GELU_TANH) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions; every thread gets the result. red: >= 32 floats of shared memory.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads(); // red may still be read by a previous reduction
+  if ((threadIdx.x & 31) == 0) red[w] = v;
+  __syncthreads();
+  float r = 0.0f;
+  for (int i = 0; i < nw; i++) r += red[i];
+  return r;
+}
+__device__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[w] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);
+  return r;
+}
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+extern "C" __global__ void k_convert(const void* src, int sdt, void* dst, int ddt, i64 n) {
+  GRID_STRIDE(i, n) st(dst, ddt, i, ld(src, sdt, i));
+}
+
+// y[t, :] = table[ids[t], :] * scale
+extern "C" __global__ void k_embedding(const void* table, int tdt, const int* ids, u16* out, i64 T, i64 V, i64 D,
+                                       float scale, int* err) {
+  GRID_STRIDE(i, T * D) {
+    i64 t = i / D, d = i - t * D;
+    int id = ids[t];
+    float v = 0.0f;
+    if (id < 0 || id >= V) report(err, 1, (int)t, id, (int)V);
+    else v = ld(table, tdt, (i64)id * D + d) * scale;
+    out[i] = f2bf(v);
+  }
+}
+
+// one block per row: y = x * rsqrt(mean(x^2) + eps) * (off + w)
+extern "C" __global__ void k_rmsnorm(const void* x, int xdt, const void* w, int wdt, u16* out, i64 rows, int D,
+                                     float eps, float off) {
+  __shared__ float red[32];
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) { float v = ld(x, xdt, r * D + d); ss += v * v; }
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)D + eps);
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+      out[r * D + d] = f2bf(ld(x, xdt, r * D + d) * inv * (off + ld(w, wdt, d)));
+  }
+}
+
+extern "C" __global__ void k_add(const void* a, int adt, const void* b, int bdt, u16* out, i64 n, float bScale) {
+  GRID_STRIDE(i, n) out[i] = f2bf(ld(a, adt, i) + bScale * ld(b, bdt, i));
+}
+
+extern "C" __global__ void k_scale(const void* x, int xdt, u16* out, i64 n, float s) {
+  GRID_STRIDE(i, n) out[i] = f2bf(ld(x, xdt, i) * s);
+}
+
+extern "C" __global__ void k_softcap(const void* x, int xdt, u16* out, i64 n, float cap) {
+  GRID_STRIDE(i, n) out[i] = f2bf(cap * tanhf(ld(x, xdt, i) / cap));
+}
+
+extern "C" __global__ void k_glu(const void* g, int gdt, const void* u, int udt, u16* out, i64 n, int act) {
+  GRID_STRIDE(i, n) out[i] = f2bf(activate(ld(g, gdt, i), act) * ld(u, udt, i));
+}
+
+// Rotate-half rope on the first 2*half dims of each head; one block per token.
+// invFreq: f32 [half] (invStride 0) or [T, half] (invStride half).
+extern "C" __global__ void k_rope(const void* x, int xdt, const int* pos, const float* invFreq, u16* out, int T, int H,
+                                  int D, int half, int invStride, float scaling) {
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+    float p = (float)pos[t];
+    for (int idx = threadIdx.x; idx < H * D; idx += blockDim.x) {
+      int h = idx / D, d = idx - h * D;
+      i64 base = ((i64)t * H + h) * D;
+      if (d >= 2 * half) { out[base + d] = f2bf(ld(x, xdt, base + d)); continue; }
+      int j = d < half ? d : d - half;
+      float ang = __fmul_rn(p, invFreq[(i64)t * invStride + j]);
+      float c = cosf(ang) * scaling, s = sinf(ang) * scaling;
+      float a = ld(x, xdt, base + j), b = ld(x, xdt, base + j + half);
+      out[base + d] = f2bf(d < half ? a * c - b * s : b * c + a * s);
+    }
+  }
+}
+
+// Writes k, v [T, rowElems] into pools [numSlots, rowElems] at slots[t]; slot -1 skips.
+extern "C" __global__ void k_write_kv(void* kpool, void* vpool, int pdt, const void* k, int kdt, const void* v, int vdt,
+                                      const int* slots, i64 T, i64 rowElems, i64 numSlots, int* err) {
+  GRID_STRIDE(i, T * rowElems) {
+    i64 t = i / rowElems, e = i - t * rowElems;
+    int s = slots[t];
+    if (s < 0) continue;
+    if (s >= numSlots) { report(err, 2, (int)t, s, (int)numSlots); continue; }
+    st(kpool, pdt, (i64)s * rowElems + e, ld(k, kdt, i));
+    st(vpool, pdt, (i64)s * rowElems + e, ld(v, vdt, i));
+  }
+}
+
+// Paged causal attention, one block per (token, head), online softmax over chunks of keys.
+// Block: ATT_THREADS threads; thread i scores key i of the chunk, then each thread accumulates
+// the output dims d = tid + k * ATT_THREADS (headDim <= 4 * ATT_THREADS).
+#define ATT_THREADS 128
+extern "C" __global__ void k_attention(const void* q, int qdt, const void* kpool, const void* vpool, int pdt,
+                                       const int* rows, const int* poss, const int* tables, u16* out, int T, int H,
+                                       int KVH, int D, int NB, int BS, int R, int MBR, int window, float scale,
+                                       float softcap, int* err) {
+  extern __shared__ float sh[];
+  float* qs = sh;                         // [D]
+  float* ps = qs + D;                     // [ATT_THREADS]
+  int* slot_s = (int*)(ps + ATT_THREADS); // [ATT_THREADS]
+  float* red = (float*)(slot_s + ATT_THREADS); // [32]
+  int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  int kh = h / (H / KVH);
+  int r = rows[t], p = poss[t];
+  i64 obase = ((i64)t * H + h) * D;
+  for (int d = tid; d < D; d += ATT_THREADS) qs[d] = ld(q, qdt, obase + d);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float m = NEG_INF, l = 0.0f;
+  if (r < 0 || r >= R) {
+    if (tid == 0 && h == 0) report(err, 3, t, r, R);
+    p = -1; // attend to nothing
+  }
+  int start = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+  __syncthreads();
+  for (int j0 = start; j0 <= p; j0 += ATT_THREADS) {
+    int n = p - j0 + 1 < ATT_THREADS ? p - j0 + 1 : ATT_THREADS;
+    float s = NEG_INF;
+    int slot = -1;
+    if (tid < n) {
+      int j = j0 + tid;
+      int lb = j / BS;
+      int blk = lb < MBR ? tables[(i64)r * MBR + lb] : -1;
+      if (blk < 0 || blk >= NB) {
+        if (h == 0) report(err, 4, r, j, blk);
+      } else {
+        slot = blk * BS + (j - lb * BS);
+        const i64 kb = ((i64)slot * KVH + kh) * D;
+        float dot = 0.0f;
+        for (int d = 0; d < D; d++) dot += qs[d] * ld(kpool, pdt, kb + d);
+        s = dot * scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+      }
+    }
+    float cmax = block_max(s, red);
+    float mnew = fmaxf(m, cmax);
+    float pj = (slot >= 0 && mnew != NEG_INF) ? expf(s - mnew) : 0.0f;
+    ps[tid] = pj;
+    slot_s[tid] = slot;
+    float csum = block_sum(pj, red); // its barriers also publish ps / slot_s
+    float corr = (m == NEG_INF) ? 0.0f : expf(m - mnew);
+    if (mnew == NEG_INF) corr = 1.0f;
+    l = l * corr + csum;
+    m = mnew;
+    for (int k = 0; k < 4; k++) {
+      int d = tid + k * ATT_THREADS;
+      if (d >= D) break;
+      float a = acc[k] * corr;
+      for (int jj = 0; jj < n; jj++) {
+        float pw = ps[jj];
+        if (pw != 0.0f) a += pw * ld(vpool, pdt, ((i64)slot_s[jj] * KVH + kh) * D + d);
+      }
+      acc[k] = a;
+    }
+    __syncthreads(); // ps / slot_s are rewritten by the next chunk
+  }
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int k = 0; k < 4; k++) {
+    int d = tid + k * ATT_THREADS;
+    if (d < D) out[obase + d] = f2bf(acc[k] * inv);
+  }
+}
+
+// out[r, :] = x[idx[r], :] in units of 2 bytes (every dtype is 2 or 4 bytes)
+extern "C" __global__ void k_gather_rows(const u16* x, const int* idx, u16* out, i64 R, i64 T, i64 rowUnits, int* err) {
+  GRID_STRIDE(i, R * rowUnits) {
+    i64 r = i / rowUnits, e = i - r * rowUnits;
+    int src = idx[r];
+    if (src < 0 || src >= T) { if (e == 0) report(err, 5, (int)r, src, (int)T); out[i] = 0; continue; }
+    out[i] = x[(i64)src * rowUnits + e];
+  }
+}
+
+// One thread per token: softmax over E experts (f32), top-k by logit (ties: lower index first).
+extern "C" __global__ void k_moe_route(const void* logits, int ldt, float* weights, int* experts, int T, int E,
+                                       int K, int renorm) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const i64 base = (i64)t * E;
+  float mx = NEG_INF;
+  for (int e = 0; e < E; e++) mx = fmaxf(mx, ld(logits, ldt, base + e));
+  float z = 0.0f;
+  for (int e = 0; e < E; e++) z += expf(ld(logits, ldt, base + e) - mx);
+  float chosenSum = 0.0f;
+  for (int k = 0; k < K; k++) {
+    int best = -1;
+    float bv = 0.0f;
+    for (int e = 0; e < E; e++) {
+      bool taken = false;
+      for (int c = 0; c < k; c++) taken |= experts[(i64)t * K + c] == e;
+      if (taken) continue;
+      float v = ld(logits, ldt, base + e);
+      if (best < 0 || v > bv) { best = e; bv = v; }
+    }
+    float pr = expf(bv - mx) / z;
+    experts[(i64)t * K + k] = best;
+    weights[(i64)t * K + k] = pr;
+    chosenSum += pr;
+  }
+  if (renorm) for (int k = 0; k < K; k++) weights[(i64)t * K + k] /= chosenSum;
+}
+
+// hidden[t, k, n] = act(gate_e[n, :] . x[t, :]) * (up_e[n, :] . x[t, :]), e = experts[t, k].
+// grid (ceil(I / 8), T * K), 256 threads: one warp per n.
+extern "C" __global__ void k_moe_hidden(const void* x, int xdt, const int* experts, const void* gate, int gdt,
+                                        const void* up, int udt, float* hidden, int TK, int K, int D, int I, int E,
+                                        int act, int* err) {
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * 8 + w;
+  for (int tk = blockIdx.y; tk < TK; tk += gridDim.y) {
+    if (n >= I) continue;
+    int t = tk / K;
+    int e = experts[tk];
+    if (e < 0 || e >= E) {
+      if (lane == 0) { report(err, 6, t, e, E); hidden[(i64)tk * I + n] = 0.0f; }
+      continue;
+    }
+    const i64 wb = ((i64)e * I + n) * D, xb = (i64)t * D;
+    float g = 0.0f, u = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+      float xv = ld(x, xdt, xb + d);
+      g += ld(gate, gdt, wb + d) * xv;
+      u += ld(up, udt, wb + d) * xv;
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) hidden[(i64)tk * I + n] = activate(g, act) * u;
+  }
+}
+
+// out[t, d] = sum_k weights[t, k] * (down_e[d, :] . hidden[t, k, :]); grid (ceil(D / 8), T).
+extern "C" __global__ void k_moe_down(const float* hidden, const float* weights, const int* experts, const void* down,
+                                      int ddt, u16* out, int T, int K, int D, int I, int E) {
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int d = blockIdx.x * 8 + w;
+  if (d >= D) return;
+  for (int t = blockIdx.y; t < T; t += gridDim.y) {
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) {
+      int e = experts[(i64)t * K + k];
+      if (e < 0 || e >= E) continue; // reported by k_moe_hidden
+      const i64 wb = ((i64)e * D + d) * I, hb = ((i64)t * K + k) * I;
+      float s = 0.0f;
+      for (int n = lane; n < I; n += 32) s += ld(down, ddt, wb + n) * hidden[hb + n];
+      acc += weights[(i64)t * K + k] * warp_sum(s);
+    }
+    if (lane == 0) out[(i64)t * D + d] = f2bf(acc);
+  }
+}
+
+// y[m, n] = bf16(src[m, n] + bias[n]) (bias may be null): the epilogue of an f32-output GEMM.
+extern "C" __global__ void k_matmul_finish(const float* src, const void* bias, int bdt, u16* out, i64 M, i64 N) {
+  GRID_STRIDE(i, M * N) {
+    float v = src[i];
+    if (bias) v += ld(bias, bdt, i % N);
+    out[i] = f2bf(v);
+  }
+}
+
+// Plain GEMM for shapes cuBLASLt declines (and as a cross-check): one warp per output element.
+// grid (ceil(N / 8), min(M, 65535)), 256 threads.
+extern "C" __global__ void k_matmul_simple(const void* x, int xdt, const void* w, int wdt, const void* bias, int bdt,
+                                           u16* out, int M, int N, int K) {
+  int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * 8 + wp;
+  if (n >= N) return;
+  for (int m = blockIdx.y; m < M; m += gridDim.y) {
+    float s = 0.0f;
+    for (int k = lane; k < K; k += 32) s += ld(x, xdt, (i64)m * K + k) * ld(w, wdt, (i64)n * K + k);
+    s = warp_sum(s);
+    if (lane == 0) {
+      if (bias) s += ld(bias, bdt, n);
+      out[(i64)m * N + n] = f2bf(s);
+    }
+  }
+}
+`;
+
+/** Every kernel in KERNEL_SOURCE (looked up once after the module is loaded). */
+export const KERNEL_NAMES = [
+  'k_convert', 'k_embedding', 'k_rmsnorm', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_rope', 'k_write_kv',
+  'k_attention', 'k_gather_rows', 'k_moe_route', 'k_moe_hidden', 'k_moe_down', 'k_matmul_finish', 'k_matmul_simple',
+] as const;
+export type KernelName = (typeof KERNEL_NAMES)[number];
+
+/** threads per block of k_attention (its shared memory layout depends on it) */
+export const ATT_THREADS = 128;
+/** the largest head dim k_attention handles (4 accumulators per thread) */
+export const ATT_MAX_HEAD_DIM = 4 * ATT_THREADS;

@@ -1,0 +1,194 @@
+// One CUDA device as the backend sees it: its primary context, one stream that every op is
+// enqueued on, the compiled kernel module, a reusable kernel-parameter block, events, pinned host
+// memory, and waits that never block the Node event loop (events are polled, not synchronized).
+//
+// Every driver call is made on the Node main thread, where the primary context is current.
+import koffi from 'koffi';
+
+import {
+  check, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
+  CudaUnavailableError, describeCuResult, type Driver, loadDriver, num, out64,
+} from './cuda-lib.ts';
+import { KERNEL_NAMES, KERNEL_SOURCE, type KernelName } from './kernels.ts';
+import { compileKernels, type CompiledModule } from './nvrtc.ts';
+
+/** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
+export type KernelArg = ['p' | 'i' | 'f', number];
+
+const MAX_ARGS = 64;
+
+export interface PinnedBuffer {
+  addr: number;
+  bytes: number;
+  /** the pinned memory itself (no copy) */
+  view: Uint8Array;
+}
+
+export class CudaRuntime {
+  readonly d: Driver;
+  readonly deviceName: string;
+  readonly arch: string;
+  readonly smCount: number;
+  readonly driverVersion: number;
+  readonly module: CompiledModule;
+  readonly stream: number;
+  /** kernel launches so far (a tracked number: small kernels are launch-bound) */
+  launches = 0;
+  private readonly ctx: number;
+  private readonly dev: number;
+  private readonly mod: number;
+  private readonly fns = new Map<KernelName, number>();
+  private readonly params: PinnedBuffer;
+  private readonly paramView: DataView;
+  private readonly idleEvents: number[] = [];
+  private closed = false;
+
+  /** `deps` replace the driver and the compiler (tests of the host-side plumbing). */
+  constructor(readonly ordinal: number, deps: { driver?: Driver; compile?: typeof compileKernels } = {}) {
+    const d = (this.d = deps.driver ?? loadDriver());
+    const rcInit = d.cuInit(0);
+    if (rcInit !== 0) throw new CudaUnavailableError(`cuInit failed: ${describeCuResult(rcInit)}`);
+    const count = new Int32Array(1);
+    check(d.cuDeviceGetCount(count), 'cuDeviceGetCount');
+    if (ordinal >= count[0]!) {
+      throw new CudaUnavailableError(count[0] === 0 ? 'no CUDA device is visible'
+        : `CUDA device ${ordinal} requested but only ${count[0]} visible`);
+    }
+    const dev = new Int32Array(1);
+    check(d.cuDeviceGet(dev, ordinal), 'cuDeviceGet');
+    const attr = (a: number) => {
+      const v = new Int32Array(1);
+      check(d.cuDeviceGetAttribute(v, a, dev[0]!), `cuDeviceGetAttribute(${a})`);
+      return v[0]!;
+    };
+    const major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    const minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    this.arch = `sm_${major}${minor}`;
+    this.smCount = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    const nameBuf = new Uint8Array(256);
+    check(d.cuDeviceGetName(nameBuf, 256, dev[0]!), 'cuDeviceGetName');
+    this.deviceName = Buffer.from(nameBuf).toString('utf8').replace(/\0.*$/s, '');
+    const ver = new Int32Array(1);
+    d.cuDriverGetVersion(ver);
+    this.driverVersion = ver[0]!;
+
+    this.dev = dev[0]!;
+    const ctx = out64();
+    check(d.cuDevicePrimaryCtxRetain(ctx, dev[0]!), 'cuDevicePrimaryCtxRetain');
+    this.ctx = num(ctx);
+    check(d.cuCtxSetCurrent(this.ctx), 'cuCtxSetCurrent');
+    const s = out64();
+    check(d.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), 'cuStreamCreate');
+    this.stream = num(s);
+
+    this.module = (deps.compile ?? compileKernels)(KERNEL_SOURCE, this.arch);
+    const m = out64();
+    check(d.cuModuleLoadData(m, this.module.cubin), `cuModuleLoadData (${this.arch} cubin)`);
+    this.mod = num(m);
+    for (const name of KERNEL_NAMES) {
+      const f = out64();
+      check(d.cuModuleGetFunction(f, this.mod, name), `cuModuleGetFunction(${name})`);
+      this.fns.set(name, num(f));
+    }
+
+    // Kernel parameters: 64 value slots of 8 bytes, then 64 pointers to them (fixed addresses,
+    // so only the values are written per launch; cuLaunchKernel copies them at the call).
+    this.params = this.hostAlloc(MAX_ARGS * 16);
+    this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
+    for (let i = 0; i < MAX_ARGS; i++) {
+      this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
+    }
+  }
+
+  /** Enqueues a kernel. Grid dims of 0 enqueue nothing. */
+  launch(name: KernelName, grid: [number, number, number], block: number, shmem: number, args: KernelArg[]): void {
+    if (grid[0] === 0 || grid[1] === 0 || grid[2] === 0) return;
+    if (args.length > MAX_ARGS) throw new Error(`cuda backend: ${name} has too many arguments`);
+    const v = this.paramView;
+    for (let i = 0; i < args.length; i++) {
+      const [type, value] = args[i]!;
+      const off = i * 8;
+      if (type === 'p') v.setBigUint64(off, BigInt(Math.trunc(value)), true);
+      else if (type === 'i') v.setInt32(off, value, true);
+      else v.setFloat32(off, value, true);
+    }
+    const rc = this.d.cuLaunchKernel(this.fns.get(name)!, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream,
+      this.params.addr + MAX_ARGS * 8, 0);
+    check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
+    this.launches++;
+  }
+
+  /** Pinned (page-locked) host memory: the source / target of truly asynchronous copies. */
+  hostAlloc(bytes: number): PinnedBuffer {
+    const p = out64();
+    check(this.d.cuMemHostAlloc(p, Math.max(bytes, 64), 0), `cuMemHostAlloc(${bytes} bytes)`);
+    const addr = num(p);
+    return { addr, bytes, view: new Uint8Array(koffi.view(addr, Math.max(bytes, 64)), 0, bytes) };
+  }
+
+  hostFree(b: PinnedBuffer): void {
+    this.d.cuMemFreeHost(b.addr);
+  }
+
+  /** Records an event after everything enqueued so far. */
+  record(): number {
+    let ev = this.idleEvents.pop();
+    if (ev === undefined) {
+      const e = out64();
+      check(this.d.cuEventCreate(e, CU_EVENT_DISABLE_TIMING), 'cuEventCreate');
+      ev = num(e);
+    }
+    check(this.d.cuEventRecord(ev, this.stream), 'cuEventRecord');
+    return ev;
+  }
+
+  /** true once the work before `ev` has run; throws on a device error (e.g. an illegal address). */
+  done(ev: number): boolean {
+    const rc = this.d.cuEventQuery(ev);
+    if (rc === 0) return true;
+    if (rc === CUDA_ERROR_NOT_READY) return false;
+    throw new Error(`cuda backend: the device reported an error: ${describeCuResult(rc)}`);
+  }
+
+  /** Resolves once `ev` has completed, polling without blocking the event loop; recycles `ev`. */
+  async wait(ev: number): Promise<void> {
+    try {
+      for (let polls = 0; !this.done(ev); polls++) {
+        // immediate polls first (a decode step is ~ms), then back off to 1 ms timers
+        if (polls < 64) await new Promise<void>((r) => setImmediate(r));
+        else await new Promise<void>((r) => setTimeout(r, polls < 1000 ? 0 : 1));
+      }
+    } finally {
+      this.releaseEvent(ev);
+    }
+  }
+
+  releaseEvent(ev: number): void {
+    if (this.closed) this.d.cuEventDestroy_v2(ev);
+    else this.idleEvents.push(ev);
+  }
+
+  /** Blocks the calling thread until the stream is idle (close and out-of-memory recovery only). */
+  syncBlocking(): void {
+    check(this.d.cuStreamSynchronize(this.stream), 'cuStreamSynchronize');
+  }
+
+  memInfo(): { free: number; total: number } {
+    const f = out64();
+    const t = out64();
+    check(this.d.cuMemGetInfo_v2(f, t), 'cuMemGetInfo');
+    return { free: num(f), total: num(t) };
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    for (const ev of this.idleEvents) this.d.cuEventDestroy_v2(ev);
+    this.idleEvents.length = 0;
+    this.hostFree(this.params);
+    this.d.cuModuleUnload(this.mod);
+    this.d.cuStreamDestroy_v2(this.stream);
+    this.d.cuDevicePrimaryCtxRelease_v2(this.dev);
+  }
+}

@@ -1,0 +1,465 @@
+// Every CUDA backend op against the reference backend on random (never zero) inputs, odd shapes and
+// each weight dtype: the CUDA twin of cpu-ops.test.ts. Without a usable CUDA (no libcuda, cuInit
+// fails, no device: CI and most machines) every test is skipped with the reason.
+//
+// Inputs: activations are rounded to bf16 first and reach the CUDA ops as bf16 tensors (the dtype
+// model graphs feed them), and the reference gets the same rounded values, so the comparison sees
+// only the backend's own error. Outputs are bf16 (rounding to nearest: relative error <= 2^-9).
+// Tolerances (|cuda - ref| <= atol + rtol * |ref|):
+//   elementwise (add, scale, embedding, gatherRows, writeKv):      atol 1e-6, rtol 4e-3
+//   rmsnorm, glu, softcap (f32 math, then bf16):                    atol 1e-5, rtol 4e-3
+//   rope (cos/sin of f32 angles up to 65535 rad, then bf16):        atol 1e-4, rtol 8e-3
+//   matmul, moeFfn (f32 accumulation over K <= 300, then bf16):      atol 2e-3, rtol 8e-3
+//   attention (f32 online softmax, then bf16):                      atol 5e-4, rtol 8e-3
+//   moeRoute weights (f32 softmax, f32 output):                     atol 1e-6, rtol 1e-5; experts exact
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+
+import type { Backend, StepLayout, Tensor } from '../../src/contracts/backend.ts';
+import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
+import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
+import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
+import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
+
+const probe = probeCuda();
+const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
+if (SKIP) console.log(`# cuda-ops: skipping every test: ${SKIP}`);
+
+const WDTYPES = ['f32', 'f16', 'bf16'] as const;
+const ELEM: Tolerance = { atol: 1e-6, rtol: 4e-3 };
+const MATHS: Tolerance = { atol: 1e-5, rtol: 4e-3 };
+const ROPE: Tolerance = { atol: 1e-4, rtol: 8e-3 };
+const GEMM: Tolerance = { atol: 2e-3, rtol: 8e-3 };
+const ATTN: Tolerance = { atol: 5e-4, rtol: 8e-3 };
+const EXACT: Tolerance = { atol: 0, rtol: 0 };
+
+let ref: ReferenceBackend;
+let cuda: CudaBackend;
+/** a second backend forced onto the plain GEMM kernel (cross-checks cuBLASLt) */
+let cudaSimple: CudaBackend;
+let files: WeightDir;
+
+before(async () => {
+  if (SKIP) return;
+  ref = new ReferenceBackend();
+  cuda = await createCudaBackend();
+  cudaSimple = await createCudaBackend({ gemm: 'simple' });
+  files = new WeightDir();
+  console.log(`# ${cuda.describe()}`);
+});
+after(async () => {
+  if (SKIP) return;
+  console.log(`# launches ${cuda.launches}, gemm fallbacks ${cuda.gemmFallbacks}, memory ${JSON.stringify(cuda.memoryStats())}`);
+  await cuda.close();
+  await cudaSimple.close();
+  files.cleanup();
+});
+
+/** x rounded to bf16 (what a bf16 activation holds). */
+function bf(x: Float32Array): Float32Array {
+  return decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
+}
+
+/** An activation on b: bf16-rounded data; a bf16 tensor on CUDA, f32 on the reference. */
+function act(b: Backend, data: Float32Array, shape: number[]): Tensor {
+  const t = b.upload(bf(data), shape);
+  return b.name === 'cuda' ? b.scale(t, 1) : t; // scale by 1 is exact: the bf16 copy of the data
+}
+
+/** A weight of `dtype` on backend b: loaded from a file (the only way to get f16/bf16). */
+function weight(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: number[]) {
+  const src = files.write(values, dtype, shape);
+  return (b: Backend) => b.loadWeight(src, 'keep');
+}
+
+/** Runs `graph` on the reference and on `on` (default: cuda) and compares every returned tensor. */
+async function compare(label: string, graph: (b: Backend) => Promise<Tensor[]> | Tensor[], tol: Tolerance,
+  on: Backend = cuda): Promise<void> {
+  const want = await graph(ref);
+  const got = await graph(on);
+  assert.equal(got.length, want.length);
+  for (let i = 0; i < want.length; i++) {
+    assert.deepEqual([...got[i]!.shape], [...want[i]!.shape], `${label}: output ${i} shape`);
+    assert.equal(got[i]!.dtype === 'i32', want[i]!.dtype === 'i32', `${label}: output ${i} integer-ness`);
+    assertClose(`${label} (output ${i})`, await on.read(got[i]!), await ref.read(want[i]!), tol);
+  }
+}
+
+describe('runtime', { skip: SKIP }, () => {
+  it('reports the device, compiles kernels for its architecture and caches the cubin on disk', () => {
+    assert.match(cuda.info.arch, /^sm_\d+$/);
+    assert.ok(existsSync(cuda.info.kernelCachePath), `no cubin at ${cuda.info.kernelCachePath}`);
+    assert.equal(cuda.activationDtype, 'bf16');
+  });
+
+  it('uses cuBLASLt for GEMMs', () => {
+    assert.match(cuda.info.gemm, /^cublaslt/, cuda.info.gemm);
+  });
+
+  it('upload/read round-trips f32 and i32 exactly; zeros of every dtype read as zeros', async () => {
+    const x = randomF32(rng(1), 1001, 1e6);
+    const xi = Int32Array.from({ length: 777 }, (_, i) => i * 7919 - 3_000_000);
+    assert.deepEqual([...(await cuda.read(cuda.upload(x, [7, 11, 13])))], [...x]);
+    assert.deepEqual([...(await cuda.read(cuda.upload(xi, [777])))], [...xi]);
+    for (const dt of ['f32', 'f16', 'bf16', 'i32'] as const) {
+      const z = cuda.zeros([3, 5], dt);
+      assert.deepEqual([...(await cuda.read(z))], new Array(15).fill(0));
+      cuda.free(z);
+    }
+    assert.deepEqual([...(await cuda.read(cuda.upload(new Float32Array(0), [0, 4])))], []);
+  });
+
+  it('loads weights (keep, f32 conversion, rows, stacked, multi-chunk) exactly', async () => {
+    const r = rng(2);
+    for (const dtype of WDTYPES) {
+      const v = bf(randomF32(r, 37 * 21, 3)); // bf16-exact values are exact in every dtype
+      const src = files.write(v, dtype, [37, 21]);
+      const keep = await cuda.loadWeight(src, 'keep');
+      assert.equal(keep.dtype, dtype);
+      assert.deepEqual([...(await cuda.read(keep))], [...v]);
+      const asF32 = await cuda.loadWeight(src, 'f32');
+      assert.equal(asF32.dtype, 'f32');
+      assert.deepEqual([...(await cuda.read(asF32))], [...v]);
+      const rows = await cuda.loadWeightRows(src, 5, 9, 'keep');
+      assert.deepEqual([...rows.shape], [9, 21]);
+      assert.deepEqual([...(await cuda.read(rows))], [...v.subarray(5 * 21, 14 * 21)]);
+      const b = bf(randomF32(r, 37 * 21));
+      const stacked = await cuda.loadStacked([src, files.write(b, dtype, [37, 21])], 'f32');
+      assert.deepEqual([...stacked.shape], [2, 37, 21]);
+      assert.deepEqual([...(await cuda.read(stacked))], [...v, ...b]);
+      for (const t of [keep, asF32, rows, stacked]) cuda.free(t);
+    }
+    // 40 MiB of f32: three pinned staging chunks in flight
+    const big = randomF32(r, 10 * 1024 * 1024);
+    const t = await cuda.loadWeight(files.write(big, 'f32', [10, 1024 * 1024]), 'keep');
+    const back = await cuda.read(t);
+    let same = back.length === big.length;
+    for (let i = 0; same && i < big.length; i++) same = back[i] === big[i];
+    assert.ok(same, 'multi-chunk weight load differs');
+    cuda.free(t);
+    const short = { ...files.write(randomF32(r, 10), 'f32', [10]), shape: [1000] };
+    await assert.rejects(cuda.loadWeight(short, 'keep'), /file ends before the tensor does/);
+  });
+
+  it('scopes free intermediates; kept tensors survive; memory returns to the pool', async () => {
+    const before = cuda.memoryStats().liveBlocks;
+    cuda.beginScope();
+    const x = cuda.upload(randomF32(rng(3), 64), [8, 8]);
+    const y = cuda.scale(x, 2);
+    const z = cuda.add(y, x, 1);
+    cuda.endScope([z]);
+    assert.equal(cuda.memoryStats().liveBlocks, before + 1);
+    assert.ok(x instanceof Object && (x as { freed?: boolean }).freed);
+    const got = await cuda.read(z);
+    assert.equal(got.length, 64);
+    cuda.free(z);
+    assert.equal(cuda.memoryStats().liveBlocks, before);
+    assert.throws(() => cuda.scale(z, 1), /already freed/);
+  });
+
+  it('readBlocks / writeBlocks move KV pool blocks as raw bytes, in stream order', async () => {
+    const per = 4 * 2 * 8;
+    const vals = bf(randomF32(rng(5), 6 * per));
+    const p = act(cuda, vals, [6, 4, 2, 8]); // a bf16 pool
+    /** the bf16 bytes of those blocks */
+    const want = (blocks: number[]) => [...new Uint8Array(encodeHalf(
+      Float32Array.from(blocks.flatMap((b) => [...vals.subarray(b * per, (b + 1) * per)])), 'bf16').buffer)];
+    const got = await cuda.readBlocks!(p, [4, 1, 4]);
+    assert.deepEqual([...got], want([4, 1, 4]));
+    cuda.writeBlocks!(p, [0, 5, 2], got);
+    got.fill(0); // staged: changing data after the call changes nothing
+    assert.deepEqual([...(await cuda.readBlocks!(p, [0, 5, 2, 3]))], want([4, 1, 4, 3]));
+    assert.throws(() => cuda.writeBlocks!(p, [6], new Uint8Array(per * 2)), /block 6 outside \[0, 6\)/);
+  });
+
+  it('kernel index errors reject read/sync with the op named, and the backend stays usable', async () => {
+    const table = cuda.upload(randomF32(rng(4), 10 * 4), [10, 4]);
+    const bad = cuda.embedding(table, cuda.upload(new Int32Array([1, 12]), [2]), 1);
+    await assert.rejects(cuda.read(bad), /embedding: token id 12 \(token 1\) is outside the table \[0, 10\)/);
+    await cuda.sync();
+    const ok = cuda.embedding(table, cuda.upload(new Int32Array([9]), [1]), 1);
+    assert.equal((await cuda.read(ok)).length, 4);
+  });
+});
+
+describe('matmul', { skip: SKIP }, () => {
+  const shapes: [number, number, number][] = [
+    [1, 129, 67], [2, 7, 16], [4, 33, 96], [5, 129, 67], [8, 17, 3], [9, 33, 64], [37, 129, 67], [70, 100, 300],
+    [33, 1, 5], [16, 40, 100], [17, 40, 100], [64, 256, 128], [3, 1000, 64],
+  ];
+  for (const dtype of WDTYPES) {
+    it(`${dtype} weights, cuBLASLt and the plain kernel, with and without bias (f32 and bf16)`, async () => {
+      const r = rng(11);
+      for (const [M, N, K] of shapes) {
+        const x = randomF32(r, M * K);
+        const w = weight(randomF32(r, N * K), dtype, [N, K]);
+        const bias = randomF32(r, N);
+        for (const on of [cuda, cudaSimple]) {
+          await compare(`matmul M=${M} N=${N} K=${K} ${dtype} ${on.info.gemm.split(' ')[0]}`, async (b) => {
+            const xt = act(b, x, [M, K]);
+            const wt = await w(b);
+            const bt = b.upload(bias, [N]);
+            return [b.matmul(xt, wt), b.matmul(xt, wt, bt), b.matmul(b.upload(bf(x), [M, K]), wt, bt)];
+          }, GEMM, on);
+        }
+      }
+    });
+  }
+
+  it('handles M = 0 and K = 0 (empty sum = bias)', async () => {
+    const y0 = cuda.matmul(cuda.upload(new Float32Array(0), [0, 8]), cuda.upload(randomF32(rng(1), 24), [3, 8]));
+    const yk = cuda.matmul(cuda.upload(new Float32Array(0), [2, 0]), cuda.upload(new Float32Array(0), [3, 0]),
+      cuda.upload(new Float32Array([1, 2, 3]), [3]));
+    assert.deepEqual([...y0.shape], [0, 3]);
+    assert.deepEqual([...(await cuda.read(y0))], []);
+    assert.deepEqual([...(await cuda.read(yk))], [1, 2, 3, 1, 2, 3]);
+  });
+});
+
+describe('elementwise and row ops', { skip: SKIP }, () => {
+  it('embedding: every table dtype, repeated ids, scale', async () => {
+    const r = rng(2);
+    for (const dtype of WDTYPES) {
+      const table = weight(bf(randomF32(r, 50 * 67)), dtype, [50, 67]);
+      const ids = new Int32Array([3, 49, 0, 3, 17]);
+      await compare(`embedding ${dtype}`, async (b) => [
+        b.embedding(await table(b), b.upload(ids, [5]), 1),
+        b.embedding(await table(b), b.upload(ids, [5]), 1.7),
+      ], ELEM);
+    }
+  });
+
+  it('rmsnorm: weightOffset 0 and 1, 2-D and 3-D, bf16 and f32 inputs', async () => {
+    const r = rng(3);
+    for (const shape of [[5, 67], [2, 3, 24], [1, 4096], [3, 1000]]) {
+      const D = shape[shape.length - 1]!;
+      const n = shape.reduce((a, b) => a * b, 1);
+      const x = randomF32(r, n, 3);
+      const w = randomF32(r, D);
+      await compare(`rmsnorm [${shape}]`, (b) => [
+        b.rmsnorm(act(b, x, shape), b.upload(w, [D]), 1e-6, 0),
+        b.rmsnorm(act(b, x, shape), b.upload(w, [D]), 1e-5, 1),
+        b.rmsnorm(b.upload(bf(x), shape), b.upload(w, [D]), 1e-6, 0),
+      ], MATHS);
+    }
+  });
+
+  it('add (bScale 1, -0.5, mixed dtypes), scale, softcap', async () => {
+    const r = rng(4);
+    const a = randomF32(r, 5 * 67, 40);
+    const c = randomF32(r, 5 * 67, 40);
+    await compare('add/scale', (b) => {
+      const at = act(b, a, [5, 67]);
+      const ct = act(b, c, [5, 67]);
+      return [b.add(at, ct, 1), b.add(at, ct, -0.5), b.add(at, b.upload(bf(c), [5, 67]), 2), b.scale(at, 0.125),
+        b.scale(at, -3.3)];
+    }, ELEM);
+    await compare('softcap', (b) => [b.softcap(act(b, a, [5, 67]), 30), b.softcap(act(b, a, [335]), 7.5)], MATHS);
+  });
+
+  it('glu: silu, gelu_tanh, gelu', async () => {
+    const r = rng(5);
+    const g = randomF32(r, 3 * 129, 6);
+    const u = randomF32(r, 3 * 129, 2);
+    for (const a of ['silu', 'gelu_tanh', 'gelu'] as const) {
+      await compare(`glu ${a}`, (b) => [b.glu(act(b, g, [3, 129]), act(b, u, [3, 129]), a)], MATHS);
+    }
+  });
+
+  it('rope: partial rotary dims, scattered positions, attentionScaling, per-token tables', async () => {
+    const r = rng(6);
+    const [T, H, D, rot] = [5, 3, 24, 12];
+    const x = randomF32(r, T * H * D, 2);
+    const pos = new Int32Array([0, 7, 3, 1000, 65535]);
+    const inv = Float32Array.from({ length: rot / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rot));
+    for (const scaling of [1, 0.8]) {
+      await compare(`rope scaling ${scaling}`, (b) =>
+        [b.rope(act(b, x, [T, H, D]), b.upload(pos, [T]), b.upload(inv, [rot / 2]), scaling)], ROPE);
+    }
+    const invFull = Float32Array.from({ length: D / 2 }, (_, i) => 1 / 500000 ** ((2 * i) / D));
+    await compare('rope full', (b) =>
+      [b.rope(act(b, x, [T, H, D]), b.upload(pos, [T]), b.upload(invFull, [D / 2]), 1)], ROPE);
+    const perToken = randomF32(r, T * (rot / 2), 1).map((v) => Math.abs(v) + 1e-3);
+    await compare('rope per-token tables', (b) =>
+      [b.rope(act(b, x, [T, H, D]), b.upload(pos, [T]), b.upload(perToken, [T, rot / 2]), 0.9)], ROPE);
+    // a real head size: 128 dims, 8 heads, 33 tokens
+    const [T2, H2, D2] = [33, 8, 128];
+    const x2 = randomF32(r, T2 * H2 * D2, 2);
+    const pos2 = Int32Array.from({ length: T2 }, (_, i) => i * 37);
+    const inv2 = Float32Array.from({ length: D2 / 2 }, (_, i) => 1 / 1e6 ** ((2 * i) / D2));
+    await compare('rope 128', (b) =>
+      [b.rope(act(b, x2, [T2, H2, D2]), b.upload(pos2, [T2]), b.upload(inv2, [D2 / 2]), 1)], ROPE);
+  });
+
+  it('gatherRows: repeated and out-of-order rows, bf16, f32 and i32', async () => {
+    const r = rng(7);
+    const x = randomF32(r, 7 * 13);
+    const xi = Int32Array.from({ length: 7 * 13 }, (_, i) => i * 3 - 50);
+    const idx = new Int32Array([6, 0, 6, 2]);
+    await compare('gatherRows', (b) => [b.gatherRows(act(b, x, [7, 13]), b.upload(idx, [4])),
+      b.gatherRows(b.upload(bf(x), [7, 13]), b.upload(idx, [4]))], ELEM);
+    const got = await cuda.read(cuda.gatherRows(cuda.upload(xi, [7, 13]), cuda.upload(idx, [4])));
+    const want = [...idx].flatMap((i) => [...xi.subarray(i * 13, i * 13 + 13)]);
+    assert.deepEqual([...got], want);
+  });
+});
+
+describe('paged KV: writeKv and attention', { skip: SKIP }, () => {
+  // 12 blocks of 4 slots, 2 KV heads, 6 query heads (GQA groups of 3), headDim 24.
+  const [NB, BS, KVH, H, D] = [12, 4, 2, 6, 24];
+  const MBR = 5;
+  const tables = new Int32Array([
+    5, 2, 9, 11, -1, // row 0
+    0, 7, -1, -1, -1, // row 1
+    3, -1, -1, -1, -1, // row 2
+  ]);
+  // row 0 prefills 9..13 after a cached prefix, row 1 decodes at 6, row 2 prefills 0..2; the last
+  // token is padding (slot -1: skipped, but it still attends as row 2 at position 2)
+  const tokenRow = new Int32Array([0, 0, 0, 0, 0, 1, 2, 2, 2, 2]);
+  const tokenPos = new Int32Array([9, 10, 11, 12, 13, 6, 0, 1, 2, 2]);
+  const T = tokenRow.length;
+  const slots = Int32Array.from(tokenRow, (row, t) => {
+    if (t === T - 1) return -1;
+    const p = tokenPos[t]!;
+    return tables[row * MBR + Math.floor(p / BS)]! * BS + (p % BS);
+  });
+  const r = rng(8);
+  const kPool0 = randomF32(r, NB * BS * KVH * D);
+  const vPool0 = randomF32(r, NB * BS * KVH * D);
+  const k = randomF32(r, T * KVH * D);
+  const v = randomF32(r, T * KVH * D);
+  const q = randomF32(r, T * H * D, 2);
+
+  const step = (b: Backend, params: { scale: number; window: number; softcap: number }, f32Pools = false): Tensor[] => {
+    const pool = (data: Float32Array) => f32Pools ? b.upload(bf(data), [NB, BS, KVH, D]) : act(b, data, [NB, BS, KVH, D]);
+    const kv = { k: pool(kPool0), v: pool(vPool0) };
+    const layout: StepLayout = {
+      tokenRow: b.upload(tokenRow, [T]), tokenPos: b.upload(tokenPos, [T]), slots: b.upload(slots, [T]),
+      blockTables: b.upload(tables, [3, MBR]), blockSize: BS,
+    };
+    b.writeKv(kv, act(b, k, [T, KVH, D]), act(b, v, [T, KVH, D]), layout);
+    return [b.attention(act(b, q, [T, H, D]), kv, layout, params), kv.k, kv.v];
+  };
+
+  for (const params of [
+    { scale: 1 / Math.sqrt(D), window: 0, softcap: 0 },
+    { scale: 1 / Math.sqrt(D), window: 3, softcap: 0 },
+    { scale: 0.35, window: 0, softcap: 5 },
+    { scale: 0.2, window: 1, softcap: 50 },
+  ]) {
+    it(`window ${params.window}, softcap ${params.softcap}, bf16 and f32 pools`, async () => {
+      await compare(`attention ${JSON.stringify(params)}`, (b) => step(b, params), ATTN);
+      await compare(`attention f32 pools ${JSON.stringify(params)}`, (b) => step(b, params, true), ATTN);
+    });
+  }
+
+  it('MQA (one KV head), long context across many blocks (> one 128-key chunk), head dims 64..256', async () => {
+    for (const d of [64, 128, 256]) {
+      const [nb, bs, kvh, h] = [40, 16, 1, 4];
+      const rr = rng(9 + d);
+      const perm = Array.from({ length: nb }, (_, i) => i).sort(() => rr() - 0.5);
+      const tab = new Int32Array(perm.slice(0, 38));
+      const pos = new Int32Array([599, 600, 17, 129, 127]);
+      const rows = new Int32Array([0, 0, 0, 0, 0]);
+      const kp = randomF32(rr, nb * bs * kvh * d);
+      const vp = randomF32(rr, nb * bs * kvh * d);
+      const qq = randomF32(rr, 5 * h * d);
+      await compare(`attention MQA long d=${d}`, (b) => {
+        const kv = { k: act(b, kp, [nb, bs, kvh, d]), v: act(b, vp, [nb, bs, kvh, d]) };
+        const layout: StepLayout = {
+          tokenRow: b.upload(rows, [5]), tokenPos: b.upload(pos, [5]), slots: b.upload(new Int32Array(5).fill(-1), [5]),
+          blockTables: b.upload(tab, [1, 38]), blockSize: bs,
+        };
+        return [b.attention(act(b, qq, [5, h, d]), kv, layout, { scale: 0.125, window: 0, softcap: 0 }),
+          b.attention(act(b, qq, [5, h, d]), kv, layout, { scale: 0.125, window: 100, softcap: 0 })];
+      }, ATTN);
+    }
+  });
+
+  it('a position without a block rejects with the row and position', async () => {
+    const b = cuda;
+    const kv = { k: b.zeros([NB, BS, KVH, D], 'bf16'), v: b.zeros([NB, BS, KVH, D], 'bf16') };
+    const layout: StepLayout = {
+      tokenRow: b.upload(new Int32Array([1]), [1]), tokenPos: b.upload(new Int32Array([9]), [1]),
+      slots: b.upload(new Int32Array([-1]), [1]), blockTables: b.upload(tables, [3, MBR]), blockSize: BS,
+    };
+    const y = b.attention(b.upload(randomF32(rng(1), H * D), [1, H, D]), kv, layout, { scale: 1, window: 0, softcap: 0 });
+    await assert.rejects(b.read(y), /attention: row 1 holds no block for position (8|9)/);
+  });
+});
+
+describe('mixture of experts', { skip: SKIP }, () => {
+  it('moeRoute: softmax top-k with ties to the lower index, with and without renormalisation', async () => {
+    const r = rng(10);
+    const [T, E] = [5, 8];
+    const logits = bf(randomF32(r, T * E, 3));
+    logits[1] = logits[5] = 4; // token 0: experts 1 and 5 tie for first
+    logits[8 + 2] = logits[8 + 3] = logits[8 + 6] = -0.5; // token 1: a three-way tie
+    for (const topK of [1, 2, 3, 8]) {
+      for (const renorm of [false, true]) {
+        await compare(`moeRoute k=${topK} renorm=${renorm}`, (b) => {
+          const { weights, experts } = b.moeRoute(act(b, logits, [T, E]), topK, renorm);
+          return [experts, weights];
+        }, { atol: 1e-6, rtol: 1e-5 });
+      }
+    }
+    // experts are exact
+    const e = cuda.moeRoute(cuda.upload(logits, [T, E]), 3, true).experts;
+    const want = ref.moeRoute(ref.upload(logits, [T, E]), 3, true).experts;
+    assertClose('moeRoute experts', await cuda.read(e), await ref.read(want), EXACT);
+  });
+
+  for (const dtype of WDTYPES) {
+    it(`moeFfn: ${dtype} experts, shared and unused experts`, async () => {
+      const r = rng(12);
+      const [T, D, I, E, K] = [5, 24, 20, 4, 2];
+      const x = randomF32(r, T * D);
+      const gate = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
+      const up = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
+      const down = weight(randomF32(r, E * D * I), dtype, [E, D, I]);
+      const experts = new Int32Array([0, 1, 0, 2, 1, 0, 2, 0, 0, 1]);
+      const weights = randomF32(r, T * K);
+      for (const a of ['silu', 'gelu_tanh'] as const) {
+        await compare(`moeFfn ${dtype} ${a}`, async (b) => {
+          const routing = { weights: b.upload(weights, [T, K]), experts: b.upload(experts, [T, K]) };
+          return [b.moeFfn(act(b, x, [T, D]), routing, await gate(b), await up(b), await down(b), a)];
+        }, GEMM);
+      }
+    });
+  }
+
+  it('moeFfn after moeRoute, prefill-sized batch', async () => {
+    const r = rng(13);
+    const [T, D, I, E, K] = [40, 32, 24, 6, 3];
+    const x = randomF32(r, T * D);
+    const logits = randomF32(r, T * E, 2);
+    const gate = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
+    const up = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
+    const down = weight(randomF32(r, E * D * I), 'bf16', [E, D, I]);
+    await compare('moe prefill', async (b) => {
+      const routing = b.moeRoute(act(b, logits, [T, E]), K, true);
+      return [b.moeFfn(act(b, x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
+    }, GEMM);
+  });
+});
+
+describe('shape checks', { skip: SKIP }, () => {
+  const bad: [string, (b: Backend) => unknown, RegExp][] = [
+    ['matmul K mismatch', (b) => b.matmul(b.upload(new Float32Array(6), [2, 3]), b.upload(new Float32Array(8), [2, 4])),
+      /matmul: .*f32\[2, 3\].*f32\[2, 4\]/],
+    ['rope odd invFreq', (b) => b.rope(b.upload(new Float32Array(8), [1, 1, 8]), b.upload(new Int32Array(1), [1]),
+      b.upload(new Float32Array(5), [5]), 1), /rope: .*rotates 10 dims but headDim is 8/],
+    ['add shape mismatch', (b) => b.add(b.upload(new Float32Array(4), [4]), b.upload(new Float32Array(4), [2, 2]), 1),
+      /add: shapes differ/],
+    ['ids must be i32', (b) => b.embedding(b.upload(new Float32Array(4), [2, 2]), b.upload(new Float32Array(1), [1]), 1),
+      /embedding: ids must be i32/],
+    ['foreign tensor', (b) => b.scale(new ReferenceBackend().upload(new Float32Array(1), [1]), 1),
+      /not a CUDA backend tensor/],
+  ];
+  for (const [name, call, msg] of bad) {
+    it(`${name} throws a clear error`, () => {
+      assert.throws(() => call(cuda), msg);
+    });
+  }
+});
