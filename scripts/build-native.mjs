@@ -20,7 +20,8 @@ const force = process.argv.includes('--force');
 const cc = process.env.CC || 'gcc';
 // -fno-math-errno: no errno from libm calls (lets GCC inline sqrtf); never -ffast-math, which
 // would also flush subnormals process-wide and reorder sums the tests compare.
-const flags = ['-std=gnu11', '-O3', '-fopenmp', '-fPIC', '-shared', '-fvisibility=hidden', '-fno-math-errno',
+// -z nodelete: the library (and the libgomp it pins) is never unloaded while its threads live.
+const flags = ['-std=gnu11', '-O3', '-fopenmp', '-fPIC', '-shared', '-Wl,-z,nodelete', '-fvisibility=hidden', '-fno-math-errno',
   '-Wall', '-Wextra', '-Wno-psabi', '-Wno-unused-parameter'];
 
 function fail(message) {
