@@ -1,19 +1,29 @@
 // CUDA prefill and decode throughput of one model, through the engine (the path users take).
-// Prints tok/s, achieved weight-read bandwidth for decode against the H200's measured copy
-// bandwidth (shared/device/README.md: 4,275 GB/s, bytes read + written), and kernel launches per
-// decode step (small kernels are launch-bound until decode is fused and graph-captured).
+// Prints tok/s, achieved weight-read bandwidth for decode against the H200's copy bandwidth
+// (measured in the same run when --ceilings names bench/gpu_ceilings.py's JSON; otherwise
+// shared/device/README.md's 4,275 GB/s, bytes read + written), kernel launches per decode step
+// (small kernels are launch-bound until decode is fused and graph-captured), time from launch to
+// ready, and with --prefill-prompts the time to first token and prefill MFU for each prompt length.
 //
-//   node --import tsx bench/cuda-generate.ts --model models/demo [--prompt-tokens 512] [--decode-tokens 128] [--json out.json]
+//   node --import tsx bench/cuda-generate.ts --model models/demo [--prompt-tokens 512] [--decode-tokens 128]
+//        [--repeats 3] [--prefill-prompts 1024,8192] [--prefill-repeats 2] [--token-budget 512]
+//        [--max-model-len N] [--ceilings ceilings.json] [--device cuda|cpu] [--json out.json]
+//
+// Every run uses a different prompt (no shared prefix) and the engine's prefix cache is off, so a
+// repeat never reuses the KV of an earlier one. Prompt r (r = 0 is the warm-up) of n tokens:
+// ids[k] = (k * 7919 + 13 + 31 * r) % min(vocab, 5000); bench/peers/transformers_gpu.py uses the same.
+// --device cpu only smoke-tests this script off the GPU machine.
 import { execSync } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
+import type { Backend, Tensor } from '../src/contracts/backend.ts';
 import { dtypeBytes } from '../src/contracts/backend.ts';
-import { createCudaBackend } from '../src/backends/cuda/index.ts';
 import { Engine } from '../src/execution/engine.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 
-const COPY_BANDWIDTH_GBPS = 4275; // measured on the H200 with PyTorch (device-to-device copy)
+const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
+const README_GEMM_TFLOPS = 797; // shared/device/README.md: H200 bf16 GEMM at 8192^3, PyTorch
 
 const { values } = parseArgs({
   options: {
@@ -21,62 +31,162 @@ const { values } = parseArgs({
     'prompt-tokens': { type: 'string', default: '512' },
     'decode-tokens': { type: 'string', default: '128' },
     repeats: { type: 'string', default: '3' },
+    'prefill-prompts': { type: 'string', default: '' },
+    'prefill-repeats': { type: 'string', default: '2' },
+    'token-budget': { type: 'string' },
+    'max-model-len': { type: 'string' },
+    ceilings: { type: 'string' },
+    device: { type: 'string', default: 'cuda' },
     json: { type: 'string' },
   },
 });
 const promptTokens = Number(values['prompt-tokens']);
 const decodeTokens = Number(values['decode-tokens']);
 const repeats = Number(values.repeats);
+const sweep = values['prefill-prompts']!.split(',').filter((s) => s.trim() !== '').map(Number);
+const prefillRepeats = Number(values['prefill-repeats']);
+const tokenBudget = values['token-budget'] === undefined ? undefined : Number(values['token-budget']);
+for (const n of [promptTokens, decodeTokens, repeats, prefillRepeats, ...sweep])
+  if (!Number.isInteger(n) || n < 1) throw new Error(`bad count ${n}`);
 
-const backend = await createCudaBackend();
-const tLoad = performance.now();
+let copyGBps = README_COPY_GBPS, gemmTflops = README_GEMM_TFLOPS, ceilingSource = 'shared/device/README.md';
+if (values.ceilings) {
+  const c = JSON.parse(readFileSync(values.ceilings, 'utf8')) as { copyGBps: number; gemmTflops: number };
+  copyGBps = c.copyGBps;
+  gemmTflops = c.gemmTflops;
+  ceilingSource = `same run (${values.ceilings})`;
+}
+
+const tStart = performance.now(); // ms since the process started (node + tsx startup before it)
+let backend: Backend & { launches?: number; describe?: () => string; sync(): Promise<void>; close?: () => Promise<void> | void };
+if (values.device === 'cpu') {
+  const { createCpuBackend } = await import('../src/backends/cpu/cpu-backend.ts');
+  backend = await createCpuBackend() as typeof backend;
+} else {
+  const { createCudaBackend } = await import('../src/backends/cuda/index.ts');
+  backend = await createCudaBackend() as typeof backend;
+}
+const launchCount = () => backend.launches ?? 0;
+const tBackend = performance.now();
 const m = await loadModel(backend, values.model!);
 await backend.sync();
-const loadMs = performance.now() - tLoad;
+const tLoaded = performance.now();
 const cfg = m.config;
-const size = (t: { shape: readonly number[]; dtype: keyof typeof dtypeBytes }) =>
-  t.shape.reduce((x, y) => x * y, 1) * dtypeBytes[t.dtype];
-// bytes every decode step must read: all layer matrices and the lm_head (not the embedding table)
-const weightBytes = m.model.weights.layers.reduce((sum, l) =>
-  sum + [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down].reduce((a, t) => a + size(t), 0), 0) +
-  size(m.model.weights.lmHead);
+const maxModelLen = values['max-model-len'] !== undefined
+  ? Number(values['max-model-len'])
+  : Math.max(promptTokens + decodeTokens, ...sweep.map((n) => n + 1)) + 16;
+const engine = new Engine(m.model, m, {
+  maxBatch: 1, tokenBudget, maxModelLen, kvTokens: maxModelLen, prefixCache: { promptCacheBytes: 0 },
+});
+const tReady = performance.now();
 
-const prompt = Array.from({ length: promptTokens }, (_, k) => (k * 7919 + 13) % Math.min(cfg.vocabSize, 5000));
-const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512 });
-const prefill: number[] = [], decode: number[] = [], launches: number[] = [];
-for (let r = 0; r <= repeats; r++) {
+const numel = (t: Tensor) => t.shape.reduce((x, y) => x * y, 1);
+const size = (t: Tensor) => numel(t) * dtypeBytes[t.dtype];
+// bytes every decode step must read: all layer matrices and the lm_head (not the embedding table)
+const w = m.model.weights;
+const matrices = [
+  ...w.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]), w.lmHead,
+];
+const weightBytes = matrices.reduce((a, t) => a + size(t), 0);
+// parameters: every distinct tensor of the model (embedding, norms, lm_head unless tied)
+const seen = new Set<unknown>();
+let totalParams = 0;
+const walk = (o: unknown): void => {
+  if (o === null || typeof o !== 'object' || seen.has(o)) return;
+  seen.add(o);
+  const t = o as Partial<Tensor>;
+  if (Array.isArray(t.shape) && typeof t.dtype === 'string' && t.dtype in dtypeBytes) {
+    totalParams += numel(t as Tensor);
+    return;
+  }
+  for (const v of Array.isArray(o) ? o : Object.values(o)) walk(v);
+};
+walk(w);
+
+const vocabForPrompts = Math.min(cfg.vocabSize, 5000);
+const promptIds = (n: number, r: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + 31 * r) % vocabForPrompts);
+
+interface Run { ttftMs: number; decodeMs: number; tokens: number; launchesPerStep: number; cachedTokens: number }
+async function once(prompt: number[], maxTokens: number): Promise<Run> {
   const t0 = performance.now();
-  let tFirst = 0, l0 = 0, n = 0;
-  for await (const e of engine.generate({ promptIds: prompt, maxTokens: decodeTokens, sampling: { temperature: 0 }, ignoreEos: true })) {
+  let tFirst = 0, l0 = 0, n = 0, cachedTokens = -1;
+  for await (const e of engine.generate({ promptIds: prompt, maxTokens, sampling: { temperature: 0 }, ignoreEos: true })) {
     if (e.type === 'token' && n++ === 0) {
       tFirst = performance.now();
-      l0 = backend.launches;
+      l0 = launchCount();
+    }
+    if (e.type === 'finish') {
+      cachedTokens = e.cachedTokens;
+      if (e.finishReason === 'error') throw new Error(`generation failed: ${e.error}`);
     }
   }
   const t1 = performance.now();
-  if (r === 0) continue; // warm-up
-  prefill.push(promptTokens / ((tFirst - t0) / 1000));
-  decode.push((n - 1) / ((t1 - tFirst) / 1000));
-  launches.push((backend.launches - l0) / Math.max(1, n - 1));
+  return { ttftMs: tFirst - t0, decodeMs: t1 - tFirst, tokens: n, launchesPerStep: (launchCount() - l0) / Math.max(1, n - 1), cachedTokens };
 }
-await engine.close();
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-let commit = 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b), h = s.length >> 1; return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2; };
+const log = (s: string) => console.log(s);
+
+// ---- decode (and the prefill of its prompt) ----
+const prefill: number[] = [], decode: number[] = [], launches: number[] = [], cached: number[] = [];
+for (let r = 0; r <= repeats; r++) {
+  const run = await once(promptIds(promptTokens, r), decodeTokens);
+  if (r === 0) continue; // warm-up
+  if (run.tokens !== decodeTokens) throw new Error(`expected ${decodeTokens} tokens, got ${run.tokens}`);
+  prefill.push(promptTokens / (run.ttftMs / 1000));
+  decode.push((run.tokens - 1) / (run.decodeMs / 1000));
+  launches.push(run.launchesPerStep);
+  cached.push(run.cachedTokens);
+}
 const decodeTps = median(decode);
 const gbps = (decodeTps * weightBytes) / 1e9;
+let commit = process.env.LLMTS_COMMIT ?? 'unknown';
+try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const ttft: { promptTokens: number; ttftMs: number; ttftMsAll: number[]; prefillTokPerS: number; mfu: number; mfuWithAttention: number; cachedTokens: number[] }[] = [];
 const result = {
-  device: backend.describe(), commit, model: values.model, modelType: cfg.modelType, loadMs,
+  device: backend.describe?.() ?? backend.name, commit, model: values.model, modelType: cfg.modelType,
+  totalParams, tokenBudget: tokenBudget ?? 'engine default', maxModelLen,
+  // ms since process start; node + tsx startup come before backendStartMs
+  backendStartMs: tStart, backendInitMs: tBackend - tStart, loadMs: tLoaded - tBackend, readyMs: tReady,
   weightBytesPerDecodeStep: weightBytes, promptTokens, decodeTokens,
-  prefillTokPerS: median(prefill), decodeTokPerS: decodeTps, decodeWeightGBps: gbps,
-  copyBandwidthGBps: COPY_BANDWIDTH_GBPS, decodeBandwidthRatio: gbps / COPY_BANDWIDTH_GBPS,
-  launchesPerDecodeStep: median(launches), msPerDecodeStep: 1000 / decodeTps,
+  prefillTokPerS: median(prefill), decodeTokPerS: decodeTps, decodeTokPerSAll: decode, decodeWeightGBps: gbps,
+  copyBandwidthGBps: copyGBps, gemmTflops, ceilingSource, decodeBandwidthRatio: gbps / copyGBps,
+  launchesPerDecodeStep: median(launches), msPerDecodeStep: 1000 / decodeTps, cachedTokens: cached,
+  ttft,
 };
-console.log(`device   ${result.device}   commit ${commit}`);
-console.log(`model    ${values.model} (${cfg.modelType}, ${(weightBytes / 2 ** 20).toFixed(1)} MiB read per decode step), loaded in ${loadMs.toFixed(0)} ms`);
-console.log(`prefill  ${result.prefillTokPerS.toFixed(1)} tok/s  (${promptTokens}-token prompt, median of ${repeats})`);
-console.log(`decode   ${decodeTps.toFixed(1)} tok/s (${result.msPerDecodeStep.toFixed(2)} ms/step, ` +
-  `${result.launchesPerDecodeStep.toFixed(0)} launches/step) = ${gbps.toFixed(2)} GB/s of weights; ` +
-  `copy bandwidth ${COPY_BANDWIDTH_GBPS} GB/s -> ratio ${result.decodeBandwidthRatio.toFixed(4)}`);
-if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2));
-await backend.close();
+// written after every phase: a run stopped part-way still leaves what it measured
+const save = () => { if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2)); };
+save();
+log(`device   ${result.device}   commit ${commit}`);
+log(`model    ${values.model} (${cfg.modelType}, ${(totalParams / 1e9).toFixed(3)} B params, ` +
+  `${(weightBytes / 2 ** 20).toFixed(1)} MiB read per decode step)`);
+log(`ready    ${tReady.toFixed(0)} ms after launch (node+tsx ${tStart.toFixed(0)}, backend init ${result.backendInitMs.toFixed(0)}, ` +
+  `weights ${result.loadMs.toFixed(0)} ms = ${(weightBytes / (result.loadMs / 1000) / 1e9).toFixed(2)} GB/s of matrices)`);
+log(`prefill  ${result.prefillTokPerS.toFixed(1)} tok/s  (${promptTokens}-token prompt, median of ${repeats})`);
+log(`decode   ${decodeTps.toFixed(2)} tok/s (${result.msPerDecodeStep.toFixed(2)} ms/step, ` +
+  `${result.launchesPerDecodeStep.toFixed(0)} launches/step) = ${gbps.toFixed(1)} GB/s of weights; ` +
+  `copy bandwidth ${copyGBps.toFixed(0)} GB/s (${ceilingSource}) -> ratio ${result.decodeBandwidthRatio.toFixed(4)}`);
+
+// ---- time to first token for each prompt length (one token generated) ----
+for (const [i, n] of sweep.entries()) {
+  const ms: number[] = [], c: number[] = [];
+  for (let r = 1; r <= prefillRepeats; r++) {
+    const run = await once(promptIds(n, 1000 * (i + 1) + r), 1);
+    ms.push(run.ttftMs);
+    c.push(run.cachedTokens);
+  }
+  const t = median(ms) / 1000;
+  // convention: 2 * parameters * prompt tokens (embedding included, attention excluded)
+  const flops = 2 * totalParams * n;
+  // causal attention adds QK^T and PV: 2 * 2 * (n^2 / 2) * heads * headDim per layer
+  const attnFlops = 2 * n * n * cfg.numHeads * cfg.headDim * cfg.numLayers;
+  ttft.push({
+    promptTokens: n, ttftMs: median(ms), ttftMsAll: ms, prefillTokPerS: n / t,
+    mfu: flops / t / (gemmTflops * 1e12), mfuWithAttention: (flops + attnFlops) / t / (gemmTflops * 1e12), cachedTokens: c,
+  });
+  save();
+  log(`ttft     ${n}-token prompt: ${median(ms).toFixed(1)} ms (runs ${ms.map((x) => x.toFixed(0)).join(', ')}) = ` +
+    `${(n / t).toFixed(0)} tok/s, MFU ${(100 * flops / t / (gemmTflops * 1e12)).toFixed(2)}% of ${gemmTflops.toFixed(0)} TFLOP/s ` +
+    `(${(100 * (flops + attnFlops) / t / (gemmTflops * 1e12)).toFixed(2)}% counting attention)`);
+}
+await engine.close();
+await backend.close?.();

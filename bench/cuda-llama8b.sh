@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Llama-3.1-8B (random bf16 weights at the real shapes) on the CUDA backend, beside same-run
+# ceilings and the transformers peer. One command on the GPU machine, in the repository root
+# (with .device/ carried along when the machine has no Node.js; see shared/device/README.md):
+#
+#   bash bench/cuda-llama8b.sh [OUTDIR]        # OUTDIR default bench-out/cuda-llama8b
+#
+# 1. bench/gpu_ceilings.py: device-to-device copy GB/s and bf16 GEMM TFLOP/s (PyTorch)
+# 2. bench/make_random_llama.py: the model directory, on local disk (16 GB; skipped when present)
+# 3. bench/cuda-generate.ts: launch to ready, B=1 decode tok/s and GB/s / copy GB/s (512-token
+#    prompt, 128 greedy tokens, median of 3 after a warm-up), TTFT and prefill MFU at 1k and 8k
+# 4. bench/peers/transformers_gpu.py: transformers eager (sdpa, dynamic cache) on the same model,
+#    same prompts; with PEER_COMPILE=1 also static cache + torch.compile, started only when at
+#    least PEER_COMPILE_MIN_S seconds of the budget remain
+# 5. bench/cuda_llama8b_report.py: OUTDIR/summary.md from the JSON files
+#
+# Everything it measures lands in OUTDIR (*.json, *.log, summary.md) as it goes; each step has a
+# time limit inside BUDGET_S so a slow step cannot starve the rest.
+# Environment: MODEL_DIR (default /tmp/llmts-llama8b-random; keep it out of OUTDIR),
+# BUDGET_S (default 450), PEER_COMPILE (default 0), PEER_COMPILE_MIN_S (default 180),
+# LLMTS_COMMIT (recorded when the tree has no .git), PROMPT_TOKENS (512), DECODE_TOKENS (128),
+# PREFILL_PROMPTS (1024,8192); MAKE_MODEL_ARGS=--tiny and LLMTS_ARGS='--device cpu' (with
+# PEER_DEVICE=cpu and a stand-in transformers) only test the plumbing off the GPU machine.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-out/cuda-llama8b}
+MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+BUDGET_S=${BUDGET_S:-450}
+PEER_COMPILE=${PEER_COMPILE:-0}
+PEER_COMPILE_MIN_S=${PEER_COMPILE_MIN_S:-180}
+PROMPT_TOKENS=${PROMPT_TOKENS:-512}
+DECODE_TOKENS=${DECODE_TOKENS:-128}
+PREFILL_PROMPTS=${PREFILL_PROMPTS:-1024,8192}
+read -r -a MAKE_MODEL_ARGS <<< "${MAKE_MODEL_ARGS:-}"  # e.g. --tiny, to test this script off the GPU
+read -r -a LLMTS_ARGS <<< "${LLMTS_ARGS:-}"            # e.g. --device cpu, likewise
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+START=$(date +%s)
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
+
+if ! command -v node >/dev/null && [ -f .device/env.sh ]; then source .device/env.sh; fi
+export LLMTS_COMMIT=${LLMTS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+
+step() {  # step NAME LIMIT_S cmd...
+  local name=$1 limit=$2 t=$(date +%s) rc
+  shift 2
+  echo "== $name: started $(date +%T), limit ${limit} s, $(left) s of the budget left"
+  if [ "$limit" -le 0 ]; then echo "== $name: skipped (no time left)"; echo "$name skipped 0" >> "$OUT/steps.txt"; return 1; fi
+  timeout --kill-after=10 "$limit" "$@"
+  rc=$?
+  echo "== $name: rc $rc after $(($(date +%s) - t)) s"
+  echo "$name $rc $(($(date +%s) - t))" >> "$OUT/steps.txt"
+  return $rc
+}
+
+{
+  echo "commit $LLMTS_COMMIT"
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv 2>&1
+  echo "cpus $(nproc)"; free -g | head -2; df -h "$(dirname "$MODEL_DIR")" | tail -1
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1
+  echo "node $(node --version 2>&1)"
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+step ceilings "$(cap 60 300)" python3 bench/gpu_ceilings.py --json "$OUT/ceilings.json"
+CEIL=()
+[ -f "$OUT/ceilings.json" ] && CEIL=(--ceilings "$OUT/ceilings.json")
+
+if [ -f "$MODEL_DIR/model.safetensors.index.json" ] && [ -f "$MODEL_DIR/config.json" ]; then
+  echo "== model: $MODEL_DIR already there"
+else
+  step model "$(cap 150 250)" python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json "${MAKE_MODEL_ARGS[@]}" || exit 1
+fi
+du -sh "$MODEL_DIR"
+
+step llmts "$(cap 300 90)" node --import tsx bench/cuda-generate.ts --model "$MODEL_DIR" \
+  --prompt-tokens "$PROMPT_TOKENS" --decode-tokens "$DECODE_TOKENS" --repeats 3 --prefill-prompts "$PREFILL_PROMPTS" --prefill-repeats 2 \
+  "${CEIL[@]}" "${LLMTS_ARGS[@]}" --json "$OUT/llmts.json"
+
+COMPILE=()
+if [ "$PEER_COMPILE" = 1 ]; then COMPILE=(--compile --compile-until $((START + BUDGET_S - PEER_COMPILE_MIN_S))); fi
+step transformers "$(cap 600 5)" python3 bench/peers/transformers_gpu.py --model "$MODEL_DIR" \
+  --prompt-tokens "$PROMPT_TOKENS" --decode-tokens "$DECODE_TOKENS" --repeats 3 --prefill-prompts "$PREFILL_PROMPTS" --prefill-repeats 2 \
+  "${CEIL[@]}" --launch-time "$(date +%s.%N)" "${COMPILE[@]}" --json "$OUT/transformers.json"
+
+python3 bench/cuda_llama8b_report.py "$OUT" > "$OUT/summary.md"
+cat "$OUT/summary.md"
+echo "== done in $(($(date +%s) - START)) s"
