@@ -64,3 +64,67 @@ LLM_EXPORT void llm_op_zero(int64_t dst, int64_t bytes) {
   llm_cmd c = {.exec = exec_zero, .i = {dst, bytes}};
   llm_enqueue(&c);
 }
+
+// Row gather/scatter between a buffer and a tensor's dim-0 rows (KV blocks <-> host, for the
+// prefix cache's SSD tier): dst row (dst_idx ? dst_idx[k] : k) = src row (src_idx ? src_idx[k] : k)
+// for k < n. The index array and (for writes) the data were copied into malloc'd blocks when the
+// op was enqueued; the command owns and frees them.
+// i: [src, dst, idx (int32, malloc'd), n, row_bytes, indexed_rows, idx_is_dst, free_src]
+static int exec_copy_rows(const llm_cmd *c) {
+  char *src = PTR(c->i[0]), *dst = PTR(c->i[1]);
+  int32_t *idx = PTR(c->i[2]);
+  const int64_t n = c->i[3], rb = c->i[4], rows = c->i[5];
+  const int idx_is_dst = (int)c->i[6], free_src = (int)c->i[7];
+  int rc = 0;
+  for (int64_t k = 0; k < n; k++)
+    if (idx[k] < 0 || idx[k] >= rows) {
+      rc = llm_fail("%s: block %d is out of range [0, %lld)", idx_is_dst ? "writeBlocks" : "readBlocks", idx[k],
+                    (long long)rows);
+      break;
+    }
+  if (rc == 0) {
+    PARALLEL_RANGE(n, 64, for (int64_t k = i0; k < i1; k++) {
+      const int64_t s = idx_is_dst ? k : idx[k], d = idx_is_dst ? idx[k] : k;
+      memcpy(dst + (size_t)d * (size_t)rb, src + (size_t)s * (size_t)rb, (size_t)rb);
+    });
+  }
+  free(idx);
+  if (free_src) free(src);
+  return rc;
+}
+
+static int32_t *copy_idx(const int32_t *idx, int64_t n) {
+  int32_t *p = malloc(n > 0 ? (size_t)n * sizeof *p : 1);
+  if (p && n > 0) memcpy(p, idx, (size_t)n * sizeof *p);
+  return p;
+}
+
+// Enqueues dst[k] = src row idx[k] (k < n), rows of row_bytes; src has src_rows rows.
+// Returns 0, or -1 when the index copy cannot be allocated.
+LLM_EXPORT int llm_op_read_rows(int64_t src, int64_t dst, const int32_t *idx, int64_t n, int64_t row_bytes,
+                                int64_t src_rows) {
+  int32_t *ix = copy_idx(idx, n);
+  if (!ix) return -1;
+  llm_cmd c = {.exec = exec_copy_rows, .i = {src, dst, (int64_t)(intptr_t)ix, n, row_bytes, src_rows, 0, 0}};
+  llm_enqueue(&c);
+  return 0;
+}
+
+// Stages n rows of host data now and enqueues dst row idx[k] = data row k; dst has dst_rows rows.
+// Returns 0, or -1 when staging cannot be allocated.
+LLM_EXPORT int llm_op_write_rows(int64_t dst, const void *data, const int32_t *idx, int64_t n, int64_t row_bytes,
+                                 int64_t dst_rows) {
+  size_t bytes = (size_t)n * (size_t)row_bytes;
+  void *staging = malloc(bytes > 0 ? bytes : 1);
+  int32_t *ix = copy_idx(idx, n);
+  if (!staging || !ix) {
+    free(staging);
+    free(ix);
+    return -1;
+  }
+  memcpy(staging, data, bytes);
+  llm_cmd c = {.exec = exec_copy_rows,
+               .i = {(int64_t)(intptr_t)staging, dst, (int64_t)(intptr_t)ix, n, row_bytes, dst_rows, 1, 1}};
+  llm_enqueue(&c);
+  return 0;
+}

@@ -76,7 +76,10 @@ export interface Backend {
   readonly activationDtype: DType;
 
   // ---- memory ------------------------------------------------------------------------------
-  /** Copies host data to the device. f32 data becomes activationDtype; i32 stays i32. */
+  /**
+   * Copies host data to the device. f32 data stays f32 (rope tables must keep f32 precision) and
+   * every op accepts f32 inputs beside activationDtype ones; i32 stays i32.
+   */
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor;
   /**
    * Loads a weight from a file without passing it through the JS heap. `as` = 'keep' keeps the
@@ -93,6 +96,22 @@ export interface Backend {
   reshape(t: Tensor, shape: readonly number[]): Tensor;
   /** Waits for every enqueued op, then copies the tensor to the host (f32 or i32). */
   read(t: Tensor): Promise<Float32Array | Int32Array>;
+  /**
+   * Copies blocks (indices along dim 0) of a KV pool `pool` [numBlocks, ...] to the host, as they
+   * are once every op enqueued before this call has run; ops enqueued after it never affect the
+   * result. Resolves to the raw little-endian bytes of pool.dtype, [blocks.length, ...pool.shape
+   * minus dim 0], blocks in the order given (repeats allowed). Throws (or rejects) for a block
+   * outside [0, numBlocks). The prefix cache's SSD tier spills with it; optional (with
+   * writeBlocks): a backend without them runs without the SSD tier.
+   */
+  readBlocks?(pool: Tensor, blocks: readonly number[]): Promise<Uint8Array>;
+  /**
+   * Enqueues a copy of `data` (raw little-endian bytes of pool.dtype, [blocks.length, ...pool.shape
+   * minus dim 0]) into those blocks of `pool`, ordered with the other ops. `data` may be reused or
+   * changed as soon as this returns (the backend stages it). Blocks must be distinct and inside
+   * [0, numBlocks). The SSD tier restores cached prefixes with it.
+   */
+  writeBlocks?(pool: Tensor, blocks: readonly number[], data: Uint8Array): void;
   /** Frees the tensor once the ops enqueued before this call have run. Views free nothing. */
   free(t: Tensor): void;
   /** Waits until every enqueued op has run; rejects with the first op error, if any. */

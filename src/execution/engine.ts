@@ -7,10 +7,12 @@ import type { DecoderModel } from '../models/decoder.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import { topLogprobs } from '../sampling/index.ts';
+import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
 import { Scheduler, type ScheduledRow } from './scheduler.ts';
 import { Sequence, type EngineRequest, type FinishReason, type SequenceEvent, type TokenLogprob } from './sequence.ts';
+import { PrefixReuse, openSsdTier, prefixOptionsFor, type PrefixCacheSettings, type PrefixCacheStats } from './prefix-reuse.ts';
 
 export interface EngineOptions {
   /** rows decoding together (default 16) */
@@ -28,6 +30,8 @@ export interface EngineOptions {
   streamBuffer?: number;
   /** a full stream unread this long cancels its sequence (default 60 s; 0 = never) */
   idleTimeoutMs?: number;
+  /** prefix cache: RAM size, namespace, SSD tier (default: on, the whole KV pool, no SSD tier) */
+  prefixCache?: PrefixCacheSettings;
 }
 
 export interface TextCodec {
@@ -42,7 +46,11 @@ export interface Completion {
   logprobs?: TokenLogprob[];
   promptTokens: number;
   completionTokens: number;
+  /** prompt tokens served from the prefix cache */
+  cachedTokens: number;
   error?: string;
+  /** 'grammar': the row's grammar failed */
+  errorKind?: 'grammar';
 }
 
 /** longest stretch the loop may hold the event loop when the backend never leaves the thread */
@@ -56,7 +64,10 @@ export interface EngineStats {
   waiting: number;
   kvBlocksUsed: number;
   kvBlocksTotal: number;
+  /** evictable blocks kept for prefix reuse (held by no sequence) */
+  kvBlocksCached: number;
   steps: number;
+  prefixCache: PrefixCacheStats;
 }
 
 interface Handle {
@@ -75,7 +86,8 @@ export class Engine {
   private closed = false;
   private wake?: () => void;
   private steps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache'>>;
+  private readonly prefix: PrefixReuse;
 
   constructor(
     readonly model: DecoderModel,
@@ -94,12 +106,19 @@ export class Engine {
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
+    const settings = options.prefixCache ?? {};
+    const prefix = prefixOptionsFor(cfg, {
+      dtype: model.backend.activationDtype, blockSize: bs, numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim,
+    }, settings);
     this.kv = new KvCache(model.backend, cfg.layers.map((l) => l.window), {
       numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs,
     }, (spec) => spec.window === 0
       ? Math.max(1, Math.ceil(kvTokens / bs))
       // sliding layers: every row at its bounded worst case, never more than full layers hold
-      : Math.min(Math.ceil(kvTokens / bs), this.opts.maxBatch * blocksPerSequence(spec.window, this.maxModelLen, bs, this.opts.tokenBudget)));
+      : Math.min(Math.ceil(kvTokens / bs), this.opts.maxBatch * blocksPerSequence(spec.window, this.maxModelLen, bs, this.opts.tokenBudget)),
+    prefix.options);
+    const ssd = openSsdTier(this.kv, settings);
+    this.prefix = new PrefixReuse(this.kv, ssd.ssd, () => this.kick(), prefix.off, ssd.off);
     this.scheduler = new Scheduler(this.kv, {
       maxBatch: this.opts.maxBatch, maxQueued: this.opts.maxQueued, tokenBudget: this.opts.tokenBudget,
     });
@@ -111,8 +130,23 @@ export class Engine {
       waiting: this.scheduler.waiting.length,
       kvBlocksUsed: this.kv.usedBlocks,
       kvBlocksTotal: this.kv.groups.reduce((a, g) => a + g.pool.numBlocks, 0),
+      kvBlocksCached: this.kv.cachedBlockCount,
       steps: this.steps,
+      prefixCache: this.prefix.stats(this.scheduler.prefix),
     };
+  }
+
+  /**
+   * Writes every prefix waiting for the SSD tier, and the computed prefix of every running
+   * sequence, now. Resolves to what was written (nothing without an SSD tier).
+   */
+  flushPrefixCache(): Promise<{ files: number; bytes: number }> {
+    return this.prefix.flush(this.scheduler.running);
+  }
+
+  /** Forgets the cached blocks no sequence holds (the RAM tier); returns how many. */
+  dropPrefixCache(): number {
+    return this.kv.dropCachedBlocks();
   }
 
   /**
@@ -130,7 +164,13 @@ export class Engine {
     const vocab = this.model.config.vocabSize;
     for (const id of req.promptIds) if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new RangeError(`prompt token id ${id} is outside the vocabulary [0, ${vocab})`);
     const seq = new Sequence(this.nextId++, req, this.maxModelLen, vocab, this.codec.eosIds, this.codec.decode, emit);
-    this.scheduler.add(seq);
+    try {
+      this.scheduler.add(seq);
+    } catch (err) {
+      seq.grammar?.dispose(); // never queued: nobody else will free its matcher
+      throw err;
+    }
+    this.prefix.onSubmit(seq);
     const handle: Handle = { seq };
     this.handles.set(seq, handle);
     if (signal) {
@@ -175,7 +215,7 @@ export class Engine {
           text += e.text;
           resolve({
             tokenIds, text, finishReason: e.finishReason, logprobs,
-            promptTokens: e.promptTokens, completionTokens: e.completionTokens, error: e.error,
+            promptTokens: e.promptTokens, completionTokens: e.completionTokens, cachedTokens: e.cachedTokens, error: e.error, errorKind: e.errorKind,
           });
         }, opts.signal);
       } catch (err) {
@@ -203,6 +243,8 @@ export class Engine {
     while (this.scheduler.hasWork && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
     for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.finish(seq, 'cancelled');
     while (this.looping) await new Promise((r) => setTimeout(r, 5));
+    await this.prefix.settle();
+    await this.prefix.flush([]); // the SSD tier keeps what the RAM tier held
     this.kv.dispose(); // the model belongs to whoever loaded it; the engine only owned its KV
   }
 
@@ -240,6 +282,7 @@ export class Engine {
       }
     } finally {
       this.looping = false;
+      if (!this.closed) this.prefix.onIdle(() => this.scheduler.hasWork); // close() flushes itself
     }
   }
 
@@ -274,11 +317,13 @@ export class Engine {
     }
     let logits: Float32Array;
     try {
-      logits = await this.model.forward({
+      const forward = this.model.forward({
         tokens: Int32Array.from(tokens),
         rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: r.seq.known })),
         logitTokens,
       }, this.kv);
+      this.prepareGrammarMasks(rows); // while the device runs the step
+      logits = await forward;
     } catch (err) {
       // The device step failed: its rows cannot continue; everyone else can.
       for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
@@ -289,6 +334,7 @@ export class Engine {
     let li = 0;
     for (const row of rows) {
       row.seq.computed += row.count;
+      if (!row.seq.finished) this.kv.commit(row.seq.kv!, row.seq.computed, (p) => row.seq.tokenAt(p));
       if (!row.sample) continue;
       const rowLogits = logits.subarray(li * V, (li + 1) * V);
       li++;
@@ -296,14 +342,34 @@ export class Engine {
       try {
         this.accept(row.seq, rowLogits);
       } catch (err) {
-        this.finish(row.seq, 'error', (err as Error).message);
+        this.finish(row.seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
+      }
+    }
+  }
+
+  /**
+   * Grammar rows about to sample need their token bitmask; computing it here, after the step was
+   * handed to the device and before its logits are awaited, takes it off the critical path. A
+   * failure is left for accept() to report (the mask is recomputed there).
+   */
+  private prepareGrammarMasks(rows: ScheduledRow[]): void {
+    for (const row of rows) {
+      if (!row.sample || !row.seq.grammar || row.seq.finished) continue;
+      try {
+        row.seq.grammar.mask();
+      } catch {
+        // accept() ends the row with the error
       }
     }
   }
 
   /** Samples, records and emits one token of `seq`, finishing it when a stop condition holds. */
   private accept(seq: Sequence, logits: Float32Array): void {
-    const id = seq.sampler.sample(logits, seq.history);
+    const grammar = seq.grammar;
+    // a complete grammar that allows nothing but a stop token: end here, no token to sample
+    if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
+    const id = seq.sampler.sample(logits, seq.history, grammar?.mask());
+    grammar?.accept(id);
     seq.history.push(id);
     seq.output.push(id);
     seq.firstTokenAt ??= performance.now();
@@ -319,12 +385,33 @@ export class Engine {
     const fed = seq.stops.feed(seq.detok.push(id));
     seq.emit({ type: 'token', tokenId: id, text: fed.text, logprobs: lp });
     if (fed.stopped) return this.finish(seq, 'stop');
-    if (seq.known >= seq.maxTokensTotal) this.finish(seq, 'length');
+    if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
+    if (grammar) this.advanceGrammar(seq, grammar);
   }
 
-  private finish(seq: Sequence, reason: FinishReason, error?: string): void {
+  /**
+   * After a grammar row's token: when the grammar forces the next characters, they are appended
+   * without sampling (jump-forward), and the catch-up rule computes them with the next step as one
+   * chunk. Not with logprobs: forced tokens have no logits of their own to report.
+   */
+  private advanceGrammar(seq: Sequence, grammar: RowGrammar): void {
+    if (seq.request.topLogprobs !== undefined) return;
+    const forced = grammar.jumpForward(seq.maxTokensTotal - seq.known);
+    for (const id of forced) {
+      seq.history.push(id);
+      seq.output.push(id);
+      const fed = seq.stops.feed(seq.detok.push(id));
+      seq.emit({ type: 'token', tokenId: id, text: fed.text });
+      if (fed.stopped) return this.finish(seq, 'stop');
+      if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
+    }
+  }
+
+  private finish(seq: Sequence, reason: FinishReason, error?: string, errorKind?: 'grammar'): void {
     if (seq.finished) return;
     seq.finished = reason;
+    seq.grammar?.dispose();
+    this.prefix.onFinish(seq);
     this.scheduler.retire(seq);
     this.handles.delete(seq);
     let tail = '';
@@ -332,7 +419,7 @@ export class Engine {
     try {
       seq.emit({
         type: 'finish', finishReason: reason, text: tail,
-        promptTokens: seq.prompt.length, completionTokens: seq.output.length, error,
+        promptTokens: seq.prompt.length, completionTokens: seq.output.length, cachedTokens: seq.cachedTokens, error, errorKind,
       });
     } catch {
       // a consumer's callback failing on the last event concerns only that consumer

@@ -6,6 +6,12 @@
 // max_tokens, per KV group) fits beside the worst cases already promised, so a running sequence
 // can never run out of blocks and nothing is ever preempted. One that could never fit is
 // refused when it arrives.
+//
+// Prefix reuse: an admitted sequence first takes the cached blocks of its prompt's longest cached
+// prefix (KvCache.attachPrefix) and starts with computed = those tokens; the catch-up rule then
+// computes only the rest. The promise stays the full worst case, so a block shared by several
+// sequences is counted in each of their promises (conservative), and evictable cached blocks count
+// as free (allocation evicts them): a running sequence still never runs out of blocks.
 
 import { blocksPerSequence, type KvCache } from '../state/kv-cache.ts';
 import type { Sequence } from './sequence.ts';
@@ -27,6 +33,18 @@ export interface ScheduledRow {
   sample: boolean;
 }
 
+/** Prefix-cache outcomes of admitted sequences (for metrics). */
+export interface PrefixCounters {
+  /** admitted sequences whose prompt had at least one reusable block */
+  queries: number;
+  /** of those, how many reused something, and how many of them restored blocks from the SSD tier */
+  hits: number;
+  ssdHits: number;
+  /** prompt tokens served from cache, by tier */
+  ramTokens: number;
+  ssdTokens: number;
+}
+
 export class QueueFullError extends Error {}
 export class NeverFitsError extends Error {}
 
@@ -35,6 +53,7 @@ export class Scheduler {
   readonly running: Sequence[] = [];
   /** blocks promised to running sequences, per KV group */
   private readonly promised: number[];
+  readonly prefix: PrefixCounters = { queries: 0, hits: 0, ssdHits: 0, ramTokens: 0, ssdTokens: 0 };
 
   constructor(
     private readonly kv: KvCache,
@@ -68,13 +87,37 @@ export class Scheduler {
   }
 
   private admit(seq: Sequence): boolean {
+    if (seq.restoring) return false; // its prefix is being read back from the SSD tier
     const need = this.worstCase(seq);
     if (!need.every((n, g) => this.promised[g] + n <= this.kv.groups[g].pool.numBlocks)) return false;
     need.forEach((n, g) => (this.promised[g] += n));
     seq.reservedBlocks = need;
     seq.kv = this.kv.newSequence();
+    this.attachPrefix(seq);
     this.running.push(seq);
     return true;
+  }
+
+  private attachPrefix(seq: Sequence): void {
+    if (seq.prefixHashes.length === 0) return;
+    let got;
+    try {
+      got = this.kv.attachPrefix(seq.kv!, seq.prefixHashes, seq.restored);
+    } catch {
+      // restored data the backend would not take: compute the prompt instead
+      this.kv.release(seq.kv!);
+      got = this.kv.attachPrefix(seq.kv!, seq.prefixHashes);
+    }
+    seq.restored = undefined;
+    seq.computed = got.tokens;
+    seq.cachedTokens = got.tokens;
+    const bs = this.kv.shape.blockSize;
+    const c = this.prefix;
+    c.queries++;
+    if (got.tokens > 0) c.hits++;
+    if (got.ssdBlocks > 0) c.ssdHits++;
+    c.ramTokens += got.ramBlocks * bs;
+    c.ssdTokens += got.ssdBlocks * bs;
   }
 
   /** Removes a finished or cancelled sequence and returns its blocks and promise. */

@@ -1,8 +1,9 @@
 // One request inside the engine: its tokens, how far its KV has caught up, its sampler and text
 // state. The scheduler only reads `known`/`computed`; the engine's postprocess appends tokens.
 
-import type { SequenceKv } from '../state/kv-cache.ts';
+import type { RestoredBlocks, SequenceKv } from '../state/kv-cache.ts';
 import { Sampler, TokenHistory, type SamplingParamsInput } from '../sampling/index.ts';
+import type { RowGrammar } from '../sampling/grammar/index.ts';
 import { IncrementalDetokenizer, type DecodeFn } from '../generation/detokenizer.ts';
 import { StopStringMatcher } from '../generation/stop-strings.ts';
 
@@ -16,6 +17,11 @@ export interface EngineRequest {
   ignoreEos?: boolean;
   /** undefined = no logprobs; K = the chosen token plus the K best */
   topLogprobs?: number;
+  /**
+   * Constrains the output (a compiled grammar): the sequence starts its own matcher when it is
+   * created, and the engine frees it when the sequence finishes.
+   */
+  grammar?: { createMatcher(): RowGrammar };
 }
 
 export interface TokenLogprob {
@@ -39,7 +45,11 @@ export interface FinishEvent {
   text: string;
   promptTokens: number;
   completionTokens: number;
+  /** prompt tokens served from the prefix cache (not computed) */
+  cachedTokens: number;
   error?: string;
+  /** 'grammar': the row's grammar failed (rejected or could not continue), not the engine */
+  errorKind?: 'grammar';
 }
 
 export type SequenceEvent = TokenEvent | FinishEvent;
@@ -59,8 +69,18 @@ export class Sequence {
   readonly detok: IncrementalDetokenizer;
   readonly stops: StopStringMatcher;
   readonly eos: ReadonlySet<number>;
+  /** the row's grammar matcher, when the request is constrained */
+  readonly grammar?: RowGrammar;
   /** blocks promised to this sequence at admission (its worst case), for admission accounting */
   reservedBlocks: number[] = [];
+  /** hashes of the prompt blocks the prefix cache may serve (KvCache.reusableHashes) */
+  prefixHashes: readonly string[] = [];
+  /** true while prefix blocks are read back from the SSD tier: not admitted before that ends */
+  restoring = false;
+  /** what the SSD tier read back, until admission writes it into the pool */
+  restored?: RestoredBlocks;
+  /** prompt tokens served from the prefix cache at admission */
+  cachedTokens = 0;
   readonly arrivedAt = performance.now();
   firstTokenAt?: number;
 
@@ -80,6 +100,7 @@ export class Sequence {
     this.detok = new IncrementalDetokenizer(decode, { contextTokens: this.prompt });
     this.stops = new StopStringMatcher(request.stop ?? []);
     this.eos = new Set(request.ignoreEos ? [] : eosIds);
+    this.grammar = request.grammar?.createMatcher(); // last: nothing after it can throw and leak it
   }
 
   /** prompt + generated tokens */

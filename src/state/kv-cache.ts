@@ -5,9 +5,20 @@
 // Invariant: for a sequence whose tokens [0, computed) are cached, group g's table maps logical
 // block b -> physical block for every b that a query at position >= computed can still read;
 // entries a sliding window has passed are -1 and their blocks are back in the pool.
+//
+// Prefix reuse: every full, computed block of a sequence is registered in each group's pool under
+// its chained hash (block-hash.ts), so a later sequence whose prompt starts with the same blocks
+// takes references to them instead of recomputing them. A block registered under a hash is never
+// written again (only full blocks are registered, and a sequence only writes positions >= its
+// `computed`). Sliding-window groups share too: a prefix of k blocks is reusable when every full
+// group holds blocks [0, k) and every sliding group the blocks its window reaches back to from
+// position k*blockSize (the blocks it passed earlier went to its LRU and may be gone). The SSD
+// tier writes whole prefixes, so it needs every group to keep every block: full attention only.
 
 import type { Backend, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
+import type { ModelConfig } from '../contracts/model-config.ts';
 import { BlockPool } from './block-pool.ts';
+import { chainHashes, kvBlockBytes, type KvScheme } from './block-hash.ts';
 import type { KvAccess } from '../models/decoder.ts';
 
 export interface KvGroupSpec {
@@ -52,9 +63,33 @@ class KvGroup {
 export class SequenceKv {
   /** tables[g][logicalBlock] = physical block, or -1 once a sliding window has passed it */
   readonly tables: number[][];
+  /** prefix hashes of logical blocks [0, hashes.length): full, computed, and (maybe) shared */
+  hashes: string[] = [];
   constructor(groupCount: number) {
     this.tables = Array.from({ length: groupCount }, () => []);
   }
+}
+
+/** Prefix reuse settings of a KV cache. */
+export interface PrefixCacheOptions {
+  /** seeds every block hash (block-hash.ts prefixNamespace) */
+  namespace: string;
+  /** bytes of evictable cached blocks kept in the pool; 0 = reuse off (default: the whole pool) */
+  maxCachedBytes?: number;
+}
+
+/** Block contents read back from the SSD tier: blocks [from, from + blocks.length) of a prefix. */
+export interface RestoredBlocks {
+  from: number;
+  /** per block: for each layer, its K block then its V block (raw bytes of the pool dtype) */
+  blocks: Uint8Array[];
+}
+
+/** Where a sequence's reused prefix came from, in blocks. */
+export interface AttachedPrefix {
+  ramBlocks: number;
+  ssdBlocks: number;
+  tokens: number;
 }
 
 /** One batch row of a step: tokens at positions [start, start + count) of `seq`. */
@@ -69,6 +104,10 @@ export class KvCache implements KvAccess<StepRow> {
   readonly groups: KvGroup[];
   private readonly groupOfLayer: number[];
   private readonly layerKv: PagedKv[];
+  /** seeds block hashes; undefined when prefix reuse is off */
+  readonly prefixNamespace?: string;
+  /** why prefix reuse is off (undefined when it is on) */
+  readonly prefixOff?: string;
 
   constructor(
     private readonly backend: Backend,
@@ -76,6 +115,7 @@ export class KvCache implements KvAccess<StepRow> {
     readonly shape: KvShape,
     /** physical blocks for each group, in kvGroupsOf order */
     blocksPerGroup: (spec: KvGroupSpec) => number,
+    prefix?: PrefixCacheOptions,
   ) {
     const specs = kvGroupsOf(layerWindows);
     this.groups = specs.map((s) => new KvGroup(s, blocksPerGroup(s)));
@@ -87,6 +127,33 @@ export class KvCache implements KvAccess<StepRow> {
       const dims = [blocks, blockSize, numKvHeads, headDim];
       return { k: backend.zeros(dims, backend.activationDtype), v: backend.zeros(dims, backend.activationDtype) };
     });
+    const off = !prefix ? 'not configured' : prefix.maxCachedBytes === 0 ? 'disabled (--prompt-cache 0)' : undefined;
+    if (off === undefined && prefix) {
+      // the same number of logical blocks in every group: SIZE / bytes of a block across all layers
+      const cap = Math.floor((prefix.maxCachedBytes ?? Infinity) / this.blockBytes);
+      if (cap > 0) {
+        for (const g of this.groups) g.pool.setMaxCached(Math.min(g.pool.numBlocks, cap));
+        this.prefixNamespace = prefix.namespace;
+      } else this.prefixOff = `--prompt-cache is smaller than one KV block (${this.blockBytes} bytes)`;
+    } else this.prefixOff = off;
+  }
+
+  /** true when every group keeps every block of a sequence (no sliding window): whole prefixes exist */
+  get fullAttentionOnly(): boolean {
+    return this.groups.every((g) => g.spec.window === 0);
+  }
+
+  /** The KV layout (for namespaces and SSD files). */
+  get scheme(): KvScheme {
+    return {
+      dtype: this.backend.activationDtype, blockSize: this.shape.blockSize, numLayers: this.layerKv.length,
+      numKvHeads: this.shape.numKvHeads, headDim: this.shape.headDim,
+    };
+  }
+
+  /** Bytes one logical block takes across every layer (K and V). */
+  get blockBytes(): number {
+    return kvBlockBytes(this.scheme);
   }
 
   kvOfLayer(layer: number): PagedKv {
@@ -153,12 +220,194 @@ export class KvCache implements KvAccess<StepRow> {
     });
   }
 
-  /** Returns every block of `seq` to the pools. */
+  /** Returns every block of `seq` to the pools (tail first: the LRU then evicts prefix ends first). */
   release(seq: SequenceKv): void {
     this.groups.forEach((group, g) => {
-      group.pool.release(seq.tables[g].filter((b) => b >= 0));
+      group.pool.release(seq.tables[g].filter((b) => b >= 0).reverse());
       seq.tables[g] = [];
     });
+    seq.hashes = [];
+  }
+
+  // ---- prefix reuse --------------------------------------------------------------------------
+
+  get prefixEnabled(): boolean {
+    return this.prefixNamespace !== undefined;
+  }
+
+  /** true when the backend can copy blocks to and from the host (the SSD tier needs it) */
+  get canCopyBlocks(): boolean {
+    return typeof this.backend.readBlocks === 'function' && typeof this.backend.writeBlocks === 'function';
+  }
+
+  /**
+   * Hashes of the prompt blocks a new sequence may reuse: full blocks, never the one holding the
+   * last prompt token (it must be computed to produce logits), so floor((n - 1) / blockSize).
+   */
+  reusableHashes(prompt: readonly number[]): string[] {
+    if (!this.prefixNamespace || prompt.length < 2) return [];
+    const n = Math.floor((prompt.length - 1) / this.shape.blockSize);
+    return chainHashes(this.prefixNamespace, (p) => prompt[p], this.shape.blockSize, 0, n);
+  }
+
+  /** How many leading blocks of `hashes` every full-attention group holds now (the SSD tier's view). */
+  cachedBlocks(hashes: readonly string[]): number {
+    if (!this.prefixEnabled) return 0;
+    let b = 0;
+    while (b < hashes.length && this.groups.every((g) => g.spec.window !== 0 || g.pool.lookup(hashes[b]) !== undefined)) b++;
+    return b;
+  }
+
+  /**
+   * The longest k <= hashes.length such that a sequence can start at position k * blockSize with
+   * cached blocks only: every full group holds [0, k), every sliding group [first live, k).
+   */
+  private attachableBlocks(hashes: readonly string[]): number {
+    const bs = this.shape.blockSize;
+    let k = this.groups.some((g) => g.spec.window === 0) ? this.cachedBlocks(hashes) : hashes.length;
+    for (; k > 0; k--) {
+      const ok = this.groups.every((g, gi) => {
+        if (g.spec.window === 0) return true;
+        for (let b = this.firstLiveBlock(gi, k * bs); b < k; b++) if (g.pool.lookup(hashes[b]) === undefined) return false;
+        return true;
+      });
+      if (ok) return k;
+    }
+    return 0;
+  }
+
+  /**
+   * Gives a newly admitted (empty) sequence the longest cached prefix of `hashes`: references to
+   * blocks the pools hold, then (full attention only) blocks `restored` from the SSD tier written
+   * into new blocks. The caller sets the sequence's computed tokens to the result's `tokens`.
+   * Allocation is safe because admission promised the sequence its worst case, which covers its
+   * prompt.
+   */
+  attachPrefix(seq: SequenceKv, hashes: readonly string[], restored?: RestoredBlocks): AttachedPrefix {
+    const none = { ramBlocks: 0, ssdBlocks: 0, tokens: 0 };
+    if (!this.prefixEnabled || hashes.length === 0) return none;
+    if (seq.tables.some((t) => t.length > 0)) throw new Error('attachPrefix: the sequence already holds blocks');
+    if (!this.fullAttentionOnly) {
+      const k = this.attachableBlocks(hashes);
+      this.groups.forEach((g, gi) => {
+        const first = this.firstLiveBlock(gi, k * this.shape.blockSize);
+        const table = seq.tables[gi];
+        for (let b = 0; b < k; b++) {
+          if (b < first) {
+            table.push(-1);
+            continue;
+          }
+          const block = g.pool.lookup(hashes[b])!;
+          g.pool.acquire(block);
+          table.push(block);
+        }
+      });
+      seq.hashes = hashes.slice(0, k);
+      return { ramBlocks: k, ssdBlocks: 0, tokens: k * this.shape.blockSize };
+    }
+    const pool = this.groups[0].pool, table = seq.tables[0];
+    let ram = 0, ssd = 0;
+    const fresh: { block: number; data: Uint8Array; index: number }[] = [];
+    const end = restored ? Math.min(hashes.length, restored.from + restored.blocks.length) : hashes.length;
+    for (let b = 0; b < end; b++) {
+      const cached = pool.lookup(hashes[b]);
+      if (cached !== undefined) {
+        pool.acquire(cached);
+        table.push(cached);
+        ram++;
+        continue;
+      }
+      const data = restored && b >= restored.from ? restored.blocks[b - restored.from] : undefined;
+      if (!data) break;
+      if (data.byteLength !== this.blockBytes) throw new Error(`attachPrefix: restored block ${b} has ${data.byteLength} bytes, expected ${this.blockBytes}`);
+      const [block] = pool.allocate(1);
+      table.push(block);
+      fresh.push({ block, data, index: b });
+      ssd++;
+    }
+    if (fresh.length > 0) this.writeBlockData(fresh);
+    const n = table.length;
+    seq.hashes = hashes.slice(0, n);
+    // registered last: a restored block is registered only once its write is enqueued
+    fresh.forEach(({ block, index }) => pool.register(block, hashes[index]));
+    return { ramBlocks: ram, ssdBlocks: ssd, tokens: n * this.shape.blockSize };
+  }
+
+  /**
+   * Registers the blocks of `seq` that became full and computed (tokens [0, computed) are in the
+   * cache), so later sequences can share them. Cheap when nothing new filled: one comparison.
+   */
+  commit(seq: SequenceKv, computed: number, tokenAt: (pos: number) => number): void {
+    if (!this.prefixNamespace) return;
+    const full = Math.floor(computed / this.shape.blockSize);
+    if (full <= seq.hashes.length) return;
+    const from = seq.hashes.length;
+    const added = chainHashes(this.prefixNamespace, tokenAt, this.shape.blockSize, from, full, seq.hashes[from - 1]);
+    added.forEach((h, k) => {
+      this.groups.forEach((g, gi) => {
+        const block = seq.tables[gi][from + k];
+        // (a sliding group may already have passed a block: it was never written, nothing to share)
+        if (block !== undefined && block >= 0 && g.pool.hashOfBlock(block) === undefined) g.pool.register(block, h);
+      });
+      seq.hashes.push(h);
+    });
+  }
+
+  /**
+   * Reads the content of the longest leading run of `hashes` still held in the pool, as it is
+   * once the ops enqueued so far have run (later ops cannot change it). Resolves to one buffer
+   * per block in the RestoredBlocks layout; [] when the first block is gone.
+   */
+  async readPrefix(hashes: readonly string[]): Promise<Uint8Array[]> {
+    if (!this.fullAttentionOnly) throw new Error('readPrefix: sliding-window groups do not keep whole prefixes');
+    const n = this.cachedBlocks(hashes);
+    if (n === 0) return [];
+    const pool = this.groups[0].pool;
+    const ids = hashes.slice(0, n).map((h) => pool.lookup(h)!);
+    // every read is enqueued in this synchronous stretch, before any later step's ops
+    const read = this.backend.readBlocks?.bind(this.backend);
+    if (!read) throw new Error(`the ${this.backend.name} backend cannot read KV blocks back (readBlocks)`);
+    const parts = await Promise.all(this.layerKv.flatMap((kv) => [read(kv.k, ids), read(kv.v, ids)]));
+    const per = this.blockBytes / (2 * this.layerKv.length);
+    return ids.map((_, b) => {
+      const out = new Uint8Array(this.blockBytes);
+      parts.forEach((p, k) => out.set(p.subarray(b * per, (b + 1) * per), k * per));
+      return out;
+    });
+  }
+
+  /** Enqueues the writes of restored block contents (RestoredBlocks layout) into their blocks. */
+  private writeBlockData(items: { block: number; data: Uint8Array }[]): void {
+    const write = this.backend.writeBlocks?.bind(this.backend);
+    if (!write) throw new Error(`the ${this.backend.name} backend cannot write KV blocks (writeBlocks)`);
+    const per = this.blockBytes / (2 * this.layerKv.length);
+    const ids = items.map((x) => x.block);
+    const buf = new Uint8Array(items.length * per);
+    this.layerKv.forEach((kv, l) => {
+      [kv.k, kv.v].forEach((pool, kind) => {
+        const at = (2 * l + kind) * per;
+        items.forEach((x, j) => buf.set(x.data.subarray(at, at + per), j * per));
+        write(pool, ids, buf);
+      });
+    });
+  }
+
+  /** Forgets every evictable cached block (in-use blocks stay shared). Returns how many. */
+  dropCachedBlocks(): number {
+    return this.groups.reduce((a, g) => a + g.pool.dropCached(), 0);
+  }
+
+  /** Prefix-cache bookkeeping in KV bytes (every group's pool, its own layers' share of a block). */
+  get prefixStats(): { cachedBytes: number; hashedBytes: number; maxCachedBytes: number; evictions: number } {
+    const out = { cachedBytes: 0, hashedBytes: 0, maxCachedBytes: 0, evictions: 0 };
+    this.groups.forEach((g) => {
+      const bytes = (this.blockBytes * g.spec.layers.length) / this.layerKv.length;
+      out.cachedBytes += g.pool.cachedCount * bytes;
+      out.hashedBytes += g.pool.hashedCount * bytes;
+      out.maxCachedBytes += g.pool.maxCached * bytes;
+      out.evictions += g.pool.evictions;
+    });
+    return out;
   }
 
   /**
@@ -205,9 +454,14 @@ export class KvCache implements KvAccess<StepRow> {
     });
   }
 
-  /** Blocks in use across all groups (metrics, leak checks). */
+  /** Blocks referenced by sequences across all groups (metrics, leak checks); evictable cached blocks are not in use. */
   get usedBlocks(): number {
     return this.groups.reduce((a, g) => a + g.pool.usedCount, 0);
+  }
+
+  /** Evictable cached blocks (held by no sequence, kept for reuse). */
+  get cachedBlockCount(): number {
+    return this.groups.reduce((a, g) => a + g.pool.cachedCount, 0);
   }
 
   /** Frees the pool tensors. */
@@ -216,4 +470,17 @@ export class KvCache implements KvAccess<StepRow> {
     for (const kv of this.layerKv)
       for (const t of [kv.k, kv.v]) if (!freed.has(t)) (freed.add(t), this.backend.free(t));
   }
+}
+
+/**
+ * Why a model's KV cannot be shared between sequences, or undefined when it can: the K/V of a
+ * token must depend only on the tokens up to it. Rope whose frequencies follow the sequence's
+ * total length (dynamic NTK, LongRoPE: the same prefix gets different keys in a longer sequence)
+ * breaks that.
+ */
+export function prefixReuseBlocker(cfg: Pick<ModelConfig, 'layers' | 'recomputeKvPastLength'>): string | undefined {
+  const rope = cfg.layers.find((l) => l.rope.type === 'dynamic' || l.rope.type === 'longrope')?.rope.type;
+  if (rope) return `the model's ${rope} rope depends on the sequence length`;
+  if (cfg.recomputeKvPastLength !== undefined) return 'the model recomputes KV past a length';
+  return undefined;
 }

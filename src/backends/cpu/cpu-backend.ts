@@ -204,6 +204,56 @@ export class CpuBackend implements Backend {
     }
   }
 
+  /** Checks a pool and block list; returns [rows of the pool, bytes per block]. */
+  private blockArgs(op: string, pool: Tensor, blocks: readonly number[]): { p: CpuTensor; rows: number; rowBytes: number } {
+    const p = this.arg(op, 'pool', pool, ANY);
+    if (p.shape.length === 0) throw opError(op, 'the pool must have at least one dimension');
+    const rows = p.shape[0]!;
+    if (!Array.isArray(blocks) && !ArrayBuffer.isView(blocks)) throw opError(op, 'blocks must be an array of block indices');
+    for (const b of blocks) {
+      if (!Number.isInteger(b) || b < 0 || b >= rows) throw opError(op, `block ${b} is outside [0, ${rows}) of pool ${describe(p)}`);
+    }
+    return { p, rows, rowBytes: numel(p.shape.slice(1)) * dtypeBytes[p.dtype] };
+  }
+
+  async readBlocks(pool: Tensor, blocks: readonly number[]): Promise<Uint8Array> {
+    const op = 'readBlocks';
+    this.assertOpen(op);
+    const { p, rows, rowBytes } = this.blockArgs(op, pool, blocks);
+    const bytes = blocks.length * rowBytes;
+    if (bytes === 0) return new Uint8Array(0);
+    // gathered in queue order into a private block, as `read` does
+    const staging = this.lib.alloc(bytes);
+    if (staging === 0) throw opError(op, `out of memory staging ${bytes} bytes`);
+    if (this.lib.opReadRows(p.addr, staging, Int32Array.from(blocks), blocks.length, rowBytes, rows) !== 0) {
+      this.lib.freeNow(staging);
+      throw opError(op, 'out of memory for the block list');
+    }
+    try {
+      await this.waitFor(this.lib.fence());
+      const out = new Uint8Array(bytes);
+      this.lib.readNow(staging, out, bytes);
+      return out;
+    } finally {
+      this.lib.opFree(staging);
+    }
+  }
+
+  writeBlocks(pool: Tensor, blocks: readonly number[], data: Uint8Array): void {
+    const op = 'writeBlocks';
+    this.assertOpen(op);
+    const { p, rows, rowBytes } = this.blockArgs(op, pool, blocks);
+    if (new Set(blocks).size !== blocks.length) throw opError(op, 'blocks must be distinct');
+    if (!(data instanceof Uint8Array)) throw opError(op, 'data must be a Uint8Array');
+    if (data.byteLength !== blocks.length * rowBytes) {
+      throw opError(op, `${data.byteLength} bytes given for ${blocks.length} blocks of ${rowBytes} bytes (pool ${describe(p)})`);
+    }
+    if (blocks.length === 0) return;
+    if (this.lib.opWriteRows(p.addr, data, Int32Array.from(blocks), blocks.length, rowBytes, rows) !== 0) {
+      throw opError(op, `out of memory staging ${data.byteLength} bytes`);
+    }
+  }
+
   free(t: Tensor): void {
     const x = this.arg('free', 't', t, ANY);
     if (x.isView) return; // views free nothing

@@ -20,6 +20,8 @@ type AsyncFn<A extends unknown[]> = (...args: [...A, (err: unknown, rc: number) 
 export interface NativeLib {
   readonly path: string;
   init(): number;
+  /** drains the queue and joins the worker thread (process exit) */
+  shutdown(): void;
   setIsa(level: number): number;
   alloc(bytes: number): Addr;
   freeNow(addr: Addr): void;
@@ -36,6 +38,10 @@ export interface NativeLib {
   opCopy(src: Addr, dst: Addr, bytes: number): void;
   opUpload(dst: Addr, src: HostArray, bytes: number): number;
   opZero(dst: Addr, bytes: number): void;
+  /** enqueues dst[k] = src row idx[k]; returns 0 or -1 (out of memory) */
+  opReadRows(src: Addr, dst: Addr, idx: Int32Array, n: number, rowBytes: number, srcRows: number): number;
+  /** stages `data` now, enqueues dst row idx[k] = data row k; returns 0 or -1 (out of memory) */
+  opWriteRows(dst: Addr, data: HostArray, idx: Int32Array, n: number, rowBytes: number, dstRows: number): number;
   opMatmul(x: Addr, w: Addr, bias: Addr, y: Addr, M: number, N: number, K: number, wdtype: number): void;
   opEmbedding(table: Addr, ids: Addr, out: Addr, T: number, V: number, D: number, dtype: number, scale: number): void;
   opRmsnorm(x: Addr, w: Addr, out: Addr, rows: number, D: number, eps: number, offset: number): void;
@@ -82,6 +88,7 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
   const native: NativeLib = {
     path,
     init: f('int llm_init()'),
+    shutdown: f('void llm_shutdown()'),
     setIsa: f('int llm_set_isa(int level)'),
     alloc: f('int64_t llm_alloc(int64_t bytes)'),
     freeNow: f('void llm_free_now(int64_t addr)'),
@@ -95,6 +102,8 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
     opCopy: f('void llm_op_copy(int64_t src, int64_t dst, int64_t bytes)'),
     opUpload: f('int llm_op_upload(int64_t dst, const void *src, int64_t bytes)'),
     opZero: f('void llm_op_zero(int64_t dst, int64_t bytes)'),
+    opReadRows: f(`int llm_op_read_rows(${i64}, ${i64}, const void *idx, ${i64}, ${i64}, ${i64})`),
+    opWriteRows: f(`int llm_op_write_rows(${i64}, const void *data, const void *idx, ${i64}, ${i64}, ${i64})`),
     opMatmul: f('void llm_op_matmul(int64_t x, int64_t w, int64_t bias, int64_t y, int M, int N, int K, int wdt)'),
     opEmbedding: f(`void llm_op_embedding(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int, double)`),
     opRmsnorm: f(`void llm_op_rmsnorm(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double, double)`),
@@ -110,6 +119,9 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
     opMoeFfn: f(`void llm_op_moe_ffn(${Array(12).fill(i64).join(', ')}, int, int, int, int)`),
   };
   if (native.init() !== 0) throw new Error('CPU backend: could not start the native worker thread');
+  // Join the worker before Node tears the process down: a native thread still parked inside the
+  // library while the runtime unloads it crashed ~1 exit in 10 (SIGSEGV, exit code 139).
+  process.once('exit', () => native.shutdown());
   loaded = native;
   return native;
 }

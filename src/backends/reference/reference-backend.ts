@@ -7,7 +7,7 @@ import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
-import { decodeHalf } from '../common/half.ts';
+import { decodeHalf, encodeHalf } from '../common/half.ts';
 
 class RefTensor implements Tensor {
   constructor(
@@ -62,6 +62,14 @@ export function erf(x: number): number {
   }
   const erfc = t * Math.exp(-z * z + 0.5 * (cof[0] + ty * d) - dd);
   return x >= 0 ? 1 - erfc : erfc - 1;
+}
+
+/** Elements per block (dim 0 entry) of `pool`, after checking every block index. */
+function blockElems(op: string, pool: Tensor, blocks: readonly number[]): number {
+  if (pool.shape.length === 0) throw new Error(`${op}: the pool must have at least one dimension`);
+  const nb = pool.shape[0];
+  for (const b of blocks) if (!Number.isInteger(b) || b < 0 || b >= nb) throw new Error(`${op}: block ${b} outside [0, ${nb})`);
+  return numel(pool.shape.slice(1));
 }
 
 /** Decodes little-endian raw bytes of the given dtype into f32 (exactly). */
@@ -125,6 +133,27 @@ export class ReferenceBackend implements Backend {
   }
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     return asRef(t).data.slice();
+  }
+  async readBlocks(pool: Tensor, blocks: readonly number[]): Promise<Uint8Array> {
+    const per = blockElems('readBlocks', pool, blocks);
+    const src = asRef(pool).data;
+    const vals = src instanceof Int32Array ? new Int32Array(blocks.length * per) : new Float32Array(blocks.length * per);
+    blocks.forEach((b, k) => vals.set(src.subarray(b * per, (b + 1) * per), k * per));
+    if (pool.dtype === 'f16' || pool.dtype === 'bf16') return new Uint8Array(encodeHalf(vals, pool.dtype).buffer);
+    return new Uint8Array(vals.buffer);
+  }
+  writeBlocks(pool: Tensor, blocks: readonly number[], data: Uint8Array): void {
+    const per = blockElems('writeBlocks', pool, blocks);
+    if (new Set(blocks).size !== blocks.length) throw new Error('writeBlocks: blocks must be distinct');
+    const esz = dtypeBytes[pool.dtype];
+    if (data.byteLength !== blocks.length * per * esz)
+      throw new Error(`writeBlocks: ${data.byteLength} bytes for ${blocks.length} blocks of ${per * esz} bytes`);
+    const copy = data.slice(); // aligned for the typed views
+    const dst = asRef(pool).data;
+    const vals: Float32Array | Int32Array = pool.dtype === 'f16' || pool.dtype === 'bf16'
+      ? decodeHalf(new Uint16Array(copy.buffer), pool.dtype)
+      : pool.dtype === 'i32' ? new Int32Array(copy.buffer) : new Float32Array(copy.buffer);
+    blocks.forEach((b, k) => dst.set(vals.subarray(k * per, (k + 1) * per), b * per));
   }
   free(_t: Tensor): void {}
   async sync(): Promise<void> {}

@@ -1,0 +1,122 @@
+// The prefix cache against transformers: on the committed fixtures (tools/oracle), a request whose
+// prompt comes from the RAM tier, and one restored from the SSD tier by a second engine, still
+// match the reference (greedy tokens + top-5 logprobs, DESIGN.md's closeness rule). Block size 4,
+// so the fixtures' short prompts span several reusable blocks.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
+import { loadModel, type LoadedModel } from '../../src/execution/load-model.ts';
+import { Engine, type EngineOptions } from '../../src/execution/engine.ts';
+import { modelFingerprint } from '../../src/state/fingerprint.ts';
+import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
+
+const FIXTURES = resolve(import.meta.dirname, '../fixtures');
+const TOLERANCE = 0.05;
+
+interface Reference {
+  cases: { prompt_token_ids: number[]; steps: StepRecord[] }[];
+}
+
+const request = (c: Reference['cases'][number]) => ({
+  promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
+});
+
+function engine(m: LoadedModel, opts: EngineOptions = {}): Engine {
+  return new Engine(m.model, m, { maxBatch: 3, blockSize: 4, maxModelLen: m.maxContext, ...opts });
+}
+
+for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
+  test(`${name}: cached and SSD-restored prefixes match transformers`, async () => {
+    const dir = join(FIXTURES, name);
+    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+    const backend = await createCpuBackend();
+    const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
+    try {
+      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+      const prefixCache = {
+        modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint,
+        ssd: { dir: cacheDir, maxBytes: 1 << 30 },
+      };
+      const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
+        const r = compareToReference(steps!, c.steps, TOLERANCE);
+        assert.ok(r.ok, `${label}: ${r.problem}`);
+      };
+      // RAM tier: every case twice on one engine; the second run reuses its prompt's blocks
+      const e = engine(m, { prefixCache });
+      assert.equal(e.stats.prefixCache.enabled, true);
+      for (const [k, c] of ref.cases.entries()) {
+        check(`case ${k} cold`, (await e.complete(request(c))).logprobs, c);
+        const warm = await e.complete(request(c));
+        assert.equal(warm.cachedTokens, Math.floor((c.prompt_token_ids.length - 1) / 4) * 4, `case ${k}`);
+        check(`case ${k} warm`, warm.logprobs, c);
+      }
+      await e.close(); // flushes to the SSD tier
+      // SSD tier: a second engine (empty RAM tier), all cases at once
+      const e2 = engine(m, { prefixCache });
+      const restored = await Promise.all(ref.cases.map((c) => e2.complete(request(c))));
+      restored.forEach((r, k) => {
+        assert.ok(r.cachedTokens > 0, `case ${k} restored nothing`);
+        check(`case ${k} restored`, r.logprobs, ref.cases[k]);
+      });
+      assert.ok(e2.stats.prefixCache.ssdHits >= 1);
+      assert.equal(e2.stats.kvBlocksUsed, 0);
+      await e2.close();
+    } finally {
+      rmSync(cacheDir, { recursive: true, force: true });
+      await backend.close();
+    }
+  });
+}
+
+// Sliding-window families (window 8 in every fixture): the RAM tier shares the blocks the window
+// still reaches; the SSD tier is off (no whole prefixes).
+for (const name of ['gemma2', 'gemma3_text', 'mistral', 'qwen2', 'phi3']) {
+  test(`${name}: cached prefixes match transformers with sliding-window layers`, async () => {
+    const dir = join(FIXTURES, name);
+    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+    const backend = await createCpuBackend();
+    const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
+    try {
+      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+      const e = engine(m, { prefixCache: { modelFingerprint: modelFingerprint(dir), ssd: { dir: cacheDir, maxBytes: 1 << 30 } } });
+      assert.equal(e.stats.prefixCache.enabled, true);
+      assert.match(e.stats.prefixCache.ssdOff ?? '', /sliding-window/);
+      for (const [k, c] of ref.cases.entries()) {
+        const cold = await e.complete(request(c));
+        const warm = await e.complete(request(c));
+        assert.equal(warm.cachedTokens, Math.floor((c.prompt_token_ids.length - 1) / 4) * 4, `case ${k}`);
+        for (const [label, r] of [['cold', cold], ['warm', warm]] as const) {
+          const cmp = compareToReference(r.logprobs!, c.steps, TOLERANCE);
+          assert.ok(cmp.ok, `case ${k} ${label}: ${cmp.problem}`);
+        }
+      }
+      // all at once: rows sharing blocks decode side by side
+      const together = await Promise.all(ref.cases.map((c) => e.complete(request(c))));
+      together.forEach((r, k) => assert.ok(compareToReference(r.logprobs!, ref.cases[k].steps, TOLERANCE).ok, `case ${k} together`));
+      assert.equal(e.stats.kvBlocksUsed, 0);
+      await e.close();
+    } finally {
+      rmSync(cacheDir, { recursive: true, force: true });
+      await backend.close();
+    }
+  });
+}
+
+test('models whose KV cannot be shared report why the cache is off', async () => {
+  const backend = await createCpuBackend();
+  try {
+    for (const [name, why] of [['llama_dynamic', /dynamic rope/], ['phi3_longrope', /longrope rope/]] as const) {
+      const m = await loadModel(backend, join(FIXTURES, name), { maxModelLen: 4096 });
+      const e = engine(m);
+      assert.equal(e.stats.prefixCache.enabled, false, name);
+      assert.match(e.stats.prefixCache.off ?? '', why, name);
+      await e.close();
+    }
+  } finally {
+    await backend.close();
+  }
+});
