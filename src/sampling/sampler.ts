@@ -8,6 +8,7 @@
 // to a shared scratch copy, and only when some are active.
 
 import { applyBiasAndPenalties, needsLogitProcessing } from './penalties.ts';
+import { applyTokenBitmask } from './grammar/mask.ts';
 import type { TokenHistory } from './history.ts';
 import type { SamplingParams, SamplingParamsInput } from './params.ts';
 import { createRng, type Xoshiro128StarStar } from './prng.ts';
@@ -17,15 +18,17 @@ import { assertValidSamplingParams } from './validate.ts';
 let processedScratch = new Float32Array(0);
 
 /**
- * Returns `logits` itself when no bias/penalty is active, else a processed copy in a shared
- * scratch buffer (valid until the next call).
+ * Returns `logits` itself when no bias/penalty/mask is active, else a processed copy in a shared
+ * scratch buffer (valid until the next call). `mask` (a grammar's token bitmask, bit id set =
+ * allowed) is the last processor: every disallowed logit becomes -Infinity.
  */
-export function processLogits(logits: Float32Array, p: SamplingParams, history?: TokenHistory): Float32Array {
-  if (!needsLogitProcessing(p)) return logits;
+export function processLogits(logits: Float32Array, p: SamplingParams, history?: TokenHistory, mask?: Int32Array): Float32Array {
+  if (!needsLogitProcessing(p) && mask === undefined) return logits;
   if (processedScratch.length < logits.length) processedScratch = new Float32Array(logits.length);
   const x = processedScratch.subarray(0, logits.length);
   x.set(logits);
   applyBiasAndPenalties(x, p, history);
+  if (mask !== undefined) applyTokenBitmask(x, mask);
   return x;
 }
 
@@ -46,9 +49,10 @@ export class Sampler {
   /**
    * Next token for this request from one row of raw logits [V]. `history` carries the prompt
    * and accepted output tokens for penalties (required when a penalty is set); the caller
-   * pushes the returned id into it once the token is accepted.
+   * pushes the returned id into it once the token is accepted. `mask`: the row's grammar
+   * bitmask, when it has a grammar.
    */
-  sample(logits: Float32Array, history?: TokenHistory): number {
-    return sampleRow(processLogits(logits, this.params, history), this.params, this.rng);
+  sample(logits: Float32Array, history?: TokenHistory, mask?: Int32Array): number {
+    return sampleRow(processLogits(logits, this.params, history, mask), this.params, this.rng);
   }
 }
