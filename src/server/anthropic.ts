@@ -13,6 +13,8 @@ import { runToCompletion, startStreams, type SeqPlan } from './run.ts';
 import { ClientGoneError } from './http-io.ts';
 import { checkModel, MAX_STOPS } from './openai-params.ts';
 import type { ServedModel } from './served-model.ts';
+import { checkToolSchemas, compileConstraint, parseAnthropicTools, planTools, toolMessages, type Constraint, type ToolPlan } from './structured.ts';
+import type { ToolCallParser } from '../generation/tool-calls/index.ts';
 
 const kind = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v);
 
@@ -28,6 +30,44 @@ function blocksText(v: Json | undefined, where: string, param: string): string {
   }).join('\n');
 }
 
+/** a tool_result's content: a string or text blocks */
+function toolResultText(v: Json | undefined, where: string): string {
+  if (v === undefined || v === null) return '';
+  return blocksText(v, where, 'messages');
+}
+
+/**
+ * One Anthropic message as template messages: text blocks joined; an assistant's tool_use blocks
+ * become OpenAI-style tool_calls; a user's tool_result blocks become `tool` messages (before the
+ * user's own text, as Anthropic requires results to come first).
+ */
+function convertMessage(role: 'user' | 'assistant', content: Json | undefined, where: string): ChatMessage[] {
+  if (typeof content === 'string') return [{ role, content }];
+  if (!Array.isArray(content)) throw badRequest(`${where} must be a string or an array of content blocks, got ${kind(content)}`, 'messages');
+  const texts: string[] = [];
+  const calls: unknown[] = [];
+  const results: ChatMessage[] = [];
+  content.forEach((b, j) => {
+    const at = `${where}[${j}]`;
+    if (!isObject(b) || typeof b.type !== 'string') throw badRequest(`${at} must be a content block object with a "type"`, 'messages');
+    if (b.type === 'text') {
+      if (typeof b.text !== 'string') throw badRequest(`${at}.text must be a string, got ${kind(b.text)}`, 'messages');
+      texts.push(b.text);
+    } else if (b.type === 'tool_use' && role === 'assistant') {
+      if (typeof b.id !== 'string' || typeof b.name !== 'string') throw badRequest(`${at} (tool_use) needs a string id and name`, 'messages');
+      calls.push({ id: b.id, type: 'function', function: { name: b.name, arguments: JSON.stringify(b.input ?? {}) } });
+    } else if (b.type === 'tool_result' && role === 'user') {
+      if (typeof b.tool_use_id !== 'string') throw badRequest(`${at}.tool_use_id must be a string`, 'messages');
+      const text = toolResultText(b.content, `${at}.content`);
+      results.push({ role: 'tool', tool_call_id: b.tool_use_id, content: b.is_error === true ? `Error: ${text}` : text });
+    } else throw notSupported(`content block type "${b.type}" in a ${role} message (${at})`, 'messages');
+  });
+  const out: ChatMessage[] = [...results];
+  if (calls.length > 0) out.push({ role, content: texts.join('\n'), tool_calls: calls });
+  else if (texts.length > 0 || results.length === 0) out.push({ role, content: texts.join('\n') });
+  return out;
+}
+
 export interface MessagesRequest {
   messages: ChatMessage[];
   /** the last message is an assistant prefill */
@@ -36,6 +76,9 @@ export interface MessagesRequest {
   sampling: SamplingParamsInput;
   stop: string[];
   stream: boolean;
+  tools?: ToolPlan;
+  /** output_config.format, or the tools' forcing grammar */
+  constraint?: Constraint;
 }
 
 export function parseMessagesRequest(body: JsonObject, model: ServedModel): MessagesRequest {
@@ -53,23 +96,29 @@ export function parseMessagesRequest(body: JsonObject, model: ServedModel): Mess
     const where = `messages[${i}]`;
     if (!isObject(m)) throw badRequest(`${where} must be an object, got ${kind(m)}`, 'messages');
     if (m.role !== 'user' && m.role !== 'assistant') throw badRequest(`${where}.role must be "user" or "assistant", got ${JSON.stringify(m.role ?? null)}`, 'messages');
-    messages.push({ role: m.role, content: blocksText(m.content, `${where}.content`, 'messages') });
+    messages.push(...convertMessage(m.role, m.content, `${where}.content`));
   });
-  let prefill = messages[messages.length - 1].role === 'assistant';
+  const last = messages[messages.length - 1];
+  let prefill = last.role === 'assistant' && last.tool_calls === undefined;
   if (prefill && (messages[messages.length - 1].content as string).trim() === '') {
     messages.pop(); // an empty prefill is no prefill
     prefill = false;
   }
   if (messages.length === 0 || messages.every((m) => m.role === 'system')) throw badRequest('messages must contain a user message', 'messages');
 
-  const tools = f.array('tools');
-  if (tools && tools.length > 0) throw notSupported('tools', 'tools');
-  const toolChoice = f.object('tool_choice');
-  if (toolChoice && toolChoice.raw('type') !== 'none') throw notSupported(`tool_choice ${JSON.stringify(toolChoice.raw('type') ?? null)}`, 'tool_choice');
+  const tools = planTools(model, parseAnthropicTools(f));
+  let constraint: Constraint | undefined = tools?.constraint;
   const thinking = f.object('thinking');
   const mode = thinking?.raw('type');
   if (thinking && mode !== 'disabled' && mode !== 'adaptive') throw notSupported(`thinking ${JSON.stringify(mode ?? null)}`, 'thinking');
-  if (f.object('output_config')?.has('format')) throw notSupported('output_config.format (structured outputs)', 'output_config');
+  const format = f.object('output_config')?.object('format');
+  if (format) {
+    if (format.raw('type') !== 'json_schema') throw badRequest('output_config.format.type must be "json_schema"', 'output_config');
+    const schema = format.raw('schema');
+    if (!isObject(schema)) throw badRequest('output_config.format.schema must be a JSON schema object', 'output_config');
+    if (constraint) throw badRequest('output_config.format cannot be combined with a tool_choice that forces a tool', 'output_config');
+    constraint = { spec: { type: 'json_schema', schema }, param: 'output_config' };
+  }
   f.object('metadata');
 
   const explicit: SamplingParamsInput = {
@@ -87,10 +136,10 @@ export function parseMessagesRequest(body: JsonObject, model: ServedModel): Mess
     if (typeof s !== 'string') throw badRequest(`stop_sequences[${i}] must be a string, got ${kind(s)}`, 'stop_sequences');
     return s;
   });
-  return { messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false };
+  return { messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false, tools, constraint };
 }
 
-type StopReason = 'end_turn' | 'max_tokens' | 'stop_sequence';
+type StopReason = 'end_turn' | 'max_tokens' | 'stop_sequence' | 'tool_use';
 
 /** Anthropic's stop_reason and stop_sequence for a finished sequence */
 export function anthropicStop(model: ServedModel, request: EngineRequest, tokenIds: readonly number[], text: string, finish: string): { stop_reason: StopReason; stop_sequence: string | null } {
@@ -104,31 +153,81 @@ export function anthropicStop(model: ServedModel, request: EngineRequest, tokenI
   return { stop_reason: 'stop_sequence', stop_sequence: hit };
 }
 
-const usage = (input: number, output: number) => ({
-  input_tokens: input, output_tokens: output, cache_creation_input_tokens: 0, cache_read_input_tokens: 0,
+/** Anthropic usage: input_tokens excludes the prompt tokens read from the prefix cache (cache_read_input_tokens) */
+const usage = (input: number, output: number, cached = 0) => ({
+  input_tokens: input - cached, output_tokens: output, cache_creation_input_tokens: 0, cache_read_input_tokens: cached,
 });
+
+/** The conversation as the model's template renders it, tools included. */
+function renderMessages(model: ServedModel, req: MessagesRequest): { ids: number[]; text: string } {
+  const { messages, tools } = toolMessages(model, req.messages, req.tools);
+  return model.renderChat(messages, { continueFinal: req.prefill, tools });
+}
+
+/** A tool_use block's input: the arguments object (an unparsable one, e.g. cut by max_tokens, is {}). */
+function toolInput(args: string): unknown {
+  try {
+    const v = JSON.parse(args);
+    return v !== null && typeof v === 'object' && !Array.isArray(v) ? v : {};
+  } catch {
+    return {};
+  }
+}
 
 export async function handleMessages(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const model = ctx.model;
   const req = parseMessagesRequest(body, model);
-  const rendered = model.renderChat(req.messages, { continueFinal: req.prefill });
+  if (req.tools && req.tools.offered.length > 0) await checkToolSchemas(model, req.tools.offered, (i) => `tools[${i}].input_schema`);
+  const rendered = renderMessages(model, req);
   const promptIds = rendered.ids;
   const room = model.contextLen - promptIds.length;
   if (promptIds.length === 0) throw badRequest('the prompt is empty', 'messages');
   if (room < 1)
     throw badRequest(`the prompt has ${promptIds.length} tokens, but this model's context holds ${model.contextLen} tokens (prompt + at least 1 generated token)`, 'messages');
-  const request: EngineRequest = { promptIds, maxTokens: Math.min(req.maxTokens, room), sampling: req.sampling, stop: req.stop };
+  const grammar = req.constraint ? await compileConstraint(model, req.constraint) : undefined;
+  try {
+    const request: EngineRequest = {
+      promptIds, maxTokens: Math.min(req.maxTokens, room), sampling: req.sampling, stop: req.stop,
+      ...(grammar ? { grammar: { createMatcher: () => grammar.createMatcher() } } : {}),
+    };
+    await respondMessages(ctx, req, request);
+  } finally {
+    grammar?.release();
+  }
+}
+
+async function respondMessages(ctx: HandlerContext, req: MessagesRequest, request: EngineRequest): Promise<void> {
+  const model = ctx.model;
+  const promptIds = request.promptIds;
   const plans: SeqPlan[] = [{ promptIndex: 0, request }];
   const id = newId('msg_');
-  const message = (content: unknown[], stop: { stop_reason: StopReason | null; stop_sequence: string | null }, out: number) => ({
-    id, type: 'message', role: 'assistant', model: model.name, content, ...stop, usage: usage(promptIds.length, out),
+  const message = (content: unknown[], stop: { stop_reason: StopReason | null; stop_sequence: string | null }, out: number, cached = 0) => ({
+    id, type: 'message', role: 'assistant', model: model.name, content, ...stop, usage: usage(promptIds.length, out, cached),
   });
+  const tools = req.tools?.parse ? req.tools : undefined;
+  const parser: ToolCallParser | undefined = tools?.format.createParser({ forced: tools.forced, triggerTokens: model.toolTriggerTokens });
+  const stopOf = (tokenIds: readonly number[], text: string, finish: string) => {
+    const s = anthropicStop(model, request, tokenIds, text, finish);
+    return parser && parser.calls.length > 0 && s.stop_reason === 'end_turn' ? { stop_reason: 'tool_use' as const, stop_sequence: null } : s;
+  };
 
   if (!req.stream) {
     const [r] = await runToCompletion(ctx, plans);
-    if (r.finishReason === 'error') throw new Error(`generation failed: ${r.error ?? 'unknown error'}`);
+    if (r.finishReason === 'error' && r.errorKind !== 'grammar') throw new Error(`generation failed: ${r.error ?? 'unknown error'}`);
     if (r.finishReason === 'cancelled' && ctx.signal.aborted) return;
-    sendJson(ctx.res, 200, message([{ type: 'text', text: r.text }], anthropicStop(model, request, r.tokenIds, r.text, r.finishReason), r.completionTokens));
+    if (!parser) {
+      sendJson(ctx.res, 200, message([{ type: 'text', text: r.text }], anthropicStop(model, request, r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens));
+      return;
+    }
+    // the pieces the stream would have carried, through the same parser
+    let text = '';
+    r.tokenIds.forEach((tok, k) => (text += parser.push(r.text.slice(r.textOffsets[k], r.textOffsets[k + 1] ?? r.finishTextOffset), tok).content));
+    text += parser.push(r.text.slice(r.finishTextOffset)).content;
+    text += parser.finish().content;
+    const content: unknown[] = [];
+    if (text !== '' || parser.calls.length === 0) content.push({ type: 'text', text });
+    for (const c of parser.calls) content.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) });
+    sendJson(ctx.res, 200, message(content, stopOf(r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens));
     return;
   }
 
@@ -137,30 +236,56 @@ export async function handleMessages(ctx: HandlerContext, body: JsonObject): Pro
   sse.start();
   const tokenIds: number[] = [];
   let text = '';
+  // content blocks: without tools one text block at index 0, opened at once; with tools, blocks
+  // open as text or calls arrive (text, then tool_use blocks, in output order)
+  let index = -1;
+  let open: 'text' | 'tool' | undefined;
+  const startBlock = async (block: unknown, kindOf: 'text' | 'tool') => {
+    if (open) await sse.send({ type: 'content_block_stop', index }, 'content_block_stop');
+    index++;
+    open = kindOf;
+    await sse.send({ type: 'content_block_start', index, content_block: block }, 'content_block_start');
+  };
+  const textDelta = async (t: string) => {
+    if (t === '') return;
+    if (open !== 'text') await startBlock({ type: 'text', text: '' }, 'text');
+    await sse.send({ type: 'content_block_delta', index, delta: { type: 'text_delta', text: t } }, 'content_block_delta');
+  };
+  const emitParsed = async (piece: { content: string; calls: { index: number; id?: string; name?: string; arguments: string }[] }) => {
+    await textDelta(piece.content);
+    for (const d of piece.calls) {
+      if (d.id !== undefined) await startBlock({ type: 'tool_use', id: d.id, name: d.name, input: {} }, 'tool');
+      if (d.arguments !== '') await sse.send({ type: 'content_block_delta', index, delta: { type: 'input_json_delta', partial_json: d.arguments } }, 'content_block_delta');
+    }
+  };
   try {
     await sse.send({ type: 'message_start', message: message([], { stop_reason: null, stop_sequence: null }, 0) }, 'message_start');
-    await sse.send({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }, 'content_block_start');
+    if (!parser) await startBlock({ type: 'text', text: '' }, 'text');
     await sse.send({ type: 'ping' }, 'ping');
-    const delta = (t: string) => sse.send({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: t } }, 'content_block_delta');
     await run(async (_i, e) => {
       if (e.type === 'token') {
         tokenIds.push(e.tokenId);
         text += e.text;
-        if (e.text) await delta(e.text);
+        if (parser) await emitParsed(parser.push(e.text, e.tokenId));
+        else await textDelta(e.text);
         return;
       }
-      if (e.finishReason === 'error') {
+      if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
         ctx.logError('POST /v1/messages (stream)', new Error(e.error ?? 'generation failed'));
         await sse.send({ type: 'error', error: { type: 'api_error', message: `generation failed: ${e.error ?? 'unknown error'}` } }, 'error');
         return;
       }
       text += e.text;
-      if (e.text) await delta(e.text);
-      await sse.send({ type: 'content_block_stop', index: 0 }, 'content_block_stop');
+      if (parser) {
+        await emitParsed(parser.push(e.text));
+        await emitParsed(parser.finish());
+        if (index < 0) await startBlock({ type: 'text', text: '' }, 'text');
+      } else await textDelta(e.text);
+      await sse.send({ type: 'content_block_stop', index }, 'content_block_stop');
       const stop = e.finishReason === 'cancelled'
         ? { stop_reason: 'end_turn' as const, stop_sequence: null }
-        : anthropicStop(model, request, tokenIds, text, e.finishReason);
-      await sse.send({ type: 'message_delta', delta: stop, usage: { output_tokens: e.completionTokens } }, 'message_delta');
+        : stopOf(tokenIds, text, e.finishReason);
+      await sse.send({ type: 'message_delta', delta: stop, usage: { output_tokens: e.completionTokens, input_tokens: promptIds.length - e.cachedTokens, cache_read_input_tokens: e.cachedTokens } }, 'message_delta');
       await sse.send({ type: 'message_stop' }, 'message_stop');
     }, (err) => err instanceof ClientGoneError);
   } catch (err) {
@@ -173,6 +298,6 @@ export async function handleMessages(ctx: HandlerContext, body: JsonObject): Pro
 /** POST /v1/messages/count_tokens: the prompt's length as /v1/messages would render it */
 export async function handleCountTokens(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const req = parseMessagesRequest({ max_tokens: 1, ...body }, ctx.model);
-  const { ids } = ctx.model.renderChat(req.messages, { continueFinal: req.prefill });
+  const { ids } = renderMessages(ctx.model, req);
   sendJson(ctx.res, 200, { input_tokens: ids.length });
 }

@@ -6,6 +6,7 @@ import { ContextLengthError, EngineClosedError } from '../execution/engine.ts';
 import { NeverFitsError, QueueFullError } from '../execution/scheduler.ts';
 import { SamplingParamsError } from '../sampling/index.ts';
 import { ChatTemplateError } from '../artifacts/chat-template.ts';
+import { GrammarSpecError } from '../sampling/grammar/index.ts';
 
 export interface HttpErrorOptions {
   /** OpenAI error type; derived from the status when omitted */
@@ -88,6 +89,7 @@ export function clientErrorOf(err: unknown, fromSubmit = false): HttpError | und
   if (err instanceof QueueFullError) return new HttpError(429, `${err.message}; retry later`, { code: 'queue_full', headers: { 'Retry-After': '1' } });
   if (err instanceof EngineClosedError) return new HttpError(503, err.message, { code: 'shutting_down' });
   if (err instanceof SamplingParamsError) return badRequest(err.message, err.issues[0]?.param);
+  if (err instanceof GrammarSpecError) return badRequest(err.message, undefined, 'invalid_grammar');
   if (err instanceof ChatTemplateError) return badRequest(`the chat template refused the messages: ${err.message}`, 'messages', 'chat_template_error');
   if (fromSubmit && err instanceof RangeError) return badRequest(err.message);
   return undefined;

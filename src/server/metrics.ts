@@ -48,7 +48,60 @@ export class ServerMetrics {
     gauge('llmts_kv_blocks_used', 'KV cache blocks in use', (s) => s.kvBlocksUsed);
     gauge('llmts_kv_blocks_total', 'KV cache blocks in the pool', (s) => s.kvBlocksTotal);
     gauge('llmts_engine_steps', 'engine steps run since start', (s) => s.steps);
+    gauge('llmts_kv_blocks_cached', 'KV blocks held by no sequence, kept for prefix reuse (evictable)', (s) => s.kvBlocksCached);
+    this.prefixCacheMetrics(stats, registers);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry, prefix: 'llmts_' });
+  }
+
+  /**
+   * Prefix cache (README "Metrics"): hits/misses of admitted sequences, tokens served, bytes per
+   * tier. Engine counters are totals read at scrape time; a Counter only goes up, so each scrape
+   * adds what grew since the last one.
+   */
+  private prefixCacheMetrics(stats: () => EngineStats, registers: Registry[]): void {
+    const counter = <L extends string>(name: string, help: string, labels: readonly L[], read: (s: EngineStats) => [Partial<Record<L, string>>, number][]) => {
+      const seen = new Map<string, number>();
+      return new Counter<L>({
+        name, help, labelNames: labels, registers,
+        collect() {
+          for (const [lab, total] of read(stats())) {
+            const key = JSON.stringify(lab);
+            const last = seen.get(key);
+            // every series shows from the first scrape, at 0 until something happens
+            if (last === undefined || total > last) this.inc(lab as Record<L, string>, total - (last ?? 0));
+            seen.set(key, Math.max(total, last ?? 0));
+          }
+        },
+      });
+    };
+    const tierGauge = (name: string, help: string, read: (s: EngineStats) => [string, number][]) =>
+      new Gauge({
+        name, help, labelNames: ['tier'], registers,
+        collect() {
+          for (const [tier, v] of read(stats())) this.set({ tier }, v);
+        },
+      });
+    const pc = (s: EngineStats) => s.prefixCache;
+    counter('llmts_prefix_cache_queries_total', 'admitted sequences whose prompt had a reusable (full) block', [], (s) => [[{}, pc(s).queries]]);
+    counter('llmts_prefix_cache_hits_total', 'admitted sequences that reused cached blocks, by tier (ssd: some came back from disk)', ['tier'],
+      (s) => [[{ tier: 'ram' }, pc(s).hits - pc(s).ssdHits], [{ tier: 'ssd' }, pc(s).ssdHits]]);
+    counter('llmts_prefix_cache_misses_total', 'admitted sequences that reused nothing', [], (s) => [[{}, pc(s).misses]]);
+    counter('llmts_prefix_cache_cached_tokens_total', 'prompt tokens served from the prefix cache instead of computed, by tier', ['tier'],
+      (s) => [[{ tier: 'ram' }, pc(s).ramTokens], [{ tier: 'ssd' }, pc(s).ssdTokens]]);
+    counter('llmts_prefix_cache_evictions_total', 'cached blocks (ram) or prefix files (ssd) dropped to make room', ['tier'],
+      (s) => [[{ tier: 'ram' }, pc(s).ramEvictions], [{ tier: 'ssd' }, pc(s).ssd?.evictions ?? 0]]);
+    counter('llmts_prefix_cache_ssd_writes_total', 'prefixes written to the SSD tier', [], (s) => [[{}, pc(s).ssd?.writes ?? 0]]);
+    counter('llmts_prefix_cache_ssd_rejected_files_total', 'SSD tier files removed because they were corrupt, truncated or foreign', [], (s) => [[{}, pc(s).ssd?.rejected ?? 0]]);
+    tierGauge('llmts_prefix_cache_bytes', 'KV bytes held by the prefix cache: ram = pool blocks holding a cached prefix (shared or evictable), ssd = files',
+      (s) => [['ram', pc(s).ramBytes], ['ssd', pc(s).ssd?.bytes ?? 0]]);
+    tierGauge('llmts_prefix_cache_capacity_bytes', 'most bytes each tier keeps (ram: evictable blocks, --prompt-cache; ssd: --cache-dir-size)',
+      (s) => [['ram', pc(s).ramCapacityBytes], ['ssd', pc(s).ssd?.maxBytes ?? 0]]);
+    new Gauge({
+      name: 'llmts_prefix_cache_ssd_files', help: 'prefix files in the SSD tier', registers,
+      collect() {
+        this.set(pc(stats()).ssd?.files ?? 0);
+      },
+    });
   }
 
   text(): Promise<string> {

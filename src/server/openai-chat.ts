@@ -6,10 +6,13 @@ import { badRequest, notSupported } from './errors.ts';
 import { Fields, isObject, type Json, type JsonObject } from './fields.ts';
 import { ClientGoneError, SseWriter, sendJson } from './http-io.ts';
 import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
-import { runToCompletion, startStreams } from './run.ts';
+import { cachedTokensOf, runToCompletion, startStreams } from './run.ts';
 import { chatLogprob } from './logprobs-format.ts';
-import { ThinkSplitter, promptOpensThink, splitThink, type SplitText } from './reasoning.ts';
+import { ThinkSplitter, promptOpensThink, type SplitText } from './reasoning.ts';
 import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
+import { checkToolSchemas, compileConstraint, parseOpenAiTools, planTools, toolMessages, type ToolPlan } from './structured.ts';
+import type { ToolCallParser } from '../generation/tool-calls/index.ts';
+import type { ServedModel } from './served-model.ts';
 
 const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
 const kind = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v);
@@ -44,49 +47,131 @@ export function parseChatMessages(raw: Json[] | undefined): ChatMessage[] {
   });
 }
 
+/** An OpenAI delta (also what a non-streamed message is assembled from). */
+interface ChatDelta {
+  reasoning_content?: string;
+  content?: string;
+  tool_calls?: { index: number; id?: string; type?: 'function'; function: { name?: string; arguments: string } }[];
+}
+
+/**
+ * One choice's output as it streams: reasoning split off first (when the template thinks), then
+ * tool calls parsed out of the content (when tools are on). The non-streamed response runs the
+ * same pieces through the same object, so both agree exactly.
+ */
+class ChoiceOutput {
+  private readonly split?: ThinkSplitter;
+  readonly parser?: ToolCallParser;
+
+  constructor(model: ServedModel, startsInside: boolean, tools: ToolPlan | undefined) {
+    if (model.thinks) this.split = new ThinkSplitter(startsInside);
+    if (tools?.parse) this.parser = tools.format.createParser({ forced: tools.forced, triggerTokens: model.toolTriggerTokens });
+  }
+
+  /** a token's text (`tokenId` lets the tool parser see control tokens) */
+  push(text: string, tokenId?: number): ChatDelta {
+    const s: SplitText = this.split ? this.split.push(text) : { reasoning: '', content: text };
+    return this.delta(s, this.parser?.push(s.content, tokenId));
+  }
+
+  /** the text held back until the end */
+  end(text: string): ChatDelta {
+    let s: SplitText = this.split ? this.split.push(text) : { reasoning: '', content: text };
+    if (this.split) {
+      const t = this.split.flush();
+      s = { reasoning: s.reasoning + t.reasoning, content: s.content + t.content };
+    }
+    if (!this.parser) return this.delta(s, undefined);
+    const a = this.parser.push(s.content);
+    const b = this.parser.finish();
+    return this.delta(s, { content: a.content + b.content, calls: [...a.calls, ...b.calls] });
+  }
+
+  private delta(s: SplitText, parsed: { content: string; calls: { index: number; id?: string; name?: string; arguments: string }[] } | undefined): ChatDelta {
+    const d: ChatDelta = {};
+    if (s.reasoning) d.reasoning_content = s.reasoning;
+    const content = parsed ? parsed.content : s.content;
+    if (content) d.content = content;
+    if (parsed && parsed.calls.length > 0) {
+      d.tool_calls = parsed.calls.map((c) => c.id !== undefined
+        ? { index: c.index, id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } }
+        : { index: c.index, function: { arguments: c.arguments } });
+    }
+    return d;
+  }
+
+  get hasCalls(): boolean {
+    return (this.parser?.calls.length ?? 0) > 0;
+  }
+}
+
+/** finish_reason: "tool_calls" when the choice called tools and stopped normally */
+const chatFinishReason = (reason: string, out: ChoiceOutput): string =>
+  reason === 'stop' && out.hasCalls ? 'tool_calls' : finishReasonOf(reason);
+
 export async function handleChat(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const f = new Fields(body);
   checkModel(f, ctx.model);
-  const messages = parseChatMessages(f.array('messages'));
+  const parsedMessages = parseChatMessages(f.array('messages'));
   const p = parseGenerationParams(f, ctx.model, 'chat');
+  const tools = planTools(ctx.model, parseOpenAiTools(f));
+  if (tools?.forced && p.constraint)
+    throw badRequest(`${p.constraint.param} cannot be combined with tool_choice "required" or a named function`, p.constraint.param);
   const variables = f.object('chat_template_kwargs')?.body;
   const continueFinal = f.boolean('continue_final_message') ?? false;
   const addGenerationPrompt = f.boolean('add_generation_prompt') ?? true;
-  if (continueFinal && messages[messages.length - 1].role !== 'assistant')
+  if (continueFinal && parsedMessages[parsedMessages.length - 1].role !== 'assistant')
     throw badRequest('continue_final_message requires the last message to be from the assistant', 'continue_final_message');
-  const rendered = ctx.model.renderChat(messages, { continueFinal, addGenerationPrompt, variables });
-  const plans = planSequences([rendered.ids], p, ctx.model);
+  if (tools && tools.offered.length > 0) await checkToolSchemas(ctx.model, tools.offered, (i) => `tools[${i}].function.parameters`);
+  const { messages, tools: templateTools } = toolMessages(ctx.model, parsedMessages, tools);
+  const rendered = ctx.model.renderChat(messages, { continueFinal, addGenerationPrompt, variables, tools: templateTools });
+  const constraint = tools?.constraint ?? p.constraint;
+  const grammar = constraint ? await compileConstraint(ctx.model, constraint) : undefined;
+  try {
+    await respond(ctx, p, rendered, tools, planSequences([rendered.ids], p, ctx.model, grammar));
+  } finally {
+    grammar?.release();
+  }
+}
+
+async function respond(
+  ctx: HandlerContext, p: ReturnType<typeof parseGenerationParams>, rendered: { ids: number[]; text: string },
+  tools: ToolPlan | undefined, plans: ReturnType<typeof planSequences>,
+): Promise<void> {
   const startsInside = ctx.model.thinks && promptOpensThink(rendered.text);
   const model = ctx.model;
   const id = newId('chatcmpl-');
   const created = nowSeconds();
   const promptTokens = rendered.ids.length;
+  const outputs = plans.map(() => new ChoiceOutput(model, startsInside, tools));
 
   if (!p.stream) {
     const results = await runToCompletion(ctx, plans);
-    const failed = results.find((r) => r.finishReason === 'error');
+    const failed = results.find((r) => r.finishReason === 'error' && r.errorKind !== 'grammar');
     if (failed) throw new Error(`generation failed: ${failed.error ?? 'unknown error'}`);
-    if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return; // the client left
+    if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return;
     let completionTokens = 0;
     const choices = results.map((r, index) => {
       completionTokens += r.completionTokens;
+      // the same pieces the stream would have carried, through the same parser
+      const out = outputs[index];
+      const deltas: ChatDelta[] = r.tokenIds.map((tok, k) => out.push(r.text.slice(r.textOffsets[k], r.textOffsets[k + 1] ?? r.finishTextOffset), tok));
+      deltas.push(out.end(r.text.slice(r.finishTextOffset)));
+      const reasoning = deltas.map((d) => d.reasoning_content ?? '').join('');
+      const content = deltas.map((d) => d.content ?? '').join('');
       const message: Record<string, unknown> = { role: 'assistant' };
-      if (model.thinks) {
-        const s = splitThink(r.text, startsInside);
-        message.content = s.content;
-        message.reasoning_content = s.reasoning === '' ? null : s.reasoning;
-      } else {
-        message.content = r.text;
-      }
+      message.content = out.hasCalls && content === '' ? null : content;
+      if (model.thinks) message.reasoning_content = reasoning === '' ? null : reasoning;
+      if (out.hasCalls) message.tool_calls = out.parser!.calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
       return {
         index,
         message,
         logprobs: p.topLogprobs === undefined ? null : { content: r.logprobs.map((lp) => chatLogprob(model.tokens, lp)) },
-        finish_reason: finishReasonOf(r.finishReason),
+        finish_reason: chatFinishReason(r.finishReason, out),
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
     });
-    sendJson(ctx.res, 200, { id, object: 'chat.completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens) });
+    sendJson(ctx.res, 200, { id, object: 'chat.completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))) });
     return;
   }
 
@@ -97,53 +182,38 @@ export async function handleChat(ctx: HandlerContext, body: JsonObject): Promise
     id, object: 'chat.completion.chunk', created, model: model.name, choices,
     ...(p.includeUsage ? { usage: usage ?? null } : {}),
   });
-  const states = plans.map(() => ({
-    split: model.thinks ? new ThinkSplitter(startsInside) : undefined,
-    tokenIds: [] as number[],
-    text: '',
-  }));
-  const deltaOf = (st: (typeof states)[number], text: string, end: boolean): Record<string, string> => {
-    let s: SplitText = { reasoning: '', content: text };
-    if (st.split) {
-      s = st.split.push(text);
-      if (end) {
-        const tail = st.split.flush();
-        s = { reasoning: s.reasoning + tail.reasoning, content: s.content + tail.content };
-      }
-    }
-    const d: Record<string, string> = {};
-    if (s.reasoning) d.reasoning_content = s.reasoning;
-    if (s.content) d.content = s.content;
-    return d;
-  };
+  const states = plans.map(() => ({ tokenIds: [] as number[], text: '' }));
   let completionTokens = 0;
+  const cached = plans.map(() => 0);
   try {
     for (let index = 0; index < plans.length; index++)
       await sse.send(chunk([{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]));
     await run(async (index, e) => {
       const st = states[index];
+      const out = outputs[index];
       if (e.type === 'token') {
         st.tokenIds.push(e.tokenId);
         st.text += e.text;
-        const delta = deltaOf(st, e.text, false);
+        const delta = out.push(e.text, e.tokenId);
         const logprobs = p.topLogprobs !== undefined && e.logprobs ? { content: [chatLogprob(model.tokens, e.logprobs)] } : null;
         if (Object.keys(delta).length > 0 || logprobs) await sse.send(chunk([{ index, delta, logprobs, finish_reason: null }]));
         return;
       }
       completionTokens += e.completionTokens;
-      if (e.finishReason === 'error') {
+      cached[index] = e.cachedTokens;
+      if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
         ctx.logError('POST /v1/chat/completions (stream)', new Error(e.error ?? 'generation failed'));
         await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
         return;
       }
       st.text += e.text;
       await sse.send(chunk([{
-        index, delta: deltaOf(st, e.text, true), logprobs: null,
-        finish_reason: finishReasonOf(e.finishReason),
+        index, delta: out.end(e.text), logprobs: null,
+        finish_reason: chatFinishReason(e.finishReason, out),
         stop_reason: stopReasonOf(model, plans[index].request, st.tokenIds, st.text, e.finishReason),
       }]));
     }, (err) => err instanceof ClientGoneError);
-    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens)));
+    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens, cachedTokensOf(plans, cached))));
     await sse.raw('data: [DONE]\n\n');
   } catch (err) {
     await streamFailed(ctx, sse, 'POST /v1/chat/completions (stream)', err);

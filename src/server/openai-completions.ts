@@ -6,10 +6,11 @@ import { badRequest } from './errors.ts';
 import { Fields, type Json, type JsonObject } from './fields.ts';
 import { ClientGoneError, SseWriter, sendJson } from './http-io.ts';
 import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
-import { runToCompletion, startStreams } from './run.ts';
+import { cachedTokensOf, runToCompletion, startStreams } from './run.ts';
 import { legacyLogprobs } from './logprobs-format.ts';
 import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
 import type { ServedModel } from './served-model.ts';
+import { compileConstraint } from './structured.ts';
 
 const MAX_PROMPTS = 256;
 
@@ -42,7 +43,15 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
   checkModel(f, ctx.model);
   const p = parseGenerationParams(f, ctx.model, 'completions');
   const prompts = parsePrompts(f.raw('prompt'), ctx.model);
-  const plans = planSequences(prompts, p, ctx.model);
+  const grammar = p.constraint ? await compileConstraint(ctx.model, p.constraint) : undefined;
+  try {
+    await respond(ctx, p, prompts, planSequences(prompts, p, ctx.model, grammar));
+  } finally {
+    grammar?.release();
+  }
+}
+
+async function respond(ctx: HandlerContext, p: ReturnType<typeof parseGenerationParams>, prompts: number[][], plans: ReturnType<typeof planSequences>): Promise<void> {
   const model = ctx.model;
   const id = newId('cmpl-');
   const created = nowSeconds();
@@ -50,7 +59,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
 
   if (!p.stream) {
     const results = await runToCompletion(ctx, plans);
-    const failed = results.find((r) => r.finishReason === 'error');
+    const failed = results.find((r) => r.finishReason === 'error' && r.errorKind !== 'grammar');
     if (failed) throw new Error(`generation failed: ${failed.error ?? 'unknown error'}`);
     if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return;
     let completionTokens = 0;
@@ -64,7 +73,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
     });
-    sendJson(ctx.res, 200, { id, object: 'text_completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens) });
+    sendJson(ctx.res, 200, { id, object: 'text_completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))) });
     return;
   }
 
@@ -77,6 +86,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
   });
   const states = plans.map(() => ({ tokenIds: [] as number[], text: '' }));
   let completionTokens = 0;
+  const cached = plans.map(() => 0);
   try {
     await run(async (index, e) => {
       const st = states[index];
@@ -89,7 +99,8 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
         return;
       }
       completionTokens += e.completionTokens;
-      if (e.finishReason === 'error') {
+      cached[index] = e.cachedTokens;
+      if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
         ctx.logError('POST /v1/completions (stream)', new Error(e.error ?? 'generation failed'));
         await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
         return;
@@ -101,7 +112,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
         stop_reason: stopReasonOf(model, plans[index].request, st.tokenIds, st.text, e.finishReason),
       }]));
     }, (err) => err instanceof ClientGoneError);
-    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens)));
+    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens, cachedTokensOf(plans, cached))));
     await sse.raw('data: [DONE]\n\n');
   } catch (err) {
     await streamFailed(ctx, sse, 'POST /v1/completions (stream)', err);

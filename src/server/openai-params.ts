@@ -8,6 +8,8 @@ import { HttpError, badRequest, notSupported } from './errors.ts';
 import { isObject, type Fields } from './fields.ts';
 import type { ServedModel } from './served-model.ts';
 import type { SeqPlan } from './run.ts';
+import type { CompiledGrammar } from '../sampling/grammar/index.ts';
+import { parseConstraint, type Constraint } from './structured.ts';
 
 export const MAX_N = 128;
 export const MAX_STOPS = 64;
@@ -26,6 +28,8 @@ export interface GenerationParams {
   ignoreEos: boolean;
   /** undefined = no logprobs */
   topLogprobs?: number;
+  /** response_format / guided_* / structured_outputs */
+  constraint?: Constraint;
 }
 
 /** `model` may be omitted (the one served model); otherwise it must be the served name. */
@@ -37,19 +41,18 @@ export function checkModel(f: Fields, model: ServedModel): void {
 
 /** Parameters the contract names (or clients commonly send) that this build cannot honour yet. */
 function refuseUnsupported(f: Fields, kind: 'chat' | 'completions'): void {
-  const rf = f.raw('response_format');
-  if (rf !== undefined) {
-    if (!isObject(rf) || typeof rf.type !== 'string') throw badRequest('response_format must be an object with a string "type"', 'response_format');
-    if (rf.type !== 'text') throw notSupported(`response_format ${rf.type}`, 'response_format');
+  // chat reads tools, tool_choice, functions (refused there) in structured.ts
+  if (kind === 'completions') {
+    const tools = f.raw('tools');
+    if (tools !== undefined) {
+      if (!Array.isArray(tools)) throw badRequest('tools must be an array', 'tools');
+      if (tools.length > 0) throw badRequest('tools are only supported on /v1/chat/completions', 'tools');
+    }
+    const toolChoice = f.raw('tool_choice');
+    if (toolChoice !== undefined && toolChoice !== 'none') throw badRequest('tool_choice is only supported on /v1/chat/completions', 'tool_choice');
+    for (const p of ['functions', 'function_call']) if (f.has(p)) throw notSupported(p, p);
   }
-  const tools = f.raw('tools');
-  if (tools !== undefined) {
-    if (!Array.isArray(tools)) throw badRequest('tools must be an array', 'tools');
-    if (tools.length > 0) throw notSupported('tools (function calling)', 'tools');
-  }
-  const toolChoice = f.raw('tool_choice');
-  if (toolChoice !== undefined && toolChoice !== 'none') throw notSupported(`tool_choice ${JSON.stringify(toolChoice)}`, 'tool_choice');
-  for (const p of ['functions', 'function_call', 'guided_choice', 'guided_regex', 'guided_grammar', 'guided_json', 'structured_outputs', 'prompt_logprobs', 'prediction', 'audio'])
+  for (const p of ['prompt_logprobs', 'prediction', 'audio'])
     if (f.has(p)) throw notSupported(p, p);
   const stopIds = f.array('stop_token_ids');
   if (stopIds && stopIds.length > 0) throw notSupported('stop_token_ids', 'stop_token_ids');
@@ -116,6 +119,7 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
     stop: f.stringList('stop', MAX_STOPS) ?? [],
     ignoreEos: f.boolean('ignore_eos') ?? false,
     topLogprobs,
+    constraint: parseConstraint(f),
   };
 }
 
@@ -124,7 +128,7 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
  * seed, choice i of a prompt uses seed + i so the choices differ yet repeat run to run. Without
  * max_tokens a sequence may fill the context; an explicit max_tokens is capped to it.
  */
-export function planSequences(prompts: readonly number[][], p: GenerationParams, model: ServedModel): SeqPlan[] {
+export function planSequences(prompts: readonly number[][], p: GenerationParams, model: ServedModel, grammar?: CompiledGrammar): SeqPlan[] {
   if (prompts.length * p.n > MAX_SEQUENCES_PER_REQUEST)
     throw badRequest(`the request asks for ${prompts.length * p.n} sequences (prompts x n); at most ${MAX_SEQUENCES_PER_REQUEST} are allowed`, 'n');
   const plans: SeqPlan[] = [];
@@ -144,6 +148,8 @@ export function planSequences(prompts: readonly number[][], p: GenerationParams,
         stop: p.stop,
         ignoreEos: p.ignoreEos,
         topLogprobs: p.topLogprobs,
+        // one matcher per sequence, started when the engine creates it
+        ...(grammar ? { grammar: { createMatcher: () => grammar.createMatcher() } } : {}),
       };
       plans.push({ promptIndex, request });
     }
@@ -167,11 +173,12 @@ export function stopReasonOf(
 
 export const finishReasonOf = (reason: string): string => (reason === 'cancelled' ? 'abort' : reason);
 
-export function usageOf(promptTokens: number, completionTokens: number) {
+/** OpenAI usage; `cachedTokens`: prompt tokens served from the prefix cache (run.ts cachedTokensOf) */
+export function usageOf(promptTokens: number, completionTokens: number, cachedTokens = 0) {
   return {
     prompt_tokens: promptTokens,
     completion_tokens: completionTokens,
     total_tokens: promptTokens + completionTokens,
-    prompt_tokens_details: { cached_tokens: 0 },
+    prompt_tokens_details: { cached_tokens: cachedTokens },
   };
 }

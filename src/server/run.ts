@@ -21,11 +21,17 @@ export interface SeqResult {
   text: string;
   /** per token: the length of `text` before that token's text was appended (legacy text_offset) */
   textOffsets: number[];
+  /** where the text held back until the end (the finish event's) begins in `text` */
+  finishTextOffset: number;
   logprobs: TokenLogprob[];
   finishReason: FinishReason;
   promptTokens: number;
   completionTokens: number;
+  /** prompt tokens served from the prefix cache */
+  cachedTokens: number;
   error?: string;
+  /** 'grammar': the row's grammar failed; the choice ends with finish_reason "error", siblings go on */
+  errorKind?: 'grammar';
 }
 
 /** Latency metrics of one sequence, observed as its tokens reach the server. */
@@ -77,12 +83,22 @@ function submitAll<T>(ctx: RunContext, plans: readonly SeqPlan[], submit: (plan:
   return out;
 }
 
+/**
+ * A request's usage.prompt_tokens_details.cached_tokens: per prompt (usage counts each prompt
+ * once, however many choices it has), the most any of its choices took from the prefix cache.
+ */
+export function cachedTokensOf(plans: readonly SeqPlan[], perSeq: readonly number[]): number {
+  const best = new Map<number, number>();
+  plans.forEach((p, i) => best.set(p.promptIndex, Math.max(best.get(p.promptIndex) ?? 0, perSeq[i] ?? 0)));
+  return [...best.values()].reduce((a, b) => a + b, 0);
+}
+
 /** Non-streaming: runs every plan to its end. */
 export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Promise<SeqResult[]> {
   const pending = submitAll(ctx, plans, (plan) => {
     const r: SeqResult = {
-      tokenIds: [], text: '', textOffsets: [], logprobs: [], finishReason: 'length',
-      promptTokens: plan.request.promptIds.length, completionTokens: 0,
+      tokenIds: [], text: '', textOffsets: [], finishTextOffset: 0, logprobs: [], finishReason: 'length',
+      promptTokens: plan.request.promptIds.length, completionTokens: 0, cachedTokens: 0,
     };
     const obs = new SeqObserver(ctx.metrics, ctx.startedAt);
     let resolve!: (r: SeqResult) => void;
@@ -97,11 +113,14 @@ export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Pro
         return;
       }
       obs.finish(e);
+      r.finishTextOffset = r.text.length;
       r.text += e.text;
       r.finishReason = e.finishReason;
       r.promptTokens = e.promptTokens;
       r.completionTokens = e.completionTokens;
+      r.cachedTokens = e.cachedTokens;
       r.error = e.error;
+      r.errorKind = e.errorKind;
       resolve(r);
     }, ctx.signal);
     return done;

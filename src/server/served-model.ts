@@ -7,6 +7,8 @@ import type { LoadedModel } from '../execution/load-model.ts';
 import type { ChatMessage, ChatTemplate, RenderOptions } from '../artifacts/chat-template.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 import { TokenTexts } from './token-text.ts';
+import { GrammarCompiler, grammarVocabFrom } from '../sampling/grammar/index.ts';
+import { detectToolCallFormat, templateRendersTools, toolCallFormat, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { badRequest } from './errors.ts';
 
 export class ServedModel {
@@ -21,11 +23,20 @@ export class ServedModel {
   readonly tokens: TokenTexts;
   /** the chat template knows <think>: split reasoning from content in chat responses */
   readonly thinks: boolean;
+  /** how this model writes tool calls */
+  readonly toolFormat: ToolCallFormatName;
+  /** the chat template renders the `tools` variable (else tools are written into the messages) */
+  readonly rendersTools: boolean;
+  /** ids of control tokens the tool-call parser must see although decoding drops them */
+  readonly toolTriggerTokens: ReadonlyMap<number, string>;
+  private grammar?: Promise<GrammarCompiler>;
 
   constructor(
     readonly name: string,
     private readonly loaded: LoadedModel,
     engine: Engine,
+    /** overrides the tool-call format detected from the template and vocabulary */
+    toolFormat?: ToolCallFormatName,
   ) {
     // ids the model can score AND the tokenizer can decode (a padded embedding has more rows)
     this.vocabSize = Math.min(loaded.config.vocabSize, loaded.tokenizer.vocabSize);
@@ -34,11 +45,39 @@ export class ServedModel {
     this.chatTemplate = loaded.chatTemplate;
     this.tokens = new TokenTexts(loaded.tokenizer);
     this.thinks = Object.values(loaded.chatTemplate?.sources ?? {}).some((s) => s.includes('<think>'));
+    const templates = Object.values(loaded.chatTemplate?.sources ?? {});
+    const hasToken = (t: string) => loaded.tokenizer.tokenToId(t) !== undefined;
+    this.toolFormat = toolFormat ?? detectToolCallFormat(templates, hasToken);
+    this.rendersTools = templates.some(templateRendersTools);
+    const triggers = new Map<number, string>();
+    for (const t of toolCallFormat(this.toolFormat).triggerStrings) {
+      const id = loaded.tokenizer.tokenToId(t);
+      if (id !== undefined) triggers.set(id, t);
+    }
+    this.toolTriggerTokens = triggers;
     // Full-attention KV groups hold every token of a sequence; sliding ones only their window.
     const bs = engine.kv.shape.blockSize;
     let kvTokens = Infinity;
     for (const g of engine.kv.groups) if (g.spec.window === 0) kvTokens = Math.min(kvTokens, g.pool.numBlocks * bs);
     this.contextLen = Math.min(engine.maxModelLen, kvTokens);
+  }
+
+  /**
+   * The grammar compiler for this model's tokenizer, created on first use (the first structured
+   * request pays ~0.1 s to load xgrammar and index the vocabulary).
+   */
+  grammarCompiler(): Promise<GrammarCompiler> {
+    this.grammar ??= (async () => {
+      const vocab = grammarVocabFrom(this.loaded.tokenizer, this.loaded.config.vocabSize, this.loaded.eosIds);
+      const compiler = new GrammarCompiler(vocab);
+      await compiler.warm();
+      return compiler;
+    })();
+    const p = this.grammar;
+    p.catch(() => {
+      if (this.grammar === p) this.grammar = undefined;
+    });
+    return p;
   }
 
   /** text -> ids with the tokenizer's special tokens (BOS), as a completions prompt */
@@ -57,11 +96,11 @@ export class ServedModel {
    */
   renderChat(
     messages: ChatMessage[],
-    opts: { continueFinal?: boolean; addGenerationPrompt?: boolean; variables?: Record<string, unknown> } = {},
+    opts: { continueFinal?: boolean; addGenerationPrompt?: boolean; variables?: Record<string, unknown>; tools?: unknown[] } = {},
   ): { ids: number[]; text: string } {
     const tpl = this.chatTemplate;
     if (!tpl) throw badRequest(`the model "${this.name}" has no chat template; use /v1/completions with a raw prompt`, 'messages', 'no_chat_template');
-    const render: RenderOptions = { addGenerationPrompt: !opts.continueFinal && (opts.addGenerationPrompt ?? true), variables: opts.variables };
+    const render: RenderOptions = { addGenerationPrompt: !opts.continueFinal && (opts.addGenerationPrompt ?? true), variables: opts.variables, tools: opts.tools };
     let text = tpl.render(messages, render);
     if (opts.continueFinal) {
       // vLLM's rule: cut the rendering right after the final message's text

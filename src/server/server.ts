@@ -20,6 +20,7 @@ import type { HandlerContext } from './context.ts';
 import { handleChat } from './openai-chat.ts';
 import { handleCompletions } from './openai-completions.ts';
 import { handleCountTokens, handleMessages } from './anthropic.ts';
+import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
 
 export interface ServerOptions {
   engine: Engine;
@@ -34,6 +35,8 @@ export interface ServerOptions {
   log?: (line: string) => void;
   /** include Node process metrics in /metrics (default true) */
   processMetrics?: boolean;
+  /** tool-call format (hermes, llama3_json, mistral); default: detected from the template and vocabulary */
+  toolCallFormat?: ToolCallFormatName;
 }
 
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -62,7 +65,7 @@ export class LlmServer {
 
   constructor(opts: ServerOptions) {
     this.engine = opts.engine;
-    this.model = new ServedModel(opts.servedModelName, opts.loaded, opts.engine);
+    this.model = new ServedModel(opts.servedModelName, opts.loaded, opts.engine, opts.toolCallFormat);
     this.metrics = new ServerMetrics(() => this.engine.stats, { processMetrics: opts.processMetrics });
     this.apiKeyHash = opts.apiKey === undefined ? undefined : sha256(opts.apiKey);
     this.maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
@@ -79,6 +82,8 @@ export class LlmServer {
       ['/v1/messages', [post(handleMessages, true)]],
       ['/v1/messages/count_tokens', [post(handleCountTokens, true)]],
       ['/v1/models/{id}', [{ method: 'GET', v1: true, run: async (req, res, route) => this.model1(req, res, route) }]],
+      // v1: true = behind --api-key like the /v1 routes
+      ['/admin/cache/flush', [{ method: 'POST', v1: true, run: async (_req, res) => this.flushCache(res) }]],
     ]);
     this.http = http.createServer((req, res) => void this.dispatch(req, res));
     // requestTimeout (default 300 s) bounds receiving a request, never a long generation
@@ -188,6 +193,21 @@ export class LlmServer {
       logError: (where, err) => this.logInternal(`${req.method} ${route}`, where, err),
     };
     await handler(ctx, body);
+  }
+
+  /** POST /admin/cache/flush: writes the prefix cache's pending prefixes to the SSD tier now. */
+  private async flushCache(res: ServerResponse): Promise<void> {
+    const written = await this.engine.flushPrefixCache();
+    const p = this.engine.stats.prefixCache;
+    sendJson(res, 200, {
+      object: 'prefix_cache.flush',
+      ssd_enabled: p.ssd !== undefined,
+      ...(p.ssd ? {} : { reason: p.ssdOff ?? (p.enabled ? 'no --cache-dir' : `prefix reuse is off: ${p.off}`) }),
+      files_written: written.files,
+      bytes_written: written.bytes,
+      ssd_files: p.ssd?.files ?? 0,
+      ssd_bytes: p.ssd?.bytes ?? 0,
+    });
   }
 
   private health(res: ServerResponse): void {

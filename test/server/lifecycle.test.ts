@@ -13,8 +13,8 @@ import { UsageError } from '../../src/cli/errors.ts';
 test('flags not supported yet are refused with one clear line; bad values too', async () => {
   // in-process: runServe throws before it loads anything
   for (const [flag, value, why] of [
-    ['--prompt-cache', '1G', /^--prompt-cache is not supported yet \(/],
-    ['--cache-dir', '/tmp/x', /^--cache-dir is not supported yet \(/],
+    ['--prompt-cache', 'lots', /--prompt-cache must be a size/],
+    ['--cache-dir-size', '1G', /--cache-dir-size needs --cache-dir/],
     ['--gpu-memory-utilization', '0.9', /^--gpu-memory-utilization is not supported yet \(/],
     ['--port', 'abc', /--port must be a number/],
     ['--port', '70000', /--port must be <= 65535/],
@@ -28,11 +28,11 @@ test('flags not supported yet are refused with one clear line; bad values too', 
   // through the process: one line on stderr, nothing on stdout, exit 2
   const dir = writeTinyLlama();
   const results = await Promise.all([
-    runServeCli(['--model', dir, '--prompt-cache', '1G']),
+    runServeCli(['--model', dir, '--prompt-cache', 'lots']),
     runServeCli(['--model', dir, '--kv-budget', '100']),
     runServeCli([]),
   ]);
-  const whys = [/--prompt-cache is not supported yet/, /holds no token of KV cache \(one token needs 256 bytes\)/, /--model is required/];
+  const whys = [/--prompt-cache must be a size/, /holds no token of KV cache \(one token needs 256 bytes\)/, /--model is required/];
   results.forEach((r, k) => {
     assert.equal(r.code, 2, r.stderr);
     assert.equal(r.stdout, '');

@@ -138,11 +138,14 @@ test('cancellation storm: clients leaving mid-stream leave 0 running rows and 0 
     ...Array.from({ length: PLAIN }, (_, k) => plainLeaving(STREAMS + k)),
   ]);
   const sequences = counts.reduce((a, b) => a + b, 0);
+  // every streamed sequence had started (the client saw chunks); a non-streamed client may leave
+  // before the server has even read its request, so those may or may not have become sequences
+  const streamedSequences = counts.slice(0, STREAMS).reduce((a, b) => a + b, 0);
   const after = await eventually('running rows and KV blocks back to 0', () => scrape(srv.url), engineIdle, 15_000);
   assert.equal(after.get('llmts_running_rows'), 0);
   assert.equal(after.get('llmts_kv_blocks_used'), 0);
   const cancelled = (after.get('llmts_sequences_finished_total{reason="cancelled"}') ?? 0) - (before.get('llmts_sequences_finished_total{reason="cancelled"}') ?? 0);
-  assert.equal(cancelled, sequences);
+  assert.ok(cancelled >= streamedSequences && cancelled <= sequences, `cancelled ${cancelled}, expected ${streamedSequences}..${sequences}`);
   const generated = (after.get('llmts_generation_tokens_total') ?? 0) - (before.get('llmts_generation_tokens_total') ?? 0);
   assert.ok(generated < (sequences * MAX) / 10, `cancelled sequences kept generating (${generated} tokens)`);
   // and the server serves normally afterwards

@@ -79,7 +79,9 @@ test('generation params: defaults from the model, overrides, seeds per choice, m
   assert.match(ctx.message, /the prompt has 64 tokens, but this model's context holds 64/);
   assert.match(status(() => parseGenerationParams(new Fields({ top_p: 0 }), model, 'chat')).message, /top_p must be in \(0, 1\]/);
   assert.match(status(() => parseGenerationParams(new Fields({ logit_bias: { 9999: 1 } }), model, 'chat')).message, /out of range \[0, 258\]/);
-  assert.match(status(() => parseGenerationParams(new Fields({ response_format: { type: 'json_object' } }), model, 'chat')).message, /not supported yet/);
+  assert.match(status(() => parseGenerationParams(new Fields({ response_format: { type: 'yaml' } }), model, 'chat')).message, /response_format.type must be/);
+  assert.deepEqual(parseGenerationParams(new Fields({ response_format: { type: 'json_object' } }), model, 'chat').constraint, { spec: { type: 'json_object' }, param: 'response_format' });
+  assert.match(status(() => parseGenerationParams(new Fields({ guided_regex: 'a', guided_choice: ['b'] }), model, 'chat')).message, /only one output constraint/);
   assert.doesNotThrow(() => parseGenerationParams(new Fields({ response_format: { type: 'text' }, tools: [], tool_choice: 'none', user: 'u' }), model, 'chat'));
 });
 
