@@ -7,6 +7,7 @@ const USAGE = `usage: llmts <command> [options]
 commands:
   generate --model DIR (--prompt TEXT | --messages JSON) [options]   generate text
   serve --model DIR [options]                                        OpenAI/Anthropic-compatible HTTP server
+  fit --model DIR --ctx N [options]                                  memory plan: does it fit, max context, decode tok/s
   help                                                               this text
 
 Run "llmts <command> --help" for a command's options.`;
@@ -22,6 +23,10 @@ async function main(argv: string[]): Promise<void> {
       const { runServe } = await import('./serve.ts');
       return runServe(rest);
     }
+    case 'fit': {
+      const { runFit } = await import('./fit.ts');
+      return runFit(rest);
+    }
     case undefined:
     case 'help':
     case '--help':
@@ -29,7 +34,7 @@ async function main(argv: string[]): Promise<void> {
       process.stdout.write(`${USAGE}\n`);
       return;
     default:
-      throw new UsageError(`unknown command "${command}" (commands: generate, serve, help)`);
+      throw new UsageError(`unknown command "${command}" (commands: generate, serve, fit, help)`);
   }
 }
 

@@ -3,6 +3,7 @@
 // to stderr. SIGTERM/SIGINT: stop accepting, let running requests finish within the grace
 // period, exit 0 (a second signal exits at once).
 
+import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, type Options } from './args.ts';
@@ -12,6 +13,9 @@ import { loadModel } from '../execution/load-model.ts';
 import { Engine } from '../execution/engine.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
+import type { Backend } from '../contracts/backend.ts';
+import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
+import { modelFingerprint } from '../state/fingerprint.ts';
 
 const OPTIONS: Options = {
   model: { type: 'string' },
@@ -26,18 +30,15 @@ const OPTIONS: Options = {
   device: { type: 'string' },
   'max-body': { type: 'string' },
   'shutdown-grace': { type: 'string' },
-  // in CONTRACT.md but not built yet: parsed only to refuse them clearly
-  'gpu-memory-utilization': { type: 'string' },
   'prompt-cache': { type: 'string' },
   'cache-dir': { type: 'string' },
+  'cache-dir-size': { type: 'string' },
+  'gpu-memory-utilization': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 };
 
-const NOT_YET: Record<string, string> = {
-  'gpu-memory-utilization': 'there is no CUDA backend yet; size the KV cache with --kv-budget',
-  'prompt-cache': 'the prefix cache is not built yet',
-  'cache-dir': 'the prefix cache (and its SSD tier) is not built yet',
-};
+// in CONTRACT.md but not built yet: parsed only to refuse them clearly
+const NOT_YET: Record<string, string> = {};
 
 const HELP = `usage: llmts serve --model DIR [options]
 
@@ -51,19 +52,25 @@ const HELP = `usage: llmts serve --model DIR [options]
   --max-queued N              sequences waiting for admission before 429 (default 256)
   --max-model-len N           longest sequence, prompt + output (default: the model's maximum)
   --kv-budget SIZE            memory for the KV cache, e.g. 512M, 4G (default: room for
-                              max-batch sequences of max-model-len tokens, at most half
-                              the free memory)
+                              max-batch sequences of max-model-len tokens, as far as the
+                              memory plan of "llmts fit" allows)
+  --gpu-memory-utilization F  CUDA: fraction of device memory for weights, KV cache and
+                              activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)
   --max-body SIZE             largest request body (default 4M); larger gets 413
   --shutdown-grace SECONDS    on SIGTERM/SIGINT, how long running requests may finish (default 30)
+  --prompt-cache SIZE         prefix cache (RAM tier): KV bytes of finished requests' prompt blocks
+                              kept for reuse inside the KV pool (default: the whole pool; 0 = off)
+  --cache-dir DIR             prefix cache SSD tier: prefixes written to DIR when idle, on SIGTERM
+                              and on POST /admin/cache/flush; restored after a restart
+  --cache-dir-size SIZE       byte cap of the SSD tier (default: 8G or half the free space, if less)
 
-Not supported yet (refused): --gpu-memory-utilization, --prompt-cache, --cache-dir.
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
-POST /v1/completions, POST /v1/messages. Prints "listening on http://HOST:PORT" when ready.`;
+POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
+"listening on http://HOST:PORT" when ready.`;
 
 /** the engine's default; passed explicitly so the default KV size below agrees with it */
 const DEFAULT_MAX_BATCH = 16;
-const DEFAULT_KV_MEMORY_FRACTION = 0.5;
 
 /** KV bytes one token takes in every layer: K and V, f32 (the KV dtype of the current backends). */
 export function kvBytesPerToken(cfg: Pick<ModelConfig, 'numLayers' | 'numKvHeads' | 'headDim'>): number {
@@ -75,6 +82,38 @@ function formatUrlHost(host: string): string {
 }
 
 const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+
+/** RAM (CPU backends) or device memory (CUDA): total, and free now. */
+function machineMemory(backend: Backend): { totalBytes: number; freeBytes: number } {
+  if (backend.name !== 'cuda') return { totalBytes: os.totalmem(), freeBytes: os.freemem() };
+  const info = (backend as Backend & { memoryInfo?: () => { free: number; total: number } }).memoryInfo?.();
+  if (!info) throw new Error('the CUDA backend does not report its device memory; size the KV cache with --kv-budget');
+  return { totalBytes: info.total, freeBytes: info.free };
+}
+
+const DEFAULT_CACHE_DIR_BYTES = 8 * 2 ** 30;
+
+/** --prompt-cache: undefined = the whole KV pool; 0 (or "off") = no prefix reuse */
+function promptCacheFlag(raw: string | undefined): number | undefined {
+  if (raw === undefined || raw === 'auto') return undefined;
+  if (raw === 'off') return 0;
+  return parseSize(raw, 'prompt-cache');
+}
+
+/** --cache-dir-size, or the default: 8 GiB, or half the free space of the directory's file system */
+function cacheDirBytes(dir: string, raw: string | undefined): number {
+  if (raw !== undefined) {
+    const n = parseSize(raw, 'cache-dir-size');
+    if (n < 1) throw new UsageError('--cache-dir-size must be at least 1 byte');
+    return n;
+  }
+  try {
+    const st = fs.statfsSync(dir);
+    return Math.min(DEFAULT_CACHE_DIR_BYTES, Math.floor((st.bavail * st.bsize) / 2));
+  } catch {
+    return DEFAULT_CACHE_DIR_BYTES;
+  }
+}
 
 export async function runServe(argv: string[]): Promise<void> {
   const v = parseFlags(argv, OPTIONS);
@@ -96,40 +135,77 @@ export async function runServe(argv: string[]): Promise<void> {
   const maxModelLen = numberFlag(v, 'max-model-len', { integer: true, min: 2 });
   const kvRaw = stringFlag(v, 'kv-budget');
   const kvBudget = kvRaw === undefined ? undefined : parseSize(kvRaw, 'kv-budget');
+  const utilization = numberFlag(v, 'gpu-memory-utilization');
+  if (utilization !== undefined && !(utilization > 0 && utilization <= 1))
+    throw new UsageError(`--gpu-memory-utilization must be in (0, 1], got ${utilization}`);
+  if (utilization !== undefined && kvBudget !== undefined) throw new UsageError('give --kv-budget or --gpu-memory-utilization, not both');
   const maxBodyRaw = stringFlag(v, 'max-body');
   const maxBody = maxBodyRaw === undefined ? DEFAULT_MAX_BODY_BYTES : parseSize(maxBodyRaw, 'max-body');
   if (maxBody < 1) throw new UsageError('--max-body must be at least 1 byte');
   const graceS = numberFlag(v, 'shutdown-grace', { min: 0 }) ?? 30;
   const device = parseDevice(stringFlag(v, 'device'));
-
-  const backend = await openBackend(device);
-  const loaded = await loadModel(backend, dir, { maxModelLen });
-  const perToken = kvBytesPerToken(loaded.config);
-  const batch = maxBatch ?? DEFAULT_MAX_BATCH;
-  let kvTokens: number;
-  let kvNote = '';
-  if (kvBudget !== undefined) {
-    kvTokens = Math.floor(kvBudget / perToken);
-    if (kvTokens < 1) throw new UsageError(`--kv-budget ${kvRaw} holds no token of KV cache (one token needs ${perToken} bytes)`);
-  } else {
-    // Room for max-batch full-length sequences, unless that is more than half the free memory:
-    // the KV pool is allocated up front, and a long-context model would not start otherwise.
-    kvTokens = batch * loaded.maxContext;
-    const affordable = Math.floor((os.freemem() * DEFAULT_KV_MEMORY_FRACTION) / perToken);
-    if (affordable < kvTokens) {
-      if (affordable < 1) throw new Error(`not enough free memory for any KV cache (one token needs ${perToken} bytes); pass --kv-budget`);
-      kvTokens = affordable;
-      kvNote = ' (no --kv-budget: half the free memory)';
+  const promptCacheBytes = promptCacheFlag(stringFlag(v, 'prompt-cache'));
+  const cacheDir = stringFlag(v, 'cache-dir');
+  if (cacheDir !== undefined && cacheDir.trim() === '') throw new UsageError('--cache-dir must not be empty');
+  if (cacheDir === undefined && v['cache-dir-size'] !== undefined) throw new UsageError('--cache-dir-size needs --cache-dir');
+  if (cacheDir !== undefined) {
+    try {
+      fs.mkdirSync(cacheDir, { recursive: true });
+      fs.accessSync(cacheDir, fs.constants.W_OK);
+    } catch (err) {
+      throw new UsageError(`--cache-dir ${cacheDir} is not a writable directory (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
   }
-  const engine = new Engine(loaded.model, loaded, { maxBatch: batch, maxQueued, maxModelLen: loaded.maxContext, kvTokens });
+  const cacheDirSize = cacheDir === undefined ? 0 : cacheDirBytes(cacheDir, stringFlag(v, 'cache-dir-size'));
+
+  const backend = await openBackend(device);
+  if (utilization !== undefined && backend.name !== 'cuda') {
+    await backend.close();
+    throw new UsageError(`--gpu-memory-utilization is not supported yet (on the ${backend.name} backend it has no GPU memory to size; size the KV cache with --kv-budget)`);
+  }
+  const loaded = await loadModel(backend, dir, { maxModelLen });
+  const batch = maxBatch ?? DEFAULT_MAX_BATCH;
+  // The KV pool is sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts).
+  const planner = await FitPlanner.open(dir);
+  let kv: ServeKvPlan;
+  try {
+    kv = await planServeKv(planner, {
+      backend: backend.name, kvDtype: backend.activationDtype, maxBatch: batch, maxModelLen: loaded.maxContext,
+      kvBudgetBytes: kvBudget, utilization, memory: machineMemory(backend),
+    });
+  } catch (err) {
+    if (err instanceof KvBudgetError && kvBudget !== undefined) throw new UsageError(`--kv-budget ${kvRaw} ${err.message}`);
+    throw err;
+  }
+  const kvTokens = kv.kvTokens;
+  const perToken = kv.bytesPerToken;
+  const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
+  const engine = new Engine(loaded.model, loaded, {
+    maxBatch: batch, maxQueued, maxModelLen: loaded.maxContext, kvTokens,
+    prefixCache: {
+      promptCacheBytes,
+      tokenizerFingerprint: loaded.tokenizer.fingerprint,
+      // the SSD tier outlives the process: its files must name the exact weights
+      ...(cacheDir !== undefined ? { modelFingerprint: modelFingerprint(dir), ssd: { dir: cacheDir, maxBytes: cacheDirSize, log } } : {}),
+    },
+  });
   const server = new LlmServer({ engine, loaded, servedModelName: servedName, apiKey, maxBodyBytes: maxBody });
   const cap = server.model.contextLen;
   process.stderr.write(
     `llmts serve: model "${servedName}" from ${dir} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
-    `KV cache for ${kvTokens} tokens (${perToken} bytes/token, ${mib(kvTokens * perToken)})${kvNote}` +
+    `KV cache for ${kvTokens} tokens (${perToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
     `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}\n`,
   );
+  log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
+    `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
+    `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${dir} --ctx ${engine.maxModelLen} --batch ${batch})`);
+  const pc = engine.stats.prefixCache;
+  if (!pc.enabled) log(`prefix cache: off (${pc.off})${cacheDir !== undefined ? '; --cache-dir is unused' : ''}`);
+  else {
+    log(`prefix cache: up to ${mib(pc.ramCapacityBytes)} of finished prompts kept in the KV pool` +
+      (pc.ssd ? `; SSD tier ${cacheDir} (${pc.ssd.files} prefixes, ${mib(pc.ssd.bytes)} of ${mib(pc.ssd.maxBytes)})` : '') +
+      (pc.ssdOff ? `; SSD tier off (${pc.ssdOff})` : ''));
+  }
 
   let addr;
   try {
@@ -146,8 +222,12 @@ export async function runServe(argv: string[]): Promise<void> {
     }
     stopping = true;
     process.stderr.write(`llmts serve: ${signal}: finishing ${server.inFlight} running request(s) (grace ${graceS} s)\n`);
-    void server.shutdown(graceS * 1000)
-      .then(() => backend.close())
+    void server.shutdown(graceS * 1000) // the engine writes the prefix cache to the SSD tier as it closes
+      .then(() => {
+        const ssd = engine.stats.prefixCache.ssd;
+        if (ssd) log(`prefix cache: ${ssd.files} prefixes (${mib(ssd.bytes)}) in ${cacheDir}`);
+        return backend.close();
+      })
       .then(() => process.exit(0), (err) => {
         process.stderr.write(`llmts serve: error while shutting down: ${(err as Error).message}\n`);
         process.exit(1);

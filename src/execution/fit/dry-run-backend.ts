@@ -1,0 +1,197 @@
+// A backend that computes nothing: tensors are shapes, and every allocation goes through an
+// AllocatorModel. The planner loads a checkpoint's weights through it (so the loader's own
+// name mapping and shape checks decide what is loaded, in which dtype) and runs the real decoder
+// graph on it (so the transient memory of a step is whatever the graph actually allocates, for
+// every family, and stays true when the graph changes). Ops follow the Backend contract's
+// ownership rules exactly as the CPU backend implements them: op outputs and uploads belong to
+// the innermost scope, weights / zeros / views do not.
+
+import os from 'node:os';
+import type {
+  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
+} from '../../contracts/backend.ts';
+import { dtypeBytes } from '../../contracts/backend.ts';
+import { ScopeStack } from '../../backends/common/scopes.ts';
+import type { AllocatorModel, Block } from './allocator.ts';
+
+/** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
+const STAGED_UPLOAD_MAX = 1 << 20;
+/** native/attention.c: keys per softmax rescale; sizes each thread's scratch */
+const ATTENTION_CHUNK = 16;
+
+const numel = (shape: readonly number[]) => shape.reduce((a, d) => a * d, 1);
+
+export class DryTensor implements Tensor {
+  freed = false;
+  constructor(
+    readonly shape: readonly number[],
+    readonly dtype: DType,
+    /** null for views and for tensors that hold no memory (KV stand-ins) */
+    readonly block: Block | null,
+    readonly base: DryTensor | null,
+    /** weights: bytes of the checkpoint data this tensor was loaded from, and its stored dtype */
+    readonly source?: { bytes: number; dtype: DType },
+  ) {}
+  get owner(): DryTensor {
+    return this.base ?? this;
+  }
+  get bytes(): number {
+    return numel(this.shape) * dtypeBytes[this.dtype];
+  }
+}
+
+export interface DryRunOptions {
+  /** 'cpu' mirrors the native CPU backend (f32 activations); 'cuda' the CUDA backend (bf16) */
+  name: 'cpu' | 'cuda';
+  activationDtype: DType;
+  allocator: AllocatorModel;
+  /** native threads (per-thread attention scratch); default os.availableParallelism() */
+  threads?: number;
+}
+
+export class DryRunBackend implements Backend {
+  readonly name: 'cpu' | 'cuda';
+  readonly activationDtype: DType;
+  readonly allocator: AllocatorModel;
+  private readonly threads: number;
+  private readonly scopes: ScopeStack<DryTensor>;
+
+  constructor(opts: DryRunOptions) {
+    this.name = opts.name;
+    this.activationDtype = opts.activationDtype;
+    this.allocator = opts.allocator;
+    this.threads = opts.threads ?? os.availableParallelism();
+    this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
+  }
+
+  private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false, source?: DryTensor['source']): DryTensor {
+    const bytes = numel(shape) * dtypeBytes[dtype];
+    const t = new DryTensor(Object.freeze([...shape]), dtype, this.allocator.alloc(Math.max(bytes, 0), fresh), null, source);
+    if (scoped) this.scopes.adopt(t);
+    return t;
+  }
+  private out(shape: readonly number[], dtype: DType = this.activationDtype): DryTensor {
+    return this.make(shape, dtype, true);
+  }
+  private release(t: DryTensor): void {
+    if (t.freed || t.base || !t.block) return;
+    t.freed = true;
+    this.allocator.release(t.block);
+  }
+
+  // ---- memory ------------------------------------------------------------------------------
+
+  upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
+    const dtype: DType = data instanceof Int32Array ? 'i32' : this.activationDtype;
+    const bytes = numel(shape) * dtypeBytes[dtype];
+    const fresh = this.name === 'cpu' && bytes > STAGED_UPLOAD_MAX;
+    // CPU: a small upload is staged through a malloc'd copy until the queue runs it
+    if (this.name === 'cpu' && !fresh) this.allocator.scratch(bytes);
+    return this.make(shape, dtype, true, fresh);
+  }
+
+  private loaded(src: WeightSource, as: 'keep' | 'f32', shape: readonly number[]): DryTensor {
+    const dtype: DType = as === 'keep' ? src.dtype : 'f32';
+    return this.make(shape, dtype, false, true, { bytes: numel(shape) * dtypeBytes[src.dtype], dtype: src.dtype });
+  }
+  async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
+    return this.loaded(src, as, src.shape);
+  }
+  async loadWeightRows(src: WeightSource, _rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
+    return this.loaded(src, as, [rows, ...src.shape.slice(1)]);
+  }
+  async loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
+    return this.loaded(srcs[0]!, as, [srcs.length, ...srcs[0]!.shape]);
+  }
+
+  zeros(shape: readonly number[], dtype: DType): Tensor {
+    return this.make(shape, dtype, false);
+  }
+
+  /** A stand-in that holds no memory (the planner counts KV pools on its own). */
+  placeholder(shape: readonly number[], dtype: DType): Tensor {
+    return new DryTensor(Object.freeze([...shape]), dtype, null, null);
+  }
+
+  reshape(t: Tensor, shape: readonly number[]): Tensor {
+    const x = t as DryTensor;
+    return new DryTensor(Object.freeze([...shape]), x.dtype, null, x.owner);
+  }
+
+  async read(t: Tensor): Promise<Float32Array | Int32Array> {
+    const x = t as DryTensor;
+    const n = numel(x.shape);
+    // the CPU backend copies through a private staging block, then into a new JS array (CUDA
+    // reads into pinned host memory: no device memory)
+    if (this.name === 'cpu') this.allocator.scratch(2 * n * 4);
+    return x.dtype === 'i32' ? new Int32Array(n) : new Float32Array(n);
+  }
+
+  free(t: Tensor): void {
+    this.release(t as DryTensor);
+  }
+  async sync(): Promise<void> {}
+  async close(): Promise<void> {
+    this.scopes.clear();
+  }
+  beginScope(): void {
+    this.scopes.begin();
+  }
+  endScope(keep: readonly Tensor[] = []): void {
+    this.scopes.end(keep as DryTensor[]);
+  }
+
+  // ---- ops ---------------------------------------------------------------------------------
+
+  embedding(table: Tensor, ids: Tensor, _scale: number): Tensor {
+    return this.out([ids.shape[0]!, table.shape[1]!]);
+  }
+  matmul(x: Tensor, w: Tensor, _bias?: Tensor): Tensor {
+    return this.out([x.shape[0]!, w.shape[0]!]);
+  }
+  rmsnorm(x: Tensor, _w: Tensor, _eps: number, _off: number): Tensor {
+    return this.out(x.shape);
+  }
+  add(a: Tensor, _b: Tensor, _s: number): Tensor {
+    return this.out(a.shape);
+  }
+  scale(x: Tensor, _s: number): Tensor {
+    return this.out(x.shape);
+  }
+  glu(gate: Tensor, _up: Tensor, _act: Activation): Tensor {
+    return this.out(gate.shape);
+  }
+  rope(x: Tensor, _pos: Tensor, _inv: Tensor, _s: number): Tensor {
+    return this.out(x.shape);
+  }
+  writeKv(_kv: PagedKv, _k: Tensor, _v: Tensor, _layout: StepLayout): void {}
+  attention(q: Tensor, kv: PagedKv, _layout: StepLayout, _p: AttentionParams): Tensor {
+    const [, H] = q.shape as [number, number, number];
+    const KVH = kv.k.shape[2]!;
+    const G = H / KVH;
+    // native/attention.c: each thread mallocs scores and pointers for one (token, kv head) item
+    const y = this.out(q.shape);
+    if (this.name === 'cpu') this.allocator.scratch(this.threads * ((G * ATTENTION_CHUNK + 2 * G) * 4 + 2 * ATTENTION_CHUNK * 8));
+    return y;
+  }
+  softcap(x: Tensor, _cap: number): Tensor {
+    return this.out(x.shape);
+  }
+  gatherRows(x: Tensor, idx: Tensor): Tensor {
+    return this.out([idx.shape[0]!, x.shape[1]!], x.dtype);
+  }
+  moeRoute(logits: Tensor, topK: number, _renorm: boolean): MoeRouting {
+    const T = logits.shape[0]!;
+    return { weights: this.out([T, topK], 'f32'), experts: this.out([T, topK], 'i32') };
+  }
+  moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, _up: Tensor, _down: Tensor, _act: Activation): Tensor {
+    const [T, D] = x.shape as [number, number];
+    const [E, I] = gate.shape as [number, number, number];
+    const K = routing.weights.shape[1]!;
+    const y = this.out([T, D]);
+    // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
+    // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32
+    if (this.name === 'cpu') this.allocator.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4);
+    return y;
+  }
+}

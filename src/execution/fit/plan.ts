@@ -1,0 +1,658 @@
+// The memory fit planner: from config.json and safetensors headers alone, how much memory a model
+// needs at a context length, whether that fits a machine, the largest context that does, and how
+// fast decode will be.
+//
+//   total(ctx) = weights + KV(ctx) + transient(step) + runtime reserve   <=   usable memory
+//
+// weights    the tensors the loader would load (models/weights.ts run on a DryRunBackend, so the
+//            same names, fused layouts and shape checks), in the dtype they are kept: matrices
+//            as stored, norms and biases widened to f32. Tied embeddings are one tensor.
+// KV         the pools the engine allocates (one per layer, K and V), sized as engine.ts sizes
+//            them: full-attention layers hold batch x ctx tokens, sliding layers only what their
+//            window can still reach (state/kv-cache.ts blocksPerSequence), in the KV dtype.
+// transient  the decoder graph run on the DryRunBackend for every step shape the scheduler can
+//            produce (1 .. token budget tokens, up to `batch` sampled rows): activations of the
+//            step, logits of the sampled rows, native scratch, and on the CPU the pool's cached
+//            blocks (see allocator.ts), plus block tables, which grow with the context.
+// reserve    the runtime: measured RSS of the process on the CPU; CUDA context, cuBLASLt
+//            workspace and graphs on a GPU (constants.ts; not yet measured).
+//
+// total is non-decreasing in ctx (every term is), so the largest safe context is found by
+// bisection.
+
+import path from 'node:path';
+import fs from 'node:fs';
+import type { DType, Tensor } from '../../contracts/backend.ts';
+import { dtypeBytes } from '../../contracts/backend.ts';
+import type { ModelConfig } from '../../contracts/model-config.ts';
+import { loadModelDir } from '../../artifacts/model-dir.ts';
+import { ArtifactError } from '../../artifacts/errors.ts';
+import { derivedContextLength } from '../../artifacts/context-length.ts';
+import type { WeightIndex } from '../../artifacts/safetensors.ts';
+import { TOKENIZER_FILE } from '../../artifacts/tokenizer.ts';
+import { loadModelWeights, MissingWeightError, type ModelWeights, type WeightLookup } from '../../models/weights.ts';
+import { DecoderModel, type KvAccess, type RowSpan } from '../../models/decoder.ts';
+import { blocksPerSequence, kvGroupsOf } from '../../state/kv-cache.ts';
+import { CPU_POOL, CUDA_POOL, ExactModel, PoolModel, pooledBytes } from './allocator.ts';
+import { DryRunBackend, DryTensor } from './dry-run-backend.ts';
+import type { Machine } from './machines.ts';
+import * as K from './constants.ts';
+
+/** the engine's defaults (engine.ts): block size and per-step token budget */
+export const DEFAULT_BLOCK_SIZE = 16;
+export const DEFAULT_CHUNK = 512;
+
+export type KvDtype = 'f32' | 'bf16' | 'f16';
+export const KV_DTYPES: readonly KvDtype[] = ['f32', 'bf16', 'f16'];
+
+export class FitError extends Error {}
+
+export interface FitRequest {
+  /** tokens per sequence, prompt + output */
+  ctx: number;
+  /** sequences resident together (default 1) */
+  batch?: number;
+  /** tokens per engine step, decode rows + prefill chunk (default 512, the engine's) */
+  chunk?: number;
+  /** KV cache dtype (default: f32 on the CPU backend, bf16 on CUDA) */
+  kvDtype?: KvDtype;
+  blockSize?: number;
+  /** GPU only: fraction of device memory the engine may use (default 0.9) */
+  utilization?: number;
+}
+
+export interface WeightsReport {
+  /** elements of every tensor the model loads (tied embeddings once) */
+  params: number;
+  /** bytes as kept in memory: matrices in their stored dtype, vectors widened to f32 */
+  residentBytes: number;
+  /** bytes of the same tensors in the checkpoint */
+  checkpointBytes: number;
+  /** checkpoint bytes per stored dtype ("BF16": ...) */
+  checkpointBytesByDtype: Record<string, number>;
+  /** resident bytes per kept dtype */
+  residentBytesByDtype: Record<string, number>;
+  tensors: number;
+  /** checkpoint tensors the model never reads (a tied lm_head copy, rotary buffers, ...) */
+  unusedTensors: string[];
+  unusedBytes: number;
+  /** MoE: bytes of expert matrices (read top_k / num_experts of them per token) */
+  expertBytes: number;
+  /** bytes read per decoded token apart from experts and the embedding table */
+  denseReadBytes: number;
+  /** one embedding row (what a token reads of the table) */
+  embeddingRowBytes: number;
+}
+
+export interface KvGroupReport {
+  attention: 'full' | 'sliding';
+  /** 0 for full attention */
+  window: number;
+  layers: number;
+  /** bytes one token adds in this group's layers (K and V) */
+  bytesPerToken: number;
+  /** tokens of one sequence the group holds at ctx (sliding: saturates at its window + a chunk) */
+  tokensPerSequence: number;
+  poolBlocks: number;
+  /** memory of the group's pools as allocated */
+  bytes: number;
+}
+
+export interface FitPlan {
+  model: {
+    dir: string;
+    modelType: string;
+    layers: number;
+    /** the context the model was built for (derived as the engine derives it) */
+    contextLength: number;
+    vocabSize: number;
+    moe?: { experts: number; topK: number };
+  };
+  machine: Machine;
+  ctx: number;
+  batch: number;
+  chunk: number;
+  blockSize: number;
+  kvDtype: KvDtype;
+  activationDtype: DType;
+  weightsBytes: number;
+  weights: WeightsReport;
+  /** KV bytes per token across all layers, before any sliding window saturates */
+  kvBytesPerToken: number;
+  /** tokens of KV the full-attention pools hold (the engine's kvTokens) */
+  kvTokens: number;
+  kvBytes: number;
+  kv: KvGroupReport[];
+  transientBytes: number;
+  transient: {
+    /** tokens of the largest step */
+    stepTokens: number;
+    /** rows sampled in it (each reads back a logits row) */
+    sampledRows: number;
+    /** resident peak of the largest step alone */
+    largestStepBytes: number;
+    /** block tables of `batch` rows at ctx */
+    blockTableBytes: number;
+    /** how activations were modelled */
+    model: string;
+  };
+  reserveBytes: number;
+  reserve: { name: string; bytes: number; measured: boolean }[];
+  totalBytes: number;
+  usableBytes: number;
+  usable: string;
+  fits: boolean;
+  headroomBytes: number;
+  maxSafeContext: number;
+  /** what bounds maxSafeContext: memory, or the model's own context length */
+  maxSafeContextLimitedBy: 'memory' | 'model';
+  /** decode tok/s of the whole batch at ctx (equals per-sequence when batch is 1) */
+  predictedDecodeTps: number;
+  decode: {
+    perSequenceTps: number;
+    /** bytes read per decode step: weights (MoE: the experts a batch touches) + KV of every row */
+    bytesPerStep: number;
+    weightBytesPerStep: number;
+    kvBytesPerStep: number;
+    bandwidthGBps: number;
+    efficiency: number;
+    overheadMs: number;
+  };
+  /** constants used by this plan that are not measured yet (CUDA) */
+  unmeasured: string[];
+}
+
+/** A step shape: tokens in the flattened batch, batch rows, rows sampled (default: all rows). */
+export interface StepShape {
+  tokens: number;
+  rows: number;
+  sampled?: number;
+  /** width of the block tables (blocks of the longest row); default 1 (see blockTableBytes) */
+  tableBlocks?: number;
+}
+
+type BackendKind = 'cpu' | 'cuda';
+
+interface Simulation {
+  backend: DryRunBackend;
+  model: DecoderModel;
+  kv: StepKv;
+  /** resident bytes before any step (weights) */
+  base: number;
+}
+
+/** The KV a dry-run step reads: placeholders for the pools, real-shaped layout tensors. */
+class StepKv implements KvAccess<RowSpan> {
+  private readonly groupOf: number[];
+  private readonly pools: { k: Tensor; v: Tensor };
+  readonly groups: number;
+  constructor(private readonly backend: DryRunBackend, cfg: ModelConfig, private readonly blockSize: number) {
+    const specs = kvGroupsOf(cfg.layers.map((l) => l.window));
+    this.groups = specs.length;
+    this.groupOf = [];
+    specs.forEach((s, g) => s.layers.forEach((l) => (this.groupOf[l] = g)));
+    const dims = [1, blockSize, cfg.numKvHeads, cfg.headDim];
+    this.pools = { k: backend.placeholder(dims, backend.activationDtype), v: backend.placeholder(dims, backend.activationDtype) };
+  }
+  /** width of the next step's block tables */
+  tableBlocks = 1;
+  kvOfLayer(): { k: Tensor; v: Tensor } {
+    return this.pools;
+  }
+  groupIndexOfLayer(layer: number): number {
+    return this.groupOf[layer]!;
+  }
+  isAllocated(): boolean {
+    return true;
+  }
+  // as state/kv-cache.ts: row and position shared by every group, slots and tables per group;
+  // tables are `tableBlocks` wide (1 when planning: their real width is counted by blockTableBytes)
+  layouts(rows: readonly RowSpan[]) {
+    const T = rows.reduce((a, r) => a + r.count, 0);
+    const tokenRow = this.backend.upload(new Int32Array(T), [T]);
+    const tokenPos = this.backend.upload(new Int32Array(T), [T]);
+    return Array.from({ length: this.groups }, () => ({
+      tokenRow, tokenPos,
+      slots: this.backend.upload(new Int32Array(T), [T]),
+      blockTables: this.backend.upload(new Int32Array(rows.length * this.tableBlocks), [rows.length, this.tableBlocks]),
+      blockSize: this.blockSize,
+    }));
+  }
+}
+
+const ceilDiv = (a: number, b: number) => Math.ceil(a / b);
+
+/** Records which checkpoint tensors the loader reads. */
+class RecordingLookup implements WeightLookup {
+  readonly used = new Set<string>();
+  constructor(private readonly index: WeightIndex) {}
+  has(name: string): boolean {
+    return this.index.has(name);
+  }
+  get(name: string) {
+    this.used.add(name);
+    return this.index.get(name);
+  }
+  names(): string[] {
+    return this.index.names();
+  }
+}
+
+export interface PlannerSource {
+  dir: string;
+  config: ModelConfig;
+  weights: WeightIndex;
+  /** bytes of tokenizer.json (the CPU reserve grows with it); 0 when absent */
+  tokenizerFileBytes?: number;
+}
+
+export class FitPlanner {
+  readonly config: ModelConfig;
+  readonly contextLength: number;
+  private weightsReport?: WeightsReport;
+  private readonly sims = new Map<string, Promise<Simulation>>();
+  /** per (backend kind, batch): worst resident over every step of 1..T tokens, minus the base */
+  private readonly worstByTokens = new Map<string, number[]>();
+  private readonly largestByShape = new Map<string, number>();
+
+  private constructor(readonly source: PlannerSource) {
+    this.config = source.config;
+    this.contextLength = derivedContextLength(source.config);
+  }
+
+  /** Reads config.json and the safetensors headers of `dir` (no tensor data, no tokenizer). */
+  static async open(dir: string): Promise<FitPlanner> {
+    const art = loadModelDir(dir, { tokenizer: false });
+    let tokenizerFileBytes = 0;
+    try {
+      tokenizerFileBytes = fs.statSync(path.join(dir, TOKENIZER_FILE)).size;
+    } catch {
+      // no tokenizer.json: plan without its memory (loading the model would fail anyway)
+    }
+    const planner = new FitPlanner({ dir, config: art.config, weights: art.weights, tokenizerFileBytes });
+    await planner.weights(); // every header/shape disagreement surfaces here, before any planning
+    return planner;
+  }
+
+  private async loadDry(backend: DryRunBackend, lookup: WeightLookup): Promise<ModelWeights> {
+    try {
+      return await loadModelWeights(backend, this.config, lookup);
+    } catch (err) {
+      if (err instanceof MissingWeightError) throw new ArtifactError(`${this.source.dir}: ${err.message}`, this.source.dir);
+      throw err;
+    }
+  }
+
+  /** What the model's weights occupy and what a decode step reads of them. */
+  async weights(): Promise<WeightsReport> {
+    if (this.weightsReport) return this.weightsReport;
+    const backend = new DryRunBackend({ name: 'cpu', activationDtype: 'f32', allocator: new ExactModel() });
+    const lookup = new RecordingLookup(this.source.weights);
+    const w = await this.loadDry(backend, lookup);
+    const seen = new Set<DryTensor>();
+    const r: WeightsReport = {
+      params: 0, residentBytes: 0, checkpointBytes: 0, checkpointBytesByDtype: {}, residentBytesByDtype: {},
+      tensors: 0, unusedTensors: [], unusedBytes: 0, expertBytes: 0, denseReadBytes: 0, embeddingRowBytes: 0,
+    };
+    const add = (t: Tensor | undefined, read: 'all' | 'expert' | 'none') => {
+      const x = t as DryTensor | undefined;
+      if (!x || seen.has(x)) return;
+      seen.add(x);
+      const src = x.source!;
+      r.tensors++;
+      r.params += src.bytes / dtypeBytes[src.dtype];
+      r.checkpointBytes += src.bytes;
+      r.residentBytes += x.bytes;
+      const sk = src.dtype.toUpperCase();
+      r.checkpointBytesByDtype[sk] = (r.checkpointBytesByDtype[sk] ?? 0) + src.bytes;
+      r.residentBytesByDtype[x.dtype] = (r.residentBytesByDtype[x.dtype] ?? 0) + x.bytes;
+      if (read === 'all') r.denseReadBytes += x.bytes;
+      else if (read === 'expert') r.expertBytes += x.bytes;
+    };
+    // the lm_head is read whole every step; when tied it is the embedding table itself
+    add(w.lmHead, 'all');
+    add(w.embed, 'none');
+    r.embeddingRowBytes = w.embed.shape[1]! * dtypeBytes[w.embed.dtype];
+    add(w.finalNorm, 'all');
+    for (const l of w.layers) {
+      for (const t of Object.values(l.attn)) add(t, 'all');
+      for (const t of [l.inputNorm, l.postAttnNorm, l.preFfNorm, l.postFfNorm]) add(t, 'all');
+      if (l.mlp.kind === 'moe') {
+        add(l.mlp.router, 'all');
+        for (const t of [l.mlp.gate, l.mlp.up, l.mlp.down]) add(t, 'expert');
+      } else {
+        for (const t of Object.values(l.mlp)) if (typeof t === 'object') add(t, 'all');
+      }
+    }
+    for (const name of this.source.weights.names()) {
+      if (lookup.used.has(name)) continue;
+      r.unusedTensors.push(name);
+      r.unusedBytes += this.source.weights.entry(name).byteLength;
+    }
+    this.weightsReport = r;
+    return r;
+  }
+
+  /** A dry-run model on `kind`'s allocator model (pooled: the CPU pool; else exact sizes). */
+  private newSimulation(kind: BackendKind, pooled: boolean): Promise<Simulation> {
+    return (async () => {
+      const backend = new DryRunBackend({
+        name: kind,
+        activationDtype: kind === 'cpu' ? 'f32' : 'bf16',
+        // the CUDA pool gives its cache back when an allocation fails (device-pool.ts trim), so a
+        // step can only count on its own live blocks; the CPU pool never does (malloc fails, or
+        // the kernel's OOM killer acts), so its cache counts in full
+        allocator: pooled ? new PoolModel(kind === 'cpu' ? CPU_POOL : { ...CUDA_POOL, cacheLimit: 0 }) : new ExactModel(),
+      });
+      const w = await this.loadDry(backend, this.source.weights);
+      const model = new DecoderModel(backend, this.config, w);
+      const kv = new StepKv(backend, this.config, DEFAULT_BLOCK_SIZE);
+      backend.allocator.resetPeak();
+      return { backend, model, kv, base: backend.allocator.resident };
+    })();
+  }
+
+  private simulation(kind: BackendKind, pooled: boolean): Promise<Simulation> {
+    const key = `${kind}:${pooled}`;
+    let sim = this.sims.get(key);
+    if (!sim) this.sims.set(key, (sim = this.newSimulation(kind, pooled)));
+    return sim;
+  }
+
+  /** One dry-run forward of a step: `rows - 1` decode rows and one chunk with the rest; the last `sampled` rows sample. */
+  private static async step(sim: Simulation, shape: StepShape): Promise<void> {
+    const { tokens: T, rows: R } = shape;
+    const rows: RowSpan[] = [];
+    for (let r = 0; r < R - 1; r++) rows.push({ start: T + r, count: 1 });
+    rows.push({ start: 0, count: T - (R - 1) });
+    let t = 0;
+    const ends = rows.map((row) => (t += row.count) - 1);
+    const logitTokens = ends.slice(R - (shape.sampled ?? R));
+    sim.kv.tableBlocks = shape.tableBlocks ?? 1;
+    await sim.model.forward({ tokens: new Int32Array(T), rows, logitTokens }, sim.kv);
+  }
+
+  /**
+   * Resident memory above the weights while the engine runs steps of up to `maxTokens` tokens
+   * with up to `batch` sampled rows, over any order of such steps (see allocator.ts). Simulated
+   * once per (backend kind, batch) for 1, 2, ... tokens; the prefix answers every smaller budget.
+   */
+  private async stepMemory(kind: BackendKind, batch: number, maxTokens: number): Promise<number> {
+    const key = `${kind}:${batch}`;
+    let worst = this.worstByTokens.get(key);
+    if (!worst) this.worstByTokens.set(key, (worst = [0]));
+    if (worst.length <= maxTokens) {
+      const sim = await this.simulation(kind, true);
+      for (let T = worst.length; T <= maxTokens; T++) {
+        await FitPlanner.step(sim, { tokens: T, rows: Math.min(batch, T) });
+        worst.push(sim.backend.allocator.worstCase() - sim.base);
+      }
+    }
+    return worst[maxTokens]!;
+  }
+
+  /** Peak of one step alone, on an allocator with nothing cached. */
+  async largestStep(kind: BackendKind, shape: StepShape): Promise<number> {
+    const key = `${kind}:${shape.tokens}:${shape.rows}`;
+    let v = this.largestByShape.get(key);
+    if (v === undefined) {
+      const sim = await this.simulation(kind, false);
+      sim.backend.allocator.resetPeak();
+      const before = sim.backend.allocator.resident;
+      await FitPlanner.step(sim, shape);
+      v = sim.backend.allocator.peak - before;
+      this.largestByShape.set(key, v);
+    }
+    return v;
+  }
+
+  /**
+   * Peak resident memory above the weights for a given sequence of steps, starting from an empty
+   * pool (what one run of the engine does: bench/fit-accuracy.ts compares it with RSS).
+   */
+  async simulateSteps(kind: BackendKind, steps: readonly StepShape[]): Promise<number> {
+    return (await this.simulatePool(kind, steps)).peak;
+  }
+
+  /**
+   * The pool model after `steps`: resident peak above the weights, and the pool's own class-byte
+   * accounting (what the backend's memoryStats() reports, for tests that compare the two).
+   */
+  async simulatePool(kind: BackendKind, steps: readonly StepShape[]): Promise<{ peak: number; liveClassBytes: number; idleClassBytes: number }> {
+    const sim = await this.newSimulation(kind, true);
+    for (const shape of steps) await FitPlanner.step(sim, shape);
+    const pool = sim.backend.allocator as PoolModel;
+    return { peak: pool.peak - sim.base, liveClassBytes: pool.liveClassBytes, idleClassBytes: pool.idleClassBytes };
+  }
+
+  /**
+   * The KV pools the engine allocates (engine.ts rules) for `batch` sequences of `ctx` tokens:
+   * full-attention pools hold kvTokens (default: every sequence at ctx, in whole blocks), sliding
+   * pools at most every sequence's window span. Bytes are resident bytes on the backend kind.
+   */
+  kvPools(ctx: number, batch: number, chunk: number, blockSize: number, kvDtype: KvDtype, kind: BackendKind,
+    kvTokens = batch * ceilDiv(ctx, blockSize) * blockSize): { kvTokens: number; bytes: number; groups: KvGroupReport[] } {
+    const cfg = this.config;
+    const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+    const alloc = allocatedBytes(kind);
+    const groups = kvGroupsOf(cfg.layers.map((l) => l.window)).map((spec): KvGroupReport => {
+      const fullBlocks = Math.max(1, ceilDiv(kvTokens, blockSize));
+      const poolBlocks = spec.window === 0
+        ? fullBlocks
+        : Math.min(fullBlocks, batch * blocksPerSequence(spec.window, ctx, blockSize, chunk));
+      const poolBytes = poolBlocks * blockSize * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+      return {
+        attention: spec.window === 0 ? 'full' : 'sliding',
+        window: spec.window,
+        layers: spec.layers.length,
+        bytesPerToken: perLayerToken * spec.layers.length,
+        tokensPerSequence: blocksPerSequence(spec.window, ctx, blockSize, chunk) * blockSize,
+        poolBlocks,
+        // K and V pools per layer
+        bytes: spec.layers.length * 2 * alloc(poolBytes),
+      };
+    });
+    return { kvTokens, bytes: groups.reduce((a, g) => a + g.bytes, 0), groups };
+  }
+
+  /** KV bytes per token across all layers (before any window saturates). */
+  kvBytesPerToken(kvDtype: KvDtype): number {
+    return this.config.numLayers * 2 * this.config.numKvHeads * this.config.headDim * dtypeBytes[kvDtype];
+  }
+
+  /** Transient memory of the largest steps at ctx. */
+  async transient(ctx: number, batch: number, chunk: number, blockSize: number, kind: BackendKind): Promise<{
+    bytes: number; stepTokens: number; sampledRows: number; largestStepBytes: number; blockTableBytes: number;
+  }> {
+    const stepTokens = Math.max(1, Math.min(chunk, batch * ctx));
+    const sampledRows = Math.min(batch, stepTokens);
+    const worst = await this.stepMemory(kind, batch, stepTokens);
+    const largest = await this.largestStep(kind, { tokens: stepTokens, rows: sampledRows });
+    const groups = kvGroupsOf(this.config.layers.map((l) => l.window)).length;
+    const blockTableBytes = groups * allocatedBytes(kind)(sampledRows * ceilDiv(ctx, blockSize) * 4);
+    return { bytes: worst + blockTableBytes, stepTokens, sampledRows, largestStepBytes: largest, blockTableBytes };
+  }
+
+  /** The runtime's own memory on a machine kind. */
+  reserve(kind: BackendKind): { name: string; bytes: number; measured: boolean }[] {
+    if (kind === 'cpu') {
+      return [
+        { name: 'runtime (Node, llmts, native threads, V8 heap)', bytes: K.CPU_RUNTIME_BYTES.value, measured: K.CPU_RUNTIME_BYTES.measured },
+        {
+          name: 'tokenizer',
+          bytes: Math.round((this.source.tokenizerFileBytes ?? 0) * K.CPU_TOKENIZER_BYTES_PER_FILE_BYTE.value),
+          measured: K.CPU_TOKENIZER_BYTES_PER_FILE_BYTE.measured,
+        },
+      ];
+    }
+    return [
+      { name: 'CUDA context', bytes: K.CUDA_CONTEXT_BYTES.value, measured: K.CUDA_CONTEXT_BYTES.measured },
+      { name: 'cuBLASLt workspace', bytes: K.CUDA_CUBLASLT_WORKSPACE_BYTES.value, measured: K.CUDA_CUBLASLT_WORKSPACE_BYTES.measured },
+      { name: 'CUDA graphs', bytes: K.CUDA_GRAPH_BYTES.value, measured: K.CUDA_GRAPH_BYTES.measured },
+    ];
+  }
+
+  /**
+   * Seconds one decode step takes with `batch` rows at position `pos` (each row reads its KV up
+   * to pos): weight bytes / (bandwidth x efficiency), plus attention, plus on the CPU a fixed time
+   * per step and per layer. Attention reads the KV (bytes / (bandwidth x efficiency)); on the CPU
+   * it is bounded by arithmetic as much as by memory (f32 KV, a dot product and an exp per key and
+   * query head on few cores), so it takes the longer of that and its FLOPs at the measured rate.
+   */
+  async decodeStep(machine: Machine, pos: number, batch: number, kvDtype: KvDtype): Promise<{
+    seconds: number; weightBytes: number; kvBytes: number; attentionFlops: number; efficiency: number; overheadMs: number;
+  }> {
+    const w = await this.weights();
+    const cfg = this.config;
+    // MoE: with uniform routing, a batch of B tokens touches 1 - (1 - k/E)^B of the experts
+    const active = cfg.moe ? 1 - (1 - cfg.moe.topK / cfg.moe.numExperts) ** batch : 1;
+    const weightBytes = w.denseReadBytes + w.expertBytes * active + w.embeddingRowBytes * batch;
+    const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+    let keys = 0;
+    for (const l of cfg.layers) keys += Math.min(pos + 1, l.window === 0 ? Infinity : l.window);
+    const kvBytes = keys * perLayerToken * batch;
+    // q.k and p.v: 2 multiply-adds per head dim, per key, per query head
+    const attentionFlops = keys * cfg.numHeads * cfg.headDim * 4 * batch;
+    const cpu = machine.kind === 'cpu';
+    const efficiency = cpu ? K.CPU_DECODE_EFFICIENCY.value : K.CUDA_DECODE_EFFICIENCY.value;
+    const rate = machine.bandwidthGBps * 1e9 * efficiency;
+    const overheadMs = cpu ? K.CPU_STEP_OVERHEAD_MS.value + K.CPU_LAYER_OVERHEAD_MS.value * cfg.numLayers : 0;
+    const attention = cpu
+      ? Math.max(kvBytes / rate, attentionFlops / (K.cpuAttentionFlops()))
+      : kvBytes / rate;
+    const seconds = weightBytes / rate + attention + overheadMs / 1000;
+    return { seconds, weightBytes, kvBytes, attentionFlops, efficiency, overheadMs };
+  }
+
+  /** Everything but the search: memory at ctx on a machine. */
+  private async totals(machine: Machine, ctx: number, r: Required<FitRequest>) {
+    const kind: BackendKind = machine.kind === 'cpu' ? 'cpu' : 'cuda';
+    const w = await this.weights();
+    const kv = this.kvPools(ctx, r.batch, r.chunk, r.blockSize, r.kvDtype, kind);
+    const transient = await this.transient(ctx, r.batch, r.chunk, r.blockSize, kind);
+    const reserve = this.reserve(kind);
+    const reserveBytes = reserve.reduce((a, x) => a + x.bytes, 0);
+    return { kind, w, kv, transient, reserve, reserveBytes, total: w.residentBytes + kv.bytes + transient.bytes + reserveBytes };
+  }
+
+  usableBytes(machine: Machine, utilization: number): { bytes: number; how: string } {
+    if (machine.kind === 'gpu') {
+      return { bytes: Math.floor(machine.memoryBytes * utilization), how: `${machine.memoryBytes} bytes x ${utilization} (--gpu-memory-utilization)` };
+    }
+    const reserve = K.cpuSystemReserveBytes(machine.memoryBytes);
+    return { bytes: machine.memoryBytes - reserve, how: `RAM minus ${reserve} bytes: ${K.CPU_SYSTEM_RESERVE_POLICY}` };
+  }
+
+  /** Total bytes needed at ctx (monotone in ctx). */
+  async totalBytes(machine: Machine, req: FitRequest): Promise<number> {
+    return (await this.totals(machine, req.ctx, this.resolve(machine, req))).total;
+  }
+
+  resolve(machine: Machine, req: FitRequest): Required<FitRequest> {
+    const r: Required<FitRequest> = {
+      ctx: req.ctx,
+      batch: req.batch ?? 1,
+      chunk: req.chunk ?? DEFAULT_CHUNK,
+      kvDtype: req.kvDtype ?? (machine.kind === 'cpu' ? 'f32' : 'bf16'),
+      blockSize: req.blockSize ?? DEFAULT_BLOCK_SIZE,
+      utilization: req.utilization ?? K.DEFAULT_GPU_MEMORY_UTILIZATION,
+    };
+    const posInt = (name: string, v: number) => {
+      if (!Number.isSafeInteger(v) || v < 1) throw new FitError(`${name} must be a positive integer, got ${v}`);
+    };
+    posInt('ctx', r.ctx);
+    posInt('batch', r.batch);
+    posInt('chunk', r.chunk);
+    posInt('block size', r.blockSize);
+    if (!KV_DTYPES.includes(r.kvDtype)) throw new FitError(`KV dtype must be one of ${KV_DTYPES.join(', ')}, got "${r.kvDtype}"`);
+    if (!(r.utilization > 0 && r.utilization <= 1)) throw new FitError(`GPU memory utilization must be in (0, 1], got ${r.utilization}`);
+    return r;
+  }
+
+  /** Largest ctx in [1, hi] whose total fits `usable` (0 when none does); total is monotone in ctx. */
+  async maxContext(machine: Machine, r: Required<FitRequest>, usable: number, hi: number): Promise<number> {
+    const fits = async (c: number) => (await this.totals(machine, c, r)).total <= usable;
+    if (!(await fits(1))) return 0;
+    if (await fits(hi)) return hi;
+    let lo = 1; // fits
+    let up = hi; // does not
+    while (up - lo > 1) {
+      const mid = Math.floor((lo + up) / 2);
+      if (await fits(mid)) lo = mid;
+      else up = mid;
+    }
+    return lo;
+  }
+
+  async plan(machine: Machine, req: FitRequest): Promise<FitPlan> {
+    const r = this.resolve(machine, req);
+    const cfg = this.config;
+    const t = await this.totals(machine, r.ctx, r);
+    const usable = this.usableBytes(machine, r.utilization);
+    const maxSafe = await this.maxContext(machine, r, usable.bytes, this.contextLength);
+    const decode = await this.decodeStep(machine, r.ctx - 1, r.batch, r.kvDtype);
+    const unmeasured: string[] = [];
+    if (t.kind === 'cuda') {
+      for (const [name, c] of Object.entries({
+        CUDA_CONTEXT_BYTES: K.CUDA_CONTEXT_BYTES, CUDA_CUBLASLT_WORKSPACE_BYTES: K.CUDA_CUBLASLT_WORKSPACE_BYTES,
+        CUDA_GRAPH_BYTES: K.CUDA_GRAPH_BYTES, CUDA_DECODE_EFFICIENCY: K.CUDA_DECODE_EFFICIENCY,
+      })) if (!c.measured) unmeasured.push(name);
+      unmeasured.push('CUDA_ACTIVATION_MODEL');
+    } else {
+      for (const [name, c] of Object.entries({
+        CPU_RUNTIME_BYTES: K.CPU_RUNTIME_BYTES, CPU_TOKENIZER_BYTES_PER_FILE_BYTE: K.CPU_TOKENIZER_BYTES_PER_FILE_BYTE,
+        CPU_DECODE_EFFICIENCY: K.CPU_DECODE_EFFICIENCY, CPU_STEP_OVERHEAD_MS: K.CPU_STEP_OVERHEAD_MS,
+        CPU_LAYER_OVERHEAD_MS: K.CPU_LAYER_OVERHEAD_MS, CPU_ATTENTION_GFLOPS_PER_CORE: K.CPU_ATTENTION_GFLOPS_PER_CORE,
+      })) if (!c.measured) unmeasured.push(name);
+    }
+    return {
+      model: {
+        dir: this.source.dir, modelType: cfg.modelType, layers: cfg.numLayers, contextLength: this.contextLength,
+        vocabSize: cfg.vocabSize, moe: cfg.moe ? { experts: cfg.moe.numExperts, topK: cfg.moe.topK } : undefined,
+      },
+      machine,
+      ctx: r.ctx, batch: r.batch, chunk: r.chunk, blockSize: r.blockSize, kvDtype: r.kvDtype,
+      activationDtype: t.kind === 'cpu' ? 'f32' : 'bf16',
+      weightsBytes: t.w.residentBytes,
+      weights: t.w,
+      kvBytesPerToken: this.kvBytesPerToken(r.kvDtype),
+      kvTokens: t.kv.kvTokens,
+      kvBytes: t.kv.bytes,
+      kv: t.kv.groups,
+      transientBytes: t.transient.bytes,
+      transient: {
+        stepTokens: t.transient.stepTokens, sampledRows: t.transient.sampledRows,
+        largestStepBytes: t.transient.largestStepBytes, blockTableBytes: t.transient.blockTableBytes,
+        model: t.kind === 'cpu'
+          ? 'decoder graph on the CPU block-pool model: every step shape up to the token budget, cached idle blocks included'
+          : K.CUDA_ACTIVATION_MODEL,
+      },
+      reserveBytes: t.reserveBytes,
+      reserve: t.reserve,
+      totalBytes: t.total,
+      usableBytes: usable.bytes,
+      usable: usable.how,
+      fits: t.total <= usable.bytes,
+      headroomBytes: usable.bytes - t.total,
+      maxSafeContext: maxSafe,
+      maxSafeContextLimitedBy: maxSafe === this.contextLength ? 'model' : 'memory',
+      predictedDecodeTps: r.batch / decode.seconds,
+      decode: {
+        perSequenceTps: 1 / decode.seconds,
+        bytesPerStep: decode.weightBytes + decode.kvBytes,
+        weightBytesPerStep: decode.weightBytes,
+        kvBytesPerStep: decode.kvBytes,
+        bandwidthGBps: machine.bandwidthGBps,
+        efficiency: decode.efficiency,
+        overheadMs: decode.overheadMs,
+      },
+      unmeasured,
+    };
+  }
+}
+
+/** Bytes an allocation of `bytes` occupies on a backend kind (KV pools, block tables). */
+function allocatedBytes(kind: BackendKind): (bytes: number) => number {
+  const p = kind === 'cpu' ? CPU_POOL : CUDA_POOL;
+  return (b) => pooledBytes(p, b);
+}
