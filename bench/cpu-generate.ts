@@ -50,7 +50,8 @@ const weightBytes = m.model.weights.layers.reduce((sum, l) => {
 }, 0) + m.model.weights.lmHead.shape.reduce((x, y) => x * y, 1) * dtypeBytes[m.model.weights.lmHead.dtype];
 
 const prompt = Array.from({ length: promptTokens }, (_, k) => (k * 7919 + 13) % Math.min(cfg.vocabSize, 5000));
-const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512 });
+// prefix cache off: every repeat uses the same prompt, and prefill must be measured cold
+const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, prefixCache: { promptCacheBytes: 0 } });
 const prefill: number[] = [], decode: number[] = [];
 for (let r = 0; r <= repeats; r++) {
   const t0 = performance.now();

@@ -77,7 +77,7 @@ async function dedicatedLoop(): Promise<number> {
 }
 
 async function engineSingle(): Promise<number> {
-  const engine = new Engine(m.model, m, { maxBatch: 1 });
+  const engine = new Engine(m.model, m, { maxBatch: 1, prefixCache: { promptCacheBytes: 0 } });
   let tFirst = 0, n = 0;
   for await (const e of engine.generate({ promptIds: prompt, maxTokens: TOKENS, sampling: { temperature: 0 }, ignoreEos: true }))
     if (e.type === 'token' && n++ === 0) tFirst = performance.now();
@@ -96,7 +96,7 @@ m.model.dispose();
 await backend.close();
 
 // ---- 2, 3, 4 through HTTP ------------------------------------------------------------------
-const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench'], { stdio: ['ignore', 'pipe', 'inherit'] });
+const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench', '--prompt-cache', '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
 const base: string = await new Promise((ok, fail) => {
   let buf = '';
   server.stdout!.on('data', (d) => {
