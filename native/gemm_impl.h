@@ -61,8 +61,9 @@ static void FN(gemm_rows)(const float *x, const void *w, int dt, const float *bi
   const size_t esz = dtype_size(dt);
   const int64_t rkc = (RKC_FLOATS / M) / (2 * VW) * (2 * VW); // M <= 16: >= 256
   // Dynamic chunks of rows: on a shared machine one thread may lose its core for a while, and a
-  // static split would make every op wait for it.
-#pragma omp parallel for schedule(dynamic, 1)
+  // static split would make every op wait for it. Small matrices run on one thread: waking the
+  // team costs more than it saves (see llm_gemv_parallel_min_bytes).
+#pragma omp parallel for schedule(dynamic, 1) if ((size_t)N * (size_t)K * esz >= llm_gemv_parallel_min_bytes())
   for (int64_t j0 = 0; j0 < N; j0 += RB) {
     const int64_t nr = N - j0 < RB ? N - j0 : RB;
     float acc[RB * ROWS_MAX_M]; // [row][m] partial sums over the k chunks so far

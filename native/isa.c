@@ -1,3 +1,4 @@
+#include <stdlib.h>
 // Which instruction set the hand-dispatched kernels (matmul, attention) use.
 #include "llm.h"
 
@@ -22,4 +23,26 @@ LLM_EXPORT int llm_set_isa(int level) {
   int best = cpu_isa();
   isa = level < 0 || level > best ? best : level;
   return isa;
+}
+
+// Below this many weight bytes a small-M matmul is not worth waking the OpenMP team for: with
+// passive waiting a wake-up costs tens of microseconds, about what one thread needs to stream
+// a few hundred KiB of weights. Tunable through LLMTS_GEMV_PAR_MIN_BYTES (read once).
+// Measured on the 2-core dev VM (demo model, bench/cpu-generate.ts): decode 262 tok/s with every
+// matmul parallel, 490-590 at 1 MiB, 500-620 at 4 MiB (noise +-100); 1 MiB keeps mid-size
+// matrices parallel on machines with many cores.
+#define GEMV_PAR_MIN_BYTES_DEFAULT ((size_t)1 << 20)
+static size_t gemv_par_min = (size_t)-1;
+
+size_t llm_gemv_parallel_min_bytes(void) {
+  if (gemv_par_min == (size_t)-1) {
+    const char *e = getenv("LLMTS_GEMV_PAR_MIN_BYTES");
+    gemv_par_min = e && *e ? (size_t)strtoull(e, NULL, 10) : GEMV_PAR_MIN_BYTES_DEFAULT;
+  }
+  return gemv_par_min;
+}
+
+// Tests: 0 forces every small-M matmul onto the OpenMP team; -1 restores the default.
+LLM_EXPORT void llm_set_gemv_parallel_min_bytes(int64_t bytes) {
+  gemv_par_min = bytes < 0 ? (size_t)-1 : (size_t)bytes;
 }

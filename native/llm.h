@@ -36,6 +36,9 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
   } while (0)
 #define PTR(a) ((void *)(intptr_t)(a))
 
+// Weight bytes below which a small-M matmul runs on one thread (env LLMTS_GEMV_PAR_MIN_BYTES).
+size_t llm_gemv_parallel_min_bytes(void);
+
 static inline size_t dtype_size(int dt) { return dt == DT_F16 || dt == DT_BF16 ? 2 : 4; }
 
 // ---- command queue -----------------------------------------------------------------------------

@@ -43,18 +43,25 @@ function weight(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: numb
 
 const isaNames = ['generic', 'avx2', 'avx512'];
 
-/** Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand). */
+/**
+ * Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand), and
+ * for each both with small matmuls on one thread (the default) and on the whole OpenMP team.
+ */
 async function forEachIsa(body: (isa: number) => Promise<void>): Promise<void> {
   const lib = loadNativeLib();
   try {
     for (let isa = lib.setIsa(-1); isa >= 0; isa--) {
-      await cpu.sync();
-      lib.setIsa(isa);
-      await body(isa);
+      for (const parallelMin of [-1, 0]) {
+        await cpu.sync();
+        lib.setIsa(isa);
+        lib.setGemvParallelMinBytes(parallelMin);
+        await body(isa);
+      }
     }
   } finally {
     await cpu.sync();
     lib.setIsa(-1);
+    lib.setGemvParallelMinBytes(-1);
   }
 }
 

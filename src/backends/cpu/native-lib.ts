@@ -23,6 +23,8 @@ export interface NativeLib {
   /** drains the queue and joins the worker thread (process exit) */
   shutdown(): void;
   setIsa(level: number): number;
+  /** weight bytes below which small-M matmuls run on one thread; -1 = default (tests) */
+  setGemvParallelMinBytes(bytes: number): void;
   alloc(bytes: number): Addr;
   freeNow(addr: Addr): void;
   writeNow(dst: Addr, src: HostArray, bytes: number): void;
@@ -90,6 +92,7 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
     init: f('int llm_init()'),
     shutdown: f('void llm_shutdown()'),
     setIsa: f('int llm_set_isa(int level)'),
+    setGemvParallelMinBytes: f('void llm_set_gemv_parallel_min_bytes(int64_t bytes)'),
     alloc: f('int64_t llm_alloc(int64_t bytes)'),
     freeNow: f('void llm_free_now(int64_t addr)'),
     writeNow: f('void llm_write_now(int64_t dst, const void *src, int64_t bytes)'),
