@@ -73,6 +73,13 @@ const SYNTHETIC: Record<string, Record<string, unknown>> = {
     max_position_embeddings: 4096, rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu',
     tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
   },
+  // attention-heavy: small weights, 16 query heads of 128 on 4 KV heads; decode time grows with the context
+  'attention-heavy': {
+    architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 512, hidden_size: 512,
+    intermediate_size: 1024, num_hidden_layers: 4, num_attention_heads: 16, num_key_value_heads: 4, head_dim: 128,
+    max_position_embeddings: 4096, rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu',
+    tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
+  },
   // qwen3_moe layout: 32 experts, 4 per token
   'qwen3-moe': {
     architectures: ['Qwen3MoeForCausalLM'], model_type: 'qwen3_moe', vocab_size: 32000, hidden_size: 1024,
@@ -127,7 +134,8 @@ function make(): void {
 // ---- one measured run (child process) ---------------------------------------------------------
 
 interface ChildArgs {
-  kind: 'run' | 'tokenizer';
+  /** run: one case; tokenizer: RSS of a parsed tokenizer; attention: decode steps at two contexts, alternating */
+  kind: 'run' | 'tokenizer' | 'attention';
   dir: string;
   prompt: number;
   gen: number;
@@ -155,6 +163,8 @@ interface ChildResult {
   copyGBps: number;
   /** decodeTps of every repeat (measure()) */
   decodeRuns?: number[];
+  /** kind 'attention': median step ms of each repeat, by prompt length */
+  attention?: Record<string, number[]>;
 }
 
 function procStatus(): { rss: number; hwm: number } {
@@ -170,6 +180,30 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   const { Engine } = await import('../src/execution/engine.ts');
   const { TextTokenizer } = await import('../src/artifacts/tokenizer.ts');
   const importsRss = procStatus().rss;
+  if (a.kind === 'attention') {
+    // the same process decodes at a short and a long context in turn, so a change in the load
+    // other jobs put on the machine hits both alike; the difference is attention alone
+    const backend = await createCpuBackend();
+    const m = await loadModel(backend, a.dir, { maxModelLen: a.prompt + a.gen });
+    const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: a.chunk, maxModelLen: a.prompt + a.gen, kvTokens: a.prompt + a.gen });
+    const medians: Record<string, number[]> = {};
+    for (let rep = 0; rep < 3; rep++) {
+      for (const p of [a.chunk, a.prompt]) {
+        const t: number[] = [];
+        for await (const e of engine.generate({ promptIds: Array.from({ length: p }, (_, k) => (k * 7 + rep) % 500 + 1), maxTokens: a.gen, sampling: { temperature: 0 }, ignoreEos: true })) {
+          if (e.type === 'token') t.push(performance.now());
+        }
+        const gaps = t.slice(2).map((x, i) => x - t[i + 1]!).sort((x, y) => x - y);
+        (medians[p] ??= []).push(gaps[gaps.length >> 1]!);
+      }
+    }
+    await engine.close();
+    await backend.close();
+    return {
+      importsRss, peakRss: 0, loadedRss: 0, decodeTps: 0, meanTps: 0, steps: [], decodePositions: [0, 0], kvTokens: 0,
+      poolLiveBytes: 0, poolIdleBytes: 0, copyGBps: measureCopyBandwidth(), attention: medians,
+    };
+  }
   if (a.kind === 'tokenizer') {
     const backend = await createCpuBackend();
     const before = procStatus().rss;
@@ -385,8 +419,10 @@ async function calibrate(machine: Machine): Promise<void> {
   // runtime: peak RSS minus everything the planner models except the runtime itself
   const residuals: number[] = [];
   const timed: { c: Case; r: ChildResult; planner: FitPlanner; bytes: number; weightBytes: number; flops: number }[] = [];
+  const only = values.only?.split(',').map((x) => x.trim());
   for (const c of CASES) {
     if (!fs.existsSync(path.resolve(ROOT, c.model))) continue;
+    if (only && !only.some((o) => c.name.includes(o))) continue;
     const r = measure(c);
     const planner = await FitPlanner.open(path.resolve(ROOT, c.model));
     const ctx = c.args.sweep ? c.args.sweep.to + 2 : c.args.prompt + c.args.gen;
@@ -415,19 +451,24 @@ async function calibrate(machine: Machine): Promise<void> {
     `(least squares over ${small.map((t) => `${t.c.name} (${t.planner.config.numLayers} layers)`).join(', ')})`);
   // efficiency: the models whose decode reads over 1 GiB (time is all bandwidth), against the copy
   // bandwidth measured in the same process
-  // attention: the same model at different contexts differs only in the keys each step reads
-  // (the weights are the same): seconds per attention FLOP is the slope of the step time
-  const big = timed.filter((x) => x.bytes > 2 ** 30);
-  const byModel = new Map<string, typeof big>();
-  for (const t of big) byModel.set(t.c.model, [...(byModel.get(t.c.model) ?? []), t]);
+  // attention: one model, decode at a short and a long context in turn in one process (the
+  // weights read are the same, so the difference in step time is attention), 3 rounds
   let flopRate = 0;
-  for (const [model, ts] of byModel) {
-    if (new Set(ts.map((t) => t.flops)).size < 2) continue;
-    const fit = leastSquares(ts.map((t) => [1, t.flops]), ts.map((t) => 1 / t.r.decodeTps));
-    flopRate = 1 / fit[1]!;
+  const heavy = syn('attention-heavy');
+  if (fs.existsSync(heavy)) {
+    const short = 64, long = 2048, gen = 33;
+    const r = runChild({ kind: 'attention', dir: heavy, prompt: long, gen, chunk: short, batch: 1 });
+    const planner = await FitPlanner.open(heavy);
+    const at = async (p: number) => (await planner.decodeStep(machine, p + (gen >> 1), 1, 'f32')).attentionFlops;
+    const dFlops = (await at(long)) - (await at(short));
+    const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[xs.length >> 1]!;
+    const dMs = med(r.attention![long]!) - med(r.attention![short]!);
+    flopRate = dFlops / (dMs / 1000);
     console.log(`attention: ${(flopRate / 1e9).toFixed(2)} GFLOP/s = ${(flopRate / 1e9 / os.availableParallelism()).toFixed(2)} per core ` +
-      `(slope of step time over attention FLOPs: ${ts.map((t) => `${(t.flops / 1e6).toFixed(0)} MFLOP ${(1000 / t.r.decodeTps).toFixed(1)} ms`).join(', ')}; ${path.basename(model)})`);
+      `(attention-heavy model, decode at ${short} vs ${long} tokens in one process: step ms ${r.attention![short]!.map((x) => x.toFixed(2)).join(', ')} vs ` +
+      `${r.attention![long]!.map((x) => x.toFixed(2)).join(', ')}; ${(dFlops / 1e6).toFixed(1)} MFLOP more per step)`);
   }
+  const big = timed.filter((x) => x.bytes > 2 ** 30);
   // efficiency: the models whose decode reads over 1 GiB (time is mostly weights), against the
   // copy bandwidth measured in the same process
   const effs: number[] = [];

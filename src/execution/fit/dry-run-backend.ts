@@ -18,6 +18,11 @@ import type { AllocatorModel, Block } from './allocator.ts';
 const STAGED_UPLOAD_MAX = 1 << 20;
 /** native/attention.c: keys per softmax rescale; sizes each thread's scratch */
 const ATTENTION_CHUNK = 16;
+/** native/matmul.c: above this many rows a matmul packs x into panels of PACK_WIDTH rows (AVX-512's width, the widest) */
+const ROWS_MAX_M = 16;
+const PACK_WIDTH = 32;
+/** native/gemm_impl.h: per-thread weight and output blocks of the packed path, (6 x 8) x 128 floats each */
+const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
 
 const numel = (shape: readonly number[]) => shape.reduce((a, d) => a * d, 1);
 
@@ -147,7 +152,15 @@ export class DryRunBackend implements Backend {
     return this.out([ids.shape[0]!, table.shape[1]!]);
   }
   matmul(x: Tensor, w: Tensor, _bias?: Tensor): Tensor {
-    return this.out([x.shape[0]!, w.shape[0]!]);
+    const y = this.out([x.shape[0]!, w.shape[0]!]);
+    this.packScratch(x.shape[0]!, x.shape[1]!);
+    return y;
+  }
+
+  /** native/gemm_impl.h gemm_packed: x [M, K] copied into K-major panels for the op's duration */
+  private packScratch(M: number, K: number): void {
+    if (this.name !== 'cpu' || M <= ROWS_MAX_M) return;
+    this.allocator.scratch(Math.ceil(M / PACK_WIDTH) * PACK_WIDTH * K * 4 + 64 + this.threads * PACK_THREAD_BYTES);
   }
   rmsnorm(x: Tensor, _w: Tensor, _eps: number, _off: number): Tensor {
     return this.out(x.shape);
@@ -190,8 +203,12 @@ export class DryRunBackend implements Backend {
     const K = routing.weights.shape[1]!;
     const y = this.out([T, D]);
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
-    // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32
-    if (this.name === 'cpu') this.allocator.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4);
+    // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32, plus the
+    // packed copy of the largest matmul input
+    if (this.name === 'cpu') {
+      const packed = T > ROWS_MAX_M ? Math.ceil(T / PACK_WIDTH) * PACK_WIDTH * Math.max(D, I) * 4 + 64 + this.threads * PACK_THREAD_BYTES : 0;
+      this.allocator.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4 + packed);
+    }
     return y;
   }
 }
