@@ -79,7 +79,14 @@ export class DecoderModel {
       const ids = b.upload(batch.tokens, [T]);
       let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
       for (let l = 0; l < this.config.numLayers; l++) {
-        x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+        // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
+        // layer is enqueued, so a step's peak is one layer's worth, not all of them.
+        b.beginScope();
+        try {
+          x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+        } finally {
+          b.endScope([x]);
+        }
       }
       const c = this.config;
       const picked = b.gatherRows(x, b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]));

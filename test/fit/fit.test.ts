@@ -396,8 +396,11 @@ test('the server sizes its KV pool from the plan', async () => {
   assert.ok(more.bytes > 2 * 2 ** 30);
   await assert.rejects(planServeKv(p, { ...base, kvBudgetBytes: 1000 }), (e: Error) => e instanceof KvBudgetError && /holds no token of KV cache \(one token needs 344064 bytes\)/.test(e.message));
   await assert.rejects(planServeKv(p, { ...base, kvBudgetBytes: 400_000 }), /holds less than one KV block \(16 tokens need \d+ bytes\)/);
-  // a small GPU: what the usable memory leaves after weights, transient and reserve
-  const tight = await planServeKv(p, { ...base, memory: { totalBytes: 32 * 2 ** 30, freeBytes: 32 * 2 ** 30 } });
+  // a small GPU: what the usable memory leaves after weights, transient and reserve — sized so
+  // that only about half of the roomy KV pool fits
+  const fraction = roomy.usableBytes! / (80 * 2 ** 30); // usable = utilization x total here
+  const smallTotal = Math.round((roomy.weightsBytes + roomy.transientBytes + roomy.reserveBytes + roomy.kvBytes / 2) / fraction);
+  const tight = await planServeKv(p, { ...base, memory: { totalBytes: smallTotal, freeBytes: smallTotal } });
   assert.match(tight.why, /limited by usable memory/);
   assert.ok(tight.kvTokens < 4 * 8192 && tight.kvTokens > 0);
   assert.ok(tight.weightsBytes + tight.kvBytes + tight.transientBytes + tight.reserveBytes <= tight.usableBytes!);
