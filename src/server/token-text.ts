@@ -5,40 +5,23 @@
 // valid UTF-8 on their own is shown as "bytes:\xNN..." (OpenAI's convention); `bytes` is exact.
 
 import type { TextTokenizer } from '../artifacts/tokenizer.ts';
+import { byteLevelCharToByte } from '../artifacts/byte-level.ts';
 
 export interface TokenText {
   token: string;
   bytes: number[];
 }
 
-/** GPT-2's printable character -> byte table, inverted. */
-function byteLevelDecoderTable(): Map<string, number> {
-  const bs: number[] = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  let n = 0;
-  for (let b = 0; b < 256; b++)
-    if (!bs.includes(b)) {
-      bs.push(b);
-      cs.push(256 + n++);
-    }
-  const table = new Map<string, number>();
-  bs.forEach((b, k) => table.set(String.fromCodePoint(cs[k]), b));
-  return table;
-}
-
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
 export class TokenTexts {
   private readonly cache = new Map<number, TokenText>();
-  private readonly byteLevel?: Map<string, number>;
+  private readonly byteLevel?: ReadonlyMap<string, number>;
 
   constructor(private readonly tokenizer: TextTokenizer) {
     // Byte-level BPE writes a space as "Ġ" (byte 0x20 -> U+0120).
     const space = tokenizer.encode(' ', { addSpecialTokens: false });
-    if (space.length === 1 && tokenizer.idToToken(space[0]) === '\u0120') this.byteLevel = byteLevelDecoderTable();
+    if (space.length === 1 && tokenizer.idToToken(space[0]) === '\u0120') this.byteLevel = byteLevelCharToByte();
   }
 
   get(id: number): TokenText {

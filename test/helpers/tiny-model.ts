@@ -5,30 +5,13 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-
-/** GPT-2's byte -> printable character table used by byte-level BPE. */
-function bytesToUnicode(): string[] {
-  const bs: number[] = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  let n = 0;
-  for (let b = 0; b < 256; b++)
-    if (!bs.includes(b)) {
-      bs.push(b);
-      cs.push(256 + n++);
-    }
-  const table: string[] = [];
-  bs.forEach((b, k) => (table[b] = String.fromCodePoint(cs[k])));
-  return table;
-}
+import { byteLevelCharToByte } from '../../src/artifacts/byte-level.ts';
 
 export const SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
 
 export function byteLevelTokenizerJson(): object {
   const vocab: Record<string, number> = {};
-  bytesToUnicode().forEach((ch, b) => (vocab[ch] = b));
+  for (const [ch, b] of byteLevelCharToByte()) vocab[ch] = b;
   return {
     version: '1.0', truncation: null, padding: null,
     added_tokens: SPECIALS.map((content, k) => ({

@@ -7,6 +7,7 @@
 // a UTF-8 character (eight states, Unicode Table 3-7) and its mask is ANDed with the precomputed
 // set of tokens whose bytes continue validly from that state: one more pass over the mask words.
 
+import { byteLevelCharToByte } from '../../artifacts/byte-level.ts';
 import type { GrammarVocab } from './vocab.ts';
 
 /**
@@ -37,29 +38,12 @@ export function utf8Step(s: number, b: number): number {
   return INVALID; // 80-BF without a lead, C0, C1, F5-FF
 }
 
-/** GPT-2's printable character -> byte table (byte-level BPE). */
-function byteLevelTable(): Map<string, number> {
-  const bs: number[] = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  let n = 0;
-  for (let b = 0; b < 256; b++)
-    if (!bs.includes(b)) {
-      bs.push(b);
-      cs.push(256 + n++);
-    }
-  const table = new Map<string, number>();
-  bs.forEach((b, k) => table.set(String.fromCodePoint(cs[k]!), b));
-  return table;
-}
 
 const utf8 = new TextEncoder();
 
 /** The bytes each token stands for (null: special, never produced by a grammar). */
 export function tokenBytes(vocab: GrammarVocab): (Uint8Array | null)[] {
-  const table = vocab.vocabType === 'byte_level' ? byteLevelTable() : undefined;
+  const table = vocab.vocabType === 'byte_level' ? byteLevelCharToByte() : undefined;
   return vocab.tokens.map((t) => {
     if (t === '') return null;
     if (table) {
