@@ -15,6 +15,13 @@ export type DType = 'f32' | 'f16' | 'bf16' | 'i32';
 
 export const dtypeBytes: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, i32: 4 };
 
+/** elements of a tensor of this shape (1 for a scalar) */
+export function numel(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}
+
 /** An opaque device tensor. Backends attach their own fields; callers only read shape/dtype. */
 export interface Tensor {
   readonly shape: readonly number[];

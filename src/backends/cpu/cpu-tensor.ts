@@ -37,9 +37,3 @@ export class CpuTensor implements Tensor {
     return `${this.dtype}[${this.shape.join(', ')}]`;
   }
 }
-
-export function numel(shape: readonly number[]): number {
-  let n = 1;
-  for (const d of shape) n *= d;
-  return n;
-}

@@ -17,7 +17,8 @@ import type {
 import { dtypeBytes } from '../../contracts/backend.ts';
 import { ScopeStack } from '../common/scopes.ts';
 import { check, CudaUnavailableError, loadCublasLt, probeCuda } from './cuda-lib.ts';
-import { ACT_CODE, CudaTensor, DT_CODE, numel } from './cuda-tensor.ts';
+import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
+import { numel } from '../../contracts/backend.ts';
 import { DevicePool, sizeClass } from './device-pool.ts';
 import { type GemmType, LtGemm } from './gemm.ts';
 import { ATT_MAX_HEAD_DIM, ATT_THREADS } from './kernels.ts';

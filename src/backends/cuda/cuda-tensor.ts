@@ -39,9 +39,3 @@ export class CudaTensor implements Tensor {
     return `${this.dtype}[${this.shape.join(', ')}]`;
   }
 }
-
-export function numel(shape: readonly number[]): number {
-  let n = 1;
-  for (const d of shape) n *= d;
-  return n;
-}

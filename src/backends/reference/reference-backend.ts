@@ -6,7 +6,7 @@ import { openSync, readSync, closeSync } from 'node:fs';
 import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
-import { dtypeBytes } from '../../contracts/backend.ts';
+import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { decodeHalf, encodeHalf } from '../common/half.ts';
 
 class RefTensor implements Tensor {
@@ -18,7 +18,6 @@ class RefTensor implements Tensor {
   ) {}
 }
 
-const numel = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
 
 function asRef(t: Tensor): RefTensor {
   if (!(t instanceof RefTensor)) throw new Error('reference backend: foreign tensor');

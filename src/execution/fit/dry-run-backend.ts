@@ -10,7 +10,7 @@ import os from 'node:os';
 import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
-import { dtypeBytes } from '../../contracts/backend.ts';
+import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import type { AllocatorModel, Block } from './allocator.ts';
 
@@ -24,7 +24,6 @@ const PACK_WIDTH = 32;
 /** native/gemm_impl.h: per-thread weight and output blocks of the packed path, (6 x 8) x 128 floats each */
 const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
 
-const numel = (shape: readonly number[]) => shape.reduce((a, d) => a * d, 1);
 
 export class DryTensor implements Tensor {
   freed = false;
