@@ -86,7 +86,7 @@ const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 /** RAM (CPU backends) or device memory (CUDA): total, and free now. */
 function machineMemory(backend: Backend): { totalBytes: number; freeBytes: number } {
   if (backend.name !== 'cuda') return { totalBytes: os.totalmem(), freeBytes: os.freemem() };
-  const info = (backend as Backend & { memoryInfo?: () => { free: number; total: number } }).memoryInfo?.();
+  const info = backend.memoryInfo?.();
   if (!info) throw new Error('the CUDA backend does not report its device memory; size the KV cache with --kv-budget');
   return { totalBytes: info.total, freeBytes: info.free };
 }

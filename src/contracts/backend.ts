@@ -121,6 +121,11 @@ export interface Backend {
   writeBlocks?(pool: Tensor, blocks: readonly number[], data: Uint8Array): void;
   /** Frees the tensor once the ops enqueued before this call have run. Views free nothing. */
   free(t: Tensor): void;
+  /**
+   * Device memory as its driver reports it (free now, other processes included; total). Only
+   * backends with memory of their own (CUDA) have it; the CPU backends use the host's RAM.
+   */
+  memoryInfo?(): { free: number; total: number };
   /** Waits until every enqueued op has run; rejects with the first op error, if any. */
   sync(): Promise<void>;
   /** Releases every resource; the backend is unusable afterwards. */

@@ -188,6 +188,12 @@ export class CudaBackend implements Backend {
     return { ...this.pool.stats(), scopeDepth: this.scopes.depth };
   }
 
+  /** Device memory as the driver reports it: free now (other processes included) and total. */
+  memoryInfo(): { free: number; total: number } {
+    this.assertOpen('memoryInfo');
+    return this.rt.memInfo();
+  }
+
   private elementwiseGrid(n: number): [number, number, number] {
     return [Math.min(Math.ceil(n / ELEMWISE_THREADS), MAX_GRID_X), 1, 1];
   }
