@@ -38,6 +38,7 @@ const { values } = parseArgs({
     ceilings: { type: 'string' },
     device: { type: 'string', default: 'cuda' },
     json: { type: 'string' },
+    'profile-steps': { type: 'string', default: '0' },
   },
 });
 const promptTokens = Number(values['prompt-tokens']);
@@ -106,14 +107,16 @@ walk(w);
 const vocabForPrompts = Math.min(cfg.vocabSize, 5000);
 const promptIds = (n: number, r: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + 31 * r) % vocabForPrompts);
 
-interface Run { ttftMs: number; decodeMs: number; tokens: number; launchesPerStep: number; cachedTokens: number }
-async function once(prompt: number[], maxTokens: number): Promise<Run> {
+interface Run { ttftMs: number; decodeMs: number; tokens: number; launchesPerStep: number; cachedTokens: number; enqueueMsPerStep: number }
+async function once(prompt: number[], maxTokens: number, onFirst?: () => void): Promise<Run> {
   const t0 = performance.now();
-  let tFirst = 0, l0 = 0, n = 0, cachedTokens = -1;
+  let tFirst = 0, l0 = 0, n = 0, cachedTokens = -1, enqueueMs = 0;
   for await (const e of engine.generate({ promptIds: prompt, maxTokens, sampling: { temperature: 0 }, ignoreEos: true })) {
+    if (e.type === 'token' && n > 0) enqueueMs += m.model.lastEnqueueMs;
     if (e.type === 'token' && n++ === 0) {
       tFirst = performance.now();
       l0 = launchCount();
+      onFirst?.();
     }
     if (e.type === 'finish') {
       cachedTokens = e.cachedTokens;
@@ -121,13 +124,16 @@ async function once(prompt: number[], maxTokens: number): Promise<Run> {
     }
   }
   const t1 = performance.now();
-  return { ttftMs: tFirst - t0, decodeMs: t1 - tFirst, tokens: n, launchesPerStep: (launchCount() - l0) / Math.max(1, n - 1), cachedTokens };
+  return {
+    ttftMs: tFirst - t0, decodeMs: t1 - tFirst, tokens: n, launchesPerStep: (launchCount() - l0) / Math.max(1, n - 1), cachedTokens,
+    enqueueMsPerStep: enqueueMs / Math.max(1, n - 1),
+  };
 }
 const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b), h = s.length >> 1; return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2; };
 const log = (s: string) => console.log(s);
 
 // ---- decode (and the prefill of its prompt) ----
-const prefill: number[] = [], decode: number[] = [], launches: number[] = [], cached: number[] = [];
+const prefill: number[] = [], decode: number[] = [], launches: number[] = [], cached: number[] = [], enqueue: number[] = [];
 for (let r = 0; r <= repeats; r++) {
   const run = await once(promptIds(promptTokens, r), decodeTokens);
   if (r === 0) continue; // warm-up
@@ -136,6 +142,7 @@ for (let r = 0; r <= repeats; r++) {
   decode.push((run.tokens - 1) / (run.decodeMs / 1000));
   launches.push(run.launchesPerStep);
   cached.push(run.cachedTokens);
+  enqueue.push(run.enqueueMsPerStep);
 }
 const decodeTps = median(decode);
 const gbps = (decodeTps * weightBytes) / 1e9;
@@ -151,6 +158,9 @@ const result = {
   prefillTokPerS: median(prefill), decodeTokPerS: decodeTps, decodeTokPerSAll: decode, decodeWeightGBps: gbps,
   copyBandwidthGBps: copyGBps, gemmTflops, ceilingSource, decodeBandwidthRatio: gbps / copyGBps,
   launchesPerDecodeStep: median(launches), msPerDecodeStep: 1000 / decodeTps, cachedTokens: cached,
+  // host time to enqueue one decode step's ops (the device runs meanwhile; above the step time = host-bound)
+  hostEnqueueMsPerDecodeStep: median(enqueue),
+  profile: [] as { name: string; callsPerStep: number; usPerStep: number; share: number }[],
   ttft,
 };
 // written after every phase: a run stopped part-way still leaves what it measured
@@ -165,6 +175,21 @@ log(`prefill  ${result.prefillTokPerS.toFixed(1)} tok/s  (${promptTokens}-token 
 log(`decode   ${decodeTps.toFixed(2)} tok/s (${result.msPerDecodeStep.toFixed(2)} ms/step, ` +
   `${result.launchesPerDecodeStep.toFixed(0)} launches/step) = ${gbps.toFixed(1)} GB/s of weights; ` +
   `copy bandwidth ${copyGBps.toFixed(0)} GB/s (${ceilingSource}) -> ratio ${result.decodeBandwidthRatio.toFixed(4)}`);
+log(`host     ${result.hostEnqueueMsPerDecodeStep.toFixed(2)} ms to enqueue a decode step`);
+
+// ---- device time per kernel over some decode steps ----
+const profileSteps = Number(values['profile-steps']);
+const prof = backend as Backend & { startProfile?: () => void; stopProfile?: () => Promise<{ name: string; calls: number; ms: number }[]> };
+if (profileSteps > 0 && prof.startProfile && prof.stopProfile) {
+  await once(promptIds(promptTokens, 999), profileSteps + 1, () => prof.startProfile!());
+  const rows = await prof.stopProfile();
+  const total = rows.reduce((a, r) => a + r.ms, 0);
+  result.profile = rows.map((r) => ({ name: r.name, callsPerStep: r.calls / profileSteps, usPerStep: (1000 * r.ms) / profileSteps, share: r.ms / total }));
+  save();
+  log(`profile  device time per decode step over ${profileSteps} steps: ${((1000 * total) / profileSteps).toFixed(0)} us of kernels`);
+  for (const r of result.profile.slice(0, 30))
+    log(`  ${r.name.padEnd(28)} ${r.callsPerStep.toFixed(1).padStart(6)} calls ${r.usPerStep.toFixed(1).padStart(9)} us ${(100 * r.share).toFixed(1).padStart(5)}%`);
+}
 
 // ---- time to first token for each prompt length (one token generated) ----
 for (const [i, n] of sweep.entries()) {

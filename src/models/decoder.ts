@@ -47,6 +47,8 @@ export interface StepBatch<Row extends RowSpan> {
 
 export class DecoderModel {
   private readonly rope: RopeTables;
+  /** host milliseconds the last forward took to enqueue its ops (before waiting for the device) */
+  lastEnqueueMs = 0;
 
   /** the embedding multiplier as the model applies it (gemma rounds it to the table's dtype) */
   private readonly embeddingScale: number;
@@ -72,6 +74,7 @@ export class DecoderModel {
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
 
     const b = this.backend;
+    const t0 = performance.now();
     b.beginScope();
     try {
       const ropes = ropePlan();
@@ -94,7 +97,9 @@ export class DecoderModel {
       let logits = b.matmul(normed, this.weights.lmHead);
       if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
       if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
-      return (await b.read(logits)) as Float32Array;
+      const out = b.read(logits);
+      this.lastEnqueueMs = performance.now() - t0;
+      return (await out) as Float32Array;
     } finally {
       b.endScope();
     }

@@ -20,6 +20,7 @@ import { check, CudaUnavailableError, loadCublasLt, probeCuda } from './cuda-lib
 import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { DevicePool, sizeClass } from './device-pool.ts';
+import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm } from './gemm.ts';
 import { ATT_MAX_HEAD_DIM, ATT_THREADS } from './kernels.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
@@ -147,6 +148,23 @@ export class CudaBackend implements Backend {
     const i = this.info;
     return `cuda: ${i.device} (${i.arch}, ${i.sms} SMs), driver ${i.driverVersion}, NVRTC ${i.nvrtcVersion} ` +
       `(kernels ${i.kernels === 'cache' ? 'from cache' : `compiled in ${i.kernelCompileMs.toFixed(0)} ms`}), gemm ${i.gemm}`;
+  }
+
+  /** Starts timing every kernel on the device (see profiler.ts); stopProfile reports. */
+  startProfile(): void {
+    this.assertOpen('startProfile');
+    this.rt.profiler ??= new KernelProfiler(this.rt.d, this.rt.stream);
+  }
+
+  /** Waits for the stream, stops timing, and returns device time per kernel since startProfile. */
+  async stopProfile(): Promise<KernelTime[]> {
+    await this.sync();
+    const p = this.rt.profiler;
+    this.rt.profiler = null;
+    if (!p) return [];
+    const rows = p.collect();
+    p.close();
+    return rows;
   }
 
   /** Kernel launches (cuBLASLt calls included) so far. */

@@ -77,6 +77,14 @@ export interface Driver {
   cuEventQuery(e: P): number;
   cuEventSynchronize(e: P): number;
   cuEventDestroy_v2(e: P): number;
+  cuEventElapsedTime(ms: Float32Array, start: P, end: P): number;
+  cuStreamBeginCapture_v2(s: P, mode: number): number;
+  cuStreamEndCapture(s: P, graph: BigUint64Array): number;
+  cuGraphInstantiateWithFlags(exec: BigUint64Array, graph: P, flags: number): number;
+  cuGraphLaunch(exec: P, s: P): number;
+  cuGraphExecDestroy(exec: P): number;
+  cuGraphDestroy(graph: P): number;
+  cuFuncSetAttribute(f: P, attr: number, value: number): number;
   cuMemAlloc_v2(out: BigUint64Array, bytes: number): number;
   cuMemFree_v2(p: P): number;
   cuMemGetInfo_v2(free: BigUint64Array, total: BigUint64Array): number;
@@ -166,6 +174,14 @@ export function loadDriver(): Driver {
       cuEventQuery: `int cuEventQuery(${u64})`,
       cuEventSynchronize: `int cuEventSynchronize(${u64})`,
       cuEventDestroy_v2: `int cuEventDestroy_v2(${u64})`,
+      cuEventElapsedTime: `int cuEventElapsedTime(void *, ${u64}, ${u64})`,
+      cuStreamBeginCapture_v2: `int cuStreamBeginCapture_v2(${u64}, int)`,
+      cuStreamEndCapture: `int cuStreamEndCapture(${u64}, void *)`,
+      cuGraphInstantiateWithFlags: `int cuGraphInstantiateWithFlags(void *, ${u64}, unsigned long long)`,
+      cuGraphLaunch: `int cuGraphLaunch(${u64}, ${u64})`,
+      cuGraphExecDestroy: `int cuGraphExecDestroy(${u64})`,
+      cuGraphDestroy: `int cuGraphDestroy(${u64})`,
+      cuFuncSetAttribute: `int cuFuncSetAttribute(${u64}, int, int)`,
       cuMemAlloc_v2: 'int cuMemAlloc_v2(void *, size_t)',
       cuMemFree_v2: `int cuMemFree_v2(${u64})`,
       cuMemGetInfo_v2: 'int cuMemGetInfo_v2(void *, void *)',

@@ -12,6 +12,7 @@ import {
 } from './cuda-lib.ts';
 import { KERNEL_NAMES, KERNEL_SOURCE, type KernelName } from './kernels.ts';
 import { compileKernels, type CompiledModule } from './nvrtc.ts';
+import { KernelProfiler } from './profiler.ts';
 
 /** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
 export type KernelArg = ['p' | 'i' | 'f', number];
@@ -35,6 +36,8 @@ export class CudaRuntime {
   readonly stream: number;
   /** kernel launches so far (a tracked number: small kernels are launch-bound) */
   launches = 0;
+  /** set while kernels are being timed (startProfile / stopProfile) */
+  profiler: KernelProfiler | null = null;
   private readonly ctx: number;
   private readonly dev: number;
   private readonly mod: number;
@@ -113,10 +116,17 @@ export class CudaRuntime {
       else if (type === 'i') v.setInt32(off, value, true);
       else v.setFloat32(off, value, true);
     }
+    const t0 = this.profiler?.begin();
     const rc = this.d.cuLaunchKernel(this.fns.get(name)!, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream,
       this.params.addr + MAX_ARGS * 8, 0);
     check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
+    if (t0 !== undefined) this.profiler!.end(name, t0);
     this.launches++;
+  }
+
+  /** The driver handle of a kernel (attributes such as dynamic shared memory limits). */
+  kernel(name: KernelName): number {
+    return this.fns.get(name)!;
   }
 
   /** Pinned (page-locked) host memory: the source / target of truly asynchronous copies. */
@@ -184,6 +194,8 @@ export class CudaRuntime {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.profiler?.close();
+    this.profiler = null;
     for (const ev of this.idleEvents) this.d.cuEventDestroy_v2(ev);
     this.idleEvents.length = 0;
     this.hostFree(this.params);
