@@ -183,4 +183,47 @@ export interface Backend {
    * x [T, D]; gate/up [E, I, D]; down [E, D, I] -> [T, D]
    */
   moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor, act: Activation): Tensor;
+
+  // ---- optional packed weights and fused ops ------------------------------------------------
+  // A backend with all of these (hasFusedOps) lets the model load q/k/v and gate/up packed, run one
+  // GEMM for each, and fuse the small ops around them: fewer launches and fewer passes over the
+  // activations, which is what decode on a GPU is bound by once the weights stream at full speed.
+  // Each op equals the composition of plain ops its comment states.
+
+  /** Loads sources whose shapes differ only in dim 0 as one tensor, concatenated along dim 0. */
+  loadConcat?(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor>;
+  /** A view of rows [start, start + rows) along dim 0 (contiguous memory; frees nothing). */
+  rowView?(t: Tensor, start: number, rows: number): Tensor;
+  /** sum = add(x, r, rScale) and normed = rmsnorm(sum, w, eps, weightOffset), in one pass. */
+  addRmsnorm?(x: Tensor, r: Tensor, rScale: number, w: Tensor, eps: number, weightOffset: number): { sum: Tensor; normed: Tensor };
+  /** glu(gu[:, 0:I], gu[:, I:2I], act) for gu [T, 2I] -> [T, I] */
+  gluPacked?(gu: Tensor, act: Activation): Tensor;
+  /**
+   * qkv [T, (H + 2 KVH) * D]: each token's q heads, then k heads, then v heads. Per-head rmsnorm
+   * of q and k (when `qkNorm` is given), rope of q and k, k and v written to `kv` at layout.slots;
+   * returns q [T, H, D]. Equals reshape + rmsnorm + rope + writeKv of the plain ops.
+   */
+  ropeQkvWriteKv?(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
+    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor;
+}
+
+export interface QkvHeads {
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+/** per-head rmsnorm of q and k (weights [headDim]) */
+export interface QkNorm {
+  q: Tensor;
+  k: Tensor;
+  eps: number;
+  weightOffset: number;
+}
+
+/** The packed-weight and fused ops together (a backend has all or none of them in use). */
+export type FusedOps = Required<Pick<Backend, 'loadConcat' | 'rowView' | 'addRmsnorm' | 'gluPacked' | 'ropeQkvWriteKv'>>;
+
+export function hasFusedOps(b: Backend): b is Backend & FusedOps {
+  return !!(b.loadConcat && b.rowView && b.addRmsnorm && b.gluPacked && b.ropeQkvWriteKv);
 }

@@ -5,7 +5,7 @@
 // One forward = one flattened step batch: the tokens of every row concatenated ([T]), each row
 // at its own positions, KV read and written through the paged cache.
 
-import type { Backend, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
+import { hasFusedOps, type Backend, type FusedOps, type PagedKv, type StepLayout, type Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
@@ -49,6 +49,8 @@ export class DecoderModel {
   private readonly rope: RopeTables;
   /** host milliseconds the last forward took to enqueue its ops (before waiting for the device) */
   lastEnqueueMs = 0;
+  /** the backend's fused ops, when it has them (packed weights were loaded for them) */
+  private readonly fused: (Backend & FusedOps) | undefined;
 
   /** the embedding multiplier as the model applies it (gemma rounds it to the table's dtype) */
   private readonly embeddingScale: number;
@@ -59,6 +61,7 @@ export class DecoderModel {
     readonly weights: ModelWeights,
   ) {
     this.rope = new RopeTables(backend, config.layers.map((l) => l.rope));
+    this.fused = hasFusedOps(backend) ? backend : undefined;
     const dt = weights.embed.dtype;
     this.embeddingScale = config.embeddingScaleInWeightDtype && (dt === 'bf16' || dt === 'f16')
       ? roundToHalf(config.embeddingScale, dt)
@@ -81,19 +84,36 @@ export class DecoderModel {
       const layouts = kv.layouts(batch.rows);
       const ids = b.upload(batch.tokens, [T]);
       let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
-      for (let l = 0; l < this.config.numLayers; l++) {
-        // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
-        // layer is enqueued, so a step's peak is one layer's worth, not all of them.
-        b.beginScope();
-        try {
-          x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
-        } finally {
-          b.endScope([x]);
-        }
-      }
       const c = this.config;
-      const picked = b.gatherRows(x, b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]));
-      const normed = b.rmsnorm(picked, this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
+      const pickIdx = () => b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
+      let normed: Tensor;
+      if (this.fused && c.normPlacement === 'pre') {
+        // Each residual add runs inside the norm after it: the next layer's input norm, or the
+        // final norm after the last layer (row-wise, so norming every token then picking rows is
+        // what picking then norming computes).
+        let h = this.norm(x, this.weights.layers[0]?.inputNorm ?? this.weights.finalNorm);
+        for (let l = 0; l < c.numLayers; l++) {
+          b.beginScope();
+          try {
+            [x, h] = this.preNormLayerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+          } finally {
+            b.endScope([x, h]);
+          }
+        }
+        normed = b.gatherRows(h, pickIdx());
+      } else {
+        for (let l = 0; l < c.numLayers; l++) {
+          // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
+          // layer is enqueued, so a step's peak is one layer's worth, not all of them.
+          b.beginScope();
+          try {
+            x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+          } finally {
+            b.endScope([x]);
+          }
+        }
+        normed = b.rmsnorm(b.gatherRows(x, pickIdx()), this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
+      }
       let logits = b.matmul(normed, this.weights.lmHead);
       if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
       if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
@@ -108,6 +128,21 @@ export class DecoderModel {
   private norm(x: Tensor, w: Tensor | undefined): Tensor {
     if (!w) throw new Error('decoder: a norm weight required by the norm placement is missing');
     return this.backend.rmsnorm(x, w, this.config.rmsNormEps, this.config.normWeightOffset);
+  }
+
+  /**
+   * A 'pre'-norm layer with the residual adds fused into the norms: takes the residual stream x
+   * and h = inputNorm(x); returns the new x and the next norm of it (the next layer's input norm,
+   * or the final norm after the last layer).
+   */
+  private preNormLayerFused(b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout, rope: RopeTable,
+    kv: KvAccess<RowSpan>): [Tensor, Tensor] {
+    const c = this.config, w = this.weights.layers[l];
+    const next = l + 1 < c.numLayers ? this.weights.layers[l + 1].inputNorm : this.weights.finalNorm;
+    if (!w.postAttnNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
+    const a = b.addRmsnorm(x, this.attention(l, h, w, layout, rope, kv), c.residualScale, w.postAttnNorm, c.rmsNormEps, c.normWeightOffset);
+    const m = b.addRmsnorm(a.sum, this.mlp(a.normed, w), c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
+    return [m.sum, m.normed];
   }
 
   private layer(l: number, x: Tensor, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
@@ -134,6 +169,16 @@ export class DecoderModel {
   private attention(l: number, h: Tensor, w: LayerWeights, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
     const b = this.backend, c = this.config, a: AttentionWeights = w.attn;
     const T = h.shape[0];
+    const paged = kv.kvOfLayer(l);
+    const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
+    if (this.fused && a.qkv) {
+      // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
+      const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
+      const q = this.fused.ropeQkvWriteKv(b.matmul(h, a.qkv, a.qkvBias), { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
+        layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
+      const o = b.attention(q, paged, layout, params);
+      return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+    }
     let q = b.matmul(h, a.q, a.qBias);
     let k = b.matmul(h, a.k, a.kBias);
     const v = b.matmul(h, a.v, a.vBias);
@@ -149,19 +194,16 @@ export class DecoderModel {
     }
     q = b.rope(q, layout.tokenPos, rope.invFreq, rope.attentionScaling);
     k = b.rope(k, layout.tokenPos, rope.invFreq, rope.attentionScaling);
-    const paged = kv.kvOfLayer(l);
     b.writeKv(paged, k, b.reshape(v, [T, c.numKvHeads, c.headDim]), layout);
-    const spec = c.layers[l];
-    const o = b.attention(q, paged, layout, {
-      scale: c.attentionScale,
-      window: spec.window,
-      softcap: c.attnLogitSoftcap,
-    });
+    const o = b.attention(q, paged, layout, params);
     return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
   }
 
   private mlp(h: Tensor, w: LayerWeights): Tensor {
     const b = this.backend, c = this.config, m = w.mlp;
+    if (m.kind === 'dense' && this.fused && m.gateUp) {
+      return b.matmul(this.fused.gluPacked(b.matmul(h, m.gateUp, m.gateUpBias), c.activation), m.down, m.downBias);
+    }
     if (m.kind === 'dense') {
       const g = b.matmul(h, m.gate, m.gateBias);
       const u = b.matmul(h, m.up, m.upBias);

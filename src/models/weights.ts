@@ -3,7 +3,7 @@
 // fused 3-D expert tensors, phi3's fused projections); this file maps every spelling seen in
 // the wild onto one LayerWeights shape so the graph in decoder.ts has a single form.
 
-import type { Backend, Tensor, WeightSource } from '../contracts/backend.ts';
+import { hasFusedOps, type Backend, type FusedOps, type Tensor, type WeightSource } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 
 /** What the loader needs from a checkpoint (artifacts/safetensors implements it). */
@@ -16,6 +16,9 @@ export interface WeightLookup {
 export interface AttentionWeights {
   q: Tensor; k: Tensor; v: Tensor; o: Tensor; // [out, in]
   qBias?: Tensor; kBias?: Tensor; vBias?: Tensor; oBias?: Tensor;
+  /** packed [(H + 2 KVH) * headDim, in] when the backend has fused ops; q/k/v are row views of it */
+  qkv?: Tensor;
+  qkvBias?: Tensor;
   qNorm?: Tensor; kNorm?: Tensor; // [headDim] ('head') or [heads*headDim] ('full')
 }
 
@@ -23,6 +26,9 @@ export interface DenseMlpWeights {
   kind: 'dense';
   gate: Tensor; up: Tensor; down: Tensor; // [I, D], [I, D], [D, I]
   gateBias?: Tensor; upBias?: Tensor; downBias?: Tensor;
+  /** packed [2I, D] (gate rows first) when the backend has fused ops; gate/up are row views of it */
+  gateUp?: Tensor;
+  gateUpBias?: Tensor;
 }
 
 export interface MoeWeights {
@@ -60,7 +66,7 @@ function detectPrefix(w: WeightLookup, configured: string): string {
 
 class Loader {
   constructor(
-    private readonly backend: Backend,
+    readonly backend: Backend,
     private readonly w: WeightLookup,
   ) {}
 
@@ -84,18 +90,74 @@ class Loader {
   optionalVector(names: string[], shape: number[]): Promise<Tensor> | undefined {
     return this.first(names) ? this.vector(names, shape) : undefined;
   }
+  /** Sources packed along dim 0 into one tensor, and a row view of it per source. */
+  async packed(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<{ whole: Tensor; parts: Tensor[] }> {
+    const b = this.backend as Backend & FusedOps;
+    const whole = await b.loadConcat(srcs, as);
+    let row = 0;
+    const parts = srcs.map((s) => {
+      const v = b.rowView(whole, row, s.shape[0]!);
+      row += s.shape[0]!;
+      return v;
+    });
+    return { whole, parts };
+  }
   /** rows [start, start+rows) of a fused [N, K] matrix (or vector when `as` is f32) */
   rows(name: string, start: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
     return this.backend.loadWeightRows(this.source([name]), start, rows, as);
   }
 }
 
-async function loadAttention(ld: Loader, cfg: ModelConfig, p: string): Promise<AttentionWeights> {
+/**
+ * Whether q/k/v load packed: the backend has the fused ops, and the decoder's fused attention path
+ * covers the model (it has no whole-projection qk-norm, which needs q and k apart).
+ */
+export function packsQkv(backend: Backend, cfg: ModelConfig): boolean {
+  return hasFusedOps(backend) && cfg.qkNorm !== 'full';
+}
+
+/** Whether dense gate/up load packed (the decoder then runs one GEMM and gluPacked). */
+export function packsGateUp(backend: Backend): boolean {
+  return hasFusedOps(backend);
+}
+
+/** q/k/v (and biases when all three have one) as one packed tensor with row views. */
+async function loadPackedQkv(ld: Loader, cfg: ModelConfig, a: string): Promise<Pick<AttentionWeights, 'q' | 'k' | 'v' | 'qkv' | 'qBias' | 'kBias' | 'vBias' | 'qkvBias'> | undefined> {
+  const { hiddenSize: D, numHeads: H, numKvHeads: Hk, headDim: hd } = cfg;
+  const fusedName = `${a}qkv_proj.weight`;
+  const fusedSrc = cfg.fusedQkv && ld.first([fusedName]);
+  const srcs = fusedSrc
+    ? [ld.source([fusedName], [(H + 2 * Hk) * hd, D])]
+    : [ld.source([`${a}q_proj.weight`], [H * hd, D]), ld.source([`${a}k_proj.weight`], [Hk * hd, D]), ld.source([`${a}v_proj.weight`], [Hk * hd, D])];
+  const biasNames = fusedSrc ? [`${a}qkv_proj.bias`] : [`${a}q_proj.bias`, `${a}k_proj.bias`, `${a}v_proj.bias`];
+  const biasCount = biasNames.filter((n) => ld.first([n])).length;
+  if (biasCount !== 0 && biasCount !== biasNames.length) return undefined; // some but not all: load them apart
+  const w = await ld.packed(srcs, 'keep');
+  const b = ld.backend as Backend & FusedOps;
+  const split = (t: Tensor) => [b.rowView(t, 0, H * hd), b.rowView(t, H * hd, Hk * hd), b.rowView(t, (H + Hk) * hd, Hk * hd)];
+  const [q, k, v] = split(w.whole);
+  let bias: Tensor | undefined;
+  if (biasCount > 0) {
+    bias = (await ld.packed(biasNames.map((n, i) => ld.source([n], [fusedSrc ? (H + 2 * Hk) * hd : [H * hd, Hk * hd, Hk * hd][i]!])), 'f32')).whole;
+  }
+  const [qBias, kBias, vBias] = bias ? split(bias) : [undefined, undefined, undefined];
+  return { q: q!, k: k!, v: v!, qkv: w.whole, qBias, kBias, vBias, qkvBias: bias };
+}
+
+async function loadAttention(ld: Loader, cfg: ModelConfig, p: string, pack: boolean): Promise<AttentionWeights> {
   const { hiddenSize: D, numHeads: H, numKvHeads: Hk, headDim: hd } = cfg;
   const a = `${p}self_attn.`;
+  const packed = pack ? await loadPackedQkv(ld, cfg, a) : undefined;
   let q: Promise<Tensor>, k: Promise<Tensor>, v: Promise<Tensor>;
   let qBias, kBias, vBias: Promise<Tensor> | undefined;
-  if (cfg.fusedQkv && ld.first([`${a}qkv_proj.weight`])) {
+  if (packed) {
+    q = Promise.resolve(packed.q);
+    k = Promise.resolve(packed.k);
+    v = Promise.resolve(packed.v);
+    qBias = packed.qBias && Promise.resolve(packed.qBias);
+    kBias = packed.kBias && Promise.resolve(packed.kBias);
+    vBias = packed.vBias && Promise.resolve(packed.vBias);
+  } else if (cfg.fusedQkv && ld.first([`${a}qkv_proj.weight`])) {
     ld.source([`${a}qkv_proj.weight`], [(H + 2 * Hk) * hd, D]);
     q = ld.rows(`${a}qkv_proj.weight`, 0, H * hd, 'keep');
     k = ld.rows(`${a}qkv_proj.weight`, H * hd, Hk * hd, 'keep');
@@ -126,12 +188,29 @@ async function loadAttention(ld: Loader, cfg: ModelConfig, p: string): Promise<A
     q: await q, k: await k, v: await v, o: await o,
     qBias: await qBias, kBias: await kBias, vBias: await vBias, oBias: await oBias,
     qNorm: await qNorm, kNorm: await kNorm,
+    qkv: packed?.qkv, qkvBias: packed?.qkvBias,
   };
 }
 
-async function loadDense(ld: Loader, cfg: ModelConfig, p: string): Promise<DenseMlpWeights> {
+async function loadDense(ld: Loader, cfg: ModelConfig, p: string, pack: boolean): Promise<DenseMlpWeights> {
   const D = cfg.hiddenSize, I = cfg.intermediateSize;
   const m = `${p}mlp.`;
+  const fusedName = `${m}gate_up_proj.weight`;
+  const fused = cfg.fusedGateUp && ld.first([fusedName]);
+  const hasBias = !fused && !!ld.first([`${m}gate_proj.bias`]);
+  if (pack && (!hasBias || ld.first([`${m}up_proj.bias`]))) {
+    const srcs = fused ? [ld.source([fusedName], [2 * I, D])] : [ld.source([`${m}gate_proj.weight`], [I, D]), ld.source([`${m}up_proj.weight`], [I, D])];
+    const w = await ld.packed(srcs, 'keep');
+    const b = ld.backend as Backend & FusedOps;
+    const bias = hasBias ? (await ld.packed([ld.source([`${m}gate_proj.bias`], [I]), ld.source([`${m}up_proj.bias`], [I])], 'f32')).whole : undefined;
+    return {
+      kind: 'dense',
+      gate: b.rowView(w.whole, 0, I), up: b.rowView(w.whole, I, I), gateUp: w.whole,
+      gateBias: bias && b.rowView(bias, 0, I), upBias: bias && b.rowView(bias, I, I), gateUpBias: bias,
+      down: await ld.matrix([`${m}down_proj.weight`], [D, I]),
+      downBias: await ld.optionalVector([`${m}down_proj.bias`], [D]),
+    };
+  }
   if (cfg.fusedGateUp && ld.first([`${m}gate_up_proj.weight`])) {
     ld.source([`${m}gate_up_proj.weight`], [2 * I, D]);
     return {
@@ -198,6 +277,7 @@ export async function loadModelWeights(
   onProgress?: (done: number, total: number) => void,
 ): Promise<ModelWeights> {
   const ld = new Loader(backend, w);
+  const packQkv = packsQkv(backend, cfg), packGateUp = packsGateUp(backend);
   const prefix = detectPrefix(w, cfg.weightPrefix);
   const D = cfg.hiddenSize, V = cfg.vocabSize;
   const embed = await ld.matrix([`${prefix}embed_tokens.weight`], [V, D]);
@@ -206,8 +286,8 @@ export async function loadModelWeights(
     const p = `${prefix}layers.${l}.`;
     const norm = (name: string) => ld.vector([`${p}${name}.weight`], [D]);
     const lw: LayerWeights = {
-      attn: await loadAttention(ld, cfg, p),
-      mlp: cfg.layers[l].mlp === 'moe' ? await loadMoe(ld, backend, cfg, p) : await loadDense(ld, cfg, p),
+      attn: await loadAttention(ld, cfg, p, packQkv),
+      mlp: cfg.layers[l].mlp === 'moe' ? await loadMoe(ld, backend, cfg, p) : await loadDense(ld, cfg, p, packGateUp),
     };
     if (cfg.normPlacement !== 'post') lw.inputNorm = await norm('input_layernorm');
     lw.postAttnNorm = await norm('post_attention_layernorm');

@@ -4,7 +4,7 @@
 
 import { openSync, readSync, closeSync } from 'node:fs';
 import type {
-  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
+  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { decodeHalf, encodeHalf } from '../common/half.ts';
@@ -344,5 +344,65 @@ export class ReferenceBackend implements Backend {
         }
       }
     return out;
+  }
+
+  // ---- packed weights and fused ops: the plain ops composed ----
+  async loadConcat(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
+    const parts = await Promise.all(srcs.map((src) => this.loadWeight(src, as)));
+    const tail = parts[0].shape.slice(1);
+    for (const p of parts)
+      if (p.shape.length !== parts[0].shape.length || p.shape.slice(1).some((d, k) => d !== tail[k]))
+        throw new Error(`loadConcat: [${p.shape}] does not match [${parts[0].shape}] past dim 0`);
+    const out = new Float32Array(parts.reduce((a, p) => a + numel(p.shape), 0));
+    let off = 0;
+    for (const p of parts) {
+      out.set(f(p), off);
+      off += numel(p.shape);
+    }
+    return new RefTensor([parts.reduce((a, p) => a + p.shape[0], 0), ...tail], parts[0].dtype, out);
+  }
+  rowView(t: Tensor, start: number, rows: number): Tensor {
+    const total = t.shape[0];
+    if (!Number.isInteger(start) || !Number.isInteger(rows) || start < 0 || rows < 0 || start + rows > total)
+      throw new Error(`rowView: rows [${start}, ${start + rows}) outside [0, ${total})`);
+    const per = numel(t.shape.slice(1));
+    return new RefTensor([rows, ...t.shape.slice(1)], t.dtype, asRef(t).data.subarray(start * per, (start + rows) * per));
+  }
+  addRmsnorm(x: Tensor, r: Tensor, rScale: number, w: Tensor, eps: number, weightOffset: number): { sum: Tensor; normed: Tensor } {
+    const sum = this.add(x, r, rScale);
+    return { sum, normed: this.rmsnorm(sum, w, eps, weightOffset) };
+  }
+  gluPacked(gu: Tensor, act: Activation): Tensor {
+    const [T, I2] = gu.shape;
+    const I = I2 / 2;
+    const g = this.floats([T, I]), u = this.floats([T, I]);
+    const v = f(gu);
+    for (let t = 0; t < T; t++) {
+      g.data.set(v.subarray(t * I2, t * I2 + I), t * I);
+      u.data.set(v.subarray(t * I2 + I, (t + 1) * I2), t * I);
+    }
+    return this.glu(g, u, act);
+  }
+  ropeQkvWriteKv(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
+    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor {
+    const { heads: H, kvHeads: Hk, headDim: D } = heads;
+    const T = qkv.shape[0];
+    const W = (H + 2 * Hk) * D;
+    if (qkv.shape[1] !== W) throw new Error(`ropeQkvWriteKv: qkv [${qkv.shape}] is not [T, ${W}]`);
+    const v = f(qkv);
+    const part = (from: number, n: number) => {
+      const out = this.floats([T, n, D]);
+      for (let t = 0; t < T; t++) out.data.set(v.subarray(t * W + from * D, t * W + (from + n) * D), t * n * D);
+      return out;
+    };
+    let q: Tensor = part(0, H), k: Tensor = part(H, Hk);
+    if (qkNorm) {
+      q = this.rmsnorm(q, qkNorm.q, qkNorm.eps, qkNorm.weightOffset);
+      k = this.rmsnorm(k, qkNorm.k, qkNorm.eps, qkNorm.weightOffset);
+    }
+    q = this.rope(q, pos, invFreq, attentionScaling);
+    k = this.rope(k, pos, invFreq, attentionScaling);
+    this.writeKv(kv, k, part(H + Hk, Hk), layout);
+    return q;
   }
 }
