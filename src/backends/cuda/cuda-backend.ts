@@ -12,7 +12,7 @@
 import { open } from 'node:fs/promises';
 
 import type {
-  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
+  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
 import { ScopeStack } from '../common/scopes.ts';
@@ -23,6 +23,7 @@ import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm } from './gemm.ts';
 import { ATT_MAX_HEAD_DIM, ATT_THREADS } from './kernels.ts';
+import { GEMV_MAX_M, GEMV_WARPS, ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
 
@@ -122,6 +123,8 @@ export class CudaBackend implements Backend {
   readonly info: CudaBackendInfo;
   /** GEMMs cuBLASLt declined (run by the plain kernel instead) */
   gemmFallbacks = 0;
+  /** small-M bf16 GEMMs run as k_gemv_bf16 (see gemvFits) */
+  gemvEnabled = process.env.LLMTS_CUDA_GEMV !== 'off';
   private readonly id = nextBackendId++;
   private readonly scopes: ScopeStack<CudaTensor>;
   /** device int[4]: first kernel error (code, a, b, c); 0 = none */
@@ -277,18 +280,41 @@ export class CudaBackend implements Backend {
     if (srcs.length === 0) throw opError('loadStacked', 'no sources');
     const first = srcs[0]!;
     for (const s of srcs) {
-      this.checkSource('loadStacked', s);
       if (!sameShape(s.shape, first.shape) || (as === 'keep' && s.dtype !== first.dtype)) {
         throw opError('loadStacked', `${s.name} is ${s.dtype}[${s.shape.join(', ')}] but ${first.name} is ` +
           `${first.dtype}[${first.shape.join(', ')}]`);
       }
     }
-    const dtype: DType = as === 'keep' ? first.dtype : 'f32';
-    const per = numel(first.shape);
-    const t = this.make([srcs.length, ...first.shape], dtype, false, true);
+    return this.loadParts('loadStacked', srcs, as, [srcs.length, ...first.shape]);
+  }
+
+  async loadConcat(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
+    this.assertOpen('loadConcat');
+    if (srcs.length === 0) throw opError('loadConcat', 'no sources');
+    const first = srcs[0]!;
+    if (first.shape.length === 0) throw opError('loadConcat', `${first.name} is a scalar`);
+    for (const s of srcs) {
+      if (s.shape.length !== first.shape.length || !sameShape(s.shape.slice(1), first.shape.slice(1)) ||
+        (as === 'keep' && s.dtype !== first.dtype)) {
+        throw opError('loadConcat', `${s.name} is ${s.dtype}[${s.shape.join(', ')}] but ${first.name} is ` +
+          `${first.dtype}[${first.shape.join(', ')}] (only dim 0 may differ)`);
+      }
+    }
+    return this.loadParts('loadConcat', srcs, as, [srcs.reduce((a, s) => a + s.shape[0]!, 0), ...first.shape.slice(1)]);
+  }
+
+  /** Loads each source whole, one after another, into one new tensor of `shape`. */
+  private async loadParts(op: string, srcs: WeightSource[], as: 'keep' | 'f32', shape: number[]): Promise<Tensor> {
+    for (const s of srcs) this.checkSource(op, s);
+    const dtype: DType = as === 'keep' ? srcs[0]!.dtype : 'f32';
+    const t = this.make(shape, dtype, false, true);
     try {
-      await Promise.all(srcs.map((s, i) =>
-        this.loadInto(s, s.offset, per * dtypeBytes[s.dtype], t.addr + i * per * dtypeBytes[dtype], dtype)));
+      let at = t.addr;
+      await Promise.all(srcs.map((s) => {
+        const dst = at;
+        at += numel(s.shape) * dtypeBytes[dtype];
+        return this.loadInto(s, s.offset, numel(s.shape) * dtypeBytes[s.dtype], dst, dtype);
+      }));
     } catch (e) {
       this.release(t);
       throw e;
@@ -363,6 +389,18 @@ export class CudaBackend implements Backend {
       throw opError('reshape', `cannot view ${describe(x)} as [${shape.join(', ')}] (element counts differ)`);
     }
     return new CudaTensor(Object.freeze([...shape]), x.dtype, x.addr, x.bytes, x.owner, this.id);
+  }
+
+  rowView(t: Tensor, start: number, rows: number): Tensor {
+    const x = this.arg('rowView', 't', t, ANY);
+    if (x.shape.length === 0) throw opError('rowView', 'a scalar has no rows');
+    const total = x.shape[0]!;
+    if (!Number.isSafeInteger(start) || !Number.isSafeInteger(rows) || start < 0 || rows < 0 || start + rows > total) {
+      throw opError('rowView', `rows [${start}, ${start + rows}) outside [0, ${total}) of ${describe(x)}`);
+    }
+    const rowBytes = numel(x.shape.slice(1)) * dtypeBytes[x.dtype];
+    return new CudaTensor(Object.freeze([rows, ...x.shape.slice(1)]), x.dtype, x.addr + start * rowBytes, rows * rowBytes,
+      x.owner, this.id);
   }
 
   private pinnedForRead(bytes: number): PinnedBuffer {
@@ -557,10 +595,27 @@ export class CudaBackend implements Backend {
     }
     const y = this.out([M, N]);
     if (M === 0 || N === 0) return y;
+    if (this.gemvFits(a, b, M, K)) {
+      this.rt.launch('k_gemv_bf16', [Math.ceil(N / GEMV_WARPS), 1, 1], 32 * GEMV_WARPS, 0, [
+        ['p', a.addr], ['p', b.addr], ['p', c ? c.addr : 0], ['i', c ? DT_CODE[c.dtype] : 0], ['p', y.addr], ['i', M],
+        ['i', N], ['i', K]]);
+      return y;
+    }
     if (K > 0 && this.gemm && this.lt(a, b, c, y, M, N, K)) return y;
     if (K > 0 && this.gemm) this.gemmFallbacks++;
     this.simpleMatmul(a, b, c, y, M, N, K);
     return y;
+  }
+
+  /**
+   * Decode-shaped GEMMs (a few rows of bf16 x times bf16 w) run as a GEMV that streams w once with
+   * 16-byte loads; cuBLASLt's heuristics pick tile shapes that read small weights well below
+   * bandwidth at M = 1 (measured on the H200: 2.0 TB/s for 4096 x 4096). $LLMTS_CUDA_GEMV=off
+   * sends everything to cuBLASLt.
+   */
+  private gemvFits(a: CudaTensor, b: CudaTensor, M: number, K: number): boolean {
+    return this.gemvEnabled && M <= GEMV_MAX_M && K > 0 && K % 8 === 0 && a.dtype === 'bf16' && b.dtype === 'bf16' &&
+      a.addr % 16 === 0 && b.addr % 16 === 0;
   }
 
   private simpleMatmul(a: CudaTensor, b: CudaTensor, c: CudaTensor | null, y: CudaTensor, M: number, N: number,
@@ -750,6 +805,90 @@ export class CudaBackend implements Backend {
       ['p', row.addr], ['p', pos.addr], ['p', bt.addr], ['p', y.addr], ['i', T], ['i', H], ['i', KVH], ['i', D],
       ['i', NB], ['i', BS], ['i', R], ['i', MBR], ['i', window], ['f', scale], ['f', softcap], ['p', this.errWord]]);
     return y;
+  }
+
+  addRmsnorm(x: Tensor, r: Tensor, rScale: number, w: Tensor, eps: number, weightOffset: number): { sum: Tensor; normed: Tensor } {
+    const op = 'addRmsnorm';
+    this.assertOpen(op);
+    const a = this.arg(op, 'x', x, ACTS);
+    const b = this.arg(op, 'r', r, ACTS);
+    const g = this.arg(op, 'w', w, FLOAT, 1);
+    if (!sameShape(a.shape, b.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(b)}`);
+    if (a.shape.length === 0) throw opError(op, 'x must have at least one dimension');
+    const D = a.shape[a.shape.length - 1]!;
+    expectDim(op, 'w length', g.shape[0]!, D, () => `last dim of x ${describe(a)}`);
+    expectFinite(op, 'rScale', rScale);
+    expectFinite(op, 'eps', eps);
+    expectFinite(op, 'weightOffset', weightOffset);
+    const sum = this.out(a.shape);
+    const normed = this.out(a.shape);
+    const rows = D === 0 ? 0 : numel(a.shape) / D;
+    const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
+    this.rt.launch('k_add_rmsnorm', [Math.min(rows, MAX_GRID_X), 1, 1], threads, 0, [
+      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', b.addr], ['i', DT_CODE[b.dtype]], ['f', rScale], ['p', g.addr],
+      ['i', DT_CODE[g.dtype]], ['p', sum.addr], ['p', normed.addr], ['p', rows], ['i', D], ['f', eps], ['f', weightOffset]]);
+    return { sum, normed };
+  }
+
+  gluPacked(gu: Tensor, act: Activation): Tensor {
+    const op = 'gluPacked';
+    this.assertOpen(op);
+    const g = this.arg(op, 'gu', gu, ACTS, 2);
+    const [T, I2] = g.shape as [number, number];
+    if (I2 % 2 !== 0) throw opError(op, `gu ${describe(g)} must be [T, 2I]`);
+    const code = ACT_CODE[act];
+    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const I = I2 / 2;
+    const y = this.out([T, I]);
+    const n = g.dtype === 'bf16' && I % 8 === 0 ? (T * I) / 8 : T * I;
+    this.rt.launch('k_glu_packed', this.elementwiseGrid(n), ELEMWISE_THREADS, 0, [
+      ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', y.addr], ['p', T], ['p', I], ['i', code]]);
+    return y;
+  }
+
+  ropeQkvWriteKv(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
+    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor {
+    const op = 'ropeQkvWriteKv';
+    this.assertOpen(op);
+    const x = this.arg(op, 'qkv', qkv, ACTS, 2);
+    const { heads: H, kvHeads: KVH, headDim: D } = heads;
+    for (const [k, v] of Object.entries(heads)) {
+      if (!Number.isSafeInteger(v) || v < 1) throw opError(op, `heads.${k} must be a positive integer, got ${v}`);
+    }
+    const T = x.shape[0]!;
+    expectDim(op, 'qkv width', x.shape[1]!, (H + 2 * KVH) * D, () => `(heads ${H} + 2 x kvHeads ${KVH}) x headDim ${D}`);
+    if (D > ROPE_QKV_MAX_HEAD_DIM) throw opError(op, `head dim ${D} is above the ${ROPE_QKV_MAX_HEAD_DIM} this kernel handles`);
+    const [NB, BS, PKVH, PD] = this.poolDims(op, kv, layout);
+    if (PKVH !== KVH || PD !== D) throw opError(op, `pool ${describe(kv.k)} must be [blocks, blockSize, ${KVH}, ${D}]`);
+    const p = this.arg(op, 'pos', pos, I32, 1);
+    expectDim(op, 'pos length', p.shape[0]!, T, () => `qkv ${describe(x)}`);
+    const perToken = invFreq.shape.length === 2;
+    const f = this.arg(op, 'invFreq', invFreq, ['f32'], perToken ? 2 : 1);
+    if (perToken) expectDim(op, 'invFreq rows', f.shape[0]!, T, () => `per-token invFreq ${describe(f)} needs one row per token`);
+    const half = f.shape[f.shape.length - 1]!;
+    if (2 * half > D) throw opError(op, `invFreq ${describe(f)} rotates ${2 * half} dims but headDim is ${D}`);
+    expectFinite(op, 'attentionScaling', attentionScaling);
+    const slots = this.arg(op, 'layout.slots', layout.slots, I32, 1);
+    expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `qkv ${describe(x)}`);
+    let qn: CudaTensor | null = null, kn: CudaTensor | null = null;
+    if (qkNorm) {
+      qn = this.arg(op, 'qkNorm.q', qkNorm.q, FLOAT, 1);
+      kn = this.arg(op, 'qkNorm.k', qkNorm.k, FLOAT, 1);
+      expectDim(op, 'qkNorm.q length', qn.shape[0]!, D, () => 'per-head norm weights are [headDim]');
+      expectDim(op, 'qkNorm.k length', kn.shape[0]!, D, () => 'per-head norm weights are [headDim]');
+      if (qn.dtype !== kn.dtype) throw opError(op, `qkNorm.q ${describe(qn)} and qkNorm.k ${describe(kn)} differ in dtype`);
+      expectFinite(op, 'qkNorm.eps', qkNorm.eps);
+      expectFinite(op, 'qkNorm.weightOffset', qkNorm.weightOffset);
+    }
+    const q = this.out([T, H, D]);
+    const kp = kv.k as CudaTensor;
+    const vp = kv.v as CudaTensor;
+    this.rt.launch('k_rope_qkv', [T, H + KVH, 1], Math.min(256, Math.max(32, Math.ceil(D / 32) * 32)), 0, [
+      ['p', x.addr], ['i', DT_CODE[x.dtype]], ['p', p.addr], ['p', f.addr], ['i', perToken ? half : 0], ['f', attentionScaling],
+      ['p', qn ? qn.addr : 0], ['p', kn ? kn.addr : 0], ['i', qn ? DT_CODE[qn.dtype] : 0], ['f', qkNorm?.eps ?? 0],
+      ['f', qkNorm?.weightOffset ?? 0], ['p', q.addr], ['p', kp.addr], ['p', vp.addr], ['i', DT_CODE[kp.dtype]],
+      ['p', slots.addr], ['i', T], ['i', H], ['i', KVH], ['i', D], ['i', half], ['p', NB * BS], ['p', this.errWord]]);
+    return q;
   }
 
   softcap(x: Tensor, cap: number): Tensor {

@@ -1,0 +1,206 @@
+// CUDA source of the fused decode kernels (the Backend contract's optional fused ops) and the
+// small-M GEMV. Appended to KERNEL_SOURCE (kernels.ts), so it uses that file's helpers: bf2f/f2bf,
+// ld/st, report, block_sum, warp_sum, activate, GRID_STRIDE.
+//
+// Each fused kernel rounds to bf16 exactly where the plain ops it replaces store bf16 (the sum
+// before its norm, the normed q/k before rope), so fused and plain paths compute the same values.
+
+export const FUSED_KERNEL_SOURCE = String.raw`
+// 8 bf16 values from one 16-byte load
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+  const unsigned* u = (const unsigned*)&v;
+  #pragma unroll
+  for (int k = 0; k < 4; k++) { f[2 * k] = __uint_as_float(u[k] << 16); f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u); }
+}
+
+// sum = bf16(a + bScale * b); normed = bf16(sum * rsqrt(mean(sum^2) + eps) * (off + w)); one block per row.
+extern "C" __global__ void k_add_rmsnorm(const void* a, int adt, const void* b, int bdt, float bScale, const void* w,
+                                         int wdt, u16* sum, u16* normed, i64 rows, int D, float eps, float off) {
+  __shared__ float red[32];
+  const bool vec = adt == DT_BF16 && bdt == DT_BF16 && (D & 7) == 0;
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const i64 base = r * D;
+    float ss = 0.0f;
+    if (vec) {
+      for (int d8 = threadIdx.x; d8 < (D >> 3); d8 += blockDim.x) {
+        float av[8], bv[8];
+        unpack8(((const uint4*)((const u16*)a + base))[d8], av);
+        unpack8(((const uint4*)((const u16*)b + base))[d8], bv);
+        uint4 out;
+        u16* o = (u16*)&out;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+          o[k] = f2bf(av[k] + bScale * bv[k]);
+          float h = bf2f(o[k]);
+          ss += h * h;
+        }
+        ((uint4*)(sum + base))[d8] = out;
+      }
+    } else {
+      for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        u16 h = f2bf(ld(a, adt, base + d) + bScale * ld(b, bdt, base + d));
+        sum[base + d] = h;
+        float v = bf2f(h);
+        ss += v * v;
+      }
+    }
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)D + eps);
+    // each thread reads back only the elements it wrote above
+    if (vec) {
+      for (int d8 = threadIdx.x; d8 < (D >> 3); d8 += blockDim.x) {
+        float sv[8];
+        unpack8(((const uint4*)(sum + base))[d8], sv);
+        uint4 out;
+        u16* o = (u16*)&out;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = f2bf(sv[k] * inv * (off + ld(w, wdt, d8 * 8 + k)));
+        ((uint4*)(normed + base))[d8] = out;
+      }
+    } else {
+      for (int d = threadIdx.x; d < D; d += blockDim.x)
+        normed[base + d] = f2bf(bf2f(sum[base + d]) * inv * (off + ld(w, wdt, d)));
+    }
+  }
+}
+
+// out[t, j] = act(gu[t, j]) * gu[t, I + j] for gu [T, 2I]
+extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T, i64 I, int act) {
+  if (gdt == DT_BF16 && (I & 7) == 0) {
+    const i64 I8 = I >> 3;
+    GRID_STRIDE(i, T * I8) {
+      i64 t = i / I8, j8 = i - t * I8;
+      const uint4* row = (const uint4*)((const u16*)gu + t * 2 * I);
+      float g[8], u[8];
+      unpack8(row[j8], g);
+      unpack8(row[I8 + j8], u);
+      uint4 o;
+      u16* op = (u16*)&o;
+      #pragma unroll
+      for (int k = 0; k < 8; k++) op[k] = f2bf(activate(g[k], act) * u[k]);
+      ((uint4*)out)[i] = o;
+    }
+    return;
+  }
+  GRID_STRIDE(i, T * I) {
+    i64 t = i / I, j = i - t * I;
+    out[i] = f2bf(activate(ld(gu, gdt, t * 2 * I + j), act) * ld(gu, gdt, t * 2 * I + I + j));
+  }
+}
+
+// One block per (token, q or k head) of qkv [T, (H + 2 KVH) * D]: optional per-head rmsnorm
+// (weights [D]), rotate-half rope on the first 2*half dims, q to qOut [T, H, D]; a k head's block
+// also writes its k and the matching v head to the pools at slots[t] (-1 = skip).
+#define ROPE_MAX_D 512
+extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, const float* invFreq, int invStride,
+                                      float scaling, const void* qnw, const void* knw, int nwdt, float eps, float off,
+                                      u16* qOut, void* kpool, void* vpool, int pdt, const int* slots, int T, int H,
+                                      int KVH, int D, int half, i64 numSlots, int* err) {
+  __shared__ float xs[ROPE_MAX_D];
+  __shared__ float red[32];
+  const int t = blockIdx.x, hh = blockIdx.y;
+  const bool isQ = hh < H;
+  const i64 W = (i64)(H + 2 * KVH) * D;
+  const i64 src = (i64)t * W + (i64)hh * D; // q heads, then k heads: head hh starts at hh * D
+  for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = ld(qkv, xdt, src + d);
+  const void* nw = isQ ? qnw : knw;
+  if (nw) {
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) ss += xs[d] * xs[d];
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)D + eps);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = bf2f(f2bf(xs[d] * inv * (off + ld(nw, nwdt, d))));
+  }
+  __syncthreads();
+  const float p = (float)pos[t];
+  const int slot = isQ ? -1 : slots[t];
+  const int kh = hh - H;
+  if (!isQ && slot >= numSlots) {
+    if (threadIdx.x == 0) report(err, 2, t, slot, (int)numSlots);
+  }
+  const bool write = !isQ && slot >= 0 && slot < numSlots;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float y = xs[d];
+    if (d < 2 * half) {
+      const int j = d < half ? d : d - half;
+      const float ang = __fmul_rn(p, invFreq[(i64)t * invStride + j]);
+      const float c = cosf(ang) * scaling, s = sinf(ang) * scaling;
+      const float a = xs[j], b = xs[j + half];
+      y = d < half ? a * c - b * s : b * c + a * s;
+    }
+    const u16 yb = f2bf(y);
+    if (isQ) {
+      qOut[((i64)t * H + hh) * D + d] = yb;
+    } else if (write) {
+      const i64 dst = ((i64)slot * KVH + kh) * D + d;
+      st(kpool, pdt, dst, bf2f(yb));
+      st(vpool, pdt, dst, ld(qkv, xdt, (i64)t * W + (i64)(H + KVH + kh) * D + d));
+    }
+  }
+}
+
+// y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M <= GEMV_MAX_M, bf16 x and w, K % 8 == 0, 16-byte
+// aligned rows: one warp per output column n, 16-byte loads of w, four in flight per lane. Decode
+// GEMMs are this shape (M = rows of the batch), and reading w once at full bandwidth is all they need.
+#define GEMV_WARPS 8
+#define GEMV_MAX_M 8
+extern "C" __global__ void k_gemv_bf16(const u16* x, const u16* w, const void* bias, int bdt, u16* out, int M, int N,
+                                       int K) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = blockIdx.x * GEMV_WARPS + warp;
+  if (n >= N) return;
+  const int K8 = K >> 3;
+  const uint4* wr = (const uint4*)(w + (i64)n * K);
+  float acc[GEMV_MAX_M];
+  #pragma unroll
+  for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
+  int k8 = lane;
+  for (; k8 + 96 < K8; k8 += 128) {
+    uint4 wv[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) wv[u] = wr[k8 + 32 * u];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float wf[8];
+      unpack8(wv[u], wf);
+      #pragma unroll
+      for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M) {
+          float xf[8];
+          unpack8(((const uint4*)(x + (i64)m * K))[k8 + 32 * u], xf);
+          #pragma unroll
+          for (int k = 0; k < 8; k++) acc[m] += wf[k] * xf[k];
+        }
+      }
+    }
+  }
+  for (; k8 < K8; k8 += 32) {
+    float wf[8];
+    unpack8(wr[k8], wf);
+    #pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+      if (m < M) {
+        float xf[8];
+        unpack8(((const uint4*)(x + (i64)m * K))[k8], xf);
+        #pragma unroll
+        for (int k = 0; k < 8; k++) acc[m] += wf[k] * xf[k];
+      }
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < GEMV_MAX_M; m++) {
+    if (m < M) {
+      float s = warp_sum(acc[m]);
+      if (lane == 0) out[(i64)m * N + n] = f2bf(bias ? s + ld(bias, bdt, n) : s);
+    }
+  }
+}
+`;
+
+export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_gemv_bf16'] as const;
+
+/** the largest head dim k_rope_qkv handles (its shared row) */
+export const ROPE_QKV_MAX_HEAD_DIM = 512;
+/** rows per k_gemv_bf16 launch (its accumulators) and warps (output columns) per block */
+export const GEMV_MAX_M = 8;
+export const GEMV_WARPS = 8;

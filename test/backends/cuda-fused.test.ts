@@ -1,0 +1,178 @@
+// The CUDA backend's packed-weight and fused ops, and its small-M GEMV, against the reference
+// backend (which composes the plain ops) on random inputs. Skipped without a usable CUDA.
+//
+// Tolerances (|cuda - ref| <= atol + rtol * |ref|), as in cuda-ops.test.ts:
+//   addRmsnorm, gluPacked (f32 math, then bf16):                    atol 1e-5, rtol 8e-3
+//   ropeQkvWriteKv (norm, rope of f32 angles, then bf16):           atol 1e-4, rtol 1.2e-2
+//   GEMV (f32 accumulation, then bf16):                             atol 2e-3, rtol 8e-3
+// The sum in addRmsnorm is one bf16 rounding of an exact f32 sum (the reference's is exact): the
+// norm then sees values within 2^-9 relative, hence the looser rtol than a plain rmsnorm.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+
+import type { Backend, PagedKv, StepLayout, Tensor } from '../../src/contracts/backend.ts';
+import { hasFusedOps } from '../../src/contracts/backend.ts';
+import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
+import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
+import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
+import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
+
+const probe = probeCuda();
+const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
+if (SKIP) console.log(`# cuda-fused: skipping every test: ${SKIP}`);
+
+const NORM: Tolerance = { atol: 1e-5, rtol: 8e-3 };
+const ROPE: Tolerance = { atol: 1e-4, rtol: 1.2e-2 };
+const GEMM: Tolerance = { atol: 2e-3, rtol: 8e-3 };
+
+let ref: ReferenceBackend;
+let cuda: CudaBackend;
+let files: WeightDir;
+
+before(async () => {
+  if (SKIP) return;
+  ref = new ReferenceBackend();
+  cuda = await createCudaBackend();
+  files = new WeightDir();
+});
+after(async () => {
+  if (SKIP) return;
+  await cuda.close();
+  files.cleanup();
+});
+
+const bf = (x: Float32Array) => decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
+function act(b: Backend, data: Float32Array, shape: number[]): Tensor {
+  const t = b.upload(bf(data), shape);
+  return b.name === 'cuda' ? b.scale(t, 1) : t;
+}
+const fused = (b: Backend) => {
+  assert.ok(hasFusedOps(b), `${b.name} lacks fused ops`);
+  return b;
+};
+
+async function compare(label: string, graph: (b: Backend) => Promise<Tensor[]> | Tensor[], tol: Tolerance): Promise<void> {
+  const want = await graph(ref);
+  const got = await graph(cuda);
+  assert.equal(got.length, want.length);
+  for (let i = 0; i < want.length; i++) {
+    assert.deepEqual([...got[i]!.shape], [...want[i]!.shape], `${label}: output ${i} shape`);
+    assertClose(`${label} (output ${i})`, await cuda.read(got[i]!), await ref.read(want[i]!), tol);
+  }
+}
+
+describe('packed weights', { skip: SKIP }, () => {
+  it('loadConcat joins along dim 0 and rowView sees each part', async () => {
+    const r = rng(11);
+    for (const dtype of ['f32', 'bf16'] as const) {
+      const parts = [[6, 40], [2, 40], [3, 40]].map((s) => bf(randomF32(r, s[0]! * s[1]!, 2)));
+      const srcs = parts.map((p, i) => files.write(p, dtype, [[6, 2, 3][i]!, 40]));
+      const t = await fused(cuda).loadConcat!(srcs, 'keep');
+      assert.deepEqual([...t.shape], [11, 40]);
+      assert.equal(t.dtype, dtype);
+      assert.deepEqual([...(await cuda.read(t))], parts.flatMap((p) => [...p]));
+      const v = cuda.rowView!(t, 6, 2);
+      assert.deepEqual([...v.shape], [2, 40]);
+      assert.deepEqual([...(await cuda.read(v))], [...parts[1]!]);
+      assert.throws(() => cuda.rowView!(t, 10, 2), /outside/);
+      await assert.rejects(cuda.loadConcat!([srcs[0]!, files.write(parts[1]!, dtype, [2, 40].reverse())], 'keep'), /only dim 0/);
+      cuda.free(t);
+    }
+  });
+});
+
+describe('fused ops', { skip: SKIP }, () => {
+  it('addRmsnorm: vector and generic paths, weight dtypes, offsets, residual scales', async () => {
+    const r = rng(12);
+    for (const [rows, D] of [[1, 4096], [7, 72], [3, 70], [2, 5120]] as const) {
+      const x = randomF32(r, rows * D, 3), y = randomF32(r, rows * D, 3), w = randomF32(r, D, 1);
+      for (const [scale, off] of [[1, 0], [0.22, 1]] as const) {
+        await compare(`addRmsnorm ${rows}x${D} scale ${scale} off ${off}`, (b) => {
+          const o = fused(b).addRmsnorm!(act(b, x, [rows, D]), act(b, y, [rows, D]), scale, b.upload(w, [D]), 1e-6, off);
+          return [o.sum, o.normed];
+        }, NORM);
+      }
+    }
+  });
+
+  it('gluPacked: vector and generic paths, each activation', async () => {
+    const r = rng(13);
+    for (const [T, I] of [[1, 14336], [5, 40], [3, 21]] as const) {
+      const gu = randomF32(r, T * 2 * I, 4);
+      for (const a of ['silu', 'gelu_tanh', 'gelu'] as const)
+        await compare(`gluPacked ${T}x${I} ${a}`, (b) => [fused(b).gluPacked!(act(b, gu, [T, 2 * I]), a)], NORM);
+    }
+  });
+
+  it('ropeQkvWriteKv: q out and k/v in the pools, with and without head norms, partial rotary, per-token tables', async () => {
+    const r = rng(14);
+    const [NB, BS, H, KVH] = [6, 4, 6, 2];
+    for (const [D, rot, perToken, norm] of [[64, 64, false, false], [128, 128, false, true], [24, 12, true, true], [96, 96, true, false]] as const) {
+      const T = 5;
+      const qkv = randomF32(r, T * (H + 2 * KVH) * D, 2);
+      const pos = new Int32Array([0, 7, 3, 1000, 65535]);
+      const slots = new Int32Array([3, -1, 22, 5, 17]);
+      const inv = perToken
+        ? randomF32(r, T * (rot / 2), 1).map((v) => Math.abs(v) + 1e-3)
+        : Float32Array.from({ length: rot / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rot));
+      const kPool0 = bf(randomF32(r, NB * BS * KVH * D)), vPool0 = bf(randomF32(r, NB * BS * KVH * D));
+      const qn = randomF32(r, D, 1), kn = randomF32(r, D, 1);
+      const label = `ropeQkvWriteKv D ${D} rot ${rot}${perToken ? ' per-token' : ''}${norm ? ' norm' : ''}`;
+      const setup = (b: Backend) => {
+        const kv: PagedKv = { k: act(b, kPool0, [NB, BS, KVH, D]), v: act(b, vPool0, [NB, BS, KVH, D]) };
+        const layout: StepLayout = {
+          tokenRow: b.upload(new Int32Array(T), [T]), tokenPos: b.upload(pos, [T]), slots: b.upload(slots, [T]),
+          blockTables: b.upload(new Int32Array([0, 1, 2, 3, 4, 5]), [1, 6]), blockSize: BS,
+        };
+        const invT = b.upload(inv, perToken ? [T, rot / 2] : [rot / 2]);
+        const qkNorm = norm ? { q: b.upload(qn, [D]), k: b.upload(kn, [D]), eps: 1e-6, weightOffset: 0.5 } : undefined;
+        return { kv, layout, invT, qkNorm };
+      };
+      const viaFused = (b: Backend) => {
+        const { kv, layout, invT, qkNorm } = setup(b);
+        const q = fused(b).ropeQkvWriteKv!(act(b, qkv, [T, (H + 2 * KVH) * D]), { heads: H, kvHeads: KVH, headDim: D },
+          layout.tokenPos, invT, 0.9, qkNorm, kv, layout);
+        return [q, kv.k, kv.v];
+      };
+      // the plain ops, fed the same bf16 values: norm and rope round where the fused kernel does
+      const part = (from: number, n: number) => {
+        const out = new Float32Array(T * n * D);
+        const W = (H + 2 * KVH) * D;
+        for (let t = 0; t < T; t++) out.set(qkv.subarray(t * W + from * D, t * W + (from + n) * D), t * n * D);
+        return out;
+      };
+      const viaPlain = (b: Backend) => {
+        const { kv, layout, invT, qkNorm } = setup(b);
+        let q = act(b, part(0, H), [T, H, D]), k = act(b, part(H, KVH), [T, KVH, D]);
+        if (qkNorm) {
+          q = b.rmsnorm(q, qkNorm.q, qkNorm.eps, qkNorm.weightOffset);
+          k = b.rmsnorm(k, qkNorm.k, qkNorm.eps, qkNorm.weightOffset);
+        }
+        q = b.rope(q, layout.tokenPos, invT, 0.9);
+        b.writeKv(kv, b.rope(k, layout.tokenPos, invT, 0.9), act(b, part(H + KVH, KVH), [T, KVH, D]), layout);
+        return [q, kv.k, kv.v];
+      };
+      const got = viaFused(cuda), plain = viaPlain(cuda);
+      for (let i = 0; i < 3; i++) assertClose(`${label} vs the plain CUDA ops (output ${i})`, await cuda.read(got[i]!), await cuda.read(plain[i]!), { atol: 1e-4, rtol: 8e-3 });
+      if (!norm) await compare(`${label} vs the reference`, viaFused, ROPE);
+    }
+  });
+});
+
+describe('small-M GEMV', { skip: SKIP }, () => {
+  it('matches the reference for M = 1..8 (and M = 9 through cuBLASLt), with and without bias', async () => {
+    const r = rng(15);
+    for (const [N, K] of [[37, 64], [300, 4096], [1031, 200]] as const) {
+      const wv = bf(randomF32(r, N * K, 0.05));
+      const src = files.write(wv, 'bf16', [N, K]);
+      const bias = randomF32(r, N, 1);
+      for (const M of [1, 2, 5, 8, 9]) {
+        const x = randomF32(r, M * K, 1);
+        for (const withBias of [false, true]) {
+          await compare(`gemv M ${M} N ${N} K ${K}${withBias ? ' bias' : ''}`, async (b) =>
+            [b.matmul(act(b, x, [M, K]), await b.loadWeight(src, 'keep'), withBias ? b.upload(bias, [N]) : undefined)], GEMM);
+        }
+      }
+    }
+  });
+});
