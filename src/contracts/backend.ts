@@ -63,6 +63,17 @@ export interface StepLayout {
   blockSize: number;
 }
 
+/** The host arrays a StepLayout is uploaded from (graph replays copy them into fixed buffers). */
+export interface HostStepLayout {
+  tokenRow: Int32Array;
+  tokenPos: Int32Array;
+  slots: Int32Array;
+  /** [rows, maxBlocks], -1 where not held */
+  blockTables: Int32Array;
+  maxBlocks: number;
+  blockSize: number;
+}
+
 export interface AttentionParams {
   /** multiplier applied to q·k before the softmax */
   scale: number;
@@ -166,7 +177,8 @@ export interface Backend {
   /**
    * Causal attention of q [T, H, headDim] over the paged KV of each token's row, reading keys at
    * positions 0..tokenPos (limited by the window) through the row's block table. GQA: query head
-   * h reads KV head floor(h / (H / kvHeads)). -> [T, H, headDim]
+   * h reads KV head floor(h / (H / kvHeads)). A token at position -1 (graph padding) reads no
+   * key and gets zeros, without an error. -> [T, H, headDim]
    */
   attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor;
   /** cap * tanh(x / cap) */
@@ -205,6 +217,26 @@ export interface Backend {
    */
   ropeQkvWriteKv?(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
     qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor;
+
+  // ---- optional graph capture (decode steps replayed without re-enqueuing every op) ----------
+  /**
+   * Records the ops `body` enqueues (nothing runs) into a graph that `replay` enqueues again as
+   * one unit. The body may only read tensors that outlive the graph (weights, KV pools, inputs it
+   * was given) and may not upload, read or free them; the intermediates it makes belong to the
+   * graph, and so do the returned outputs, rewritten by every replay. Inputs change between
+   * replays through `copyInto`. Must be called with no scope open.
+   */
+  captureGraph?(body: () => Tensor[]): CapturedGraph;
+  /** Enqueues a copy of host `data` into the existing tensor `t` (same element count and kind). */
+  copyInto?(t: Tensor, data: Float32Array | Int32Array): void;
+}
+
+export interface CapturedGraph {
+  readonly outputs: readonly Tensor[];
+  /** enqueues the recorded ops */
+  replay(): void;
+  /** frees the graph and its memory once enqueued work has run */
+  dispose(): void;
 }
 
 export interface QkvHeads {

@@ -245,6 +245,7 @@ export class Engine {
     while (this.looping) await new Promise((r) => setTimeout(r, 5));
     await this.prefix.settle();
     await this.prefix.flush([]); // the SSD tier keeps what the RAM tier held
+    this.model.releaseGraphs(this.kv); // they replay into this KV's pools
     this.kv.dispose(); // the model belongs to whoever loaded it; the engine only owned its KV
   }
 
@@ -321,6 +322,8 @@ export class Engine {
         tokens: Int32Array.from(tokens),
         rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: r.seq.known })),
         logitTokens,
+        // decode-only steps may replay a captured graph: tables as wide as the longest sequence
+        graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
       }, this.kv);
       this.prepareGrammarMasks(rows); // while the device runs the step
       logits = await forward;

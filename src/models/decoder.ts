@@ -5,9 +5,12 @@
 // One forward = one flattened step batch: the tokens of every row concatenated ([T]), each row
 // at its own positions, KV read and written through the paged cache.
 
-import { hasFusedOps, type Backend, type FusedOps, type PagedKv, type StepLayout, type Tensor } from '../contracts/backend.ts';
+import {
+  hasFusedOps, type Backend, type FusedOps, type HostStepLayout, type PagedKv, type StepLayout, type Tensor,
+} from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
+import { canCaptureGraphs, DecodeGraphs, type GraphBackend } from './decode-graphs.ts';
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
 import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
 
@@ -34,6 +37,10 @@ export interface KvAccess<Row extends RowSpan> {
   isAllocated(row: Row): boolean;
   /** uploads one layout per KV group (tensors belong to the caller's open scope) */
   layouts(rows: readonly Row[]): StepLayout[];
+  /** the same layouts as host arrays, block tables `width` wide when given */
+  hostLayouts(rows: readonly Row[], width?: number): HostStepLayout[];
+  /** KV groups (layouts per step) */
+  readonly groupCount: number;
 }
 
 export interface StepBatch<Row extends RowSpan> {
@@ -43,6 +50,12 @@ export interface StepBatch<Row extends RowSpan> {
   rows: Row[];
   /** indices into `tokens` whose logits are wanted (usually each row's last token) */
   logitTokens: number[];
+  /**
+   * Block-table width (blocks of the longest sequence the caller allows). Given, a decode-only
+   * step (one token per row, logits for every row) may replay a captured graph on backends that
+   * capture them; omitted, every step runs op by op.
+   */
+  graphWidth?: number;
 }
 
 export class DecoderModel {
@@ -51,6 +64,8 @@ export class DecoderModel {
   lastEnqueueMs = 0;
   /** the backend's fused ops, when it has them (packed weights were loaded for them) */
   private readonly fused: (Backend & FusedOps) | undefined;
+  /** captured decode graphs per KV cache (its pools are baked into them) and table width */
+  private readonly graphs = new Map<KvAccess<RowSpan>, DecodeGraphs>();
 
   /** the embedding multiplier as the model applies it (gemma rounds it to the table's dtype) */
   private readonly embeddingScale: number;
@@ -76,53 +91,102 @@ export class DecoderModel {
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
 
-    const b = this.backend;
     const t0 = performance.now();
+    if (this.graphable(batch)) return this.forwardGraphed(batch, kv, ropePlan, t0);
+    return this.forwardEager(batch, kv, ropePlan, t0);
+  }
+
+  private async forwardEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
+    t0: number): Promise<Float32Array> {
+    const b = this.backend, T = batch.tokens.length;
     b.beginScope();
     try {
       const ropes = ropePlan();
       const layouts = kv.layouts(batch.rows);
       const ids = b.upload(batch.tokens, [T]);
-      let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
-      const c = this.config;
-      const pickIdx = () => b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
-      let normed: Tensor;
-      if (this.fused && c.normPlacement === 'pre') {
-        // Each residual add runs inside the norm after it: the next layer's input norm, or the
-        // final norm after the last layer (row-wise, so norming every token then picking rows is
-        // what picking then norming computes).
-        let h = this.norm(x, this.weights.layers[0]?.inputNorm ?? this.weights.finalNorm);
-        for (let l = 0; l < c.numLayers; l++) {
-          b.beginScope();
-          try {
-            [x, h] = this.preNormLayerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
-          } finally {
-            b.endScope([x, h]);
-          }
-        }
-        normed = b.gatherRows(h, pickIdx());
-      } else {
-        for (let l = 0; l < c.numLayers; l++) {
-          // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
-          // layer is enqueued, so a step's peak is one layer's worth, not all of them.
-          b.beginScope();
-          try {
-            x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
-          } finally {
-            b.endScope([x]);
-          }
-        }
-        normed = b.rmsnorm(b.gatherRows(x, pickIdx()), this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
-      }
-      let logits = b.matmul(normed, this.weights.lmHead);
-      if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
-      if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
-      const out = b.read(logits);
+      const pick = b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
+      const out = b.read(this.enqueueStep(ids, layouts, pick, ropes, kv));
       this.lastEnqueueMs = performance.now() - t0;
       return (await out) as Float32Array;
     } finally {
       b.endScope();
     }
+  }
+
+  /** A decode-only step on a backend that captures graphs, with static rope tables. */
+  private graphable<Row extends RowSpan>(batch: StepBatch<Row>): boolean {
+    return batch.graphWidth !== undefined && canCaptureGraphs(this.backend) && this.rope.lengthIndependent &&
+      batch.rows.every((r) => r.count === 1) && batch.logitTokens.length === batch.rows.length &&
+      batch.logitTokens.every((t, i) => t === i);
+  }
+
+  private async forwardGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
+    t0: number): Promise<Float32Array> {
+    const b = this.backend as GraphBackend;
+    const width = batch.graphWidth!;
+    const access = kv as unknown as KvAccess<RowSpan>;
+    let graphs = this.graphs.get(access);
+    if (graphs && graphs.width !== width) {
+      graphs.dispose();
+      graphs = undefined;
+    }
+    if (!graphs) {
+      graphs = new DecodeGraphs(b, kv.groupCount, width, kv.hostLayouts(batch.rows, width)[0]?.blockSize ?? 1);
+      this.graphs.set(access, graphs);
+    }
+    const ropes = ropePlan(); // static tables: uploaded once, before any capture
+    const host = kv.hostLayouts(batch.rows);
+    if (host.some((h) => h.maxBlocks > width)) return this.forwardEager(batch, kv, ropePlan, t0); // longer than promised
+    const logits = graphs.run(batch.tokens, kv.hostLayouts(batch.rows, width),
+      (inp) => this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access));
+    const out = b.read(b.rowView(logits, 0, batch.rows.length));
+    this.lastEnqueueMs = performance.now() - t0;
+    return (await out) as Float32Array;
+  }
+
+  /** Frees the graphs captured over `kv` (its owner is closing it). */
+  releaseGraphs(kv: object): void {
+    const g = this.graphs.get(kv as KvAccess<RowSpan>);
+    g?.dispose();
+    this.graphs.delete(kv as KvAccess<RowSpan>);
+  }
+
+  /** Enqueues one step from device inputs; returns the logits [pick rows, vocab]. */
+  private enqueueStep<Row extends RowSpan>(ids: Tensor, layouts: StepLayout[], pick: Tensor, ropes: RopeTable[], kv: KvAccess<Row>): Tensor {
+    const b = this.backend, c = this.config;
+    let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
+    let normed: Tensor;
+    if (this.fused && c.normPlacement === 'pre') {
+      // Each residual add runs inside the norm after it: the next layer's input norm, or the
+      // final norm after the last layer (row-wise, so norming every token then picking rows is
+      // what picking then norming computes).
+      let h = this.norm(x, this.weights.layers[0]?.inputNorm ?? this.weights.finalNorm);
+      for (let l = 0; l < c.numLayers; l++) {
+        b.beginScope();
+        try {
+          [x, h] = this.preNormLayerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+        } finally {
+          b.endScope([x, h]);
+        }
+      }
+      normed = b.gatherRows(h, pick);
+    } else {
+      for (let l = 0; l < c.numLayers; l++) {
+        // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
+        // layer is enqueued, so a step's peak is one layer's worth, not all of them.
+        b.beginScope();
+        try {
+          x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+        } finally {
+          b.endScope([x]);
+        }
+      }
+      normed = b.rmsnorm(b.gatherRows(x, pick), this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
+    }
+    let logits = b.matmul(normed, this.weights.lmHead);
+    if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
+    if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
+    return logits;
   }
 
   private norm(x: Tensor, w: Tensor | undefined): Tensor {
@@ -214,6 +278,8 @@ export class DecoderModel {
   }
 
   dispose(): void {
+    for (const g of this.graphs.values()) g.dispose();
+    this.graphs.clear();
     this.rope.dispose();
   }
 }

@@ -44,6 +44,11 @@ export class RopeTables {
     });
   }
 
+  /** true when no table depends on the sequence length (each step reuses the same tensors) */
+  get lengthIndependent(): boolean {
+    return !this.specs.some(lengthDependent);
+  }
+
   /**
    * Phase 1, outside any backend scope: uploads (or reuses) the shared tables this step needs.
    * Phase 2, the returned function, inside the step's scope: uploads per-token tables for specs

@@ -15,7 +15,7 @@
 // position k*blockSize (the blocks it passed earlier went to its LRU and may be gone). The SSD
 // tier writes whole prefixes, so it needs every group to keep every block: full attention only.
 
-import type { Backend, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
+import type { Backend, HostStepLayout, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { BlockPool } from './block-pool.ts';
 import { chainHashes, kvBlockBytes, type KvScheme } from './block-hash.ts';
@@ -410,11 +410,16 @@ export class KvCache implements KvAccess<StepRow> {
     return out;
   }
 
+  /** KV groups: one step layout each */
+  get groupCount(): number {
+    return this.groups.length;
+  }
+
   /**
-   * Uploads the step layout of each group (shared by all layers of the group). The caller owns
-   * the tensors (they live in the current backend scope).
+   * The step layout of each group as host arrays. `width` fixes the block-table width (at least
+   * every row's table length; graph replays need one shape), default the longest row's table.
    */
-  layouts(rows: readonly StepRow[]): StepLayout[] {
+  hostLayouts(rows: readonly StepRow[], width?: number): HostStepLayout[] {
     const bs = this.shape.blockSize;
     const T = rows.reduce((a, r) => a + r.count, 0);
     const tokenRow = new Int32Array(T);
@@ -426,10 +431,10 @@ export class KvCache implements KvAccess<StepRow> {
         tokenPos[t] = row.start + k;
       }
     });
-    const rowTensor = this.backend.upload(tokenRow, [T]);
-    const posTensor = this.backend.upload(tokenPos, [T]);
     return this.groups.map((_, g) => {
-      const maxBlocks = Math.max(1, ...rows.map((r) => r.seq.tables[g].length));
+      const longest = Math.max(1, ...rows.map((r) => r.seq.tables[g].length));
+      if (width !== undefined && width < longest) throw new Error(`KV layout: a row holds ${longest} blocks, more than the fixed width ${width}`);
+      const maxBlocks = width ?? longest;
       const tables = new Int32Array(rows.length * maxBlocks).fill(-1);
       const slots = new Int32Array(T);
       let tt = 0;
@@ -443,15 +448,27 @@ export class KvCache implements KvAccess<StepRow> {
           slots[tt] = block * bs + (p % bs);
         }
       });
-      const layout: StepLayout = {
-        tokenRow: rowTensor,
-        tokenPos: posTensor,
-        slots: this.backend.upload(slots, [T]),
-        blockTables: this.backend.upload(tables, [rows.length, maxBlocks]),
-        blockSize: bs,
-      };
-      return layout;
+      return { tokenRow, tokenPos, slots, blockTables: tables, maxBlocks, blockSize: bs };
     });
+  }
+
+  /**
+   * Uploads the step layout of each group (shared by all layers of the group). The caller owns
+   * the tensors (they live in the current backend scope).
+   */
+  layouts(rows: readonly StepRow[]): StepLayout[] {
+    const host = this.hostLayouts(rows);
+    if (host.length === 0) return [];
+    const T = host[0]!.tokenRow.length;
+    const rowTensor = this.backend.upload(host[0]!.tokenRow, [T]);
+    const posTensor = this.backend.upload(host[0]!.tokenPos, [T]);
+    return host.map((h) => ({
+      tokenRow: rowTensor,
+      tokenPos: posTensor,
+      slots: this.backend.upload(h.slots, [T]),
+      blockTables: this.backend.upload(h.blockTables, [rows.length, h.maxBlocks]),
+      blockSize: h.blockSize,
+    }));
   }
 
   /** Blocks referenced by sequences across all groups (metrics, leak checks); evictable cached blocks are not in use. */

@@ -1,10 +1,9 @@
-// The CUDA backend's packed-weight and fused ops, and its small-M GEMV, against the reference
+// The CUDA backend's packed-weight and fused ops against the reference
 // backend (which composes the plain ops) on random inputs. Skipped without a usable CUDA.
 //
 // Tolerances (|cuda - ref| <= atol + rtol * |ref|), as in cuda-ops.test.ts:
 //   addRmsnorm, gluPacked (f32 math, then bf16):                    atol 1e-5, rtol 8e-3
 //   ropeQkvWriteKv (norm, rope of f32 angles, then bf16):           atol 1e-4, rtol 1.2e-2
-//   GEMV (f32 accumulation, then bf16):                             atol 2e-3, rtol 8e-3
 // The sum in addRmsnorm is one bf16 rounding of an exact f32 sum (the reference's is exact): the
 // norm then sees values within 2^-9 relative, hence the looser rtol than a plain rmsnorm.
 import assert from 'node:assert/strict';
@@ -23,7 +22,6 @@ if (SKIP) console.log(`# cuda-fused: skipping every test: ${SKIP}`);
 
 const NORM: Tolerance = { atol: 1e-5, rtol: 8e-3 };
 const ROPE: Tolerance = { atol: 1e-4, rtol: 1.2e-2 };
-const GEMM: Tolerance = { atol: 2e-3, rtol: 8e-3 };
 
 let ref: ReferenceBackend;
 let cuda: CudaBackend;
@@ -155,24 +153,6 @@ describe('fused ops', { skip: SKIP }, () => {
       const got = viaFused(cuda), plain = viaPlain(cuda);
       for (let i = 0; i < 3; i++) assertClose(`${label} vs the plain CUDA ops (output ${i})`, await cuda.read(got[i]!), await cuda.read(plain[i]!), { atol: 1e-4, rtol: 8e-3 });
       if (!norm) await compare(`${label} vs the reference`, viaFused, ROPE);
-    }
-  });
-});
-
-describe('small-M GEMV', { skip: SKIP }, () => {
-  it('matches the reference for M = 1..8 (and M = 9 through cuBLASLt), with and without bias', async () => {
-    const r = rng(15);
-    for (const [N, K] of [[37, 64], [300, 4096], [1031, 200]] as const) {
-      const wv = bf(randomF32(r, N * K, 0.05));
-      const src = files.write(wv, 'bf16', [N, K]);
-      const bias = randomF32(r, N, 1);
-      for (const M of [1, 2, 5, 8, 9]) {
-        const x = randomF32(r, M * K, 1);
-        for (const withBias of [false, true]) {
-          await compare(`gemv M ${M} N ${N} K ${K}${withBias ? ' bias' : ''}`, async (b) =>
-            [b.matmul(act(b, x, [M, K]), await b.loadWeight(src, 'keep'), withBias ? b.upload(bias, [N]) : undefined)], GEMM);
-        }
-      }
     }
   });
 });

@@ -12,7 +12,8 @@
 import { open } from 'node:fs/promises';
 
 import type {
-  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor, WeightSource,
+  Activation, AttentionParams, Backend, CapturedGraph, DType, MoeRouting, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor,
+  WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
 import { ScopeStack } from '../common/scopes.ts';
@@ -23,7 +24,7 @@ import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm } from './gemm.ts';
 import { ATT_MAX_HEAD_DIM, ATT_THREADS } from './kernels.ts';
-import { GEMV_MAX_M, GEMV_WARPS, ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
+import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
 
@@ -123,8 +124,6 @@ export class CudaBackend implements Backend {
   readonly info: CudaBackendInfo;
   /** GEMMs cuBLASLt declined (run by the plain kernel instead) */
   gemmFallbacks = 0;
-  /** small-M bf16 GEMMs run as k_gemv_bf16 (see gemvFits) */
-  gemvEnabled = process.env.LLMTS_CUDA_GEMV !== 'off';
   private readonly id = nextBackendId++;
   private readonly scopes: ScopeStack<CudaTensor>;
   /** device int[4]: first kernel error (code, a, b, c); 0 = none */
@@ -133,6 +132,8 @@ export class CudaBackend implements Backend {
   private readonly readPins = new Map<number, PinnedBuffer[]>();
   private readPinBytes = 0;
   private closed = false;
+  /** captured graphs not yet disposed (close disposes them) */
+  private readonly liveGraphs = new Set<CapturedGraph>();
 
   constructor(private readonly rt: CudaRuntime, private readonly pool: DevicePool,
     private readonly gemm: LtGemm | null, gemmNote: string) {
@@ -179,6 +180,80 @@ export class CudaBackend implements Backend {
 
   private assertOpen(op: string): void {
     if (this.closed) throw opError(op, 'the backend is closed');
+  }
+
+  private assertNotCapturing(op: string): void {
+    if (this.rt.capturing) throw opError(op, 'not allowed while a graph is being captured (the body may only enqueue ops)');
+  }
+
+  // ---- graphs ------------------------------------------------------------------------------
+
+  captureGraph(body: () => Tensor[]): CapturedGraph {
+    const op = 'captureGraph';
+    this.assertOpen(op);
+    this.assertNotCapturing(op);
+    if (this.scopes.depth > 0) throw opError(op, 'call it with no scope open (its outputs belong to the graph)');
+    this.pool.beginArena();
+    this.rt.beginCapture();
+    let outputs: Tensor[];
+    let exec = 0;
+    try {
+      this.scopes.begin();
+      try {
+        outputs = body();
+        for (const o of outputs) this.arg(op, 'output', o, ANY);
+      } catch (e) {
+        this.scopes.end();
+        throw e;
+      }
+      this.scopes.end(outputs as CudaTensor[]); // no enclosing scope: the outputs become the graph's
+      exec = this.rt.endCapture();
+    } catch (e) {
+      if (this.rt.capturing) {
+        try {
+          this.rt.endCapture(true);
+        } catch {
+          // the capture was already invalid; the body's error is the one to report
+        }
+      }
+      this.pool.freeArena(this.pool.endArena());
+      throw e;
+    }
+    const blocks = this.pool.endArena();
+    let disposed = false;
+    const rt = this.rt, pool = this.pool;
+    const graph: CapturedGraph = {
+      outputs,
+      replay: () => {
+        if (disposed) throw opError('replay', 'the graph was disposed');
+        this.assertOpen('replay');
+        this.assertNotCapturing('replay');
+        rt.launchGraph(exec);
+      },
+      dispose: () => {
+        if (disposed) return;
+        disposed = true;
+        this.liveGraphs.delete(graph);
+        pool.freeArena(blocks); // after the work enqueued so far, its last replay included
+        rt.destroyGraph(exec); // the driver keeps a launched graph's resources until it completes
+      },
+    };
+    this.liveGraphs.add(graph);
+    return graph;
+  }
+
+  copyInto(t: Tensor, data: Float32Array | Int32Array): void {
+    const op = 'copyInto';
+    this.assertOpen(op);
+    this.assertNotCapturing(op);
+    const x = this.arg(op, 't', t, ANY);
+    const wantInt = x.dtype === 'i32';
+    if (wantInt !== (data instanceof Int32Array) || (!wantInt && x.dtype !== 'f32') || !(data instanceof Int32Array || data instanceof Float32Array)) {
+      throw opError(op, `data (${data?.constructor?.name}) does not match ${describe(x)}: i32 takes an Int32Array, f32 a Float32Array`);
+    }
+    if (data.length !== numel(x.shape)) throw opError(op, `${data.length} values for ${describe(x)}`);
+    // From pageable memory the driver stages the bytes before returning: `data` may change after.
+    if (x.bytes > 0) check(this.rt.d.cuMemcpyHtoDAsync_v2(x.addr, data, x.bytes, this.rt.stream), 'copyInto');
   }
 
   /** A new owning tensor; `scoped`: adopt into the innermost scope. */
@@ -229,6 +304,7 @@ export class CudaBackend implements Backend {
 
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
     this.assertOpen('upload');
+    this.assertNotCapturing('upload');
     checkShape('upload', shape);
     if (!(data instanceof Int32Array) && !(data instanceof Float32Array)) {
       throw opError('upload', 'data must be a Float32Array or an Int32Array');
@@ -454,6 +530,7 @@ export class CudaBackend implements Backend {
 
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     this.assertOpen('read');
+    this.assertNotCapturing('read');
     const x = this.arg('read', 't', t, ANY);
     const n = numel(x.shape);
     let src = x.addr;
@@ -529,6 +606,7 @@ export class CudaBackend implements Backend {
 
   async sync(): Promise<void> {
     if (this.closed) throw opError('sync', 'the backend is closed');
+    this.assertNotCapturing('sync');
     this.returnPinned(await this.fetch(0, 0));
   }
 
@@ -546,6 +624,7 @@ export class CudaBackend implements Backend {
       // a device error: free what can be freed
     }
     this.gemm?.close();
+    for (const g of [...this.liveGraphs]) g.dispose();
     this.pool.releaseAll();
     this.chunks?.close();
     for (const list of this.readPins.values()) for (const b of list) this.rt.hostFree(b);
@@ -595,27 +674,10 @@ export class CudaBackend implements Backend {
     }
     const y = this.out([M, N]);
     if (M === 0 || N === 0) return y;
-    if (this.gemvFits(a, b, M, K)) {
-      this.rt.launch('k_gemv_bf16', [Math.ceil(N / GEMV_WARPS), 1, 1], 32 * GEMV_WARPS, 0, [
-        ['p', a.addr], ['p', b.addr], ['p', c ? c.addr : 0], ['i', c ? DT_CODE[c.dtype] : 0], ['p', y.addr], ['i', M],
-        ['i', N], ['i', K]]);
-      return y;
-    }
     if (K > 0 && this.gemm && this.lt(a, b, c, y, M, N, K)) return y;
     if (K > 0 && this.gemm) this.gemmFallbacks++;
     this.simpleMatmul(a, b, c, y, M, N, K);
     return y;
-  }
-
-  /**
-   * Decode-shaped GEMMs (a few rows of bf16 x times bf16 w) run as a GEMV that streams w once with
-   * 16-byte loads; cuBLASLt's heuristics pick tile shapes that read small weights well below
-   * bandwidth at M = 1 (measured on the H200: 2.0 TB/s for 4096 x 4096). $LLMTS_CUDA_GEMV=off
-   * sends everything to cuBLASLt.
-   */
-  private gemvFits(a: CudaTensor, b: CudaTensor, M: number, K: number): boolean {
-    return this.gemvEnabled && M <= GEMV_MAX_M && K > 0 && K % 8 === 0 && a.dtype === 'bf16' && b.dtype === 'bf16' &&
-      a.addr % 16 === 0 && b.addr % 16 === 0;
   }
 
   private simpleMatmul(a: CudaTensor, b: CudaTensor, c: CudaTensor | null, y: CudaTensor, M: number, N: number,

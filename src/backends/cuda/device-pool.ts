@@ -32,11 +32,19 @@ export class DevicePool {
   private liveBytes = 0;
   /** cuMemAlloc calls so far (a warm decode step should make none) */
   driverAllocs = 0;
+  /**
+   * While a graph is being captured, its allocations come from (and return to) this arena, never
+   * the shared lists: a replay rewrites them, so no tensor outside the graph may ever get one.
+   */
+  private arena: { idle: Map<number, number[]>; owned: Map<number, number> } | null = null;
+  /** bytes held by captured graphs */
+  private graphBytes = 0;
 
   constructor(private readonly rt: CudaRuntime) {}
 
   /** A device block of at least `bytes` (256-byte aligned); `exact` = not from the size classes. */
   alloc(bytes: number, exact = false): { addr: number; cls: number } {
+    if (this.arena) return this.arenaAlloc(this.arena, bytes);
     const pooled = !exact && bytes <= POOL_MAX;
     const cls = pooled ? sizeClass(bytes) : 0;
     if (pooled) {
@@ -65,8 +73,47 @@ export class DevicePool {
     return { addr, cls };
   }
 
-  private driverAlloc(bytes: number): number {
-    this.reap();
+  private arenaAlloc(arena: NonNullable<DevicePool['arena']>, bytes: number): { addr: number; cls: number } {
+    const cls = sizeClass(bytes);
+    let addr = arena.idle.get(cls)?.pop();
+    if (addr === undefined) {
+      addr = this.driverAlloc(cls, false);
+      if (addr === 0) throw new Error(`cuda backend: out of device memory allocating ${bytes} bytes while capturing a graph`);
+      arena.owned.set(addr, cls);
+    }
+    this.live.set(addr, cls);
+    this.liveBytes += cls;
+    return { addr, cls };
+  }
+
+  /** Routes allocations to a fresh arena until endArena (graph capture). */
+  beginArena(): void {
+    if (this.arena) throw new Error('cuda backend: a graph capture is already in progress');
+    this.arena = { idle: new Map(), owned: new Map() };
+  }
+
+  /** Ends the arena; its blocks (live or not) now belong to the graph: free them with freeArena. */
+  endArena(): { addr: number; bytes: number }[] {
+    const arena = this.arena;
+    if (!arena) throw new Error('cuda backend: no graph capture in progress');
+    this.arena = null;
+    for (const [addr, cls] of arena.owned) {
+      if (this.live.delete(addr)) this.liveBytes -= cls;
+      this.graphBytes += cls;
+    }
+    return [...arena.owned].map(([addr, bytes]) => ({ addr, bytes }));
+  }
+
+  /** Frees a graph's blocks once the work enqueued so far (its last replay included) has run. */
+  freeArena(blocks: readonly { addr: number; bytes: number }[]): void {
+    for (const b of blocks) {
+      this.graphBytes -= b.bytes;
+      this.deferred.push({ addr: b.addr, ev: this.rt.record() });
+    }
+  }
+
+  private driverAlloc(bytes: number, reap = true): number {
+    if (reap) this.reap();
     const p = out64();
     const rc = this.rt.d.cuMemAlloc_v2(p, bytes);
     if (rc === CUDA_ERROR_OUT_OF_MEMORY) return 0;
@@ -77,6 +124,16 @@ export class DevicePool {
 
   /** Returns a block; ops enqueued before this call may still use it, later ones may reuse it. */
   release(addr: number, bytes: number): void {
+    if (this.arena) {
+      const own = this.arena.owned.get(addr);
+      if (own === undefined) throw new Error('cuda backend: a graph body freed memory it did not allocate (it must not free inputs)');
+      this.live.delete(addr);
+      this.liveBytes -= own;
+      let list = this.arena.idle.get(own);
+      if (!list) this.arena.idle.set(own, (list = []));
+      list.push(addr);
+      return;
+    }
     const cls = this.live.get(addr);
     if (cls === undefined) throw new Error(`cuda backend: releasing unknown block 0x${addr.toString(16)}`);
     this.live.delete(addr);
@@ -122,8 +179,8 @@ export class DevicePool {
     this.liveBytes = 0;
   }
 
-  stats(): { liveBlocks: number; liveBytes: number; idleBytes: number; driverAllocs: number } {
+  stats(): { liveBlocks: number; liveBytes: number; idleBytes: number; driverAllocs: number; graphBytes: number } {
     return { liveBlocks: this.live.size, liveBytes: this.liveBytes, idleBytes: this.idleBytes,
-      driverAllocs: this.driverAllocs };
+      driverAllocs: this.driverAllocs, graphBytes: this.graphBytes };
   }
 }

@@ -1,5 +1,4 @@
-// CUDA source of the fused decode kernels (the Backend contract's optional fused ops) and the
-// small-M GEMV. Appended to KERNEL_SOURCE (kernels.ts), so it uses that file's helpers: bf2f/f2bf,
+// CUDA source of the fused decode kernels (the Backend contract's optional fused ops). Appended to KERNEL_SOURCE (kernels.ts), so it uses that file's helpers: bf2f/f2bf,
 // ld/st, report, block_sum, warp_sum, activate, GRID_STRIDE.
 //
 // Each fused kernel rounds to bf16 exactly where the plain ops it replaces store bf16 (the sum
@@ -138,69 +137,9 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     }
   }
 }
-
-// y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for M <= GEMV_MAX_M, bf16 x and w, K % 8 == 0, 16-byte
-// aligned rows: one warp per output column n, 16-byte loads of w, four in flight per lane. Decode
-// GEMMs are this shape (M = rows of the batch), and reading w once at full bandwidth is all they need.
-#define GEMV_WARPS 8
-#define GEMV_MAX_M 8
-extern "C" __global__ void k_gemv_bf16(const u16* x, const u16* w, const void* bias, int bdt, u16* out, int M, int N,
-                                       int K) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = blockIdx.x * GEMV_WARPS + warp;
-  if (n >= N) return;
-  const int K8 = K >> 3;
-  const uint4* wr = (const uint4*)(w + (i64)n * K);
-  float acc[GEMV_MAX_M];
-  #pragma unroll
-  for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
-  int k8 = lane;
-  for (; k8 + 96 < K8; k8 += 128) {
-    uint4 wv[4];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) wv[u] = wr[k8 + 32 * u];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-      float wf[8];
-      unpack8(wv[u], wf);
-      #pragma unroll
-      for (int m = 0; m < GEMV_MAX_M; m++) {
-        if (m < M) {
-          float xf[8];
-          unpack8(((const uint4*)(x + (i64)m * K))[k8 + 32 * u], xf);
-          #pragma unroll
-          for (int k = 0; k < 8; k++) acc[m] += wf[k] * xf[k];
-        }
-      }
-    }
-  }
-  for (; k8 < K8; k8 += 32) {
-    float wf[8];
-    unpack8(wr[k8], wf);
-    #pragma unroll
-    for (int m = 0; m < GEMV_MAX_M; m++) {
-      if (m < M) {
-        float xf[8];
-        unpack8(((const uint4*)(x + (i64)m * K))[k8], xf);
-        #pragma unroll
-        for (int k = 0; k < 8; k++) acc[m] += wf[k] * xf[k];
-      }
-    }
-  }
-  #pragma unroll
-  for (int m = 0; m < GEMV_MAX_M; m++) {
-    if (m < M) {
-      float s = warp_sum(acc[m]);
-      if (lane == 0) out[(i64)m * N + n] = f2bf(bias ? s + ld(bias, bdt, n) : s);
-    }
-  }
-}
 `;
 
-export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_gemv_bf16'] as const;
+export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv'] as const;
 
 /** the largest head dim k_rope_qkv handles (its shared row) */
 export const ROPE_QKV_MAX_HEAD_DIM = 512;
-/** rows per k_gemv_bf16 launch (its accumulators) and warps (output columns) per block */
-export const GEMV_MAX_M = 8;
-export const GEMV_WARPS = 8;

@@ -59,7 +59,7 @@ export class LtGemm {
   run(w: number, wt: GemmType, x: number, xt: GemmType, d: number, dt: GemmType, M: number, N: number, K: number): boolean {
     const plan = this.plan(wt, xt, dt, M, N, K);
     if (!plan) return false;
-    const t0 = this.rt.profiler?.begin();
+    const t0 = this.rt.capturing ? undefined : this.rt.profiler?.begin();
     const rc = this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b, this.zero, d, plan.d, d,
       plan.d, plan.algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
     checkLt(rc, `cublasLtMatmul (M=${M} N=${N} K=${K}, w ${wt}, x ${xt}, out ${dt})`);

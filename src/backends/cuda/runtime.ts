@@ -10,6 +10,9 @@ import {
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
   CudaUnavailableError, describeCuResult, type Driver, loadDriver, num, out64,
 } from './cuda-lib.ts';
+
+/** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
+const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 import { KERNEL_NAMES, KERNEL_SOURCE, type KernelName } from './kernels.ts';
 import { compileKernels, type CompiledModule } from './nvrtc.ts';
 import { KernelProfiler } from './profiler.ts';
@@ -116,12 +119,51 @@ export class CudaRuntime {
       else if (type === 'i') v.setInt32(off, value, true);
       else v.setFloat32(off, value, true);
     }
-    const t0 = this.profiler?.begin();
+    const t0 = this.capturing ? undefined : this.profiler?.begin();
     const rc = this.d.cuLaunchKernel(this.fns.get(name)!, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream,
       this.params.addr + MAX_ARGS * 8, 0);
     check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
     if (t0 !== undefined) this.profiler!.end(name, t0);
     this.launches++;
+  }
+
+  /** true between beginCapture and endCapture: enqueued work is recorded, not run */
+  capturing = false;
+
+  /** Starts recording the stream's work into a graph (relaxed mode: allocations stay legal). */
+  beginCapture(): void {
+    check(this.d.cuStreamBeginCapture_v2(this.stream, CU_STREAM_CAPTURE_MODE_RELAXED), 'cuStreamBeginCapture');
+    this.capturing = true;
+  }
+
+  /** Ends recording; returns an instantiated graph, or throws (then nothing is kept) when `abort`. */
+  endCapture(abort = false): number {
+    this.capturing = false;
+    const g = out64();
+    const rc = this.d.cuStreamEndCapture(this.stream, g);
+    const graph = num(g);
+    if (abort || rc !== 0) {
+      if (graph) this.d.cuGraphDestroy(graph);
+      check(rc, 'cuStreamEndCapture');
+      return 0;
+    }
+    const exec = out64();
+    try {
+      check(this.d.cuGraphInstantiateWithFlags(exec, graph, 0), 'cuGraphInstantiate');
+    } finally {
+      this.d.cuGraphDestroy(graph);
+    }
+    return num(exec);
+  }
+
+  /** Enqueues a captured graph (counted as one launch). */
+  launchGraph(exec: number): void {
+    check(this.d.cuGraphLaunch(exec, this.stream), 'cuGraphLaunch');
+    this.launches++;
+  }
+
+  destroyGraph(exec: number): void {
+    this.d.cuGraphExecDestroy(exec);
   }
 
   /** The driver handle of a kernel (attributes such as dynamic shared memory limits). */

@@ -276,6 +276,7 @@ export class ReferenceBackend implements Backend {
           scores.push(s);
           slotsOf.push(slot);
         }
+        if (scores.length === 0) continue; // no key (a padding token at position -1): zeros
         const mx = Math.max(...scores);
         const e = scores.map((s) => Math.exp(s - mx));
         const z = e.reduce((a, b) => a + b, 0);

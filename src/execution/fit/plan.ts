@@ -205,6 +205,16 @@ class StepKv implements KvAccess<RowSpan> {
   isAllocated(): boolean {
     return true;
   }
+  get groupCount(): number {
+    return this.groups;
+  }
+  hostLayouts(rows: readonly RowSpan[]) {
+    const T = rows.reduce((a, r) => a + r.count, 0);
+    return Array.from({ length: this.groups }, () => ({
+      tokenRow: new Int32Array(T), tokenPos: new Int32Array(T), slots: new Int32Array(T),
+      blockTables: new Int32Array(rows.length * this.tableBlocks), maxBlocks: this.tableBlocks, blockSize: this.blockSize,
+    }));
+  }
   // as state/kv-cache.ts: row and position shared by every group, slots and tables per group;
   // tables are `tableBlocks` wide (1 when planning: their real width is counted by blockTableBytes)
   layouts(rows: readonly RowSpan[]) {
