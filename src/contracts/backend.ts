@@ -218,6 +218,13 @@ export interface Backend {
   ropeQkvWriteKv?(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
     qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor;
 
+  /**
+   * Optional: index of the largest value of each row of x [R, V] (lowest index on ties, NaN never
+   * chosen; -1 for a row with nothing above -Infinity) -> i32 [R]. Greedy rows then read back one
+   * id instead of V logits.
+   */
+  argmax?(x: Tensor): Tensor;
+
   // ---- optional graph capture (decode steps replayed without re-enqueuing every op) ----------
   /**
    * Records the ops `body` enqueues (nothing runs) into a graph that `replay` enqueues again as

@@ -3,10 +3,10 @@
 // reached their end, emit events, retire finished sequences). A lone request takes this same
 // path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
 
-import type { DecoderModel } from '../models/decoder.ts';
+import type { DecoderModel, StepResult } from '../models/decoder.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
-import { topLogprobs } from '../sampling/index.ts';
+import { isGreedy, needsLogitProcessing, topLogprobs } from '../sampling/index.ts';
 import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
@@ -312,21 +312,25 @@ export class Engine {
   private async step(rows: ScheduledRow[]): Promise<void> {
     const tokens: number[] = [];
     const logitTokens: number[] = [];
+    const wantLogits: boolean[] = [];
     for (const row of rows) {
       for (let p = row.start; p < row.start + row.count; p++) tokens.push(row.seq.tokenAt(p));
-      if (row.sample) logitTokens.push(tokens.length - 1);
+      if (row.sample) {
+        logitTokens.push(tokens.length - 1);
+        wantLogits.push(!this.greedyOnly(row.seq));
+      }
     }
-    let logits: Float32Array;
+    let result: StepResult;
     try {
-      const forward = this.model.forward({
+      const forward = this.model.step({
         tokens: Int32Array.from(tokens),
         rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: r.seq.known })),
         logitTokens,
         // decode-only steps may replay a captured graph: tables as wide as the longest sequence
         graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
-      }, this.kv);
+      }, this.kv, wantLogits);
       this.prepareGrammarMasks(rows); // while the device runs the step
-      logits = await forward;
+      result = await forward;
     } catch (err) {
       // The device step failed: its rows cannot continue; everyone else can.
       for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
@@ -334,20 +338,33 @@ export class Engine {
     }
     this.steps++;
     const V = this.model.config.vocabSize;
-    let li = 0;
+    let li = 0, hi = 0;
     for (const row of rows) {
       row.seq.computed += row.count;
       if (!row.seq.finished) this.kv.commit(row.seq.kv!, row.seq.computed, (p) => row.seq.tokenAt(p));
       if (!row.sample) continue;
-      const rowLogits = logits.subarray(li * V, (li + 1) * V);
+      // this row's logits, when they came back (rows whose greedy id was picked on the device have none)
+      const wanted = !result.tokens || wantLogits[li]!;
+      const rowLogits = wanted ? result.logits.subarray(hi * V, (hi + 1) * V) : undefined;
+      const deviceToken = result.tokens?.[li];
+      if (wanted) hi++;
       li++;
       if (row.seq.finished) continue;
       try {
-        this.accept(row.seq, rowLogits);
+        this.accept(row.seq, rowLogits, rowLogits ? undefined : deviceToken);
       } catch (err) {
         this.finish(row.seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
       }
     }
+  }
+
+  /**
+   * A row whose next token is the plain argmax of its logits (greedy; no penalty, bias, grammar
+   * or logprobs): the device may pick it, and its logits need not come back.
+   */
+  private greedyOnly(seq: Sequence): boolean {
+    const p = seq.sampler.params;
+    return isGreedy(p) && !needsLogitProcessing(p) && !seq.grammar && seq.request.topLogprobs === undefined;
   }
 
   /**
@@ -366,18 +383,24 @@ export class Engine {
     }
   }
 
-  /** Samples, records and emits one token of `seq`, finishing it when a stop condition holds. */
-  private accept(seq: Sequence, logits: Float32Array): void {
+  /**
+   * Samples (or takes the device's greedy pick `deviceToken`), records and emits one token of
+   * `seq`, finishing it when a stop condition holds.
+   */
+  private accept(seq: Sequence, logits: Float32Array | undefined, deviceToken?: number): void {
     const grammar = seq.grammar;
     // a complete grammar that allows nothing but a stop token: end here, no token to sample
     if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
-    const id = seq.sampler.sample(logits, seq.history, grammar?.mask());
+    let id: number;
+    if (logits) id = seq.sampler.sample(logits, seq.history, grammar?.mask());
+    else if (deviceToken !== undefined && deviceToken >= 0) id = deviceToken;
+    else throw new Error('cannot sample: every logit is -Infinity or NaN');
     grammar?.accept(id);
     seq.history.push(id);
     seq.output.push(id);
     seq.firstTokenAt ??= performance.now();
     let lp: TokenLogprob | undefined;
-    if (seq.request.topLogprobs !== undefined) {
+    if (seq.request.topLogprobs !== undefined && logits) {
       const r = topLogprobs(logits, seq.request.topLogprobs, id);
       lp = { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
     }

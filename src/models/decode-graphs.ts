@@ -51,9 +51,9 @@ export class DecodeGraphs {
 
   /**
    * Runs one decode step of `tokens.length` rows (one token each, logits for every row) and
-   * returns the logits tensor of the bucket; its first R rows are this step's.
+   * returns the body's outputs for the bucket; their first R rows are this step's.
    */
-  run(tokens: Int32Array, layouts: readonly HostStepLayout[], body: (inputs: GraphInputs) => Tensor): Tensor {
+  run(tokens: Int32Array, layouts: readonly HostStepLayout[], body: (inputs: GraphInputs) => Tensor[]): readonly Tensor[] {
     const B = bucketFor(tokens.length);
     let bucket = this.buckets.get(B);
     if (!bucket) {
@@ -66,10 +66,10 @@ export class DecodeGraphs {
     this.backend.copyInto(bucket.input, bucket.host);
     bucket.graph ??= this.capture(B, bucket.input, body);
     bucket.graph.replay();
-    return bucket.graph.outputs[0]!;
+    return bucket.graph.outputs;
   }
 
-  private capture(B: number, input: Tensor, body: (inputs: GraphInputs) => Tensor): CapturedGraph {
+  private capture(B: number, input: Tensor, body: (inputs: GraphInputs) => Tensor[]): CapturedGraph {
     const b = this.backend, W = this.width;
     const view = (at: number, n: number, shape: number[]) => b.reshape(b.rowView(input, at, n), shape);
     const ids = view(0, B, [B]);
@@ -80,7 +80,7 @@ export class DecodeGraphs {
     for (let g = 0, at = 4 * B; g < this.groups; g++, at += B + B * W) {
       layouts.push({ tokenRow, tokenPos, slots: view(at, B, [B]), blockTables: view(at + B, B * W, [B, W]), blockSize: this.blockSize });
     }
-    const graph = b.captureGraph(() => [body({ ids, layouts, pick })]);
+    const graph = b.captureGraph(() => body({ ids, layouts, pick }));
     this.captures++;
     return graph;
   }

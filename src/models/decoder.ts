@@ -58,6 +58,14 @@ export interface StepBatch<Row extends RowSpan> {
   graphWidth?: number;
 }
 
+/** What a step reads back (DecoderModel.step). */
+export interface StepResult {
+  /** greedy token per logit row, picked on the device (when the step asked for any) */
+  tokens?: Int32Array;
+  /** f32 logits [rows that wanted them, vocab], in logit-row order */
+  logits: Float32Array;
+}
+
 export class DecoderModel {
   private readonly rope: RopeTables;
   /** host milliseconds the last forward took to enqueue its ops (before waiting for the device) */
@@ -85,19 +93,34 @@ export class DecoderModel {
 
   /** Runs one step; resolves to logits, f32 [logitTokens.length * vocabSize]. */
   async forward<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>): Promise<Float32Array> {
+    return (await this.step(batch, kv)).logits;
+  }
+
+  /**
+   * Runs one step. `wantLogits[i]` false: logit row i only needs its greedy token, which the
+   * backend picks on the device when it can (StepResult.tokens); the logits come back only for
+   * the rows that want them. Omitted: every row's logits, no tokens.
+   */
+  async step<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[]): Promise<StepResult> {
     const T = batch.tokens.length;
     const total = batch.rows.reduce((a, r) => a + r.count, 0);
     if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
+    if (wantLogits && wantLogits.length !== batch.logitTokens.length) throw new Error('step: wantLogits needs one entry per logit row');
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
-
+    // device argmax only pays when some row can skip its logits
+    const argmax = this.backend.argmax && wantLogits?.some((w) => !w) ? wantLogits : undefined;
     const t0 = performance.now();
-    if (this.graphable(batch)) return this.forwardGraphed(batch, kv, ropePlan, t0);
-    return this.forwardEager(batch, kv, ropePlan, t0);
+    if (this.graphable(batch)) {
+      const host = kv.hostLayouts(batch.rows);
+      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.stepGraphed(batch, kv, ropePlan, argmax, t0);
+      // a row longer than the width promised: this step runs op by op
+    }
+    return this.stepEager(batch, kv, ropePlan, argmax, t0);
   }
 
-  private async forwardEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
-    t0: number): Promise<Float32Array> {
+  private async stepEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
+    wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
     const b = this.backend, T = batch.tokens.length;
     b.beginScope();
     try {
@@ -105,12 +128,33 @@ export class DecoderModel {
       const layouts = kv.layouts(batch.rows);
       const ids = b.upload(batch.tokens, [T]);
       const pick = b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
-      const out = b.read(this.enqueueStep(ids, layouts, pick, ropes, kv));
-      this.lastEnqueueMs = performance.now() - t0;
-      return (await out) as Float32Array;
+      const logits = this.enqueueStep(ids, layouts, pick, ropes, kv);
+      const tokens = wantLogits ? b.argmax!(logits) : undefined;
+      return await this.collect(logits, tokens, batch.logitTokens.length, wantLogits, t0);
     } finally {
       b.endScope();
     }
+  }
+
+  /**
+   * Reads a step's results: the greedy tokens of every row, when computed, and the logits of the
+   * rows that want them (`logits` and `tokens` may hold more rows than the P asked for).
+   */
+  private async collect(logits: Tensor, tokens: Tensor | undefined, P: number, wantLogits: readonly boolean[] | undefined,
+    t0: number): Promise<StepResult> {
+    const b = this.backend;
+    const rowsOf = (t: Tensor) => (t.shape[0] === P ? t : b.rowView!(t, 0, P));
+    let logitsRead: Promise<Float32Array | Int32Array> | undefined;
+    const host = wantLogits ? wantLogits.flatMap((w, i) => (w ? [i] : [])) : undefined;
+    if (!host) logitsRead = b.read(rowsOf(logits));
+    else if (host.length === P) logitsRead = b.read(rowsOf(logits));
+    else if (host.length > 0) logitsRead = b.read(b.gatherRows(logits, b.upload(Int32Array.from(host), [host.length])));
+    const tokensRead = tokens ? b.read(rowsOf(tokens)) : undefined;
+    this.lastEnqueueMs = performance.now() - t0;
+    return {
+      tokens: tokensRead ? (await tokensRead) as Int32Array : undefined,
+      logits: logitsRead ? (await logitsRead) as Float32Array : new Float32Array(0),
+    };
   }
 
   /** A decode-only step on a backend that captures graphs, with static rope tables. */
@@ -120,8 +164,8 @@ export class DecoderModel {
       batch.logitTokens.every((t, i) => t === i);
   }
 
-  private async forwardGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
-    t0: number): Promise<Float32Array> {
+  private async stepGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
+    wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
     const b = this.backend as GraphBackend;
     const width = batch.graphWidth!;
     const access = kv as unknown as KvAccess<RowSpan>;
@@ -135,13 +179,17 @@ export class DecoderModel {
       this.graphs.set(access, graphs);
     }
     const ropes = ropePlan(); // static tables: uploaded once, before any capture
-    const host = kv.hostLayouts(batch.rows);
-    if (host.some((h) => h.maxBlocks > width)) return this.forwardEager(batch, kv, ropePlan, t0); // longer than promised
-    const logits = graphs.run(batch.tokens, kv.hostLayouts(batch.rows, width),
-      (inp) => this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access));
-    const out = b.read(b.rowView(logits, 0, batch.rows.length));
-    this.lastEnqueueMs = performance.now() - t0;
-    return (await out) as Float32Array;
+    // the greedy ids are part of every graph when the backend can pick them (cheap beside a step)
+    const outputs = graphs.run(batch.tokens, kv.hostLayouts(batch.rows, width), (inp) => {
+      const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
+      return b.argmax ? [logits, b.argmax(logits)] : [logits];
+    });
+    b.beginScope();
+    try {
+      return await this.collect(outputs[0]!, wantLogits ? outputs[1] : undefined, batch.rows.length, wantLogits, t0);
+    } finally {
+      b.endScope();
+    }
   }
 
   /** Frees the graphs captured over `kv` (its owner is closing it). */

@@ -156,3 +156,23 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 });
+
+describe('argmax', { skip: SKIP }, () => {
+  it('picks the largest per row, the lowest index on ties, -1 for an all -Infinity row', async () => {
+    const r = rng(16);
+    const [R, V] = [5, 128256];
+    const x = bf(randomF32(r, R * V, 4));
+    x[1 * V + 7] = 100; x[1 * V + 70000] = 100; // a tie: 7 wins
+    x.fill(-Infinity, 2 * V, 3 * V);
+    x[3 * V + V - 1] = 50; // the last index
+    const t = cuda.upload(x, [R, V]);
+    for (const input of [t, cuda.scale(t, 1)]) { // f32 and bf16 rows
+      const got = [...(await cuda.read(cuda.argmax!(input)))];
+      const want = [...(await ref.read(ref.argmax(ref.upload(x, [R, V]))))];
+      assert.deepEqual(got, want);
+      assert.equal(got[1], 7);
+      assert.equal(got[2], -1);
+      assert.equal(got[3], V - 1);
+    }
+  });
+});

@@ -3,7 +3,7 @@
 // the captured ones. What this checks is everything around the device graph: the packed input
 // buffer, bucket padding (rows at position -1 that must disturb nothing), fixed-width block
 // tables, buckets coming and going as rows join and leave, and that the tokens equal the eager
-// path's and the transformers fixtures'. The CUDA twin runs on the GPU (cuda-fixtures.test.ts).
+// path's and the transformers fixtures' (also when greedy rows take the backend's argmax). The CUDA twin runs on the GPU (cuda-fixtures.test.ts).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -67,16 +67,17 @@ for (const name of ['qwen3', 'gemma2', 'llama']) {
   test(`${name}: graph-replayed decode equals the eager path and the fixtures, alone and batched`, async () => {
     const dir = join(FIXTURES, name);
     const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[]; steps: StepRecord[] }[] };
-    const request = (c: (typeof ref.cases)[number]) => ({
-      promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
+    const request = (c: (typeof ref.cases)[number], logprobs = true) => ({
+      promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true,
+      topLogprobs: logprobs ? 5 : undefined,
     });
-    const run = async (backend: ReferenceBackend, maxBatch: number) => {
+    const run = async (backend: ReferenceBackend, maxBatch: number, logprobs = true) => {
       const m = await loadModel(backend, dir, { maxModelLen: 4096 });
       const e = new Engine(m.model, m, { maxBatch, tokenBudget: 16, maxModelLen: m.maxContext });
       // staggered: later requests join while earlier ones decode, so buckets change size
       const out = await Promise.all(ref.cases.map(async (c, k) => {
         await new Promise((r) => setTimeout(r, 3 * k));
-        return e.complete(request(c));
+        return e.complete(request(c, logprobs));
       }));
       await e.close(0);
       return out;
@@ -90,6 +91,9 @@ for (const name of ['qwen3', 'gemma2', 'llama']) {
       const r = compareToReference(g.logprobs!, ref.cases[k]!.steps, 0.05);
       assert.ok(r.ok, `case ${k}: ${r.problem}`);
     });
+    // without logprobs, greedy rows take the device's argmax and read back no logits
+    const argmaxRuns = await run(new ReplayingReference(), ref.cases.length, false);
+    argmaxRuns.forEach((g, k) => assert.deepEqual(g.tokenIds, eager[k]!.tokenIds, `case ${k}: device argmax differs`));
     // a lone request: bucket 1 throughout its decode
     const lone = new ReplayingReference();
     const [solo] = await run(lone, 1).then((x) => x.slice(0, 1));

@@ -892,6 +892,17 @@ export class CudaBackend implements Backend {
     return { sum, normed };
   }
 
+  argmax(x: Tensor): Tensor {
+    const op = 'argmax';
+    this.assertOpen(op);
+    const a = this.arg(op, 'x', x, ACTS, 2);
+    const [R, V] = a.shape as [number, number];
+    const y = this.out([R], 'i32');
+    this.rt.launch('k_argmax', [Math.min(R, MAX_GRID_X), 1, 1], 1024, 0, [
+      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', y.addr], ['p', R], ['p', V]]);
+    return y;
+  }
+
   gluPacked(gu: Tensor, act: Activation): Tensor {
     const op = 'gluPacked';
     this.assertOpen(op);

@@ -137,9 +137,40 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     }
   }
 }
+
+// out[r] = index of the largest x[r, :] (lowest index on ties; NaN never chosen; -1 when nothing
+// exceeds -inf): one block per row.
+extern "C" __global__ void k_argmax(const void* x, int xdt, int* out, i64 R, i64 V) {
+  __shared__ float bv[32];
+  __shared__ long long bi[32];
+  for (i64 r = blockIdx.x; r < R; r += gridDim.x) {
+    float best = NEG_INF;
+    long long idx = -1;
+    for (i64 k = threadIdx.x; k < V; k += blockDim.x) {
+      const float v = ld(x, xdt, r * V + k);
+      if (v > best) { best = v; idx = k; } // strided: a thread's own later k never ties earlier
+    }
+    // warp reduction: larger value, then lower index
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const long long oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) { best = ov; idx = oi; }
+    }
+    const int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { bv[w] = best; bi[w] = idx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 1; i < nw; i++) {
+        if (bi[i] >= 0 && (idx < 0 || bv[i] > best || (bv[i] == best && bi[i] < idx))) { best = bv[i]; idx = bi[i]; }
+      }
+      out[r] = (int)idx;
+    }
+  }
+}
 `;
 
-export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv'] as const;
+export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax'] as const;
 
 /** the largest head dim k_rope_qkv handles (its shared row) */
 export const ROPE_QKV_MAX_HEAD_DIM = 512;

@@ -347,6 +347,18 @@ export class ReferenceBackend implements Backend {
     return out;
   }
 
+  argmax(x: Tensor): Tensor {
+    const [R, V] = x.shape;
+    const xv = f(x);
+    const out = this.make([R], 'i32', new Int32Array(R));
+    for (let r = 0; r < R; r++) {
+      let best = -1, bv = -Infinity;
+      for (let k = 0; k < V; k++) if (xv[r * V + k] > bv) { bv = xv[r * V + k]; best = k; }
+      out.data[r] = best;
+    }
+    return out;
+  }
+
   // ---- packed weights and fused ops: the plain ops composed ----
   async loadConcat(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
     const parts = await Promise.all(srcs.map((src) => this.loadWeight(src, as)));
