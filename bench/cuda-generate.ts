@@ -90,6 +90,7 @@ const matrices = [
 ];
 const weightBytes = matrices.reduce((a, t) => a + size(t), 0);
 // parameters: every distinct tensor of the model (embedding, norms, lm_head unless tied)
+const PACKED = new Set(['qkv', 'qkvBias', 'gateUp', 'gateUpBias']);
 const seen = new Set<unknown>();
 let totalParams = 0;
 const walk = (o: unknown): void => {
@@ -100,7 +101,8 @@ const walk = (o: unknown): void => {
     totalParams += numel(t as Tensor);
     return;
   }
-  for (const v of Array.isArray(o) ? o : Object.values(o)) walk(v);
+  // packed q/k/v and gate/up are counted through their row views (q, k, v, gate, up)
+  for (const [k, v] of Object.entries(o)) if (!PACKED.has(k)) walk(v);
 };
 walk(w);
 

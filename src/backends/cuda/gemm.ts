@@ -27,7 +27,15 @@ interface Plan {
   b: number;
   d: number;
   algo: Uint8Array;
+  /** the heuristic's valid algorithms, best guess first; emptied once timed */
+  candidates: Uint8Array[];
 }
+
+/** GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
+ * first pick read 4096 x 4096 bf16 weights at 2.0 TB/s on the H200, the best of its list faster) */
+const TUNE_MAX_M = 1024;
+const TUNE_CANDIDATES = 8;
+const TUNE_REPEATS = 3;
 
 export class LtGemm {
   private readonly handle: number;
@@ -59,13 +67,50 @@ export class LtGemm {
   run(w: number, wt: GemmType, x: number, xt: GemmType, d: number, dt: GemmType, M: number, N: number, K: number): boolean {
     const plan = this.plan(wt, xt, dt, M, N, K);
     if (!plan) return false;
+    const call = (algo: Uint8Array) => this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b,
+      this.zero, d, plan.d, d, plan.d, algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
+    if (plan.candidates.length > 1 && !this.rt.capturing) {
+      this.tune(plan, call);
+      plan.candidates.length = 0;
+    }
     const t0 = this.rt.capturing ? undefined : this.rt.profiler?.begin();
-    const rc = this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b, this.zero, d, plan.d, d,
-      plan.d, plan.algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
+    const rc = call(plan.algo);
     checkLt(rc, `cublasLtMatmul (M=${M} N=${N} K=${K}, w ${wt}, x ${xt}, out ${dt})`);
     if (t0 !== undefined) this.rt.profiler!.end(`gemm ${M}x${N}x${K}`, t0);
     this.rt.launches++;
     return true;
+  }
+
+  /**
+   * Times each candidate algorithm on the real operands (the output is rewritten by the call that
+   * follows) and keeps the fastest. Blocks the host for a few milliseconds, once per shape.
+   */
+  private tune(plan: Plan, call: (algo: Uint8Array) => number): void {
+    const d = this.rt.d;
+    const ev = [out64(), out64()];
+    for (const e of ev) check(d.cuEventCreate(e, 0), 'cuEventCreate (gemm tuning)');
+    const [e0, e1] = ev.map(num) as [number, number];
+    const ms = new Float32Array(1);
+    let best = plan.algo, bestMs = Infinity;
+    try {
+      for (const algo of plan.candidates) {
+        if (call(algo) !== 0) continue; // warm-up; an algorithm that fails here is skipped
+        check(d.cuEventRecord(e0, this.rt.stream), 'cuEventRecord');
+        let ok = true;
+        for (let i = 0; i < TUNE_REPEATS && ok; i++) ok = call(algo) === 0;
+        check(d.cuEventRecord(e1, this.rt.stream), 'cuEventRecord');
+        check(d.cuEventSynchronize(e1), 'cuEventSynchronize (gemm tuning)');
+        check(d.cuEventElapsedTime(ms, e0, e1), 'cuEventElapsedTime');
+        if (ok && ms[0]! < bestMs) {
+          bestMs = ms[0]!;
+          best = algo;
+        }
+      }
+    } finally {
+      d.cuEventDestroy_v2(e0);
+      d.cuEventDestroy_v2(e1);
+    }
+    plan.algo = best;
   }
 
   private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
@@ -86,22 +131,22 @@ export class LtGemm {
     const a = layout(wt, K, N, K);
     const b = layout(xt, K, M, K);
     const d = layout(dt, N, M, N);
-    const requested = 8;
+    const tune = M <= TUNE_MAX_M && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
+    const requested = TUNE_CANDIDATES;
     const results = new Uint8Array(HEURISTIC_BYTES * requested);
     const count = new Int32Array(1);
     const rc = lt.cublasLtMatmulAlgoGetHeuristic(this.handle, op, a, b, d, d, this.pref, requested, results, count);
     let plan: Plan | null = null;
     if (rc === 0) {
       const view = new DataView(results.buffer);
+      const candidates: Uint8Array[] = [];
       for (let i = 0; i < count[0]!; i++) {
         const base = i * HEURISTIC_BYTES;
         const wsNeeded = Number(view.getBigUint64(base + 64, true));
         const state = view.getInt32(base + 72, true);
-        if (state === 0 && wsNeeded <= WORKSPACE_BYTES) {
-          plan = { op, a, b, d, algo: results.slice(base, base + 64) };
-          break;
-        }
+        if (state === 0 && wsNeeded <= WORKSPACE_BYTES) candidates.push(results.slice(base, base + 64));
       }
+      if (candidates.length > 0) plan = { op, a, b, d, algo: candidates[0]!, candidates: tune ? candidates : [] };
     }
     if (!plan) {
       lt.cublasLtMatrixLayoutDestroy(a);
