@@ -897,9 +897,23 @@ export class CudaBackend implements Backend {
     this.assertOpen(op);
     const a = this.arg(op, 'x', x, ACTS, 2);
     const [R, V] = a.shape as [number, number];
+    if (R > MAX_GRID_Y) throw opError(op, `${R} rows is above ${MAX_GRID_Y}`);
     const y = this.out([R], 'i32');
-    this.rt.launch('k_argmax', [Math.min(R, MAX_GRID_X), 1, 1], 1024, 0, [
-      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', y.addr], ['p', R], ['p', V]]);
+    if (R === 0) return y;
+    if (V === 0) {
+      check(this.rt.d.cuMemsetD32Async(y.addr, 0xffffffff, R, this.rt.stream), 'argmax of empty rows');
+      return y;
+    }
+    // chunks of >= 4096 values (a multiple of 8 for 16-byte loads), at most 64 per row
+    const S = Math.max(1, Math.min(64, Math.ceil(V / 4096)));
+    const chunk = Math.ceil(V / S / 8) * 8;
+    const pv = this.pool.alloc(R * S * 4).addr, pi = this.pool.alloc(R * S * 4).addr;
+    this.rt.launch('k_argmax_part', [Math.ceil(V / chunk), R, 1], 256, 0, [
+      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', pv], ['p', pi], ['i', V], ['i', chunk]]);
+    this.rt.launch('k_argmax_final', [Math.ceil(R / 8), 1, 1], 256, 0, [
+      ['p', pv], ['p', pi], ['p', y.addr], ['i', R], ['i', Math.ceil(V / chunk)]]);
+    this.pool.release(pv, R * S * 4);
+    this.pool.release(pi, R * S * 4);
     return y;
   }
 

@@ -138,39 +138,57 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
   }
 }
 
-// out[r] = index of the largest x[r, :] (lowest index on ties; NaN never chosen; -1 when nothing
-// exceeds -inf): one block per row.
-extern "C" __global__ void k_argmax(const void* x, int xdt, int* out, i64 R, i64 V) {
-  __shared__ float bv[32];
-  __shared__ long long bi[32];
-  for (i64 r = blockIdx.x; r < R; r += gridDim.x) {
-    float best = NEG_INF;
-    long long idx = -1;
-    for (i64 k = threadIdx.x; k < V; k += blockDim.x) {
-      const float v = ld(x, xdt, r * V + k);
-      if (v > best) { best = v; idx = k; } // strided: a thread's own later k never ties earlier
+// Row argmax in two passes so a single row (decode at batch 1) still spreads over many blocks:
+// k_argmax_part: block (s, r) scans chunk s of row r -> (value, index) partials;
+// k_argmax_final: one warp per row reduces its S partials. Order: larger value, then lower index;
+// NaN is never chosen; -1 when nothing exceeds -inf.
+__device__ __forceinline__ void argmax_merge(float& best, int& idx, float v, int i) {
+  if (i >= 0 && (idx < 0 || v > best || (v == best && i < idx))) { best = v; idx = i; }
+}
+extern "C" __global__ void k_argmax_part(const void* x, int xdt, float* pv, int* pi, int V, int chunk) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int s = blockIdx.x, r = blockIdx.y, S = gridDim.x;
+  const int lo = s * chunk, hi = min(V, lo + chunk);
+  const i64 base = (i64)r * V;
+  float best = NEG_INF;
+  int idx = -1;
+  if (xdt == DT_BF16 && (V & 7) == 0 && (chunk & 7) == 0) {
+    const uint4* row = (const uint4*)((const u16*)x + base);
+    for (int k8 = (lo >> 3) + threadIdx.x; k8 < (hi >> 3); k8 += blockDim.x) {
+      float f[8];
+      unpack8(row[k8], f);
+      #pragma unroll
+      for (int k = 0; k < 8; k++) if (f[k] > best) { best = f[k]; idx = k8 * 8 + k; }
     }
-    // warp reduction: larger value, then lower index
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const long long oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) { best = ov; idx = oi; }
-    }
-    const int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) { bv[w] = best; bi[w] = idx; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int i = 1; i < nw; i++) {
-        if (bi[i] >= 0 && (idx < 0 || bv[i] > best || (bv[i] == best && bi[i] < idx))) { best = bv[i]; idx = bi[i]; }
-      }
-      out[r] = (int)idx;
+  } else {
+    for (int k = lo + threadIdx.x; k < hi; k += blockDim.x) {
+      const float v = ld(x, xdt, base + k);
+      if (v > best) { best = v; idx = k; }
     }
   }
+  for (int o = 16; o > 0; o >>= 1) argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  const int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if ((threadIdx.x & 31) == 0) { sv[w] = best; si[w] = idx; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < nw; i++) argmax_merge(best, idx, sv[i], si[i]);
+    pv[(i64)r * S + s] = best;
+    pi[(i64)r * S + s] = idx;
+  }
+}
+extern "C" __global__ void k_argmax_final(const float* pv, const int* pi, int* out, int R, int S) {
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (r >= R) return;
+  float best = NEG_INF;
+  int idx = -1;
+  for (int s = lane; s < S; s += 32) argmax_merge(best, idx, pv[(i64)r * S + s], pi[(i64)r * S + s]);
+  for (int o = 16; o > 0; o >>= 1) argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  if (lane == 0) out[r] = idx;
 }
 `;
 
-export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax'] as const;
+export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax_part', 'k_argmax_final'] as const;
 
 /** the largest head dim k_rope_qkv handles (its shared row) */
 export const ROPE_QKV_MAX_HEAD_DIM = 512;
