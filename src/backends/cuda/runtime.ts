@@ -158,7 +158,9 @@ export class CudaRuntime {
 
   /** Enqueues a captured graph (counted as one launch). */
   launchGraph(exec: number): void {
+    const t0 = this.profiler?.begin();
     check(this.d.cuGraphLaunch(exec, this.stream), 'cuGraphLaunch');
+    if (t0 !== undefined) this.profiler!.end('graph replay', t0);
     this.launches++;
   }
 
