@@ -94,22 +94,28 @@ export class DecodeGraphs {
     return graph;
   }
 
+  /**
+   * Writes a step's inputs into the packed host buffer. Block-table rows are copied only as far as
+   * each step's layout reaches (`maxBlocks` <= width): a row at position p reads entries up to
+   * p / blockSize only, so what lies beyond is never read and need not be cleared (at a 128k
+   * context the full tables of 64 rows are 2 MB a step).
+   */
   private fill(host: Int32Array, B: number, tokens: Int32Array, layouts: readonly HostStepLayout[]): void {
     const R = tokens.length, W = this.width;
-    host.fill(0, 0, B);
     host.set(tokens, 0);
+    host.fill(0, R, B);
     for (let r = 0; r < B; r++) {
-      host[B + r] = r; // padding rows read their own (empty) table row
+      host[B + r] = r; // padding rows read their own table row (never, at position -1)
       host[3 * B + r] = r;
     }
-    host.fill(-1, 2 * B, 3 * B);
     host.set(layouts[0]!.tokenPos, 2 * B);
+    host.fill(-1, 2 * B + R, 3 * B);
     for (let g = 0, at = 4 * B; g < this.groups; g++, at += B + B * W) {
-      const l = layouts[g]!;
-      if (l.maxBlocks !== W) throw new Error(`decode graph: layout width ${l.maxBlocks}, graph width ${W}`);
-      host.fill(-1, at, at + B + B * W);
+      const l = layouts[g]!, n = l.maxBlocks;
+      if (n > W) throw new Error(`decode graph: a row holds ${n} blocks, the graph's tables ${W}`);
       host.set(l.slots.subarray(0, R), at);
-      host.set(l.blockTables.subarray(0, R * W), at + B);
+      host.fill(-1, at + R, at + B);
+      for (let r = 0; r < R; r++) host.set(l.blockTables.subarray(r * n, (r + 1) * n), at + B + r * W);
     }
   }
 

@@ -37,8 +37,8 @@ export interface KvAccess<Row extends RowSpan> {
   isAllocated(row: Row): boolean;
   /** uploads one layout per KV group (tensors belong to the caller's open scope) */
   layouts(rows: readonly Row[]): StepLayout[];
-  /** the same layouts as host arrays, block tables `width` wide when given */
-  hostLayouts(rows: readonly Row[], width?: number): HostStepLayout[];
+  /** the same layouts as host arrays */
+  hostLayouts(rows: readonly Row[]): HostStepLayout[];
   /** KV groups (layouts per step) */
   readonly groupCount: number;
 }
@@ -113,7 +113,7 @@ export class DecoderModel {
     const t0 = performance.now();
     if (this.graphable(batch)) {
       const host = kv.hostLayouts(batch.rows);
-      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.stepGraphed(batch, kv, ropePlan, argmax, t0);
+      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.stepGraphed(batch, kv, host, ropePlan, argmax, t0);
       // a row longer than the width promised: this step runs op by op
     }
     return this.stepEager(batch, kv, ropePlan, argmax, t0);
@@ -164,8 +164,8 @@ export class DecoderModel {
       batch.logitTokens.every((t, i) => t === i);
   }
 
-  private async stepGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
-    wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
+  private async stepGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, host: HostStepLayout[],
+    ropePlan: () => RopeTable[], wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
     const b = this.backend as GraphBackend;
     const width = batch.graphWidth!;
     const access = kv as unknown as KvAccess<RowSpan>;
@@ -175,12 +175,12 @@ export class DecoderModel {
       graphs = undefined;
     }
     if (!graphs) {
-      graphs = new DecodeGraphs(b, kv.groupCount, width, kv.hostLayouts(batch.rows, width)[0]?.blockSize ?? 1);
+      graphs = new DecodeGraphs(b, kv.groupCount, width, host[0]?.blockSize ?? 1);
       this.graphs.set(access, graphs);
     }
     const ropes = ropePlan(); // static tables: uploaded once, before any capture
     // the greedy ids are part of every graph when the backend can pick them (cheap beside a step)
-    const outputs = graphs.run(batch.tokens, kv.hostLayouts(batch.rows, width), (inp) => {
+    const outputs = graphs.run(batch.tokens, host, (inp) => {
       const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
       return b.argmax ? [logits, b.argmax(logits)] : [logits];
     });

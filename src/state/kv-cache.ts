@@ -415,11 +415,8 @@ export class KvCache implements KvAccess<StepRow> {
     return this.groups.length;
   }
 
-  /**
-   * The step layout of each group as host arrays. `width` fixes the block-table width (at least
-   * every row's table length; graph replays need one shape), default the longest row's table.
-   */
-  hostLayouts(rows: readonly StepRow[], width?: number): HostStepLayout[] {
+  /** The step layout of each group as host arrays (tables as wide as the longest row's). */
+  hostLayouts(rows: readonly StepRow[]): HostStepLayout[] {
     const bs = this.shape.blockSize;
     const T = rows.reduce((a, r) => a + r.count, 0);
     const tokenRow = new Int32Array(T);
@@ -432,9 +429,7 @@ export class KvCache implements KvAccess<StepRow> {
       }
     });
     return this.groups.map((_, g) => {
-      const longest = Math.max(1, ...rows.map((r) => r.seq.tables[g].length));
-      if (width !== undefined && width < longest) throw new Error(`KV layout: a row holds ${longest} blocks, more than the fixed width ${width}`);
-      const maxBlocks = width ?? longest;
+      const maxBlocks = Math.max(1, ...rows.map((r) => r.seq.tables[g].length));
       const tables = new Int32Array(rows.length * maxBlocks).fill(-1);
       const slots = new Int32Array(T);
       let tt = 0;
