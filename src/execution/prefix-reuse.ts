@@ -6,7 +6,10 @@
 //
 // The SSD tier is touched only between steps: restores are read into host memory while the
 // sequence waits (it is admitted once they are in), and spills run when the engine has nothing
-// to do (or on an explicit flush), never inside a decode step.
+// to do (or on an explicit flush), never inside a decode step. Under sustained load the RAM tier
+// may evict a prefix before the engine is ever idle: the KV cache announces each eviction while
+// the block is intact, and the SSD tier then reads that prefix (once) and writes it in the
+// background (ssd-tier.ts onEvicted).
 
 import { createHash } from 'node:crypto';
 import type { ModelConfig } from '../contracts/model-config.ts';
@@ -26,8 +29,11 @@ export interface PrefixCacheSettings {
   modelFingerprint?: string;
   /** tokenizer fingerprint (TextTokenizer.fingerprint), part of the namespace */
   tokenizerFingerprint?: string;
-  /** the SSD tier: files under `dir` (in a subdirectory per namespace), at most `maxBytes` */
-  ssd?: { dir: string; maxBytes: number; log?: (line: string) => void };
+  /**
+   * the SSD tier: files under `dir` (in a subdirectory per namespace), at most `maxBytes`;
+   * `captureBytes`: most host memory for prefixes evicted before they were spilled (ssd-tier.ts)
+   */
+  ssd?: { dir: string; maxBytes: number; captureBytes?: number; log?: (line: string) => void };
 }
 
 export interface PrefixCacheStats {
@@ -68,11 +74,11 @@ export function prefixOptionsFor(
 export function openSsdTier(kv: KvCache, settings: PrefixCacheSettings): { ssd?: SsdTier; off?: string } {
   if (!settings.ssd) return {};
   if (!kv.prefixEnabled) return { off: `prefix reuse is off (${kv.prefixOff})` };
-  if (!kv.fullAttentionOnly) return { off: 'the model has sliding-window layers, which keep only their window: no whole prefixes to write' };
   if (!kv.canCopyBlocks) return { off: 'the backend cannot copy KV blocks to the host' };
   const ssd = new SsdTier({
     dir: settings.ssd.dir, maxBytes: settings.ssd.maxBytes, model: settings.modelFingerprint!,
-    tokenizer: settings.tokenizerFingerprint, kv: kv.scheme, log: settings.ssd.log,
+    tokenizer: settings.tokenizerFingerprint, kv: kv.scheme, groups: kv.groups.map((g) => g.spec),
+    captureBytes: settings.ssd.captureBytes, log: settings.ssd.log,
   });
   if (ssd.namespace !== kv.prefixNamespace) throw new Error('the SSD tier and the KV cache disagree on the prefix namespace');
   return { ssd };
@@ -90,7 +96,10 @@ export class PrefixReuse {
     private readonly offReason?: string,
     /** why the SSD tier asked for is not used */
     readonly ssdOff?: string,
-  ) {}
+  ) {
+    // a prefix the RAM tier evicts before any idle spill is read there and then (never lost)
+    if (ssd) kv.onEvict = (hash) => ssd.onEvicted(hash, kv);
+  }
 
   /** At submit: which prompt blocks could be reused; starts reading a longer prefix from SSD. */
   onSubmit(seq: Sequence): void {
@@ -98,11 +107,12 @@ export class PrefixReuse {
     seq.prefixHashes = this.kv.reusableHashes(seq.prompt); // ~1 us a block
     const ssd = this.ssd;
     if (!ssd || seq.prefixHashes.length === 0) return;
-    const inRam = this.kv.cachedBlocks(seq.prefixHashes);
+    const inRam = this.kv.attachableBlocks(seq.prefixHashes);
     const onDisk = ssd.longestPrefix(seq.prefixHashes);
     if (onDisk <= inRam) return;
     seq.restoring = true;
-    void ssd.load(seq.prefixHashes, inRam, onDisk).catch(() => undefined).then((r) => {
+    const from = this.kv.blocksToRestore(seq.prefixHashes, onDisk); // what the pool holds is not read
+    void ssd.load(seq.prefixHashes, onDisk, from).catch(() => undefined).then((r) => {
       seq.restored = seq.finished ? undefined : r;
       seq.restoring = false;
       this.kick();

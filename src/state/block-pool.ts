@@ -24,6 +24,12 @@ export class BlockPool {
   private evictableCap: number;
   /** evictable blocks dropped so far (LRU or over the cap) */
   evictions = 0;
+  /**
+   * Called with an evictable block's hash just before allocation or the cap drops it, while its
+   * content is still intact: a reader enqueued now (backend ops run in order) sees it before any
+   * later op reuses the block. The SSD tier saves prefixes that were never spilled this way.
+   */
+  onEvict?: (hash: string) => void;
 
   constructor(readonly numBlocks: number, evictableCap = 0) {
     if (!Number.isInteger(numBlocks) || numBlocks <= 0) throw new Error(`BlockPool: bad size ${numBlocks}`);
@@ -62,10 +68,7 @@ export class BlockPool {
     if (!this.canAllocate(n)) throw new Error(`KV block pool exhausted: need ${n}, ${this.freeCount} free`);
     const out: number[] = [];
     for (let k = 0; k < n; k++) {
-      if (this.freeIds.length === 0) {
-        this.drop(this.lru.keys().next().value as number); // the least recently released
-        this.evictions++;
-      }
+      if (this.freeIds.length === 0) this.evict(this.lru.keys().next().value as number); // the least recently released
       const id = this.freeIds.pop()!;
       this.refs[id] = 1;
       out.push(id);
@@ -131,10 +134,14 @@ export class BlockPool {
   }
 
   private trim(): void {
-    while (this.lru.size > this.evictableCap) {
-      this.drop(this.lru.keys().next().value as number);
-      this.evictions++;
-    }
+    while (this.lru.size > this.evictableCap) this.evict(this.lru.keys().next().value as number);
+  }
+
+  /** evictable -> free for room (counted, announced first) */
+  private evict(id: number): void {
+    this.onEvict?.(this.hashOf[id]!);
+    this.drop(id);
+    this.evictions++;
   }
 
   /** evictable -> free, forgetting its hash */

@@ -12,13 +12,18 @@
 // written again (only full blocks are registered, and a sequence only writes positions >= its
 // `computed`). Sliding-window groups share too: a prefix of k blocks is reusable when every full
 // group holds blocks [0, k) and every sliding group the blocks its window reaches back to from
-// position k*blockSize (the blocks it passed earlier went to its LRU and may be gone). The SSD
-// tier writes whole prefixes, so it needs every group to keep every block: full attention only.
+// position k*blockSize (the blocks it passed earlier went to its LRU and may be gone).
+//
+// The same rule says what the SSD tier must keep of a prefix (PrefixBlocks): full groups every
+// block, sliding groups at least their window's blocks before its end. readPrefix also hands over
+// the earlier sliding blocks the pool still holds (a contiguous run back from the window), so
+// shorter prefixes of a spilled one restore too.
 
 import type { Backend, HostStepLayout, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { BlockPool } from './block-pool.ts';
 import { chainHashes, kvBlockBytes, type KvScheme } from './block-hash.ts';
+import { dtypeBytes } from '../contracts/backend.ts';
 import type { KvAccess } from '../models/decoder.ts';
 
 export interface KvGroupSpec {
@@ -42,6 +47,14 @@ export interface KvShape {
   numKvHeads: number;
   headDim: number;
   blockSize: number;
+}
+
+/**
+ * First logical block a query at position `pos` can read in a group with `window` (0 = full
+ * attention: block 0). A sequence resuming at pos = k * blockSize needs blocks [this, k).
+ */
+export function firstLiveBlock(window: number, pos: number, blockSize: number): number {
+  return window === 0 ? 0 : Math.floor(Math.max(0, pos - window + 1) / blockSize);
 }
 
 /** Blocks one sequence of `tokens` needs in a group, when it is computed in chunks of `chunk`. */
@@ -78,12 +91,27 @@ export interface PrefixCacheOptions {
   maxCachedBytes?: number;
 }
 
-/** Block contents read back from the SSD tier: blocks [from, from + blocks.length) of a prefix. */
-export interface RestoredBlocks {
+/**
+ * Content of one group's blocks [from, from + blocks.length) of a prefix: per block, for each of
+ * the group's layers (kvGroupsOf order) its K block then its V block, raw bytes of the pool dtype.
+ */
+export interface GroupBlocks {
   from: number;
-  /** per block: for each layer, its K block then its V block (raw bytes of the pool dtype) */
   blocks: Uint8Array[];
 }
+
+/**
+ * Content of a prefix of `blocks` full blocks, one range per group (kvGroupsOf order). Spilled
+ * (readPrefix): full groups [0, blocks), sliding groups from at most their first live block at the
+ * end. Restored (SsdTier.load): the same, less what the pool already held when it was read.
+ */
+export interface PrefixBlocks {
+  blocks: number;
+  groups: GroupBlocks[];
+}
+
+/** What the SSD tier read back for a waiting sequence, until admission writes it into the pool. */
+export type RestoredBlocks = PrefixBlocks;
 
 /** Where a sequence's reused prefix came from, in blocks. */
 export interface AttachedPrefix {
@@ -106,6 +134,11 @@ export class KvCache implements KvAccess<StepRow> {
   private readonly layerKv: PagedKv[];
   /** seeds block hashes; undefined when prefix reuse is off */
   readonly prefixNamespace?: string;
+  /**
+   * Called with the hash of a cached block about to be evicted, while its content is intact (see
+   * BlockPool.onEvict); the SSD tier reads a never-spilled prefix then. Errors are swallowed.
+   */
+  onEvict?: (hash: string) => void;
   /** why prefix reuse is off (undefined when it is on) */
   readonly prefixOff?: string;
 
@@ -119,6 +152,13 @@ export class KvCache implements KvAccess<StepRow> {
   ) {
     const specs = kvGroupsOf(layerWindows);
     this.groups = specs.map((s) => new KvGroup(s, blocksPerGroup(s)));
+    for (const g of this.groups) {
+      g.pool.onEvict = (hash) => {
+        try {
+          this.onEvict?.(hash);
+        } catch { /* a listener's failure must not break allocation */ }
+      };
+    }
     this.groupOfLayer = [];
     specs.forEach((s, g) => s.layers.forEach((l) => (this.groupOfLayer[l] = g)));
     const { numKvHeads, headDim, blockSize } = shape;
@@ -138,11 +178,6 @@ export class KvCache implements KvAccess<StepRow> {
     } else this.prefixOff = off;
   }
 
-  /** true when every group keeps every block of a sequence (no sliding window): whole prefixes exist */
-  get fullAttentionOnly(): boolean {
-    return this.groups.every((g) => g.spec.window === 0);
-  }
-
   /** The KV layout (for namespaces and SSD files). */
   get scheme(): KvScheme {
     return {
@@ -154,6 +189,12 @@ export class KvCache implements KvAccess<StepRow> {
   /** Bytes one logical block takes across every layer (K and V). */
   get blockBytes(): number {
     return kvBlockBytes(this.scheme);
+  }
+
+  /** Bytes one logical block takes in group g's layers (K and V): the unit of GroupBlocks. */
+  groupBlockBytes(g: number): number {
+    const { blockSize, numKvHeads, headDim } = this.shape;
+    return this.groups[g].spec.layers.length * 2 * blockSize * numKvHeads * headDim * dtypeBytes[this.backend.activationDtype];
   }
 
   kvOfLayer(layer: number): PagedKv {
@@ -169,8 +210,7 @@ export class KvCache implements KvAccess<StepRow> {
 
   /** First logical block a step starting at `start` must still hold in group g. */
   private firstLiveBlock(g: number, start: number): number {
-    const w = this.groups[g].spec.window;
-    return w === 0 ? 0 : Math.floor(Math.max(0, start - w + 1) / this.shape.blockSize);
+    return firstLiveBlock(this.groups[g].spec.window, start, this.shape.blockSize);
   }
 
   /** New blocks each group needs before computing positions [start, end) of `seq`. */
@@ -250,7 +290,7 @@ export class KvCache implements KvAccess<StepRow> {
     return chainHashes(this.prefixNamespace, (p) => prompt[p], this.shape.blockSize, 0, n);
   }
 
-  /** How many leading blocks of `hashes` every full-attention group holds now (the SSD tier's view). */
+  /** How many leading blocks of `hashes` every full-attention group holds now (all of them without one). */
   cachedBlocks(hashes: readonly string[]): number {
     if (!this.prefixEnabled) return 0;
     let b = 0;
@@ -260,15 +300,27 @@ export class KvCache implements KvAccess<StepRow> {
 
   /**
    * The longest k <= hashes.length such that a sequence can start at position k * blockSize with
-   * cached blocks only: every full group holds [0, k), every sliding group [first live, k).
+   * blocks the pools hold: every full group [0, k), every sliding group [first live, k).
    */
-  private attachableBlocks(hashes: readonly string[]): number {
+  attachableBlocks(hashes: readonly string[]): number {
+    if (!this.prefixEnabled) return 0;
+    return this.longestUsable(hashes.length, (g, b) => this.groups[g].pool.lookup(hashes[b]) !== undefined);
+  }
+
+  /** The longest k <= n whose needed blocks (full groups [0, k), sliding [first live, k)) are all `has`. */
+  private longestUsable(n: number, has: (g: number, b: number) => boolean): number {
+    let k = n;
+    this.groups.forEach((g, gi) => {
+      if (g.spec.window !== 0) return;
+      let b = 0;
+      while (b < k && has(gi, b)) b++;
+      k = b;
+    });
     const bs = this.shape.blockSize;
-    let k = this.groups.some((g) => g.spec.window === 0) ? this.cachedBlocks(hashes) : hashes.length;
     for (; k > 0; k--) {
       const ok = this.groups.every((g, gi) => {
         if (g.spec.window === 0) return true;
-        for (let b = this.firstLiveBlock(gi, k * bs); b < k; b++) if (g.pool.lookup(hashes[b]) === undefined) return false;
+        for (let b = this.firstLiveBlock(gi, k * bs); b < k; b++) if (!has(gi, b)) return false;
         return true;
       });
       if (ok) return k;
@@ -277,60 +329,73 @@ export class KvCache implements KvAccess<StepRow> {
   }
 
   /**
-   * Gives a newly admitted (empty) sequence the longest cached prefix of `hashes`: references to
-   * blocks the pools hold, then (full attention only) blocks `restored` from the SSD tier written
-   * into new blocks. The caller sets the sequence's computed tokens to the result's `tokens`.
-   * Allocation is safe because admission promised the sequence its worst case, which covers its
-   * prompt.
+   * Which blocks of a k-block prefix a restore must read, per group: from the returned block to k.
+   * Full groups skip the leading run every full group holds now; sliding groups read their window.
+   */
+  blocksToRestore(hashes: readonly string[], k: number): number[] {
+    const held = Math.min(k, this.cachedBlocks(hashes.slice(0, k)));
+    return this.groups.map((g, gi) => (g.spec.window === 0 ? held : this.firstLiveBlock(gi, k * this.shape.blockSize)));
+  }
+
+  /**
+   * Gives a newly admitted (empty) sequence the longest cached prefix of `hashes` it can start
+   * from: references to blocks the pools hold, and blocks `restored` from the SSD tier written into
+   * new blocks (the pools' copy wins when both have one). The caller sets the sequence's computed
+   * tokens to the result's `tokens`. Allocation is safe because admission promised the sequence
+   * its worst case, which covers its prompt.
    */
   attachPrefix(seq: SequenceKv, hashes: readonly string[], restored?: RestoredBlocks): AttachedPrefix {
     const none = { ramBlocks: 0, ssdBlocks: 0, tokens: 0 };
     if (!this.prefixEnabled || hashes.length === 0) return none;
     if (seq.tables.some((t) => t.length > 0)) throw new Error('attachPrefix: the sequence already holds blocks');
-    if (!this.fullAttentionOnly) {
-      const k = this.attachableBlocks(hashes);
-      this.groups.forEach((g, gi) => {
-        const first = this.firstLiveBlock(gi, k * this.shape.blockSize);
-        const table = seq.tables[gi];
-        for (let b = 0; b < k; b++) {
-          if (b < first) {
-            table.push(-1);
-            continue;
-          }
-          const block = g.pool.lookup(hashes[b])!;
+    const given = restored && restored.groups.length === this.groups.length ? restored.groups : undefined;
+    if (restored && !given) throw new Error(`attachPrefix: restored blocks for ${restored.groups.length} KV groups, expected ${this.groups.length}`);
+    given?.forEach((rg, g) => {
+      const want = this.groupBlockBytes(g);
+      rg.blocks.forEach((d, j) => {
+        if (d.byteLength !== want) throw new Error(`attachPrefix: restored block ${rg.from + j} of group ${g} has ${d.byteLength} bytes, expected ${want}`);
+      });
+    });
+    const fromDisk = (g: number, b: number): Uint8Array | undefined => {
+      const rg = given?.[g];
+      return rg && b >= rg.from && b < rg.from + rg.blocks.length ? rg.blocks[b - rg.from] : undefined;
+    };
+    const k = this.longestUsable(hashes.length, (g, b) => this.groups[g].pool.lookup(hashes[b]) !== undefined || fromDisk(g, b) !== undefined);
+    if (k === 0) return none;
+    const bs = this.shape.blockSize;
+    // references first: allocating below may evict evictable blocks, never referenced ones
+    const RESTORE = -2;
+    this.groups.forEach((g, gi) => {
+      const first = this.firstLiveBlock(gi, k * bs);
+      const table = seq.tables[gi];
+      for (let b = 0; b < k; b++) {
+        const block = b < first ? undefined : g.pool.lookup(hashes[b]);
+        if (b < first) table.push(-1);
+        else if (block !== undefined) {
           g.pool.acquire(block);
           table.push(block);
-        }
-      });
-      seq.hashes = hashes.slice(0, k);
-      return { ramBlocks: k, ssdBlocks: 0, tokens: k * this.shape.blockSize };
-    }
-    const pool = this.groups[0].pool, table = seq.tables[0];
-    let ram = 0, ssd = 0;
-    const fresh: { block: number; data: Uint8Array; index: number }[] = [];
-    const end = restored ? Math.min(hashes.length, restored.from + restored.blocks.length) : hashes.length;
-    for (let b = 0; b < end; b++) {
-      const cached = pool.lookup(hashes[b]);
-      if (cached !== undefined) {
-        pool.acquire(cached);
-        table.push(cached);
-        ram++;
-        continue;
+        } else table.push(RESTORE);
       }
-      const data = restored && b >= restored.from ? restored.blocks[b - restored.from] : undefined;
-      if (!data) break;
-      if (data.byteLength !== this.blockBytes) throw new Error(`attachPrefix: restored block ${b} has ${data.byteLength} bytes, expected ${this.blockBytes}`);
-      const [block] = pool.allocate(1);
-      table.push(block);
-      fresh.push({ block, data, index: b });
-      ssd++;
-    }
-    if (fresh.length > 0) this.writeBlockData(fresh);
-    const n = table.length;
-    seq.hashes = hashes.slice(0, n);
-    // registered last: a restored block is registered only once its write is enqueued
-    fresh.forEach(({ block, index }) => pool.register(block, hashes[index]));
-    return { ramBlocks: ram, ssdBlocks: ssd, tokens: n * this.shape.blockSize };
+    });
+    const ssd = new Uint8Array(k);
+    this.groups.forEach((g, gi) => {
+      const table = seq.tables[gi];
+      const at: number[] = [];
+      table.forEach((x, b) => x === RESTORE && at.push(b));
+      if (at.length === 0) return;
+      const ids = g.pool.allocate(at.length);
+      const items = at.map((b, j) => {
+        table[b] = ids[j];
+        ssd[b] = 1;
+        return { block: ids[j], data: fromDisk(gi, b)! };
+      });
+      this.writeGroupBlocks(gi, items);
+      // registered last: a restored block is registered only once its write is enqueued
+      at.forEach((b, j) => g.pool.register(ids[j], hashes[b]));
+    });
+    seq.hashes = hashes.slice(0, k);
+    const ssdBlocks = ssd.reduce((a, x) => a + x, 0);
+    return { ramBlocks: k - ssdBlocks, ssdBlocks, tokens: k * bs };
   }
 
   /**
@@ -354,39 +419,51 @@ export class KvCache implements KvAccess<StepRow> {
   }
 
   /**
-   * Reads the content of the longest leading run of `hashes` still held in the pool, as it is
-   * once the ops enqueued so far have run (later ops cannot change it). Resolves to one buffer
-   * per block in the RestoredBlocks layout; [] when the first block is gone.
+   * Reads the longest prefix of `hashes` a sequence could start from with what the pools hold
+   * (attachableBlocks), as it is once the ops enqueued so far have run: every read is enqueued
+   * before this returns, so later ops (a step reusing an evicted block) cannot change it. Full
+   * groups give [0, k), sliding groups their window plus the run of earlier blocks still held.
+   * Resolves to { blocks: 0 } when nothing is held.
    */
-  async readPrefix(hashes: readonly string[]): Promise<Uint8Array[]> {
-    if (!this.fullAttentionOnly) throw new Error('readPrefix: sliding-window groups do not keep whole prefixes');
-    const n = this.cachedBlocks(hashes);
-    if (n === 0) return [];
-    const pool = this.groups[0].pool;
-    const ids = hashes.slice(0, n).map((h) => pool.lookup(h)!);
-    // every read is enqueued in this synchronous stretch, before any later step's ops
+  readPrefix(hashes: readonly string[]): Promise<PrefixBlocks> {
+    const k = this.attachableBlocks(hashes);
+    if (k === 0) return Promise.resolve({ blocks: 0, groups: [] });
     const read = this.backend.readBlocks?.bind(this.backend);
-    if (!read) throw new Error(`the ${this.backend.name} backend cannot read KV blocks back (readBlocks)`);
-    const parts = await Promise.all(this.layerKv.flatMap((kv) => [read(kv.k, ids), read(kv.v, ids)]));
-    const per = this.blockBytes / (2 * this.layerKv.length);
-    return ids.map((_, b) => {
-      const out = new Uint8Array(this.blockBytes);
-      parts.forEach((p, k) => out.set(p.subarray(b * per, (b + 1) * per), k * per));
-      return out;
+    if (!read) return Promise.reject(new Error(`the ${this.backend.name} backend cannot read KV blocks back (readBlocks)`));
+    const bs = this.shape.blockSize;
+    const parts = this.groups.map((g, gi) => {
+      let from = this.firstLiveBlock(gi, k * bs);
+      if (g.spec.window !== 0) while (from > 0 && g.pool.lookup(hashes[from - 1]) !== undefined) from--;
+      const ids = hashes.slice(from, k).map((h) => g.pool.lookup(h)!);
+      // enqueued here, synchronously, in one stretch
+      const reads = g.spec.layers.flatMap((l) => [read(this.layerKv[l].k, ids), read(this.layerKv[l].v, ids)]);
+      return { from, n: ids.length, reads };
     });
+    return Promise.all(parts.map(async ({ from, n, reads }, gi) => {
+      const got = await Promise.all(reads);
+      const per = this.groupBlockBytes(gi) / got.length; // one layer's K (or V) block
+      const blocks = Array.from({ length: n }, (_, b) => {
+        const out = new Uint8Array(this.groupBlockBytes(gi));
+        got.forEach((p, j) => out.set(p.subarray(b * per, (b + 1) * per), j * per));
+        return out;
+      });
+      return { from, blocks };
+    })).then((groups) => ({ blocks: k, groups }));
   }
 
-  /** Enqueues the writes of restored block contents (RestoredBlocks layout) into their blocks. */
-  private writeBlockData(items: { block: number; data: Uint8Array }[]): void {
+  /** Enqueues the writes of restored block contents (GroupBlocks layout) into group g's blocks. */
+  private writeGroupBlocks(g: number, items: { block: number; data: Uint8Array }[]): void {
     const write = this.backend.writeBlocks?.bind(this.backend);
     if (!write) throw new Error(`the ${this.backend.name} backend cannot write KV blocks (writeBlocks)`);
-    const per = this.blockBytes / (2 * this.layerKv.length);
+    const layers = this.groups[g].spec.layers;
+    const per = this.groupBlockBytes(g) / (2 * layers.length);
     const ids = items.map((x) => x.block);
     const buf = new Uint8Array(items.length * per);
-    this.layerKv.forEach((kv, l) => {
+    layers.forEach((l, j) => {
+      const kv = this.layerKv[l];
       [kv.k, kv.v].forEach((pool, kind) => {
-        const at = (2 * l + kind) * per;
-        items.forEach((x, j) => buf.set(x.data.subarray(at, at + per), j * per));
+        const at = (2 * j + kind) * per;
+        items.forEach((x, i) => buf.set(x.data.subarray(at, at + per), i * per));
         write(pool, ids, buf);
       });
     });

@@ -91,3 +91,19 @@ test('block hashes chain: a prefix decides every later hash; namespaces separate
   assert.notDeepEqual(hashTokens(prefixNamespace({ model: 'm', kv: { ...kv, dtype: 'bf16' } }), t, 4), h);
   assert.notDeepEqual(hashTokens(prefixNamespace({ model: 'm', kv, tokenizer: 'x' }), t, 4), h);
 });
+
+test('every eviction is announced with its hash while the block still holds it; an explicit drop is not', () => {
+  const pool = new BlockPool(3, 2);
+  const seen: { hash: string; stillThere: boolean }[] = [];
+  pool.onEvict = (hash) => seen.push({ hash, stillThere: pool.lookup(hash) !== undefined });
+  const ids = pool.allocate(3);
+  ids.forEach((id, k) => pool.register(id, `h${k}`));
+  pool.release([ids[2], ids[1], ids[0]]); // the cap (2) evicts the least recently released: h2
+  assert.deepEqual(seen, [{ hash: 'h2', stillThere: true }]);
+  pool.allocate(2); // one free block, then the LRU: h1
+  assert.deepEqual(seen.map((s) => s.hash), ['h2', 'h1']);
+  assert.ok(seen.every((s) => s.stillThere));
+  assert.equal(pool.evictions, 2);
+  assert.equal(pool.dropCached(), 1); // h0: forgotten on purpose, not announced
+  assert.equal(seen.length, 2);
+});

@@ -29,7 +29,7 @@ test('a header round-trips and locates the payload', () => {
 test('every mismatch is a KvFileError naming what is off', () => {
   const bytes = encodeKvFileHeader(header);
   const cases: [string, () => unknown, RegExp][] = [
-    ['version', () => { const b = Buffer.from(bytes); b.writeUInt32LE(2, 8); return parse(b); }, /version 2/],
+    ['version', () => { const b = Buffer.from(bytes); b.writeUInt32LE(3, 8); return parse(b); }, /version 3/],
     ['magic', () => { const b = Buffer.from(bytes); b[0] = 0; return parse(b); }, /magic/],
     ['header checksum', () => { const b = Buffer.from(bytes); b[b.length - 3] ^= 1; return parse(b); }, /checksum/],
     ['namespace', () => parse({ ...header, namespace: 'other' }), /namespace/],
@@ -43,4 +43,28 @@ test('every mismatch is a KvFileError naming what is off', () => {
     ['longer', () => parse(header, bytes.length + 3 * blockBytes), /stray bytes/],
   ];
   for (const [name, run, why] of cases) assert.throws(run, (e: unknown) => e instanceof KvFileError && why.test((e as Error).message), name);
+});
+
+test('version 2: layer groups, each sliding group from at most its window at the end', () => {
+  // layer 0 full, layer 1 sliding (window 5, block size 4: resuming after 3 blocks reads tokens
+  // 8..12, so the sliding group needs block 2; this file also keeps block 1)
+  const groups = [{ window: 0, layers: [0] }, { window: 5, layers: [1] }];
+  const exp = { ...expect, groups };
+  const perGroup = blockBytes / 2;
+  const tokens = Array.from({ length: 12 }, (_, k) => k);
+  const h2: KvFileHeader = { ...header, tokens, blockCrc: [1, 2, 3, 4, 5], groups: [{ ...groups[0], from: 0 }, { ...groups[1], from: 1 }] };
+  const bytes = encodeKvFileHeader(h2);
+  assert.equal(bytes.readUInt32LE(8), 2);
+  const ok = parse(h2, bytes.length + 5 * perGroup, exp);
+  assert.deepEqual(ok.layout, { blocks: 3, from: [0, 1], groupBytes: [perGroup, perGroup] });
+  const bad: [string, () => unknown, RegExp][] = [
+    ['v1 file for a sliding model', () => parse(header, undefined, exp), /sliding-window/],
+    ['groups differ', () => parse({ ...h2, groups: [{ ...groups[0], from: 0 }, { window: 6, layers: [1], from: 1 }] }, bytes.length + 5 * perGroup, exp), /group 1/],
+    ['window not covered', () => parse({ ...h2, blockCrc: [1, 2, 3], groups: [{ ...groups[0], from: 0 }, { ...groups[1], from: 3 }] }, bytes.length + 3 * perGroup, exp), /does not cover/],
+    ['full group not from 0', () => parse({ ...h2, blockCrc: [1, 2, 3, 4], groups: [{ ...groups[0], from: 1 }, { ...groups[1], from: 1 }] }, bytes.length + 4 * perGroup, exp), /group 0/],
+    ['checksum count', () => parse({ ...h2, blockCrc: [1, 2, 3, 4] }, bytes.length + 5 * perGroup, exp), /checksums/],
+    ['length', () => parse(h2, bytes.length + 6 * perGroup, exp), /stray bytes/],
+    ['groups in a plain model', () => parse(h2, bytes.length + 5 * perGroup), /groups differ/],
+  ];
+  for (const [name, run, why] of bad) assert.throws(run, (e: unknown) => e instanceof KvFileError && why.test((e as Error).message), name);
 });

@@ -73,32 +73,46 @@ for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
 }
 
 // Sliding-window families (window 8 in every fixture): the RAM tier shares the blocks the window
-// still reaches; the SSD tier is off (no whole prefixes).
+// still reaches; the SSD tier stores every full-attention block and the sliding groups' windows
+// (plus the earlier sliding blocks the pool still held), and a second engine restores from it.
 for (const name of ['gemma2', 'gemma3_text', 'mistral', 'qwen2', 'phi3']) {
-  test(`${name}: cached prefixes match transformers with sliding-window layers`, async () => {
+  test(`${name}: cached and SSD-restored prefixes match transformers with sliding-window layers`, async () => {
     const dir = join(FIXTURES, name);
     const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
     const backend = await createCpuBackend();
     const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
     try {
       const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-      const e = engine(m, { prefixCache: { modelFingerprint: modelFingerprint(dir), ssd: { dir: cacheDir, maxBytes: 1 << 30 } } });
+      const prefixCache = { modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint, ssd: { dir: cacheDir, maxBytes: 1 << 30 } };
+      const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
+        const r = compareToReference(steps!, c.steps, TOLERANCE);
+        assert.ok(r.ok, `${label}: ${r.problem}`);
+      };
+      const e = engine(m, { prefixCache });
       assert.equal(e.stats.prefixCache.enabled, true);
-      assert.match(e.stats.prefixCache.ssdOff ?? '', /sliding-window/);
+      assert.equal(e.stats.prefixCache.ssdOff, undefined);
+      assert.ok(m.config.layers.some((l) => l.window > 0), 'the fixture has sliding-window layers');
       for (const [k, c] of ref.cases.entries()) {
-        const cold = await e.complete(request(c));
+        check(`case ${k} cold`, (await e.complete(request(c))).logprobs, c);
         const warm = await e.complete(request(c));
         assert.equal(warm.cachedTokens, Math.floor((c.prompt_token_ids.length - 1) / 4) * 4, `case ${k}`);
-        for (const [label, r] of [['cold', cold], ['warm', warm]] as const) {
-          const cmp = compareToReference(r.logprobs!, c.steps, TOLERANCE);
-          assert.ok(cmp.ok, `case ${k} ${label}: ${cmp.problem}`);
-        }
+        check(`case ${k} warm`, warm.logprobs, c);
       }
       // all at once: rows sharing blocks decode side by side
       const together = await Promise.all(ref.cases.map((c) => e.complete(request(c))));
-      together.forEach((r, k) => assert.ok(compareToReference(r.logprobs!, ref.cases[k].steps, TOLERANCE).ok, `case ${k} together`));
+      together.forEach((r, k) => check(`case ${k} together`, r.logprobs, ref.cases[k]));
       assert.equal(e.stats.kvBlocksUsed, 0);
-      await e.close();
+      await e.close(); // flushes to the SSD tier
+      // a second engine (empty RAM tier) restores every case from disk, all at once
+      const e2 = engine(m, { prefixCache });
+      const restored = await Promise.all(ref.cases.map((c) => e2.complete(request(c))));
+      restored.forEach((r, k) => {
+        assert.equal(r.cachedTokens, Math.floor((ref.cases[k].prompt_token_ids.length - 1) / 4) * 4, `case ${k} restored`);
+        check(`case ${k} restored`, r.logprobs, ref.cases[k]);
+      });
+      assert.ok(e2.stats.prefixCache.ssdHits >= 1);
+      assert.equal(e2.stats.kvBlocksUsed, 0);
+      await e2.close();
     } finally {
       rmSync(cacheDir, { recursive: true, force: true });
       await backend.close();

@@ -212,3 +212,171 @@ test('SSD tier: the byte cap evicts the least recently used files', async () => 
     await m.model.backend.close();
   }
 });
+
+test('SSD tier with sliding-window layers: the window restores, and shorter prefixes while the pool held them', async () => {
+  const m = await tinyModel({ slidingWindow: 8 }); // every layer sliding; 8 tokens reach one 16-token block back
+  const dirs = [tmp(), tmp()];
+  try {
+    const A = tokens(21, 70); // 4 full blocks computed after 8 tokens (77)
+    const B = [...A.slice(0, 40), ...tokens(22, 30)]; // shares A's first two blocks
+    const cold = await coldOutputs(m, [A, B], 8);
+    const blockBytes = 2 * 2 * 16 * 2 * 8 * 4;
+    // 1. room to keep every block: the file holds A's window and every earlier block
+    const e1 = ssdEngine(m, dirs[0]);
+    assert.equal(e1.stats.prefixCache.ssdOff, undefined);
+    assert.deepEqual((await e1.complete(greedy(A, 8))).tokenIds, cold[0]);
+    await e1.close();
+    const { sub, files } = kvcFiles(dirs[0]);
+    assert.equal(files.length, 1);
+    assert.equal(readFileSync(join(sub, files[0])).readUInt32LE(8), 2, 'a file with layer groups is version 2');
+    for (const [k, p] of [A, B].entries()) {
+      const e = ssdEngine(m, dirs[0]); // a restart for each: nothing in RAM
+      const r = await e.complete(greedy(p, 8));
+      assert.deepEqual(r.tokenIds, cold[k], `prompt ${k}`);
+      assert.equal(r.cachedTokens, k === 0 ? 64 : 32, `prompt ${k}`);
+      assert.equal(e.stats.prefixCache.ssdHits, 1);
+      assert.equal(e.stats.kvBlocksUsed, 0);
+      await e.close();
+    }
+    // 2. a one-block RAM tier drops the blocks A's window passed while A runs: the file holds only
+    // the window at A's end, which restores A but no shorter prefix (B computes everything)
+    const e2 = new Engine(m.model, m, {
+      maxBatch: 2,
+      prefixCache: {
+        promptCacheBytes: blockBytes, modelFingerprint: modelFingerprint(m.dir), tokenizerFingerprint: m.tokenizer.fingerprint,
+        ssd: { dir: dirs[1], maxBytes: 64 << 20 },
+      },
+    });
+    assert.deepEqual((await e2.complete(greedy(A, 8))).tokenIds, cold[0]);
+    await e2.close();
+    const two = kvcFiles(dirs[1]);
+    assert.equal(two.files.length, 1);
+    assert.ok(readFileSync(join(two.sub, two.files[0])).length < readFileSync(join(sub, files[0])).length, 'the window-only file is smaller');
+    for (const [k, p] of [A, B].entries()) {
+      const e = ssdEngine(m, dirs[1]);
+      const r = await e.complete(greedy(p, 8));
+      assert.deepEqual(r.tokenIds, cold[k], `window-only, prompt ${k}`);
+      assert.equal(r.cachedTokens, k === 0 ? 64 : 0, `window-only, prompt ${k}`);
+      await e.close();
+    }
+    // 3. a corrupt block in a sliding group is caught when read: a miss, the file removed
+    const { sub: s1, files: [f1] } = kvcFiles(dirs[1]);
+    const bytes = readFileSync(join(s1, f1));
+    bytes[bytes.length - 5] ^= 0x5a;
+    writeFileSync(join(s1, f1), bytes);
+    const e3 = ssdEngine(m, dirs[1]);
+    const r3 = await e3.complete(greedy(A, 8));
+    assert.deepEqual(r3.tokenIds, cold[0]);
+    assert.equal(r3.cachedTokens, 0);
+    assert.equal(e3.stats.prefixCache.ssd!.rejected, 1);
+    await e3.close();
+  } finally {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    await m.model.backend.close();
+  }
+});
+
+for (const sliding of [0, 8]) {
+  test(`SSD tier under sustained load${sliding ? ' (sliding window)' : ''}: prefixes evicted before any idle spill are kept`, async () => {
+    const m = await tinyModel(sliding ? { slidingWindow: sliding } : {});
+    const dirs = [tmp(), tmp()];
+    try {
+      const prompts = Array.from({ length: 8 }, (_, k) => tokens(70 + k, 40));
+      const cold = await coldOutputs(m, prompts, 6);
+      // a pool of 8 blocks, two rows of 3 at a time, everything queued at once: the loop is never
+      // idle until the end, and every admission evicts blocks of prefixes that finished earlier
+      const busy = { maxBatch: 2, kvTokens: 128, tokenBudget: 16 };
+      const run = async (dir: string, captureBytes?: number) => {
+        const e = new Engine(m.model, m, {
+          ...busy,
+          prefixCache: {
+            modelFingerprint: modelFingerprint(m.dir), tokenizerFingerprint: m.tokenizer.fingerprint,
+            ssd: { dir, maxBytes: 64 << 20, captureBytes },
+          },
+        });
+        const got = await Promise.all(prompts.map((p) => e.complete(greedy(p, 6))));
+        assert.deepEqual(got.map((r) => r.tokenIds), cold);
+        assert.ok(e.stats.prefixCache.ramEvictions > 0);
+        const s = e.stats.prefixCache.ssd!;
+        await e.close();
+        return s;
+      };
+      const kept = await run(dirs[0]);
+      assert.ok(kept.captures > 0, 'prefixes were captured at eviction');
+      assert.equal(kept.dropped, 0);
+      // with no room to capture, the same run loses prefixes (the engine was never idle to spill them)
+      const lost = await run(dirs[1], 0);
+      assert.ok(lost.dropped > 0);
+      assert.equal(lost.captures, 0);
+      const restoredFrom = async (dir: string) => {
+        let n = 0;
+        for (const [k, p] of prompts.entries()) {
+          const e = ssdEngine(m, dir); // a restart for each prompt
+          const r = await e.complete(greedy(p, 6));
+          assert.deepEqual(r.tokenIds, cold[k], `prompt ${k}`);
+          if (r.cachedTokens === 32) n++;
+          await e.close();
+        }
+        return n;
+      };
+      assert.equal(await restoredFrom(dirs[0]), prompts.length, 'every prefix restores after a restart');
+      assert.ok(await restoredFrom(dirs[1]) < prompts.length);
+    } finally {
+      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+      await m.model.backend.close();
+    }
+  });
+}
+
+test('SSD tier: concurrent requests sharing a restored prefix produce their solo outputs', async () => {
+  const m = await tinyModel();
+  const dir = tmp();
+  try {
+    const P = tokens(31, 70);
+    const prompts = Array.from({ length: 5 }, (_, k) => [...P, ...tokens(40 + k, 3 + 2 * k)]);
+    const cold = await coldOutputs(m, prompts, 8);
+    const e1 = ssdEngine(m, dir);
+    await e1.complete(greedy(P, 2));
+    await e1.close();
+    // a restart; all at once, with a budget that interleaves their prefill chunks
+    const e2 = ssdEngine(m, dir, 64 << 20, { maxBatch: 3, tokenBudget: 24 });
+    const got = await Promise.all(prompts.map((p) => e2.complete(greedy(p, 8))));
+    assert.deepEqual(got.map((r) => r.tokenIds), cold);
+    assert.ok(got.every((r) => r.cachedTokens >= 64), `cached: ${got.map((r) => r.cachedTokens)}`);
+    const s = e2.stats.prefixCache;
+    assert.ok(s.ssdHits >= 1);
+    assert.equal(s.hits, prompts.length);
+    assert.equal(e2.stats.kvBlocksUsed, 0);
+    await e2.close();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+    await m.model.backend.close();
+  }
+});
+
+test('SSD tier: a prefix that extends a file on disk by under 1/16 of its blocks is not written again', async () => {
+  const m = await tinyModel();
+  const dir = tmp();
+  try {
+    const P = tokens(33, 320); // 20 blocks
+    const e = ssdEngine(m, dir);
+    await e.complete(greedy(P, 1));
+    await e.flushPrefixCache();
+    assert.equal(e.stats.prefixCache.ssd!.writes, 1);
+    const near = [...P, ...tokens(34, 10)]; // computes 337 tokens: 21 blocks, 1 new
+    const r = await e.complete(greedy(near, 8));
+    assert.equal(r.cachedTokens, 320);
+    await e.flushPrefixCache();
+    assert.equal(e.stats.prefixCache.ssd!.writes, 1);
+    const far = [...P, ...tokens(35, 40)]; // 367 tokens: 22 blocks, 2 new
+    await e.complete(greedy(far, 8));
+    await e.flushPrefixCache();
+    const s = e.stats.prefixCache.ssd!;
+    assert.equal(s.writes, 2);
+    assert.equal(s.files, 1); // the longer file supersedes the 20-block one
+    await e.close();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+    await m.model.backend.close();
+  }
+});
