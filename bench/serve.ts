@@ -5,7 +5,8 @@
 //   3. aggregate output tok/s and TTFT p50/p99 at 1/4/16/64 concurrent streams;
 //   4. /health latency while a long prefill runs (is the event loop ever blocked?).
 //
-//   node --import tsx bench/serve.ts [--model models/demo] [--tokens 128] [--json out.json]
+//   node --import tsx bench/serve.ts [--model models/demo] [--tokens 128] [--device cpu|cuda]
+//        [--prompt-tokens 64] [--long-prompt 1900] [--max-model-len N] [--json out.json]
 
 import { parseArgs } from 'node:util';
 import { spawn } from 'node:child_process';
@@ -13,7 +14,7 @@ import { writeFileSync } from 'node:fs';
 import { execSync } from 'node:child_process';
 import os from 'node:os';
 import { resolve } from 'node:path';
-import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
+import { openBackend, parseDevice } from '../src/execution/devices.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import { Engine } from '../src/execution/engine.ts';
 import { KvCache, blocksPerSequence } from '../src/state/kv-cache.ts';
@@ -24,11 +25,18 @@ const { values } = parseArgs({
   options: {
     model: { type: 'string', default: 'models/demo' },
     tokens: { type: 'string', default: '128' },
+    device: { type: 'string', default: 'cpu' },
+    'prompt-tokens': { type: 'string', default: '64' },
+    'long-prompt': { type: 'string', default: '1900' },
+    'max-model-len': { type: 'string', default: '4096' },
     json: { type: 'string' },
   },
 });
 const MODEL = resolve(values.model!);
 const TOKENS = Number(values.tokens);
+const DEVICE = parseDevice(values.device);
+const PROMPT_TOKENS = Number(values['prompt-tokens']);
+const MAX_MODEL_LEN = Number(values['max-model-len']);
 const ROOT = resolve(import.meta.dirname, '..');
 
 const pct = (xs: number[], p: number) => {
@@ -39,45 +47,51 @@ const median = (xs: number[]) => pct(xs, 50);
 const promptOf = (seed: number, n: number, vocab: number) => Array.from({ length: n }, (_, k) => (seed * 7919 + k * 104729) % Math.min(vocab, 4000) + 10);
 
 // ---- 1 and 2 (engine side), in process ------------------------------------------------------
-const backend = await createCpuBackend();
-const m = await loadModel(backend, MODEL);
+const backend = await openBackend(DEVICE);
+const m = await loadModel(backend, MODEL, { maxModelLen: MAX_MODEL_LEN });
 const V = m.config.vocabSize;
-const prompt = promptOf(1, 64, V);
+const prompt = promptOf(1, PROMPT_TOKENS, V);
 
 /**
- * A dedicated single-sequence path: forward, sample, detokenize, repeat — the same per-token work
- * a user gets (text out), without the scheduler, admission, events or streams.
+ * A dedicated single-sequence path: step, pick the token, detokenize, repeat — the same per-token
+ * work a user gets (text out), without the scheduler, admission, events or streams. It takes the
+ * engine's fastest kernels too: the device's argmax where the backend has one (the logits then
+ * stay on the device) and, on CUDA, the captured decode graphs.
  */
 async function dedicatedLoop(): Promise<number> {
   const cfg = m.config;
   const total = prompt.length + TOKENS;
-  const kv = new KvCache(backend, cfg.layers.map((l) => l.window), { numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: 16 },
-    (s) => blocksPerSequence(s.window, total, 16, 512));
+  const bs = 16;
+  const kv = new KvCache(backend, cfg.layers.map((l) => l.window), { numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs },
+    (s) => blocksPerSequence(s.window, total, bs, 512));
   const seq = kv.newSequence();
-  kv.grow(seq, 0, prompt.length);
-  let logits = await m.model.forward({ tokens: Int32Array.from(prompt), rows: [{ seq, start: 0, count: prompt.length }], logitTokens: [prompt.length - 1] }, kv);
   const sampler = new Sampler({ temperature: 0 }, { vocabSize: V });
   const history = new TokenHistory(prompt);
   const detok = new IncrementalDetokenizer(m.decode, { contextTokens: prompt });
+  const graphWidth = Math.ceil(total / bs) + 1;
+  const next = async (tokens: Int32Array, start: number): Promise<number> => {
+    kv.grow(seq, start, start + tokens.length);
+    const r = await m.model.step({ tokens, rows: [{ seq, start, count: tokens.length }], logitTokens: [tokens.length - 1], graphWidth }, kv, [false]);
+    return r.tokens ? r.tokens[0]! : sampler.sample(r.logits, history);
+  };
+  let id = await next(Int32Array.from(prompt), 0);
   let text = '';
   const t0 = performance.now();
   for (let k = 0; k < TOKENS - 1; k++) {
-    const id = sampler.sample(logits, history);
     history.push(id);
     text += detok.push(id);
-    const pos = prompt.length + k;
-    kv.grow(seq, pos, pos + 1);
-    logits = await m.model.forward({ tokens: Int32Array.of(id), rows: [{ seq, start: pos, count: 1 }], logitTokens: [0] }, kv);
+    id = await next(Int32Array.of(id), prompt.length + k);
   }
   const tps = (TOKENS - 1) / ((performance.now() - t0) / 1000);
   if (text.length === 0 && TOKENS > 8) throw new Error('dedicated loop produced no text');
   kv.release(seq);
+  m.model.releaseGraphs(kv);
   kv.dispose();
   return tps;
 }
 
 async function engineSingle(): Promise<number> {
-  const engine = new Engine(m.model, m, { maxBatch: 1, prefixCache: { promptCacheBytes: 0 } });
+  const engine = new Engine(m.model, m, { maxBatch: 1, maxModelLen: MAX_MODEL_LEN, prefixCache: { promptCacheBytes: 0 } });
   let tFirst = 0, n = 0;
   for await (const e of engine.generate({ promptIds: prompt, maxTokens: TOKENS, sampling: { temperature: 0 }, ignoreEos: true }))
     if (e.type === 'token' && n++ === 0) tFirst = performance.now();
@@ -96,7 +110,8 @@ m.model.dispose();
 await backend.close();
 
 // ---- 2, 3, 4 through HTTP ------------------------------------------------------------------
-const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench', '--prompt-cache', '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
+const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench',
+  '--prompt-cache', '0', '--device', DEVICE, '--max-model-len', String(MAX_MODEL_LEN)], { stdio: ['ignore', 'pipe', 'inherit'] });
 const base: string = await new Promise((ok, fail) => {
   let buf = '';
   server.stdout!.on('data', (d) => {
@@ -148,7 +163,7 @@ const concurrency: { streams: number; outputTokPerS: number; ttftP50Ms: number; 
 for (const n of [1, 4, 16, 64]) {
   const perStream = 64;
   const t0 = performance.now();
-  const results = await Promise.all(Array.from({ length: n }, (_, k) => stream(promptOf(k + 2, 64, V), perStream)));
+  const results = await Promise.all(Array.from({ length: n }, (_, k) => stream(promptOf(k + 2, PROMPT_TOKENS, V), perStream)));
   const wall = (performance.now() - t0) / 1000;
   const ttfts = results.map((r) => r.ttftMs);
   concurrency.push({
@@ -160,7 +175,7 @@ for (const n of [1, 4, 16, 64]) {
 }
 
 // /health while a long prefill runs
-const longPrompt = promptOf(99, Math.min(1900, m.maxContext - 16), V);
+const longPrompt = promptOf(99, Math.min(Number(values['long-prompt']), m.maxContext - 16), V);
 const healthMs: number[] = [];
 let prefillDone = false;
 const long = stream(longPrompt, 4).then((r) => ((prefillDone = true), r));
@@ -176,7 +191,8 @@ server.kill('SIGTERM');
 let commit = 'unknown';
 try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
 const result = {
-  machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, commit, model: values.model, tokens: TOKENS,
+  machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, device: (backend as { describe?: () => string }).describe?.() ?? backend.name,
+  loadavg: os.loadavg(), commit, model: values.model, tokens: TOKENS, promptTokens: PROMPT_TOKENS,
   dedicatedTokPerS: median(dedicated), engineDirectTokPerS: median(engineDirect), httpTokPerS: median(httpSingle),
   loneVsDedicated: median(engineDirect) / median(dedicated), httpVsEngine: median(httpSingle) / median(engineDirect),
   concurrency,
