@@ -36,20 +36,22 @@ for (const top of ['src', 'bench', 'test']) {
 // the stand-in tsx package
 const pkg = join(out, 'node_modules/tsx');
 mkdirSync(join(pkg, 'esm'), { recursive: true });
+mkdirSync(join(pkg, 'dist'), { recursive: true });
 writeFileSync(join(pkg, 'package.json'), JSON.stringify({
   name: 'tsx', version: '0.0.0-device', type: 'module',
-  exports: { '.': './index.mjs', './esm/api': './esm/api.mjs' },
+  exports: { '.': './index.mjs', './esm/api': './esm/api.mjs', './dist/loader.mjs': './dist/loader.mjs' },
 }, null, 2));
 const registerCode = `import { register as nodeRegister } from 'node:module';
 export function register() { nodeRegister(new URL('${'./hooks.mjs'}', import.meta.url)); return () => {}; }
 `;
 writeFileSync(join(pkg, 'esm/api.mjs'), registerCode.replace("'./hooks.mjs'", "'../hooks.mjs'"));
 writeFileSync(join(pkg, 'index.mjs'), `import { register } from './esm/api.mjs';\nregister();\n`);
+writeFileSync(join(pkg, 'dist/loader.mjs'), `import { register } from '../esm/api.mjs';\nregister();\n`); // bin/llmts imports this path
 writeFileSync(join(pkg, 'hooks.mjs'), `// serves .device/js/<path>.js for <root>/<path>.ts (transformed by tools/device/pack-js.mjs)
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { relative } from 'node:path';
-const root = process.cwd();
+const root = fileURLToPath(new URL('../../', import.meta.url)); // <root>/node_modules/tsx/hooks.mjs
 export async function load(url, context, next) {
   if (url.startsWith('file:') && url.endsWith('.ts')) {
     const rel = relative(root, fileURLToPath(url));
