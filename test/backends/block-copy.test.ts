@@ -1,27 +1,33 @@
 // readBlocks / writeBlocks (the prefix cache's SSD tier copies KV blocks with them) on the
-// reference and native CPU backends: exact bytes, stream order, staging, and refusals.
+// reference, native CPU and (where usable) CUDA backends: exact bytes, stream order, staging, and
+// refusals. Blocks of 120 bytes take CUDA's 2-byte path, blocks of 1 KiB its 16-byte path.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 
 import type { Backend } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
+import { createCudaBackend, probeCuda, type CudaBackend } from '../../src/backends/cuda/index.ts';
 import { randomF32, rng } from './helpers.ts';
 
+const CUDA = probeCuda().ok;
 let cpu: CpuBackend;
+let cuda: CudaBackend | undefined;
 before(async () => {
   cpu = await createCpuBackend();
+  if (CUDA) cuda = await createCudaBackend();
 });
 after(async () => {
   await cpu.close();
+  await cuda?.close();
 });
 
 const bytesOf = (a: Float32Array | Int32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 
-describe('readBlocks / writeBlocks', () => {
-  const NB = 7, dims = [3, 2, 5], per = 30;
-  for (const which of ['reference', 'cpu'] as const) {
-    const backend = (): Backend => (which === 'cpu' ? cpu : new ReferenceBackend());
+for (const dims of [[3, 2, 5], [2, 8, 16]]) describe(`readBlocks / writeBlocks, blocks [${dims}]`, () => {
+  const NB = 7, per = dims.reduce((a, b) => a * b, 1);
+  for (const which of ['reference', 'cpu', ...(CUDA ? ['cuda' as const] : [])] as const) {
+    const backend = (): Backend => (which === 'cpu' ? cpu : which === 'cuda' ? cuda! : new ReferenceBackend());
 
     it(`${which}: writes land in the named blocks; reads gather them in the order given`, async () => {
       const b = backend();

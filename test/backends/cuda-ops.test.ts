@@ -10,7 +10,8 @@
 //   rmsnorm, glu, softcap (f32 math, then bf16):                    atol 1e-5, rtol 4e-3
 //   rope (cos/sin of f32 angles up to 65535 rad, then bf16):        atol 1e-4, rtol 8e-3
 //   matmul, moeFfn (f32 accumulation over K <= 300, then bf16):      atol 2e-3, rtol 8e-3
-//   attention (f32 online softmax, then bf16):                      atol 5e-4, rtol 8e-3
+//   attention, generic kernel (f32 online softmax, then bf16):      atol 5e-4, rtol 8e-3
+//   attention, bf16 fast paths (also P rounded to bf16 before P.V):  atol 4e-3, rtol 1e-2
 //   moeRoute weights (f32 softmax, f32 output):                     atol 1e-6, rtol 1e-5; experts exact
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
@@ -20,6 +21,7 @@ import type { Backend, StepLayout, Tensor } from '../../src/contracts/backend.ts
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
+import { setAttentionMode } from '../../src/backends/cuda/attention.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -32,6 +34,13 @@ const MATHS: Tolerance = { atol: 1e-5, rtol: 4e-3 };
 const ROPE: Tolerance = { atol: 1e-4, rtol: 8e-3 };
 const GEMM: Tolerance = { atol: 2e-3, rtol: 8e-3 };
 const ATTN: Tolerance = { atol: 5e-4, rtol: 8e-3 };
+/**
+ * bf16 KV on the fast kernels (attention.ts): the output is rounded to bf16 (<= 2^-9 relative) and
+ * the prefill kernel rounds the softmax weights P to bf16 for the tensor-core P.V (<= 2^-9 * max|v|
+ * absolute, |v| <= 1 here). A warp-level CPU simulation of the kernels on these inputs peaked at
+ * 2.9e-3 absolute (0.46 of atol 2.5e-3 + rtol 8e-3).
+ */
+const ATTN_BF16: Tolerance = { atol: 4e-3, rtol: 1e-2 };
 const EXACT: Tolerance = { atol: 0, rtol: 0 };
 
 let ref: ReferenceBackend;
@@ -373,7 +382,7 @@ describe('paged KV: writeKv and attention', { skip: SKIP }, () => {
         };
         return [b.attention(act(b, qq, [5, h, d]), kv, layout, { scale: 0.125, window: 0, softcap: 0 }),
           b.attention(act(b, qq, [5, h, d]), kv, layout, { scale: 0.125, window: 100, softcap: 0 })];
-      }, ATTN);
+      }, ATTN_BF16); // 5 tokens of one row: the tensor-core prefill kernel
     }
   });
 
@@ -462,4 +471,251 @@ describe('shape checks', { skip: SKIP }, () => {
       assert.throws(() => call(cuda), msg);
     });
   }
+});
+
+// ---- attention fast paths: split-KV decode and tensor-core prefill (attention.ts) -------------
+// Random pools with scattered physical blocks (a shuffled pool, -1 beyond each row's length and in
+// extra columns), bf16 KV. The scale makes the softmax peaky (logit std ~2.7), so the outputs are
+// O(0.3) and sensitive to errors (with a flat softmax over many random keys they average to ~0).
+describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: SKIP }, () => {
+  interface Row { start: number; count: number }
+  interface Case {
+    D: number; H: number; KVH: number; BS: number;
+    /** each row's step: positions start .. start + count - 1 (keys 0 .. start + count - 1 exist) */
+    rows: Row[];
+    /** [row, position] per token instead of the rows' tokens in order */
+    tokens?: [number, number][];
+    /** -1 in the tables before each row's first window (as the KV cache releases them) */
+    releaseWindow?: number;
+    padCols?: number;
+    seed?: number;
+  }
+  interface Built {
+    T: number; R: number; MBR: number; NB: number; c: Case;
+    tables: Int32Array; rows: Int32Array; pos: Int32Array; kp: Float32Array; vp: Float32Array; q: Float32Array;
+  }
+
+  function build(c: Case): Built {
+    const r = rng(c.seed ?? 21);
+    const { D, H, KVH, BS } = c;
+    const tokens = c.tokens ?? c.rows.flatMap((row, i) =>
+      Array.from({ length: row.count }, (_, k) => [i, row.start + k] as [number, number]));
+    const R = c.rows.length, T = tokens.length;
+    const need = c.rows.map((row) => Math.ceil((row.start + row.count) / BS));
+    const MBR = Math.max(1, ...need) + (c.padCols ?? 0);
+    const NB = need.reduce((a, b) => a + b, 0) + 3;
+    const perm = Array.from({ length: NB }, (_, i) => i);
+    for (let i = NB - 1; i > 0; i--) {
+      const j = Math.floor(r() * (i + 1));
+      [perm[i], perm[j]] = [perm[j]!, perm[i]!];
+    }
+    const tables = new Int32Array(R * MBR).fill(-1);
+    let next = 0;
+    c.rows.forEach((row, i) => {
+      for (let b = 0; b < need[i]!; b++) tables[i * MBR + b] = perm[next++]!;
+      const w = c.releaseWindow ?? 0;
+      if (w > 0) { // blocks wholly before the first query's window
+        const first = Math.max(0, row.start - w + 1);
+        for (let b = 0; b < need[i]!; b++) if ((b + 1) * BS <= first) tables[i * MBR + b] = -1;
+      }
+    });
+    return {
+      T, R, MBR, NB, c, tables,
+      rows: Int32Array.from(tokens, (t) => t[0]), pos: Int32Array.from(tokens, (t) => t[1]),
+      kp: randomF32(r, NB * BS * KVH * D), vp: randomF32(r, NB * BS * KVH * D), q: randomF32(r, T * H * D, 2),
+    };
+  }
+
+  /** attention of the built case on b, once per params entry */
+  function run(b: Backend, s: Built, params: { scale: number; window: number; softcap: number }[], f32Pools = false): Tensor[] {
+    const { D, H, KVH, BS } = s.c;
+    const pool = (x: Float32Array) => f32Pools ? b.upload(bf(x), [s.NB, BS, KVH, D]) : act(b, x, [s.NB, BS, KVH, D]);
+    const kv = { k: pool(s.kp), v: pool(s.vp) };
+    const layout: StepLayout = {
+      tokenRow: b.upload(s.rows, [s.T]), tokenPos: b.upload(s.pos, [s.T]), slots: b.upload(new Int32Array(s.T).fill(-1), [s.T]),
+      blockTables: b.upload(s.tables, [s.R, s.MBR]), blockSize: BS,
+    };
+    const q = act(b, s.q, [s.T, H, D]);
+    return params.map((p) => b.attention(q, kv, layout, p));
+  }
+
+  const peaky = (D: number) => 4 / Math.sqrt(D);
+  const label = (c: Case, extra = '') => `D=${c.D} H=${c.H}/${c.KVH} BS=${c.BS} rows ${c.rows.map((r) => `${r.start}+${r.count}`).join(',')}${extra}`;
+
+  it('decode: 1..8 rows, contexts 1..4100, GQA 1/4/8/16, head dims 64/128/256', async () => {
+    const heads = [
+      { D: 64, H: 4, KVH: 4 }, { D: 128, H: 8, KVH: 2 }, { D: 128, H: 16, KVH: 2 }, { D: 256, H: 8, KVH: 1 },
+      { D: 64, H: 16, KVH: 1 }, { D: 256, H: 12, KVH: 2 },
+    ];
+    const batches = [[4100], [1, 17, 300, 1000, 4100], [17, 1000, 1, 4100, 300, 64, 65, 2048]];
+    for (const [i, h] of heads.entries()) {
+      for (const ctx of batches) {
+        const c: Case = { ...h, BS: 16, rows: ctx.map((n) => ({ start: n - 1, count: 1 })), seed: 100 + i };
+        const s = build(c);
+        await compare(`decode ${label(c)}`, (b) => run(b, s, [{ scale: peaky(c.D), window: 0, softcap: 0 }]), ATTN_BF16);
+      }
+    }
+  });
+
+  it('decode: windows (released blocks), soft-capping, padded tables, block sizes 1, 12, 32', async () => {
+    const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 999, count: 1 }, { start: 40, count: 1 }, { start: 4099, count: 1 }], releaseWindow: 100 },
+        [{ scale: peaky(128), window: 100, softcap: 0 }]],
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 777, count: 1 }, { start: 3, count: 1 }], padCols: 7 },
+        [{ scale: 0.35, window: 0, softcap: 5 }, { scale: peaky(128), window: 1, softcap: 0 }, { scale: peaky(128), window: 5000, softcap: 30 }]],
+      [{ D: 64, H: 8, KVH: 1, BS: 1, rows: [{ start: 300, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+      [{ D: 256, H: 4, KVH: 2, BS: 12, rows: [{ start: 500, count: 1 }, { start: 11, count: 1 }, { start: 12, count: 1 }] },
+        [{ scale: peaky(256), window: 37, softcap: 0 }]],
+      [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
+        [{ scale: 0.5, window: 0, softcap: 50 }]],
+      // short runs (speculative chunks of 2..4 tokens) also take the decode path
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
+        [{ scale: peaky(128), window: 0, softcap: 0 }]],
+    ];
+    for (const [c, params] of cases) {
+      const s = build(c);
+      await compare(`decode ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
+    }
+  });
+
+  it('prefill: fresh and after a cached prefix, ragged tails, windows, soft-capping, head dims 64/128/256', async () => {
+    const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 0, count: 200 }] },
+        [{ scale: peaky(128), window: 0, softcap: 0 }, { scale: peaky(128), window: 64, softcap: 0 }]],
+      [{ D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 333, count: 150 }] },
+        [{ scale: peaky(64), window: 0, softcap: 0 }, { scale: 0.3, window: 0, softcap: 30 }]],
+      [{ D: 256, H: 4, KVH: 2, BS: 16, rows: [{ start: 40, count: 130 }] },
+        [{ scale: peaky(256), window: 0, softcap: 0 }, { scale: peaky(256), window: 50, softcap: 20 }]],
+      [{ D: 128, H: 4, KVH: 4, BS: 8, rows: [{ start: 300, count: 97 }], releaseWindow: 40 },
+        [{ scale: peaky(128), window: 40, softcap: 0 }]],
+      [{ D: 64, H: 2, KVH: 1, BS: 5, rows: [{ start: 0, count: 5 }, { start: 7, count: 66 }] },
+        [{ scale: peaky(64), window: 0, softcap: 0 }]],
+    ];
+    for (const [c, params] of cases) {
+      const s = build(c);
+      await compare(`prefill ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
+    }
+  });
+
+  it('mixed batches: decode rows beside prefill chunks (T <= 128 and T > 128), odd token orders', async () => {
+    const cases: Case[] = [
+      { D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 20, count: 1 }, { start: 30, count: 10 }, { start: 100, count: 1 }, { start: 1000, count: 1 }] },
+      { D: 128, H: 8, KVH: 2, BS: 16, padCols: 3, rows: [
+        { start: 300, count: 1 }, { start: 60, count: 90 }, { start: 17, count: 1 }, { start: 0, count: 45 },
+        { start: 4000, count: 1 }, { start: 4, count: 1 }, { start: 128, count: 64 }] },
+      // interleaved rows, repeated and non-consecutive positions: still correct, only slower
+      { D: 64, H: 4, KVH: 2, BS: 4, rows: [{ start: 0, count: 40 }, { start: 0, count: 40 }],
+        tokens: [[0, 5], [0, 39], [1, 3], [1, 3], [1, 20], [1, 21], [1, 22], [1, 23], [1, 24], [0, 0], [0, 1], [0, 2],
+          [0, 3], [0, 4], [0, 30], [1, 39], [1, 38], [1, 37], [1, 36], [1, 35], [1, 0]] },
+      // a pure decode batch of 140 rows (the decode tokens are listed by k_attn_plan)
+      { D: 64, H: 4, KVH: 2, BS: 16, rows: Array.from({ length: 140 }, (_, i) => ({ start: (i * 37) % 500, count: 1 })) },
+    ];
+    for (const c of cases) {
+      const s = build(c);
+      await compare(`mixed T=${s.T} ${label(c).slice(0, 120)}`, (b) => run(b, s, [
+        { scale: peaky(c.D), window: 0, softcap: 0 }, { scale: peaky(c.D), window: 7, softcap: 10 }]), ATTN_BF16);
+    }
+  });
+
+  it('generic path: head dim 80, f32 pools, and the generic kernel forced', async () => {
+    const c: Case = { D: 80, H: 4, KVH: 2, BS: 16, rows: [{ start: 50, count: 1 }, { start: 10, count: 70 }] };
+    const s = build(c);
+    const params = [{ scale: peaky(80), window: 0, softcap: 0 }, { scale: 0.3, window: 20, softcap: 5 }];
+    await compare('generic D=80', (b) => run(b, s, params), ATTN);
+    const s128 = build({ ...c, D: 128 });
+    const p128 = [{ scale: peaky(128), window: 0, softcap: 0 }];
+    await compare('generic f32 pools', (b) => run(b, s128, p128, true), ATTN);
+    const old = setAttentionMode('generic');
+    try {
+      await compare('generic forced', (b) => run(b, s128, p128), ATTN);
+    } finally {
+      setAttentionMode(old);
+    }
+  });
+
+  it('fast paths agree with the generic kernel at sizes the reference is too slow for', async () => {
+    const cases: [Case, number][] = [
+      [{ D: 128, H: 16, KVH: 4, BS: 16, rows: [{ start: 0, count: 4096 }] }, 0], // 4k prefill
+      [{ D: 128, H: 16, KVH: 4, BS: 16, rows: [{ start: 3000, count: 1000 }, { start: 0, count: 1 }] }, 512],
+      [{ D: 128, H: 32, KVH: 8, BS: 16, rows: [{ start: 32767, count: 1 }, { start: 20000, count: 1 }] }, 0], // 32k decode
+      [{ D: 256, H: 8, KVH: 4, BS: 16, rows: [{ start: 2000, count: 600 }] }, 0],
+    ];
+    for (const [c, window] of cases) {
+      const s = build(c);
+      const params = [{ scale: peaky(c.D), window, softcap: 0 }];
+      const fast = run(cuda, s, params)[0]!;
+      const old = setAttentionMode('generic');
+      let slow: Tensor;
+      try {
+        slow = run(cuda, s, params)[0]!;
+      } finally {
+        setAttentionMode(old);
+      }
+      assertClose(`fast vs generic ${label(c)} window ${window}`, await cuda.read(fast), await cuda.read(slow), ATTN_BF16);
+    }
+  });
+
+  it('one captured graph serves growing positions (splits follow tokenPos on the device)', async () => {
+    // fixed table width (capacity 1024 keys), 3 decode rows; only tokenPos changes between replays
+    const c: Case = { D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 1023, count: 1 }, { start: 1023, count: 1 }, { start: 1023, count: 1 }] };
+    const s = build(c);
+    const params = { scale: peaky(128), window: 0, softcap: 0 };
+    const kv = { k: act(cuda, s.kp, [s.NB, c.BS, c.KVH, c.D]), v: act(cuda, s.vp, [s.NB, c.BS, c.KVH, c.D]) };
+    const pos = cuda.upload(s.pos, [3]);
+    const layout: StepLayout = {
+      tokenRow: cuda.upload(s.rows, [3]), tokenPos: pos, slots: cuda.upload(new Int32Array(3).fill(-1), [3]),
+      blockTables: cuda.upload(s.tables, [3, s.MBR]), blockSize: c.BS,
+    };
+    const q = act(cuda, s.q, [3, c.H, c.D]);
+    const graph = cuda.captureGraph(() => [cuda.attention(q, kv, layout, params)]);
+    try {
+      for (const p of [[0, 5, 17], [63, 64, 65], [100, 400, 700], [1023, 999, 2], [-1, 300, 1000]]) {
+        const host = new Int32Array(p);
+        cuda.copyInto(pos, host);
+        graph.replay();
+        const got = await cuda.read(graph.outputs[0]!);
+        const direct = await cuda.read(cuda.attention(q, kv, layout, params));
+        assert.deepEqual([...got], [...direct], `graph replay at positions ${p} differs from a direct launch`);
+        // the reference for the rows with a position (position -1: a padding row, zeros)
+        const live = [0, 1, 2].filter((r) => p[r]! >= 0);
+        const sub = { ...s, T: live.length, rows: Int32Array.from(live), pos: Int32Array.from(live, (r) => p[r]!),
+          q: Float32Array.from(live.flatMap((r) => [...s.q.subarray(r * c.H * c.D, (r + 1) * c.H * c.D)])) };
+        const want = await ref.read(run(ref, sub, [params])[0]!);
+        const gotLive = Float32Array.from(live.flatMap((r) => [...got.subarray(r * c.H * c.D, (r + 1) * c.H * c.D)]));
+        assertClose(`graph replay at positions ${p}`, gotLive, want, ATTN_BF16);
+        for (const r of [0, 1, 2].filter((x) => p[x]! < 0)) {
+          assert.ok(got.subarray(r * c.H * c.D, (r + 1) * c.H * c.D).every((x) => x === 0), `row ${r} at position -1 is not zeros`);
+        }
+      }
+    } finally {
+      graph.dispose();
+    }
+  });
+
+  it('errors: a row outside the tables (code 3) and a missing block (code 4), on both paths', async () => {
+    const c: Case = { D: 128, H: 4, KVH: 2, BS: 16, rows: [{ start: 100, count: 1 }, { start: 10, count: 40 }] };
+    const s = build(c);
+    const params = [{ scale: 0.1, window: 0, softcap: 0 }];
+    const bad = (mut: (x: Built) => void) => {
+      const x: Built = { ...s, rows: s.rows.slice(), pos: s.pos.slice(), tables: s.tables.slice() };
+      mut(x);
+      return run(cuda, x, params)[0]!;
+    };
+    // decode token 0 in row 7 of 2
+    await assert.rejects(cuda.read(bad((x) => { x.rows[0] = 7; })),
+      /attention: token 0 belongs to row 7, outside the block tables' 2 rows/);
+    // prefill tokens 5..9 in row -1 (a run of 5: prefill)
+    await assert.rejects(cuda.read(bad((x) => { for (let t = 5; t < 10; t++) x.rows[t] = -1; })),
+      /attention: token [5-9] belongs to row -1, outside the block tables' 2 rows/);
+    // row 0 (decode at 100) loses block 2 (keys 32..47)
+    await assert.rejects(cuda.read(bad((x) => { x.tables[2] = -1; })),
+      /attention: row 0 holds no block for position (3[2-9]|4[0-7]) \(block table entry -1\)/);
+    // row 1 (prefill 10..49) loses block 1 (keys 16..31)
+    await assert.rejects(cuda.read(bad((x) => { x.tables[s.MBR + 1] = -1; })),
+      /attention: row 1 holds no block for position (1[6-9]|2\d|3[01]) \(block table entry -1\)/);
+    // positions past the table width
+    await assert.rejects(cuda.read(bad((x) => { x.pos[0] = 16 * s.MBR + 3; })), /attention: row 0 holds no block for position \d+/);
+    // the backend stays usable
+    await compare('after errors', (b) => run(b, s, params), ATTN_BF16);
+  });
 });

@@ -23,7 +23,8 @@ import { numel } from '../../contracts/backend.ts';
 import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm } from './gemm.ts';
-import { ATT_MAX_HEAD_DIM, ATT_THREADS } from './kernels.ts';
+import { enqueueAttention } from './attention.ts';
+import { ATT_MAX_HEAD_DIM } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
@@ -569,11 +570,9 @@ export class CudaBackend implements Backend {
     const p = this.arg(op, 'pool', pool, ANY);
     const per = this.blockBytes(op, p, blocks);
     const bytes = blocks.length * per;
-    // gather the blocks into one device buffer in stream order, then one copy to pinned memory
+    // gather the blocks into one device buffer in stream order (one kernel), then one copy to pinned memory
     const gathered = this.pool.alloc(bytes).addr;
-    blocks.forEach((b, k) => {
-      if (per > 0) check(this.rt.d.cuMemcpyDtoDAsync_v2(gathered + k * per, p.addr + b * per, per, this.rt.stream), op);
-    });
+    this.copyBlocks(p.addr, gathered, blocks, per, false);
     const pin = await this.fetch(gathered, bytes, () => this.pool.release(gathered, bytes));
     try {
       return pin.view.slice(0, bytes);
@@ -591,11 +590,26 @@ export class CudaBackend implements Backend {
     if (data.byteLength !== blocks.length * per) {
       throw opError(op, `${data.byteLength} bytes for ${blocks.length} blocks of ${per} bytes`);
     }
-    blocks.forEach((b, k) => {
-      // pageable source: the driver stages it before returning, so `data` may change afterwards
-      if (per > 0) check(this.rt.d.cuMemcpyHtoDAsync_v2(p.addr + b * per, data.subarray(k * per, (k + 1) * per), per,
-        this.rt.stream), op);
-    });
+    if (data.byteLength === 0) return;
+    // one copy into a device buffer (pageable source: the driver stages it before returning, so
+    // `data` may change afterwards), then one kernel scatters the blocks into place
+    const staged = this.pool.alloc(data.byteLength).addr;
+    check(this.rt.d.cuMemcpyHtoDAsync_v2(staged, data, data.byteLength, this.rt.stream), op);
+    this.copyBlocks(staged, p.addr, blocks, per, true);
+    this.pool.release(staged, data.byteLength);
+  }
+
+  /** Enqueues gather (pool blocks -> packed) or scatter (packed -> pool blocks) of `per`-byte blocks. */
+  private copyBlocks(src: number, dst: number, blocks: readonly number[], per: number, scatter: boolean): void {
+    if (blocks.length === 0 || per === 0) return;
+    const wide = per % 16 === 0 && src % 16 === 0 && dst % 16 === 0;
+    const units = per / (wide ? 16 : 2);
+    const idxBytes = blocks.length * 4;
+    const idx = this.pool.alloc(idxBytes).addr;
+    check(this.rt.d.cuMemcpyHtoDAsync_v2(idx, Int32Array.from(blocks), idxBytes, this.rt.stream), 'block indices');
+    this.rt.launch('k_copy_blocks', this.elementwiseGrid(blocks.length * units), ELEMWISE_THREADS, 0, [
+      ['p', src], ['p', dst], ['p', idx], ['p', blocks.length], ['p', units], ['i', wide ? 1 : 0], ['i', scatter ? 1 : 0]]);
+    this.pool.release(idx, idxBytes);
   }
 
   free(t: Tensor): void {
@@ -861,11 +875,12 @@ export class CudaBackend implements Backend {
     const y = this.out(qq.shape);
     const kp = kv.k as CudaTensor;
     const vp = kv.v as CudaTensor;
-    const shmem = (D + 2 * ATT_THREADS + 32) * 4;
-    this.rt.launch('k_attention', [T, H, 1], ATT_THREADS, shmem, [
-      ['p', qq.addr], ['i', DT_CODE[qq.dtype]], ['p', kp.addr], ['p', vp.addr], ['i', DT_CODE[kp.dtype]],
-      ['p', row.addr], ['p', pos.addr], ['p', bt.addr], ['p', y.addr], ['i', T], ['i', H], ['i', KVH], ['i', D],
-      ['i', NB], ['i', BS], ['i', R], ['i', MBR], ['i', window], ['f', scale], ['f', softcap], ['p', this.errWord]]);
+    // split-KV decode + tensor-core prefill for bf16, k_attention otherwise (see attention.ts)
+    enqueueAttention(this.rt, this.pool, {
+      q: qq.addr, k: kp.addr, v: vp.addr, tokenRow: row.addr, tokenPos: pos.addr, blockTables: bt.addr, out: y.addr,
+      err: this.errWord, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
+      qDtype: qq.dtype, poolDtype: kp.dtype,
+    });
     return y;
   }
 

@@ -186,9 +186,24 @@ extern "C" __global__ void k_argmax_final(const float* pv, const int* pi, int* o
   for (int o = 16; o > 0; o >>= 1) argmax_merge(best, idx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, idx, o));
   if (lane == 0) out[r] = idx;
 }
+
+// KV blocks between a pool and a packed buffer (the prefix cache's spill and restore), in units
+// of 16 bytes (or 2 when a block is not a multiple of 16): gather dst[k] = src[idx[k]],
+// scatter dst[idx[k]] = src[k]; one launch for any number of blocks.
+extern "C" __global__ void k_copy_blocks(const void* src, void* dst, const int* idx, i64 n, i64 units, int wide,
+                                         int scatter) {
+  GRID_STRIDE(i, n * units) {
+    const i64 k = i / units, e = i - k * units;
+    const i64 from = (scatter ? k : (i64)idx[k]) * units + e, to = (scatter ? (i64)idx[k] : k) * units + e;
+    if (wide) ((uint4*)dst)[to] = ((const uint4*)src)[from];
+    else ((u16*)dst)[to] = ((const u16*)src)[from];
+  }
+}
 `;
 
-export const FUSED_KERNEL_NAMES = ['k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax_part', 'k_argmax_final'] as const;
+export const FUSED_KERNEL_NAMES = [
+  'k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax_part', 'k_argmax_final', 'k_copy_blocks',
+] as const;
 
 /** the largest head dim k_rope_qkv handles (its shared row) */
 export const ROPE_QKV_MAX_HEAD_DIM = 512;

@@ -10,6 +10,7 @@
 // the first error in `err` (int[4]: code, op-specific a, b, c), which read/sync turn into a
 // rejected promise.
 
+import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE } from './attention-kernels.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 
 const BASE_KERNEL_SOURCE = String.raw`
@@ -356,17 +357,21 @@ extern "C" __global__ void k_matmul_simple(const void* x, int xdt, const void* w
 `;
 
 /** The whole module NVRTC compiles: the base kernels, then files that build on their helpers. */
-export const KERNEL_SOURCE = BASE_KERNEL_SOURCE + FUSED_KERNEL_SOURCE;
+export const KERNEL_SOURCE = BASE_KERNEL_SOURCE + FUSED_KERNEL_SOURCE + ATTENTION_KERNEL_SOURCE;
 
 /** Every kernel in KERNEL_SOURCE (looked up once after the module is loaded). */
 export const KERNEL_NAMES = [
   'k_convert', 'k_embedding', 'k_rmsnorm', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_rope', 'k_write_kv',
   'k_attention', 'k_gather_rows', 'k_moe_route', 'k_moe_hidden', 'k_moe_down', 'k_matmul_finish', 'k_matmul_simple',
   ...FUSED_KERNEL_NAMES,
+  ...ATTENTION_KERNEL_NAMES,
 ] as const;
 export type KernelName = (typeof KERNEL_NAMES)[number];
 
-/** threads per block of k_attention (its shared memory layout depends on it) */
+/**
+ * threads per block of k_attention (its shared memory layout depends on it). k_attention is the
+ * generic fallback of the fast kernels in attention-kernels.ts (launch logic: attention.ts).
+ */
 export const ATT_THREADS = 128;
 /** the largest head dim k_attention handles (4 accumulators per thread) */
 export const ATT_MAX_HEAD_DIM = 4 * ATT_THREADS;

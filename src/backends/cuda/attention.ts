@@ -1,0 +1,171 @@
+// Launch logic of the CUDA backend's paged attention: which kernels, their grids, split counts and
+// scratch. The kernels and the decode/prefill classification are described in
+// attention-kernels.ts; cuda-backend.ts validates the call and hands it here.
+//
+// CUDA-graph friendly: every launch parameter below is a function of host-known shapes only
+// (T, H, KVH, D, R, maxBlocksPerRow, blockSize, window, the SM count), never of the positions in
+// tokenPos. A captured decode step replayed while its sequences grow keeps splitting their keys
+// evenly, because each decode kernel block derives its token, split and key range from tokenPos
+// on the device. The decode kernels always run (a step may hold decode tokens whatever its
+// shape); the prefill kernel runs whenever T > ATT_DEC_MAX_RUN (with fewer tokens every run is
+// short enough to be decode).
+import type { DType } from '../../contracts/backend.ts';
+import {
+  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK,
+} from './attention-kernels.ts';
+import { DT_CODE } from './cuda-tensor.ts';
+import { ATT_THREADS, type KernelName } from './kernels.ts';
+import type { KernelArg } from './runtime.ts';
+
+/** decode blocks aimed for per SM (about two waves at the decode kernels' 3-4 resident blocks) */
+const DECODE_BLOCKS_PER_SM = 8;
+const MAX_GRID_Y = 65535;
+
+/** What the launch code needs of the runtime (CudaRuntime; a simulator in tools). */
+export interface AttentionDevice {
+  readonly smCount: number;
+  launch(name: KernelName, grid: [number, number, number], block: number, shmem: number, args: KernelArg[]): void;
+}
+
+/** Stream-ordered scratch memory (DevicePool): released blocks are reused only by later work. */
+export interface AttentionScratch {
+  alloc(bytes: number): { addr: number };
+  release(addr: number, bytes: number): void;
+}
+
+/** Shapes of one attention call (validated by the backend). */
+export interface AttentionShape {
+  /** tokens, query heads, kv heads, head dim */
+  T: number;
+  H: number;
+  KVH: number;
+  D: number;
+  numBlocks: number;
+  blockSize: number;
+  /** rows of the block tables, and their width */
+  R: number;
+  maxBlocksPerRow: number;
+  window: number;
+  qDtype: DType;
+  poolDtype: DType;
+}
+
+/** Device addresses and scalars of one call. */
+export interface AttentionCall extends AttentionShape {
+  q: number;
+  k: number;
+  v: number;
+  tokenRow: number;
+  tokenPos: number;
+  blockTables: number;
+  out: number;
+  /** the backend's error word (int[4]) */
+  err: number;
+  scale: number;
+  softcap: number;
+}
+
+export type AttentionMode = 'auto' | 'generic';
+
+let mode: AttentionMode = process.env.LLMTS_CUDA_ATTENTION === 'generic' ? 'generic' : 'auto';
+
+/**
+ * 'generic' forces the plain k_attention kernel for every call (A/B checks and benchmarks);
+ * default 'auto' ($LLMTS_CUDA_ATTENTION=generic sets 'generic' at startup). Returns the old mode.
+ */
+export function setAttentionMode(m: AttentionMode): AttentionMode {
+  const old = mode;
+  mode = m;
+  return old;
+}
+
+export interface AttentionPlan {
+  path: 'fast' | 'generic';
+  /** fast path: the decode kernel, its query heads per block and blocks per kv head */
+  decodeKernel?: KernelName;
+  headChunk?: number;
+  headChunks?: number;
+  /** decode slots (grid x of the decode kernel): the decode tokens share them on the device */
+  slots: number;
+  /** T > ATT_DEC_INLINE_T: k_attn_plan lists the decode tokens first */
+  planKernel: boolean;
+  /** slots >= 2: some token may be split, k_attn_combine merges the splits */
+  combine: boolean;
+  /** T > ATT_DEC_MAX_RUN: some token may be a prefill token */
+  prefillKernel?: KernelName;
+  prefillTiles: number;
+}
+
+/** The launch plan of a call: a function of shapes only (see the top of this file). */
+export function planAttention(s: AttentionShape, smCount: number): AttentionPlan {
+  const tiles = Math.ceil(s.T / ATT_BQ);
+  const fast = mode === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
+    (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
+  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, prefillTiles: 0 };
+  const G = s.H / s.KVH;
+  const headChunk = G <= 4 ? 4 : 8; // the decode kernels are instantiated for 4 and 8 heads per block
+  const headChunks = Math.ceil(G / headChunk);
+  // most keys a query can see: the table's capacity, or the window
+  const maxKeys = Math.max(1, s.window > 0 ? Math.min(s.window, s.maxBlocksPerRow * s.blockSize)
+    : s.maxBlocksPerRow * s.blockSize);
+  const maxSplits = Math.ceil(maxKeys / ATT_MIN_CHUNK);
+  const fill = Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks));
+  const slots = Math.max(1, Math.min(fill, s.T * maxSplits));
+  const prefill = s.T > ATT_DEC_MAX_RUN;
+  return {
+    path: 'fast',
+    decodeKernel: `k_attn_decode_d${s.D}_g${headChunk}` as KernelName,
+    headChunk,
+    headChunks,
+    slots,
+    planKernel: s.T > ATT_DEC_INLINE_T,
+    combine: slots >= 2,
+    prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
+    prefillTiles: prefill ? tiles : 0,
+  };
+}
+
+/** Enqueues attention (output to call.out, bf16 [T, H, D]). */
+export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall): void {
+  if (c.T === 0 || c.H === 0) return;
+  const p = planAttention(c, dev.smCount);
+  if (p.path === 'generic') {
+    dev.launch('k_attention', [c.T, c.H, 1], ATT_THREADS, (c.D + 2 * ATT_THREADS + 32) * 4, [
+      ['p', c.q], ['i', DT_CODE[c.qDtype]], ['p', c.k], ['p', c.v], ['i', DT_CODE[c.poolDtype]],
+      ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', c.out], ['i', c.T], ['i', c.H], ['i', c.KVH],
+      ['i', c.D], ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window],
+      ['f', c.scale], ['f', c.softcap], ['p', c.err]]);
+    return;
+  }
+  const W = p.slots;
+  const planBytes = (c.T + 1) * 4;
+  const partBytes = p.combine ? W * c.H * c.D * 4 : 0;
+  const mlBytes = p.combine ? W * c.H * 2 * 4 : 0;
+  const plan = scratch.alloc(planBytes).addr;
+  const part = partBytes ? scratch.alloc(partBytes).addr : 0;
+  const partml = mlBytes ? scratch.alloc(mlBytes).addr : 0;
+  try {
+    if (p.planKernel) dev.launch('k_attn_plan', [1, 1, 1], 1024, 0, [['p', c.tokenRow], ['i', c.T], ['p', plan]]);
+    dev.launch(p.decodeKernel!, [W, c.KVH * p.headChunks!, 1], 128, 0, [
+      ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', plan],
+      ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
+      ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],
+      ['f', c.softcap], ['i', W], ['p', c.err]]);
+    if (p.combine) {
+      dev.launch('k_attn_combine', [Math.ceil(W / 2), c.H, 1], 128, 0, [
+        ['p', c.tokenRow], ['p', c.tokenPos], ['p', plan], ['p', part], ['p', partml], ['p', c.out], ['i', c.T],
+        ['i', c.H], ['i', c.D], ['i', c.R], ['i', c.window], ['i', W]]);
+    }
+    if (p.prefillKernel) {
+      dev.launch(p.prefillKernel, [c.H, p.prefillTiles, 1], 128, 0, [
+        ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', c.out],
+        ['i', c.T], ['i', c.H], ['i', c.KVH], ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R],
+        ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale], ['f', c.softcap], ['p', c.err]]);
+    }
+  } finally {
+    // stream order: the kernels enqueued above run before any later user of these blocks
+    scratch.release(plan, planBytes);
+    if (part) scratch.release(part, partBytes);
+    if (partml) scratch.release(partml, mlBytes);
+  }
+}
