@@ -1,12 +1,15 @@
 // Structured output cost and jump-forward gain, engine-direct on one model:
 //  1. grammar compile time: loading xgrammar + indexing the vocabulary, a cold compile of several
-//     schemas, a cache hit;
+//     schemas (split into the worker's check + trial compile, during which the event loop is
+//     free, and the final compile that blocks it; the longest event-loop stall measured against
+//     compiling everything on the event loop, as before the worker), a cache hit; the same for a
+//     40-field schema against a synthetic vocabulary of --big-vocab tokens (default 128000);
 //  2. decode throughput with vs without a JSON schema at B=1 and B=32 (jump-forward off, so both
 //     sample every token; and on), with the time rows spend in the grammar (mask + accept) per
 //     token measured in the same run;
 //  3. jump-forward on vs off on a schema with long constant keys: engine steps and wall time.
 //
-//   node --import tsx bench/structured-output.ts --model models/demo [--tokens 128] [--batches 1,32] [--json out.json]
+//   node --import tsx bench/structured-output.ts --model models/demo [--tokens 128] [--batches 1,32] [--big-vocab 128000] [--json out.json]
 
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -17,7 +20,7 @@ import { createCpuBackend } from '../src/backends/cpu/index.ts';
 import { loadModel, type LoadedModel } from '../src/execution/load-model.ts';
 import { Engine } from '../src/execution/engine.ts';
 import type { EngineRequest } from '../src/execution/sequence.ts';
-import { GrammarCompiler, grammarVocabFrom, type CompiledGrammar, type GrammarSpec, type RowGrammar } from '../src/sampling/grammar/index.ts';
+import { GrammarCompiler, grammarVocabFrom, type CompiledGrammar, type GrammarSpec, type GrammarVocab, type RowGrammar } from '../src/sampling/grammar/index.ts';
 import { TOOL_FORMATS } from '../src/generation/tool-calls/index.ts';
 
 const { values } = parseArgs({
@@ -26,6 +29,7 @@ const { values } = parseArgs({
     tokens: { type: 'string', default: '128' },
     batches: { type: 'string', default: '1,32' },
     repeats: { type: 'string', default: '3' },
+    'big-vocab': { type: 'string', default: '128000' },
     json: { type: 'string' },
   },
 });
@@ -77,6 +81,104 @@ const TOOLS_REQUIRED: GrammarSpec = TOOL_FORMATS.hermes.forcedGrammar([
   { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'] } },
   { name: 'search', parameters: { type: 'object', properties: { query: { type: 'string' }, limit: { type: 'integer' } }, required: ['query'] } },
 ], { parallel: true });
+
+/** 40 required fields of mixed kinds (the big-vocabulary compile case) */
+const FORTY_FIELDS: GrammarSpec = {
+  type: 'json_schema',
+  schema: {
+    type: 'object',
+    properties: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`field_${i}`,
+      i % 4 === 0 ? { type: 'string', maxLength: 20 } : i % 4 === 1 ? { type: 'integer', minimum: 0, maximum: 1000 }
+        : i % 4 === 2 ? { enum: ['a', 'b', 'c'] } : { type: 'array', items: { type: 'object', properties: { x: { type: 'number' }, y: { type: 'string' } }, required: ['x', 'y'] } }])),
+    required: Array.from({ length: 40 }, (_, i) => `field_${i}`),
+    additionalProperties: false,
+  },
+};
+const INVALID: GrammarSpec = { type: 'json_schema', schema: { type: 'object', properties: { a: { type: 'strang' } } } };
+
+/** `model`'s tokens, then distinct concatenations of two of them, up to `size` (a byte-level vocabulary) */
+function syntheticVocab(base: GrammarVocab, size: number): GrammarVocab {
+  const words = base.tokens.filter((t) => t !== '');
+  const tokens = base.tokens.slice(0, Math.min(size, base.tokens.length));
+  const seen = new Set(tokens);
+  let x = 12345;
+  const next = () => {
+    x ^= x << 13; x >>>= 0; x ^= x >>> 17; x ^= x << 5; x >>>= 0;
+    return x;
+  };
+  while (tokens.length < size) {
+    const t = words[next() % words.length]! + words[next() % words.length]!;
+    if (!seen.has(t)) {
+      seen.add(t);
+      tokens.push(t);
+    }
+  }
+  return { ...base, tokens, vocabSize: size };
+}
+
+/** Runs `fn`, spinning the event loop meanwhile: the longest time it could not turn. */
+async function stall<T>(fn: () => Promise<T>): Promise<{ value?: T; stallMs: number; totalMs: number }> {
+  let last = performance.now(), worst = 0, done = false;
+  const spin = () => {
+    const now = performance.now();
+    worst = Math.max(worst, now - last);
+    last = now;
+    if (!done) setImmediate(spin);
+  };
+  setImmediate(spin);
+  const t0 = performance.now();
+  let value: T | undefined;
+  try {
+    value = await fn();
+  } catch {
+    // an invalid spec: what it cost is the point
+  }
+  done = true;
+  const end = performance.now();
+  return { value, stallMs: Math.max(worst, end - last), totalMs: end - t0 };
+}
+
+interface CompileRow {
+  spec: string;
+  vocab: number;
+  /** worker: check + trial compile (event loop free) */
+  checkMs: number;
+  /** final compile on the event loop */
+  compileMs: number;
+  /** longest event-loop stall while it compiled, with the worker */
+  stallMs: number;
+  totalMs: number;
+  /** longest stall compiling it all on the event loop (worker: false; the design before the worker) */
+  inThreadStallMs: number;
+}
+
+async function compileRows(v: GrammarVocab, specs: Record<string, GrammarSpec>): Promise<{ rows: CompileRow[]; compiled: Record<string, CompiledGrammar>; loadMs: number; cacheHitMs: number }> {
+  const t0 = performance.now();
+  const worker = new GrammarCompiler(v);
+  await worker.warm();
+  const loadMs = performance.now() - t0;
+  const inThread = new GrammarCompiler(v, { worker: false });
+  await inThread.warm();
+  const rows: CompileRow[] = [];
+  const compiled: Record<string, CompiledGrammar> = {};
+  for (const [name, spec] of Object.entries(specs)) {
+    const w = await stall(() => worker.compile(spec));
+    const invalid = w.value === undefined;
+    const i = await stall(() => inThread.compile(spec));
+    i.value?.release();
+    rows.push({
+      spec: name, vocab: v.vocabSize, checkMs: worker.stats.lastCheckMs, compileMs: invalid ? 0 : w.value!.compileMs,
+      stallMs: w.stallMs, totalMs: w.totalMs, inThreadStallMs: i.stallMs,
+    });
+    if (w.value) compiled[name] = w.value;
+  }
+  const tHit = performance.now();
+  const first = Object.values(specs)[0]!;
+  (await worker.compile(first)).release();
+  const cacheHitMs = performance.now() - tHit;
+  await worker.close();
+  return { rows, compiled, loadMs, cacheHitMs };
+}
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -148,21 +250,18 @@ const m = await loadModel(backend, values.model!);
 const prompt = m.applyChatTemplate([{ role: 'user', content: 'List customer records as JSON.' }]);
 
 // 1. compile time
-const tLoad = performance.now();
 const vocab = grammarVocabFrom(m.tokenizer, m.config.vocabSize, m.eosIds);
-const compiler = new GrammarCompiler(vocab);
-await compiler.warm();
-const loadMs = performance.now() - tLoad;
-const compile: Record<string, number> = {};
-const compiled: Record<string, CompiledGrammar> = {};
-for (const [name, spec] of Object.entries({ person: PERSON, records: RECORDS, recordsMaxLength: RECORDS_MAXLEN, longKeys: LONG_KEYS, toolsRequired: TOOLS_REQUIRED })) {
-  const c = await compiler.compile(spec);
-  compile[name] = c.compileMs;
-  compiled[name] = c;
+const own = await compileRows(vocab, {
+  records: RECORDS, person: PERSON, recordsMaxLength: RECORDS_MAXLEN, longKeys: LONG_KEYS, toolsRequired: TOOLS_REQUIRED, fortyFields: FORTY_FIELDS, invalid: INVALID,
+});
+const { loadMs, cacheHitMs, compiled } = own;
+const compileTable = [...own.rows];
+const bigVocab = Number(values['big-vocab']);
+if (bigVocab > 0) {
+  const big = await compileRows(syntheticVocab(vocab, bigVocab), { fortyFields: FORTY_FIELDS, person: PERSON, invalid: INVALID });
+  for (const c of Object.values(big.compiled)) c.release();
+  compileTable.push(...big.rows);
 }
-const tHit = performance.now();
-(await compiler.compile(RECORDS)).release();
-const cacheHitMs = performance.now() - tHit;
 
 // 2. throughput with vs without a schema
 const throughput: Record<string, unknown>[] = [];
@@ -203,13 +302,18 @@ let commit = 'unknown';
 try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
 const result = {
   machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, commit, backend: 'cpu', model: values.model,
-  vocabSize: m.config.vocabSize, loadMs, compileMs: compile, cacheHitMs, throughput, jumpForward,
+  vocabSize: m.config.vocabSize, loadMs, compile: compileTable, cacheHitMs, throughput, jumpForward,
+  loadAverage: os.loadavg(),
 };
 
 const f = (x: number, d = 1) => x.toFixed(d);
 console.log(`structured output on ${values.model} (vocab ${m.config.vocabSize}), ${result.machine}, commit ${commit}`);
-console.log(`\ngrammar engine load + vocabulary index: ${f(loadMs)} ms; cache hit: ${f(cacheHitMs, 2)} ms`);
-console.log('cold compile (ms):', Object.entries(compile).map(([k, v]) => `${k} ${f(v)}`).join(', '));
+console.log(`load average at the end: ${os.loadavg().map((x) => f(x, 2)).join(' / ')}`);
+console.log(`\ngrammar engine load + vocabulary index (both instances + the worker): ${f(loadMs)} ms; cache hit: ${f(cacheHitMs, 2)} ms`);
+console.log('\n| spec | vocab | worker check + trial ms (loop free) | final compile ms (loop blocked) | longest loop stall, worker | longest loop stall, all on the loop (before) |');
+console.log('|---|---|---|---|---|---|');
+for (const r of compileTable)
+  console.log(`| ${r.spec} | ${r.vocab} | ${f(r.checkMs)} | ${f(r.compileMs)} | ${f(r.stallMs)} | ${f(r.inThreadStallMs)} |`);
 console.log(`\n| schema | batch | no schema tok/s | schema tok/s (ratio) | schema + jump-forward tok/s (ratio) | grammar CPU ms/token |`);
 console.log('|---|---|---|---|---|---|');
 for (const r of throughput as any[])

@@ -16,6 +16,7 @@ import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import type { Backend } from '../contracts/backend.ts';
 import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
 import { modelFingerprint } from '../state/fingerprint.ts';
+import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
 
 const OPTIONS: Options = {
   model: { type: 'string' },
@@ -34,6 +35,7 @@ const OPTIONS: Options = {
   'cache-dir': { type: 'string' },
   'cache-dir-size': { type: 'string' },
   'gpu-memory-utilization': { type: 'string' },
+  'tool-call-format': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -64,10 +66,24 @@ const HELP = `usage: llmts serve --model DIR [options]
   --cache-dir DIR             prefix cache SSD tier: prefixes written to DIR when idle, on SIGTERM
                               and on POST /admin/cache/flush; restored after a restart
   --cache-dir-size SIZE       byte cap of the SSD tier (default: 8G or half the free space, if less)
+  --tool-call-format F        auto|hermes|llama3|mistral: how the model writes tool calls (the
+                              syntax parsed, forced and shown in prompts); auto (default) detects it
+                              from the chat template and vocabulary
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
 "listening on http://HOST:PORT" when ready.`;
+
+/** --tool-call-format values (vLLM's parser name llama3_json too); auto = detect */
+const TOOL_CALL_FORMATS: Record<string, ToolCallFormatName | undefined> = {
+  auto: undefined, hermes: 'hermes', llama3: 'llama3_json', llama3_json: 'llama3_json', mistral: 'mistral',
+};
+
+function toolCallFormatFlag(raw: string | undefined): ToolCallFormatName | undefined {
+  if (raw === undefined) return undefined;
+  if (!Object.hasOwn(TOOL_CALL_FORMATS, raw)) throw new UsageError(`--tool-call-format must be auto, hermes, llama3 or mistral, got "${raw}"`);
+  return TOOL_CALL_FORMATS[raw];
+}
 
 /** the engine's default; passed explicitly so the default KV size below agrees with it */
 const DEFAULT_MAX_BATCH = 16;
@@ -157,6 +173,7 @@ export async function runServe(argv: string[]): Promise<void> {
     }
   }
   const cacheDirSize = cacheDir === undefined ? 0 : cacheDirBytes(cacheDir, stringFlag(v, 'cache-dir-size'));
+  const toolCallFormat = toolCallFormatFlag(stringFlag(v, 'tool-call-format'));
 
   const backend = await openBackend(device);
   if (utilization !== undefined && backend.name !== 'cuda') {
@@ -189,7 +206,7 @@ export async function runServe(argv: string[]): Promise<void> {
       ...(cacheDir !== undefined ? { modelFingerprint: modelFingerprint(dir), ssd: { dir: cacheDir, maxBytes: cacheDirSize, log } } : {}),
     },
   });
-  const server = new LlmServer({ engine, loaded, servedModelName: servedName, apiKey, maxBodyBytes: maxBody });
+  const server = new LlmServer({ engine, loaded, servedModelName: servedName, apiKey, maxBodyBytes: maxBody, toolCallFormat });
   const cap = server.model.contextLen;
   process.stderr.write(
     `llmts serve: model "${servedName}" from ${dir} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
@@ -199,6 +216,7 @@ export async function runServe(argv: string[]): Promise<void> {
   log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
     `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
     `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${dir} --ctx ${engine.maxModelLen} --batch ${batch})`);
+  log(`tool calls: ${server.model.toolFormat} format (${toolCallFormat ? '--tool-call-format' : 'detected from the chat template and vocabulary'})`);
   const pc = engine.stats.prefixCache;
   if (!pc.enabled) log(`prefix cache: off (${pc.off})${cacheDir !== undefined ? '; --cache-dir is unused' : ''}`);
   else {

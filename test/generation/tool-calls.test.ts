@@ -147,3 +147,53 @@ test('inline tool prompts: tools in the system message, calls and results as tex
   assert.equal(m[0]!.role, 'system');
   assert.equal(m[2]!.content, '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]');
 });
+
+test('forced-call grammars of every format compile and accept exactly the calls they force (and the parser reads them)', async () => {
+  const { GrammarCompiler, GrammarRowError, maskAllows } = await import('../../src/sampling/grammar/index.ts');
+  const { byteLevelCharToByte } = await import('../../src/artifacts/byte-level.ts');
+  const tokens: string[] = new Array(257).fill('');
+  for (const [ch, b] of byteLevelCharToByte()) tokens[b] = ch;
+  tokens[256] = '<eos>';
+  const compiler = new GrammarCompiler({
+    tokens, vocabType: 'byte_level', prependSpace: false, vocabSize: 257, stopTokenIds: [256],
+    encode: (t) => [...Buffer.from(t)], decode: (ids) => Buffer.from(ids).toString(),
+  }, { worker: false });
+  const params = { type: 'object', properties: { u: { enum: ['c', 'cc'] } }, required: ['u'] };
+  // names that share prefixes (what xgrammar's alternation merge gets wrong elsewhere)
+  const tools = [{ name: 'get', parameters: params }, { name: 'get_time', parameters: params }, { name: 'got' }];
+  const call = (f: ToolCallFormatName, name: string, args: string) =>
+    f === 'hermes' ? `<tool_call>\n{"name": "${name}", "arguments": ${args}}\n</tool_call>` : `{"name": "${name}", "${f === 'llama3_json' ? 'parameters' : 'arguments'}": ${args}}`;
+  const calls = (f: ToolCallFormatName, cs: string[]) => (f === 'mistral' ? `[${cs.join(', ')}]` : cs.join(f === 'hermes' ? '\n' : '; '));
+  for (const f of ['hermes', 'llama3_json', 'mistral'] as const) {
+    for (const forced of [{ parallel: true }, { parallel: false }, { only: 'get_time', parallel: true }]) {
+      const g = await compiler.compile(TOOL_FORMATS[f].forcedGrammar(tools, forced));
+      const accepts = (s: string) => {
+        const m = g.createMatcher({ jumpForward: false });
+        try {
+          for (const b of Buffer.from(s)) {
+            if (!maskAllows(m.mask(), b)) return false;
+            m.accept(b);
+          }
+          return maskAllows(m.mask(), 256);
+        } catch (err) {
+          if (err instanceof GrammarRowError) return false;
+          throw err;
+        } finally {
+          m.dispose();
+        }
+      };
+      const one = call(f, 'get_time', '{"u": "cc"}');
+      const two = calls(f, [call(f, 'get', '{"u": "c"}'), call(f, 'got', '{}')]);
+      const where = `${f} ${JSON.stringify(forced)}`;
+      assert.ok(accepts(calls(f, [one])), `${where}: one call`);
+      assert.equal(accepts(two), forced.parallel && forced.only === undefined, `${where}: two calls`);
+      for (const bad of [call(f, 'get_tim', '{"u": "c"}'), call(f, 'gett', '{"u": "c"}'), call(f, 'get_time', '{"u": "ccc"}'), call(f, 'get_time', '{}')])
+        assert.equal(accepts(calls(f, [bad])), false, `${where}: ${bad}`);
+      // what the grammar forces, the forced-mode parser reads back
+      const parser = TOOL_FORMATS[f].createParser({ forced: true });
+      const { result } = run(parser, [calls(f, [one])]);
+      assert.deepEqual(result.calls, [{ name: 'get_time', arguments: '{"u": "cc"}' }], where);
+      g.release();
+    }
+  }
+});

@@ -247,3 +247,49 @@ test('Anthropic tools: forced tool_use blocks validate; streamed input_json_delt
   assert.equal(so.status, 200, JSON.stringify(so.body));
   assert.ok(validPerson(JSON.parse(so.body.content[0].text)));
 });
+
+test('while new schemas compile (on the worker thread), another stream and /health keep being served', async () => {
+  // a schema this server has not seen (distinct names each run): a cache miss
+  const tag = Math.random().toString(36).slice(2, 8);
+  const big = {
+    type: 'object',
+    properties: Object.fromEntries(Array.from({ length: 12 }, (_, i) => [`${tag}_${i}`,
+      i % 3 === 0 ? { type: 'integer', minimum: -5, maximum: 250 } : i % 3 === 1 ? { enum: ['on', 'one', 'off'] } : { type: 'string', maxLength: 4 }])),
+    required: Array.from({ length: 12 }, (_, i) => `${tag}_${i}`),
+    additionalProperties: false,
+  };
+  const stream = await client.chat.completions.create({ model: 'tiny', messages: user('go on'), stream: true, stream_options: { include_usage: true }, max_tokens: 120, temperature: 0, ignore_eos: true } as OpenAI.ChatCompletionCreateParamsStreaming);
+  const it = stream[Symbol.asyncIterator]();
+  await it.next(); // the stream is running
+  let inFlight = true, health = 0, chunksMeanwhile = 0;
+  const structured = postJson(`${srv.url}/v1/chat/completions`, { model: 'tiny', messages: user('x'), temperature: 1, seed: 4, max_tokens: 400, guided_json: big })
+    .finally(() => (inFlight = false));
+  const invalid = postJson(`${srv.url}/v1/chat/completions`, { model: 'tiny', messages: user('x'), max_tokens: 4, guided_json: { ...big, properties: { a: { type: 'strang' } } } });
+  const polls = (async () => {
+    while (inFlight) {
+      assert.equal((await fetch(`${srv.url}/health`)).status, 200);
+      if (inFlight) health++;
+    }
+  })();
+  let tokens = 0, finish: string | null = null;
+  for (let r = await it.next(); !r.done; r = await it.next()) {
+    const ch = r.value.choices[0];
+    if (r.value.usage) tokens = r.value.usage.completion_tokens;
+    if (inFlight) chunksMeanwhile++;
+    if (ch?.finish_reason) finish = ch.finish_reason;
+  }
+  const [s, bad] = await Promise.all([structured, invalid, polls]);
+  assert.equal(s.status, 200, JSON.stringify(s.body));
+  const v = JSON.parse(s.body.choices[0].message.content);
+  for (let i = 0; i < 12; i++) {
+    const x = v[`${tag}_${i}`];
+    if (i % 3 === 0) assert.ok(Number.isInteger(x) && x >= -5 && x <= 250, String(x));
+    else if (i % 3 === 1) assert.ok(['on', 'one', 'off'].includes(x), String(x));
+    else assert.ok(typeof x === 'string' && [...x].length <= 4);
+  }
+  assert.equal(bad.status, 400);
+  assert.match(bad.body.error.message, /invalid JSON schema: .*strang/);
+  assert.equal(finish, 'length');
+  assert.equal(tokens, 120, 'the other stream ran to its end');
+  assert.ok(health > 0 && chunksMeanwhile > 0, `served meanwhile: ${health} /health, ${chunksMeanwhile} chunks`);
+});

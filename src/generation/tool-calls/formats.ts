@@ -184,11 +184,10 @@ const mistral: ToolCallFormat = {
       content: { type: 'json_schema', json_schema: parametersSchema(t) },
       end: '}',
     });
-    // forced output starts at the list; the parser is told so (no [TOOL_CALLS] control token)
-    return {
-      type: 'structural_tag',
-      format: { type: 'sequence', elements: [{ type: 'const_string', value: '[' }, callsFormat(tools, forced, tag, ', '), { type: 'const_string', value: ']' }] },
-    };
+    // forced output starts at the list; the parser is told so (no [TOOL_CALLS] control token).
+    // A tag around the calls, not a sequence: xgrammar 0.1.27 fails to compile tags_with_separator
+    // followed by anything in a sequence (it aborts with a bare number).
+    return { type: 'structural_tag', format: { type: 'tag', begin: '[', content: callsFormat(tools, forced, tag, ', '), end: ']' } };
   },
   inlineTools(messages, tools) {
     const system = [

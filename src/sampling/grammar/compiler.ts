@@ -1,68 +1,88 @@
 // Grammar compilation, one compiler per tokenizer, with a cache keyed by the spec's content hash.
 //
-// Two xgrammar instances (see xgrammar-runtime.ts for why): the *validator* parses every new spec
-// first (and turns JSON schemas inside structural tags into compact EBNF); a bad schema, regex or
-// grammar aborts only that instance, which is thrown away and replaced, and the compiler's message
-// becomes a GrammarSpecError (the server's 400). Only specs that parsed reach the *main* instance,
-// which compiles them against the vocabulary and holds every live matcher. Should the main instance
-// fail anyway, it is replaced too: rows still matching on it end with a GrammarRowError, later
-// requests get a fresh instance.
+// Where the time goes: compiling a spec is (1) parsing it (a JSON schema becomes EBNF) and (2)
+// building xgrammar's adaptive token-mask cache, a pass over the vocabulary for every grammar
+// position. (2) is nearly all of it: measured on the 2-core VM, a 40-field schema takes 2 ms
+// for (1) and 90 / 250 / 970 ms for (2) with an 8k / 32k / 128k vocabulary.
 //
-// JSON is compact and on one line (separators ", " and ": "): grammars that allow any whitespace
-// let small models loop on blank space, and a fixed layout gives jump-forward longer spans.
+// Why (2) stays on this thread: the matchers that give each row its per-step mask must live in
+// the same WebAssembly instance as the compiled grammar, and @mlc-ai/web-xgrammar 0.1.27 (the
+// only release after 0.1.0) cannot move a compiled grammar between instances: its binding's
+// CompiledGrammar has only GetGrammar() and GetTokenizerInfo() (no serialisation, unlike the
+// Python package), and an instance's memory is its own (no shared-memory build). Running the
+// matchers in a worker would put a thread hop into every decode step, so they stay here and so
+// does the final compile.
 //
-// Compilation runs on the event loop (xgrammar's binding is synchronous): tens of milliseconds for
-// a typical schema, once per distinct spec thanks to the cache.
+// What the compile worker (compile-worker.ts) takes off this thread: every new spec is parsed
+// and validated there, then compiled once in the worker's own instance (a trial compile, thrown
+// away). So an invalid schema, regex or grammar never costs this thread anything and never
+// aborts the instance that holds live matchers; a spec that fails while compiling fails there;
+// and a spec whose trial compile runs past `compileTimeoutMs` is refused (GrammarTimeoutError,
+// a GrammarSpecError: the server's 400) and the worker is terminated mid-compile. This thread
+// then compiles only specs known to compile, within that bound (the same work on the same
+// vocabulary): the blocking per new spec is bounded, and paid once thanks to the cache.
+// Without worker threads (`worker: false`, or the worker fails to start) specs are checked here
+// in a throwaway validator instance, as before.
+//
+// Should the main instance fail anyway, it is replaced: rows still matching on it end with a
+// GrammarRowError, later requests get a fresh instance.
 
 import { performance } from 'node:perf_hooks';
-import { loadXGrammarInstance, XGrammarError, type XgCompiledGrammar, type XgCompiler, type XgInstance, type XgTokenizerInfo } from './xgrammar-runtime.ts';
+import { XGrammarError, type XgCompiledGrammar } from './xgrammar-runtime.ts';
 import { RowGrammar } from './matcher.ts';
-import { describeGrammar, grammarKey, type GrammarSpec, type StructuralFormat } from './spec.ts';
+import { describeGrammar, grammarKey, type GrammarSpec } from './spec.ts';
 import type { GrammarVocab } from './vocab.ts';
 import { Utf8Guard } from './utf8.ts';
+import { compilePrepared, GrammarSpecError, type Prepared } from './prepare.ts';
+import { newCompilerState, SpecChecker, vocabData, type CompilerState, type SpecCheck } from './checker.ts';
+import { GrammarTimeoutError, WorkerChecker, WorkerStartError } from './compile-worker-client.ts';
 
-/** The request's schema, regex or grammar is invalid; `message` is the compiler's. */
-export class GrammarSpecError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'GrammarSpecError';
-  }
-}
+export { GrammarSpecError, fixStringRules } from './prepare.ts';
+export { GrammarTimeoutError } from './compile-worker-client.ts';
 
 export interface GrammarCompilerOptions {
   /** compiled grammars kept (least recently used ones are freed); default 64 */
   cacheSize?: number;
+  /** check and trial-compile new specs on a worker thread (default true) */
+  worker?: boolean;
+  /**
+   * with the worker: a spec whose trial compile takes longer is refused with a
+   * GrammarTimeoutError, which bounds how long this thread then compiles it (default 10 000 ms;
+   * 0 = no limit)
+   */
+  compileTimeoutMs?: number;
+  /**
+   * with the worker: compile each new spec there once before compiling it here (default true).
+   * It doubles the first request's compile latency for a new spec; without it the worker only
+   * parses and validates, and nothing bounds how long this thread compiles.
+   */
+  trialCompile?: boolean;
 }
+
+export const DEFAULT_COMPILE_TIMEOUT_MS = 10_000;
 
 export interface GrammarCompilerStats {
   compiles: number;
   cacheHits: number;
-  /** spec rejected as invalid */
+  /** spec rejected as invalid (timeouts included) */
   invalid: number;
-  /** milliseconds the last compile took (validation included) */
+  /** specs refused because their trial compile ran past compileTimeoutMs */
+  timeouts: number;
+  /** milliseconds the last compile blocked this thread (the final compile) */
   lastCompileMs: number;
-}
-
-/** What the main instance compiles, once the validator accepted the spec. */
-type Prepared =
-  | { kind: 'ebnf'; grammar: string; root: string }
-  | { kind: 'structural_tag'; json: string };
-
-interface MainState {
-  inst: XgInstance;
-  info: XgTokenizerInfo;
-  compiler: XgCompiler;
+  /** milliseconds the last new spec spent being checked (and trial-compiled) before that */
+  lastCheckMs: number;
+  /** true while specs are checked on the worker thread */
+  offThread: boolean;
 }
 
 interface Entry {
   key: string;
   handle: XgCompiledGrammar;
   /** the main instance the handle lives in */
-  main: MainState;
+  main: CompilerState;
   compileMs: number;
 }
-
-const JSON_OBJECT_SCHEMA = '{"type": "object"}';
 
 /** A compiled grammar, ready to start matchers; `release()` when no more rows will be started. */
 export class CompiledGrammar {
@@ -70,11 +90,11 @@ export class CompiledGrammar {
 
   constructor(
     private readonly handle: XgCompiledGrammar,
-    private readonly main: MainState,
+    private readonly main: CompilerState,
     private readonly vocab: GrammarVocab,
     private readonly utf8: Utf8Guard,
     readonly key: string,
-    /** 0 when it came from the cache */
+    /** milliseconds this thread spent compiling it; 0 when it came from the cache */
     readonly compileMs: number,
   ) {}
 
@@ -93,16 +113,24 @@ export class CompiledGrammar {
   }
 }
 
+/** how many schemas checkJsonSchema remembers as valid */
+const VALID_MEMORY = 256;
+
 export class GrammarCompiler {
-  readonly stats: GrammarCompilerStats = { compiles: 0, cacheHits: 0, invalid: 0, lastCompileMs: 0 };
-  private main?: Promise<MainState>;
+  readonly stats: GrammarCompilerStats = { compiles: 0, cacheHits: 0, invalid: 0, timeouts: 0, lastCompileMs: 0, lastCheckMs: 0, offThread: false };
+  private main?: Promise<CompilerState>;
   /** what `main` resolved to */
-  private current?: MainState;
-  private validator?: Promise<XgInstance>;
+  private current?: CompilerState;
+  private checker: SpecCheck;
+  /** whether `checker` is the worker (a trial compile is worth it only there) */
+  private viaWorker: boolean;
+  private readonly trialCompile: boolean;
   private readonly cache = new Map<string, Entry>();
+  /** compiles in flight by key: concurrent requests for one new spec share one compile */
+  private readonly inflight = new Map<string, Promise<Entry>>();
+  /** keys of JSON schemas checkJsonSchema found valid (insertion-ordered, bounded) */
+  private readonly valid = new Set<string>();
   private readonly cacheSize: number;
-  /** serialises compiles: the binding is synchronous, and one at a time keeps the cache simple */
-  private queue: Promise<unknown> = Promise.resolve();
   private readonly utf8: Utf8Guard;
 
   constructor(
@@ -111,64 +139,84 @@ export class GrammarCompiler {
   ) {
     this.cacheSize = Math.max(1, opts.cacheSize ?? 64);
     this.utf8 = new Utf8Guard(vocab);
+    this.viaWorker = opts.worker ?? true;
+    this.trialCompile = opts.trialCompile ?? true;
+    // without trial compiles the worker's deadline would only bound parsing: none then
+    const timeoutMs = this.trialCompile ? Math.max(0, opts.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS) : 0;
+    this.checker = this.viaWorker ? new WorkerChecker(this.trialCompile ? vocabData(vocab) : undefined, timeoutMs) : new SpecChecker();
+    this.stats.offThread = this.viaWorker;
   }
 
-  /** Loads both instances now (otherwise the first compile does). */
+  /** Loads the main instance and starts the checker now (otherwise the first compile does). */
   async warm(): Promise<void> {
-    await Promise.all([this.mainState(), this.validatorInstance()]);
+    await Promise.all([this.mainState(), this.withChecker((c) => c.warm())]);
+  }
+
+  /** Stops the compile worker. Compiled grammars and live matchers stay usable. */
+  async close(): Promise<void> {
+    await this.checker.close();
   }
 
   /**
-   * Only checks a JSON schema (no compilation): a GrammarSpecError names what is wrong. Lets a
+   * Only checks a JSON schema (no compilation here): a GrammarSpecError names what is wrong. Lets a
    * caller blame one schema of many (a tool's parameters) before compiling them together.
    */
-  checkJsonSchema(schema: unknown): Promise<void> {
-    const run = this.queue.then(async () => {
-      await this.prepare({ type: 'json_schema', schema });
-    });
-    this.queue = run.catch(() => {});
-    return run;
+  async checkJsonSchema(schema: unknown): Promise<void> {
+    const spec: GrammarSpec = { type: 'json_schema', schema };
+    const key = grammarKey(spec);
+    if (this.valid.has(key)) return;
+    await this.check(spec, false);
+    this.valid.add(key);
+    if (this.valid.size > VALID_MEMORY) this.valid.delete(this.valid.values().next().value as string);
   }
 
   /** Compiles (or finds in the cache) `spec`; throws GrammarSpecError for an invalid one. */
-  compile(spec: GrammarSpec): Promise<CompiledGrammar> {
-    const run = this.queue.then(() => this.compileNow(spec));
-    this.queue = run.catch(() => {});
-    return run;
+  async compile(spec: GrammarSpec): Promise<CompiledGrammar> {
+    const key = grammarKey(spec);
+    for (;;) {
+      const main = await this.liveMain();
+      const hit = this.cache.get(key);
+      if (hit && hit.main === main) {
+        this.cache.delete(key); // LRU: re-insert as the newest
+        this.cache.set(key, hit);
+        this.stats.cacheHits++;
+        return this.lease(hit, 0);
+      }
+      const shared = this.inflight.get(key);
+      const p = shared ?? this.compileNew(spec, key);
+      if (!shared) {
+        this.inflight.set(key, p);
+        const clear = () => {
+          if (this.inflight.get(key) === p) this.inflight.delete(key);
+        };
+        p.then(clear, clear);
+      }
+      const entry = await p;
+      // evicted or its instance failed while this caller waited: look again
+      if (entry.handle.isDeleted() || entry.main.inst.broken) continue;
+      if (shared) this.stats.cacheHits++;
+      return this.lease(entry, shared ? 0 : entry.compileMs);
+    }
   }
 
-  private async compileNow(spec: GrammarSpec): Promise<CompiledGrammar> {
-    const key = grammarKey(spec);
-    let main = await this.mainState();
-    if (main.inst.broken) {
-      this.dropMain(main);
-      main = await this.mainState();
-    }
-    const hit = this.cache.get(key);
-    if (hit && hit.main === main) {
-      this.cache.delete(key); // LRU: re-insert as the newest
-      this.cache.set(key, hit);
-      this.stats.cacheHits++;
-      return new CompiledGrammar(hit.handle.clone(), main, this.vocab, this.utf8, key, 0);
-    }
+  private lease(e: Entry, compileMs: number): CompiledGrammar {
+    return new CompiledGrammar(e.handle.clone(), e.main, this.vocab, this.utf8, e.key, compileMs);
+  }
+
+  /** Checks `spec` (on the worker: with a trial compile), then compiles it on this thread. */
+  private async compileNew(spec: GrammarSpec, key: string): Promise<Entry> {
     const t0 = performance.now();
-    const prepared = await this.prepare(spec);
+    let prepared: Prepared;
+    try {
+      ({ prepared } = await this.check(spec, true));
+    } finally {
+      this.stats.lastCheckMs = performance.now() - t0;
+    }
+    const main = await this.liveMain();
+    const t1 = performance.now();
     let handle: XgCompiledGrammar;
     try {
-      handle = main.inst.call((b) => {
-        switch (prepared.kind) {
-          case 'ebnf': {
-            const g = new b.Grammar.FromEBNF(prepared.grammar, prepared.root);
-            try {
-              return main.compiler.CompileGrammar(g);
-            } finally {
-              g.delete();
-            }
-          }
-          case 'structural_tag':
-            return main.compiler.CompileStructuralTag(prepared.json);
-        }
-      });
+      handle = compilePrepared(main.inst, main.compiler, prepared);
     } catch (err) {
       if (main.inst.broken) this.dropMain(main);
       if (err instanceof XGrammarError) {
@@ -177,99 +225,63 @@ export class GrammarCompiler {
       }
       throw err;
     }
-    const compileMs = performance.now() - t0;
+    const compileMs = performance.now() - t1;
     this.stats.compiles++;
     this.stats.lastCompileMs = compileMs;
-    this.cache.set(key, { key, handle, main, compileMs });
+    const entry: Entry = { key, handle, main, compileMs };
+    this.cache.set(key, entry);
     while (this.cache.size > this.cacheSize) {
       const [oldKey, old] = this.cache.entries().next().value as [string, Entry];
       this.cache.delete(oldKey);
       if (!old.main.inst.broken) old.handle.delete(); // matchers and leases hold their own references
     }
-    return new CompiledGrammar(handle.clone(), main, this.vocab, this.utf8, key, compileMs);
+    return entry;
   }
 
-  /** Checks the spec in the validator instance and produces what the main instance compiles. */
-  private async prepare(spec: GrammarSpec): Promise<Prepared> {
-    const what = describeGrammar(spec);
-    const invalid = (message: string): never => {
-      this.stats.invalid++;
-      throw new GrammarSpecError(`invalid ${what}: ${message}`);
-    };
-    const v = await this.validatorInstance();
-    const check = <T>(fn: Parameters<XgInstance['call']>[0]): T => {
-      try {
-        return v.call(fn) as T;
-      } catch (err) {
-        if (v.broken) this.validator = undefined; // replaced on next use
-        if (err instanceof XGrammarError) return invalid(err.message);
-        throw err;
+  /** The checker's verdict; counts refusals. */
+  private async check(spec: GrammarSpec, trial: boolean) {
+    try {
+      return await this.withChecker((c) => c.check(spec, trial && this.viaWorker && this.trialCompile));
+    } catch (err) {
+      if (err instanceof GrammarSpecError) {
+        this.stats.invalid++;
+        if (err instanceof GrammarTimeoutError) this.stats.timeouts++;
       }
-    };
-    /** compact JSON for a schema, as EBNF (see jsonSchemaEbnf) */
-    const jsonEbnf = (schema: string, strict: boolean): string => check<string>((b) => {
-      const g = new b.Grammar.FromJSONSchema(schema, false, undefined, undefined, strict, undefined, false);
-      try {
-        return fixStringRules(g.ToString());
-      } finally {
-        g.delete();
-      }
-    });
-    switch (spec.type) {
-      case 'json_object':
-        return { kind: 'ebnf', grammar: jsonEbnf(JSON_OBJECT_SCHEMA, false), root: 'root' };
-      case 'json_schema':
-        return { kind: 'ebnf', grammar: jsonEbnf(schemaText(spec.schema, invalid), true), root: 'root' };
-      case 'ebnf': {
-        if (typeof spec.grammar !== 'string' || spec.grammar.trim() === '') invalid('the grammar is empty');
-        const root = spec.root ?? 'root';
-        check((b) => new b.Grammar.FromEBNF(spec.grammar, root).delete());
-        return { kind: 'ebnf', grammar: spec.grammar, root };
-      }
-      case 'regex': {
-        if (typeof spec.pattern !== 'string' || spec.pattern === '') invalid('the pattern is empty');
-        const json = JSON.stringify({ type: 'structural_tag', format: { type: 'regex', pattern: spec.pattern } });
-        check((b) => b.Grammar.FromStructuralTag(json).delete());
-        return { kind: 'structural_tag', json };
-      }
-      case 'choice': {
-        if (!Array.isArray(spec.choices) || spec.choices.length === 0) invalid('the list of choices is empty');
-        if (spec.choices.some((c) => typeof c !== 'string' || c === '')) invalid('every choice must be a non-empty string');
-        const elements = [...new Set(spec.choices)].map((value) => ({ type: 'const_string', value }));
-        const format = elements.length === 1 ? elements[0] : { type: 'or', elements };
-        const json = JSON.stringify({ type: 'structural_tag', format });
-        check((b) => b.Grammar.FromStructuralTag(json).delete());
-        return { kind: 'structural_tag', json };
-      }
-      case 'structural_tag': {
-        const format = compactJsonNodes(spec.format, (schema) => jsonEbnf(schemaText(schema, invalid), true));
-        const json = JSON.stringify({ type: 'structural_tag', format });
-        check((b) => b.Grammar.FromStructuralTag(json).delete());
-        return { kind: 'structural_tag', json };
-      }
+      throw err;
     }
   }
 
-  private mainState(): Promise<MainState> {
-    this.main ??= (async () => {
-      const inst = await loadXGrammarInstance();
-      const vocab = this.vocab;
-      return inst.call((b) => {
-        const tokens = b.vecStringFromJSArray(vocab.tokens);
-        const stops = b.vecIntFromJSArray(vocab.stopTokenIds);
-        try {
-          const info = new b.TokenizerInfo(tokens, vocab.vocabType.toUpperCase(), vocab.vocabSize, stops, vocab.prependSpace);
-          // our own cache (bounded, freed) instead of xgrammar's unbounded one
-          const compiler = new b.GrammarCompiler(info, 1, false);
-          const state: MainState = { inst, info, compiler };
-          this.current = state;
-          return state;
-        } finally {
-          tokens.delete();
-          stops.delete();
-        }
-      });
-    })();
+  /** Runs `fn` on the checker; a worker that cannot start is replaced by checking on this thread. */
+  private async withChecker<T>(fn: (c: SpecCheck) => Promise<T>): Promise<T> {
+    const c = this.checker;
+    try {
+      return await fn(c);
+    } catch (err) {
+      if (!(err instanceof WorkerStartError)) throw err;
+      if (this.checker === c) {
+        void c.close();
+        this.checker = new SpecChecker();
+        this.viaWorker = false;
+        this.stats.offThread = false;
+      }
+      return fn(this.checker);
+    }
+  }
+
+  private async liveMain(): Promise<CompilerState> {
+    let main = await this.mainState();
+    if (main.inst.broken) {
+      this.dropMain(main);
+      main = await this.mainState();
+    }
+    return main;
+  }
+
+  private mainState(): Promise<CompilerState> {
+    this.main ??= newCompilerState(this.vocab).then((state) => {
+      this.current = state;
+      return state;
+    });
     const p = this.main;
     p.catch(() => {
       if (this.main === p) this.main = undefined;
@@ -277,47 +289,11 @@ export class GrammarCompiler {
     return p;
   }
 
-  private dropMain(main: MainState): void {
+  private dropMain(main: CompilerState): void {
     if (this.current === main) {
       this.main = undefined; // the next compile loads a fresh instance
       this.current = undefined;
     }
     for (const [k, e] of this.cache) if (e.main === main) this.cache.delete(k);
   }
-
-  private validatorInstance(): Promise<XgInstance> {
-    this.validator ??= loadXGrammarInstance();
-    const p = this.validator;
-    p.catch(() => {
-      if (this.validator === p) this.validator = undefined;
-    });
-    return p;
-  }
-}
-
-/**
- * xgrammar 0.1.27 writes length-limited strings (minLength/maxLength) with the character class
- * [^"\\\r\n], which lets raw control characters (U+0000-U+001F) into a JSON string, where
- * JSON.parse rejects them; its unlimited strings exclude them. Same exclusion here.
- */
-export function fixStringRules(ebnf: string): string {
-  return ebnf.split('[^\\"\\\\\\r\\n]').join('[^\\0-\\x1f\\"\\\\\\r\\n]');
-}
-
-/** A schema as xgrammar takes it: JSON text of an object or a boolean. */
-function schemaText(schema: unknown, invalid: (m: string) => never): string {
-  if (typeof schema === 'boolean') return JSON.stringify(schema);
-  if (schema === null || typeof schema !== 'object' || Array.isArray(schema)) return invalid('the schema must be a JSON object');
-  return JSON.stringify(schema);
-}
-
-/** Replaces every {type: "json_schema", json_schema} node with {type: "grammar", grammar: EBNF}. */
-function compactJsonNodes(node: unknown, toEbnf: (schema: unknown) => string): unknown {
-  if (Array.isArray(node)) return node.map((n) => compactJsonNodes(n, toEbnf));
-  if (node === null || typeof node !== 'object') return node;
-  const obj = node as StructuralFormat;
-  if (obj.type === 'json_schema' && 'json_schema' in obj) return { type: 'grammar', grammar: toEbnf(obj.json_schema) };
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(obj)) out[k] = compactJsonNodes(v, toEbnf);
-  return out;
 }
