@@ -144,6 +144,11 @@ export class Engine {
     return this.prefix.flush(this.scheduler.running);
   }
 
+  /** Restore-from-SSD or recompute, with the rates it measured (restore-policy.ts). */
+  get restorePolicy(): PrefixReuse['policy'] {
+    return this.prefix.policy;
+  }
+
   /** Forgets the cached blocks no sequence holds (the RAM tier); returns how many. */
   dropPrefixCache(): number {
     return this.kv.dropCachedBlocks();
@@ -330,7 +335,9 @@ export class Engine {
         graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
       }, this.kv, wantLogits);
       this.prepareGrammarMasks(rows); // while the device runs the step
+      const t0 = performance.now();
       result = await forward;
+      this.prefix.policy.recordStep(tokens.length, performance.now() - t0 + this.model.lastEnqueueMs);
     } catch (err) {
       // The device step failed: its rows cannot continue; everyone else can.
       for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);

@@ -17,6 +17,7 @@ import { prefixNamespace, type KvScheme } from '../state/block-hash.ts';
 import { prefixReuseBlocker, type KvCache, type PrefixCacheOptions } from '../state/kv-cache.ts';
 import { SsdTier, type SsdStats } from '../state/ssd-tier.ts';
 import type { PrefixCounters } from './scheduler.ts';
+import { RestorePolicy } from './restore-policy.ts';
 import type { Sequence } from './sequence.ts';
 
 export interface PrefixCacheSettings {
@@ -54,6 +55,8 @@ export interface PrefixCacheStats {
   ramEvictableBytes: number;
   ramCapacityBytes: number;
   ramEvictions: number;
+  /** SSD restores not made because computing the prefix was predicted faster (restore-policy.ts) */
+  ssdRestoresSkipped: number;
   ssd?: SsdStats;
 }
 
@@ -87,6 +90,8 @@ export function openSsdTier(kv: KvCache, settings: PrefixCacheSettings): { ssd?:
 export class PrefixReuse {
   /** prefixes spilled by the current idle spill, if one runs */
   private spilling?: Promise<unknown>;
+  /** restore from SSD or recompute: rates measured on this machine */
+  readonly policy = new RestorePolicy();
 
   constructor(
     private readonly kv: KvCache,
@@ -110,9 +115,13 @@ export class PrefixReuse {
     const inRam = this.kv.attachableBlocks(seq.prefixHashes);
     const onDisk = ssd.longestPrefix(seq.prefixHashes);
     if (onDisk <= inRam) return;
+    const blocks = onDisk - inRam;
+    if (!this.policy.shouldRestore(blocks * this.kv.shape.blockSize, blocks * this.kv.blockBytes)) return;
     seq.restoring = true;
     const from = this.kv.blocksToRestore(seq.prefixHashes, onDisk); // what the pool holds is not read
+    const t0 = performance.now();
     void ssd.load(seq.prefixHashes, onDisk, from).catch(() => undefined).then((r) => {
+      if (r) this.policy.recordRestore(r.groups.reduce((a, g) => a + g.blocks.reduce((b, x) => b + x.byteLength, 0), 0), performance.now() - t0);
       seq.restored = seq.finished ? undefined : r;
       seq.restoring = false;
       this.kick();
@@ -167,6 +176,7 @@ export class PrefixReuse {
       ramEvictableBytes: p.cachedBytes,
       ramCapacityBytes: p.maxCachedBytes,
       ramEvictions: p.evictions,
+      ssdRestoresSkipped: this.policy.skipped,
       ssd: this.ssd?.stats,
     };
   }

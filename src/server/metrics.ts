@@ -96,12 +96,21 @@ export class ServerMetrics {
       (s) => [['ram', pc(s).ramBytes], ['ssd', pc(s).ssd?.bytes ?? 0]]);
     tierGauge('llmts_prefix_cache_capacity_bytes', 'most bytes each tier keeps (ram: evictable blocks, --prompt-cache; ssd: --cache-dir-size)',
       (s) => [['ram', pc(s).ramCapacityBytes], ['ssd', pc(s).ssd?.maxBytes ?? 0]]);
-    new Gauge({
-      name: 'llmts_prefix_cache_ssd_files', help: 'prefix files in the SSD tier', registers,
-      collect() {
-        this.set(pc(stats()).ssd?.files ?? 0);
-      },
-    });
+    counter('llmts_prefix_cache_ssd_captures_total', 'prefixes read into host memory when the RAM tier evicted them before they were written (busy engine)', [],
+      (s) => [[{}, pc(s).ssd?.captures ?? 0]]);
+    counter('llmts_prefix_cache_ssd_dropped_total', 'prefixes lost before they were written (no room to capture them)', [], (s) => [[{}, pc(s).ssd?.dropped ?? 0]]);
+    counter('llmts_prefix_cache_ssd_restores_skipped_total', 'SSD restores not made because computing the prefix was predicted faster', [],
+      (s) => [[{}, pc(s).ssdRestoresSkipped]]);
+    const ssdGauge = (name: string, help: string, value: (s: EngineStats) => number) =>
+      new Gauge({
+        name, help, registers,
+        collect() {
+          this.set(value(stats()));
+        },
+      });
+    ssdGauge('llmts_prefix_cache_ssd_files', 'prefix files in the SSD tier', (s) => pc(s).ssd?.files ?? 0);
+    ssdGauge('llmts_prefix_cache_ssd_pending', 'finished prefixes waiting to be written to the SSD tier', (s) => pc(s).ssd?.pending ?? 0);
+    ssdGauge('llmts_prefix_cache_ssd_capture_bytes', 'host bytes of captured prefixes not yet written', (s) => pc(s).ssd?.captureBytes ?? 0);
   }
 
   text(): Promise<string> {

@@ -72,6 +72,10 @@ test('serve: cached_tokens, metrics, flush, and restore from --cache-dir after a
     assert.equal(m2.get('llmts_prefix_cache_cached_tokens_total{tier="ssd"}'), 80);
     assert.ok((m2.get('llmts_prefix_cache_bytes{tier="ssd"}') ?? 0) > 0);
     assert.ok((m2.get('llmts_prefix_cache_ssd_files') ?? 0) >= 2);
+    for (const name of ['llmts_prefix_cache_ssd_captures_total', 'llmts_prefix_cache_ssd_dropped_total',
+      'llmts_prefix_cache_ssd_restores_skipped_total', 'llmts_prefix_cache_ssd_pending', 'llmts_prefix_cache_ssd_capture_bytes']) {
+      assert.equal(m2.get(name), 0, `${name} (nothing evicted or skipped in this run)`);
+    }
   } finally {
     await srv.stop();
     rmSync(cacheDir, { recursive: true, force: true });
