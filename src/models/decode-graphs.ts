@@ -23,6 +23,9 @@ export interface GraphInputs {
   pick: Tensor;
 }
 
+/** A capture (or the eager run before it) failed; the caller may run the step op by op. */
+export class GraphCaptureError extends Error {}
+
 /** Batch sizes that get their own graph: exact up to 8, then multiples of 16. */
 export function bucketFor(rows: number): number {
   return rows <= 8 ? rows : Math.ceil(rows / 16) * 16;
@@ -64,7 +67,13 @@ export class DecodeGraphs {
     // inputs first: a capture records, it does not run (a backend that runs it sees real inputs)
     this.fill(bucket.host, B, tokens, layouts);
     this.backend.copyInto(bucket.input, bucket.host);
-    bucket.graph ??= this.capture(B, bucket.input, body);
+    if (!bucket.graph) {
+      try {
+        bucket.graph = this.capture(B, bucket.input, body);
+      } catch (err) {
+        throw new GraphCaptureError(`capturing the decode graph of ${B} rows failed: ${(err as Error).message}`);
+      }
+    }
     bucket.graph.replay();
     return bucket.graph.outputs;
   }

@@ -10,7 +10,7 @@ import {
 } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
-import { canCaptureGraphs, DecodeGraphs, type GraphBackend } from './decode-graphs.ts';
+import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } from './decode-graphs.ts';
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
 import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
 
@@ -72,6 +72,8 @@ export class DecoderModel {
   lastEnqueueMs = 0;
   /** the backend's fused ops, when it has them (packed weights were loaded for them) */
   private readonly fused: (Backend & FusedOps) | undefined;
+  /** why graph capture was turned off (a capture failed), if it was */
+  graphsOff?: string;
   /** captured decode graphs per KV cache (its pools are baked into them) and table width */
   private readonly graphs = new Map<KvAccess<RowSpan>, DecodeGraphs>();
 
@@ -159,7 +161,8 @@ export class DecoderModel {
 
   /** A decode-only step on a backend that captures graphs, with static rope tables. */
   private graphable<Row extends RowSpan>(batch: StepBatch<Row>): boolean {
-    return batch.graphWidth !== undefined && canCaptureGraphs(this.backend) && this.rope.lengthIndependent &&
+    return batch.graphWidth !== undefined && this.graphsOff === undefined && canCaptureGraphs(this.backend) &&
+      this.rope.lengthIndependent &&
       batch.rows.every((r) => r.count === 1) && batch.logitTokens.length === batch.rows.length &&
       batch.logitTokens.every((t, i) => t === i);
   }
@@ -180,10 +183,21 @@ export class DecoderModel {
     }
     const ropes = ropePlan(); // static tables: uploaded once, before any capture
     // the greedy ids are part of every graph when the backend can pick them (cheap beside a step)
-    const outputs = graphs.run(batch.tokens, host, (inp) => {
-      const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
-      return b.argmax ? [logits, b.argmax(logits)] : [logits];
-    });
+    let outputs: readonly Tensor[];
+    try {
+      outputs = graphs.run(batch.tokens, host, (inp) => {
+        const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
+        return b.argmax ? [logits, b.argmax(logits)] : [logits];
+      });
+    } catch (err) {
+      // A capture that fails (out of memory, a driver refusal) turns graphs off for this model:
+      // every later step runs op by op, and this one too. The eager run before the capture
+      // already wrote this step's KV; running it again writes the same values.
+      if (!(err instanceof GraphCaptureError)) throw err;
+      this.graphsOff = (err as Error).message;
+      console.error(`llmts: decode graphs are off (${this.graphsOff}); steps run op by op`);
+      return this.stepEager(batch, kv, ropePlan, wantLogits, t0);
+    }
     b.beginScope();
     try {
       return await this.collect(outputs[0]!, wantLogits ? outputs[1] : undefined, batch.rows.length, wantLogits, t0);

@@ -101,3 +101,30 @@ for (const name of ['qwen3', 'gemma2', 'llama']) {
     assert.ok(lone.captures >= 1 && lone.replays >= ref.cases[0]!.steps.length - 2, `captures ${lone.captures}, replays ${lone.replays}`);
   });
 }
+
+test('a capture that fails turns graphs off and the steps run op by op, same tokens', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[]; steps: StepRecord[] }[] };
+  const c = ref.cases[0]!;
+  const req = { promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true };
+  const failing = new (class extends ReplayingReference {
+    override captureGraph(): CapturedGraph {
+      throw new Error('out of device memory (test)');
+    }
+  })();
+  const m = await loadModel(failing, dir, { maxModelLen: 4096 });
+  const errors: string[] = [];
+  const orig = console.error;
+  console.error = (line: string) => errors.push(line);
+  try {
+    const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
+    const out = await e.complete(req);
+    await e.close(0);
+    assert.equal(out.finishReason, 'length');
+    assert.deepEqual(out.tokenIds, c.steps.map((s) => s.token_id));
+  } finally {
+    console.error = orig;
+  }
+  assert.match(m.model.graphsOff ?? '', /out of device memory \(test\)/);
+  assert.equal(errors.filter((l) => /decode graphs are off/.test(l)).length, 1, 'logged once');
+});
