@@ -72,7 +72,8 @@ static int validate(const attn_args *a) {
     if (r < 0 || r >= a->R)
       return llm_fail("attention: tokenRow %lld of token %lld is out of range [0, %lld)", (long long)r,
                       (long long)t, (long long)a->R);
-    if (p < 0) return llm_fail("attention: tokenPos %lld of token %lld is negative", (long long)p, (long long)t);
+    if (p < -1) return llm_fail("attention: tokenPos %lld of token %lld is below -1", (long long)p, (long long)t);
+    if (p == -1) continue; // padding: reads no key, gets zeros (Backend.attention)
     const int64_t start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
     if (p / a->BS >= a->MBR)
       return llm_fail("attention: token %lld at position %lld needs logical block %lld but block tables have %lld "

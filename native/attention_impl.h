@@ -100,7 +100,7 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
     }
   }
   for (int64_t g = 0; g < G; g++) {
-    const float inv = 1.0f / l[g];
+    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; // no key (position -1): zeros
     for (int64_t d = 0; d < D; d++) o[g * D + d] *= inv;
   }
 }

@@ -252,6 +252,26 @@ describe('paged KV: writeKv and attention', () => {
   });
 });
 
+describe('attention padding (graph replays pad a batch with rows at position -1)', () => {
+  it('a token at position -1 reads no key and gets zeros, beside real tokens, without an error', async () => {
+    const [nb, bs, kvh, h, d] = [4, 4, 2, 4, 16];
+    const rr = rng(13);
+    const kp = randomF32(rr, nb * bs * kvh * d), vp = randomF32(rr, nb * bs * kvh * d), qq = randomF32(rr, 3 * h * d);
+    const run = (b: Backend) => {
+      const kv = { k: b.upload(kp, [nb, bs, kvh, d]), v: b.upload(vp, [nb, bs, kvh, d]) };
+      const layout: StepLayout = {
+        tokenRow: b.upload(new Int32Array([0, 1, 2]), [3]), tokenPos: b.upload(new Int32Array([5, -1, 2]), [3]),
+        slots: b.upload(new Int32Array([-1, -1, -1]), [3]),
+        blockTables: b.upload(new Int32Array([1, 3, 0, -1, -1, -1, 2, -1, -1]), [3, 3]), blockSize: bs,
+      };
+      return [b.attention(b.upload(qq, [3, h, d]), kv, layout, { scale: 0.25, window: 0, softcap: 0 })];
+    };
+    await forEachIsa(() => compareBackends('attention with a padding row', ref, cpu, run, { atol: 2e-5, rtol: 1e-4 }));
+    const out = (await cpu.read(run(cpu)[0]!)) as Float32Array;
+    assert.ok(out.subarray(h * d, 2 * h * d).every((x) => x === 0), 'the padding row is zeros');
+  });
+});
+
 describe('mixture of experts', () => {
   it('moeRoute: softmax top-k with ties to the lower index, with and without renormalisation', async () => {
     const r = rng(10);
