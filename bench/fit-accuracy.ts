@@ -4,15 +4,26 @@
 // measurements behind the CPU constants in src/execution/fit/constants.ts (--calibrate).
 //
 //   node --import tsx bench/fit-accuracy.ts --make [--models DIR]     write the random-weight models
-//   node --import tsx bench/fit-accuracy.ts [--models DIR] [--only NAME,...] [--json out.json] [--markdown]
-//   node --import tsx bench/fit-accuracy.ts --calibrate [--models DIR]  runtime, tokenizer, decode constants
+//   node --import tsx bench/fit-accuracy.ts [--models DIR] [--only NAME,...] [--repeats N] [--json out.json]
+//   node --import tsx bench/fit-accuracy.ts --calibrate [--repeats 5] [--models DIR] [--json out.json]
 //
-// Each case runs in its own child process (`--child`), so its VmHWM is that case's peak. The
-// prediction for a case is the planner's model applied to what the case ran: the weights and
-// KV pools of the engine it built, the runtime reserve, and the step shapes the engine actually
-// executed (recorded in the child) simulated on the CPU pool model. The `fit total` column is
-// what `llmts fit` reports for the same context (every step shape the token budget allows), an
+// Each case runs in its own child process (`--child`), so its VmHWM is that case's peak; decode
+// speed is the fastest of --repeats processes' median step (the VM is shared: other jobs slow some
+// runs by up to 2x), and /proc/loadavg is printed at the start and the end. The copy bandwidth the
+// decode model is scaled by is the best of every measurement of the run (each child measures one
+// after its case), as `llmts fit` measures it on a quiet machine.
+//
+// The memory prediction for a case is the planner's model applied to what the case ran: the
+// weights and KV pools of the engine it built, the runtime reserve, and the step shapes the engine
+// actually executed (recorded in the child) simulated on the CPU pool model. The `fit` total column
+// is what `llmts fit` reports for the same context (every step shape the token budget allows), an
 // upper bound for a long-running server; the "sweep" cases run every step shape and approach it.
+//
+// --calibrate measures the runtime and tokenizer reserve, the decode matmul kernel alone (one
+// thread's streaming rate and the multiply-add rate per core), and fits the other decode constants
+// of decode-model.ts to every case's decode step and to two attention models decoding at a short
+// and a long context (non-negative least squares, calibrate.ts); it prints each constant, the
+// fitted and held-out error of every sample.
 
 import { spawnSync } from 'node:child_process';
 import { execSync } from 'node:child_process';
@@ -23,6 +34,8 @@ import { parseArgs } from 'node:util';
 import { FitPlanner, type StepShape } from '../src/execution/fit/plan.ts';
 import { cpuMachine, measureCopyBandwidth, type Machine } from '../src/execution/fit/machines.ts';
 import * as K from '../src/execution/fit/constants.ts';
+import { fitDecodeConstants, meanTerms, type DecodeSample } from '../src/execution/fit/calibrate.ts';
+import type { DecodeTerm } from '../src/execution/fit/decode-model.ts';
 import { tensorsFor, writeCheckpoint } from '../test/fit/checkpoints.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -80,6 +93,22 @@ const SYNTHETIC: Record<string, Record<string, unknown>> = {
     max_position_embeddings: 4096, rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu',
     tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
   },
+  // G = 1 attention (16 query heads of 128 on 16 KV heads): decode attention reads the KV once per
+  // query head, so it is bound by reading the KV rather than by arithmetic
+  'attention-kv': {
+    architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 512, hidden_size: 512,
+    intermediate_size: 1024, num_hidden_layers: 4, num_attention_heads: 16, num_key_value_heads: 16, head_dim: 128,
+    max_position_embeddings: 4096, rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu',
+    tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
+  },
+  // every matrix under the native code's 1 MiB threshold (q/o 0.5 MiB, k/v 0.125, MLP 0.94): all
+  // run on one thread, so decode time is their multiply-adds at one core's rate
+  'small-24': {
+    architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 512, hidden_size: 512,
+    intermediate_size: 960, num_hidden_layers: 24, num_attention_heads: 8, num_key_value_heads: 2, head_dim: 64,
+    max_position_embeddings: 4096, rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu',
+    tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
+  },
   // qwen3_moe layout: 32 experts, 4 per token
   'qwen3-moe': {
     architectures: ['Qwen3MoeForCausalLM'], model_type: 'qwen3_moe', vocab_size: 32000, hidden_size: 1024,
@@ -122,6 +151,8 @@ function make(): void {
   const tokCfg = fs.readFileSync(path.join(demo, 'tokenizer_config.json'), 'utf8');
   for (const [name, config] of Object.entries(SYNTHETIC)) {
     const dir = path.join(MODELS, name);
+    // the same config was written before: the weights are the same too
+    if (fs.existsSync(path.join(dir, 'model.safetensors')) && fs.readFileSync(path.join(dir, 'config.json'), 'utf8') === JSON.stringify(config, null, 2)) continue;
     process.stderr.write(`writing ${dir}\n`);
     writeCheckpoint(dir, config, tensorsFor(config), { data: 'random', files: { 'tokenizer.json': tok, 'tokenizer_config.json': tokCfg } });
   }
@@ -134,8 +165,11 @@ function make(): void {
 // ---- one measured run (child process) ---------------------------------------------------------
 
 interface ChildArgs {
-  /** run: one case; tokenizer: RSS of a parsed tokenizer; attention: decode steps at two contexts, alternating */
-  kind: 'run' | 'tokenizer' | 'attention';
+  /**
+   * run: one case; tokenizer: RSS of a parsed tokenizer; attention: decode steps at two contexts,
+   * alternating; matmul: the decode matmul kernel alone (microbenchmarks)
+   */
+  kind: 'run' | 'tokenizer' | 'attention' | 'matmul';
   dir: string;
   prompt: number;
   gen: number;
@@ -165,6 +199,8 @@ interface ChildResult {
   decodeRuns?: number[];
   /** kind 'attention': median step ms of each repeat, by prompt length */
   attention?: Record<string, number[]>;
+  /** kind 'matmul': seconds per matrix (fastest of 5 passes) by setup */
+  matmul?: Record<string, { seconds: number; bytes: number; macs: number }>;
 }
 
 function procStatus(): { rss: number; hwm: number } {
@@ -180,6 +216,40 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   const { Engine } = await import('../src/execution/engine.ts');
   const { TextTokenizer } = await import('../src/artifacts/tokenizer.ts');
   const importsRss = procStatus().rss;
+  if (a.kind === 'matmul') {
+    // The decode matmul kernel on its own: `count` bf16 matrices of [N, K] (more than the caches
+    // hold), x of M rows, every matrix once per pass, 5 passes; the fastest pass per matrix.
+    const backend = await createCpuBackend();
+    const setups: Record<string, [number, number, number, number]> = {
+      // [count, N, K, M]: 0.94 MiB (under the 1 MiB threshold: one thread), 8 MiB (the team),
+      // and 1.02 MiB (just over: the team, where waking it is a visible part of the time)
+      'small M=1': [64, 960, 512, 1], 'small M=16': [64, 960, 512, 16],
+      'large M=1': [16, 4096, 1024, 1], 'large M=16': [16, 4096, 1024, 16],
+      'threshold M=1': [128, 520, 1024, 1],
+    };
+    const out: NonNullable<ChildResult['matmul']> = {};
+    for (const [name, [count, N, Kd, M]] of Object.entries(setups)) {
+      const ws = Array.from({ length: count }, () => backend.zeros([N, Kd], 'bf16'));
+      const x = backend.upload(Float32Array.from({ length: M * Kd }, (_, i) => ((i * 7919) % 101) / 101 - 0.5), [M, Kd]);
+      let best = Infinity;
+      for (let pass = 0; pass < 5; pass++) {
+        const t = performance.now();
+        backend.beginScope();
+        for (const w of ws) backend.matmul(x, w);
+        backend.endScope();
+        await backend.sync();
+        best = Math.min(best, (performance.now() - t) / 1000);
+      }
+      out[name] = { seconds: best / count, bytes: N * Kd * 2, macs: M * N * Kd };
+      for (const w of ws) backend.free(w);
+      backend.free(x);
+    }
+    await backend.close();
+    return {
+      importsRss, peakRss: 0, loadedRss: 0, decodeTps: 0, meanTps: 0, steps: [], decodePositions: [0, 0], kvTokens: 0,
+      poolLiveBytes: 0, poolIdleBytes: 0, copyGBps: measureCopyBandwidth(), matmul: out,
+    };
+  }
   if (a.kind === 'attention') {
     // the same process decodes at a short and a long context in turn, so a change in the load
     // other jobs put on the machine hits both alike; the difference is attention alone
@@ -224,14 +294,14 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   const kvTokens = a.batch * Math.ceil(ctx / 16) * 16;
   const engine = new Engine(m.model, m, { maxBatch: a.batch, tokenBudget: a.chunk, maxModelLen: ctx, kvTokens });
   const steps: StepShape[] = [];
-  const forward = m.model.forward.bind(m.model);
-  m.model.forward = ((batch, kv) => {
+  const step = m.model.step.bind(m.model);
+  m.model.step = ((batch, kv, want) => {
     steps.push({
       tokens: batch.tokens.length, rows: batch.rows.length, sampled: batch.logitTokens.length,
       tableBlocks: Math.max(...batch.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
     });
-    return forward(batch, kv);
-  }) as typeof m.model.forward;
+    return step(batch, kv, want);
+  }) as typeof m.model.step;
   const V = m.config.vocabSize;
   const promptOf = (n: number, seed: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + seed * 101) % Math.min(V, 5000));
   let decodeTps = 0, meanTps = 0;
@@ -274,11 +344,18 @@ async function child(a: ChildArgs): Promise<ChildResult> {
  */
 function measure(c: Case): ChildResult {
   const runs = Array.from({ length: c.args.sweep ? 1 : REPEATS }, () => runChild({ kind: 'run', dir: path.resolve(ROOT, c.model), ...c.args }));
+  for (const r of runs) if (r.copyGBps) copyMeasurements.push(r.copyGBps);
   const best = runs.reduce((a, b) => (b.decodeTps > a.decodeTps ? b : a));
   return { ...best, peakRss: Math.max(...runs.map((r) => r.peakRss)), decodeRuns: runs.map((r) => r.decodeTps) };
 }
 
 function runChild(a: ChildArgs): ChildResult {
+  const r = runChildOnce(a);
+  if (a.kind !== 'run' && r.copyGBps) copyMeasurements.push(r.copyGBps);
+  return r;
+}
+
+function runChildOnce(a: ChildArgs): ChildResult {
   const r = spawnSync(process.execPath, ['--import', 'tsx', SELF, '--child', JSON.stringify(a)], {
     cwd: ROOT, encoding: 'utf8', maxBuffer: 64 * 2 ** 20,
   });
@@ -304,10 +381,13 @@ const CASES: Case[] = [
   { name: 'demo ctx 2048 chunk 512', model: demo, args: { prompt: 1984, gen: 64, chunk: 512, batch: 1 } },
   { name: 'demo ctx 2048 chunk 64', model: demo, args: { prompt: 1984, gen: 64, chunk: 64, batch: 1 } },
   { name: 'demo ctx 2048 chunk 256 batch 4', model: demo, args: { prompt: 1984, gen: 64, chunk: 256, batch: 4 } },
+  { name: 'demo ctx 320 batch 8', model: demo, args: { prompt: 256, gen: 64, chunk: 512, batch: 8 } },
   { name: 'demo sweep 1..512 chunk 512', model: demo, args: { prompt: 0, gen: 2, chunk: 512, batch: 1, sweep: { from: 1, to: 512, step: 1 } } },
   { name: 'llama fixture ctx 256', model: fx('llama'), args: { prompt: 192, gen: 64, chunk: 512, batch: 1 } },
   { name: 'layers-12 ctx 256', model: syn('layers-12'), args: { prompt: 192, gen: 64, chunk: 512, batch: 1 } },
   { name: 'layers-24 ctx 256', model: syn('layers-24'), args: { prompt: 192, gen: 64, chunk: 512, batch: 1 } },
+  { name: 'small-24 ctx 256', model: syn('small-24'), args: { prompt: 192, gen: 64, chunk: 512, batch: 1 } },
+  { name: 'small-24 ctx 256 batch 4', model: syn('small-24'), args: { prompt: 192, gen: 64, chunk: 512, batch: 4 } },
   { name: 'gemma2 fixture ctx 256 (sliding 8)', model: fx('gemma2'), args: { prompt: 192, gen: 64, chunk: 64, batch: 1 } },
   { name: 'qwen3_moe fixture ctx 256', model: fx('qwen3_moe'), args: { prompt: 192, gen: 64, chunk: 512, batch: 1 } },
   { name: 'llama-1b ctx 544 chunk 512', model: syn('llama-1b'), args: { prompt: 512, gen: 32, chunk: 512, batch: 1 } },
@@ -316,6 +396,7 @@ const CASES: Case[] = [
   { name: 'llama-1b sweep 1..128 chunk 128', model: syn('llama-1b'), args: { prompt: 0, gen: 2, chunk: 128, batch: 1, sweep: { from: 1, to: 128, step: 1 } } },
   { name: 'gemma2-sliding ctx 4128 chunk 256', model: syn('gemma2-sliding'), args: { prompt: 4096, gen: 32, chunk: 256, batch: 1 } },
   { name: 'qwen3-moe ctx 576 chunk 512', model: syn('qwen3-moe'), args: { prompt: 512, gen: 64, chunk: 512, batch: 1 } },
+  { name: 'qwen3-moe ctx 320 batch 4', model: syn('qwen3-moe'), args: { prompt: 256, gen: 64, chunk: 512, batch: 4 } },
 ];
 
 interface Row {
@@ -367,17 +448,29 @@ function commit(): string {
   }
 }
 
+/**
+ * The machine's copy bandwidth: the best of every measurement of the run (this process at its
+ * start and end, each child after its case). A shared 2-vCPU VM slows some measurements by up to
+ * 2x; the best is what `llmts fit` measures on a quiet machine (best of 10), and decode times are
+ * likewise the fastest of several processes.
+ */
+const copyMeasurements: number[] = [];
+function machineNow(): Machine {
+  return cpuMachine(Math.max(...copyMeasurements));
+}
+
 async function main(): Promise<void> {
   if (values.child) {
     process.stdout.write(`${JSON.stringify(await child(JSON.parse(values.child)))}\n`);
     return;
   }
   if (values.make) return make();
-  const bw = measureCopyBandwidth();
-  const machine = cpuMachine(bw);
-  if (values.calibrate) return calibrate(machine);
+  const loadStart = fs.readFileSync('/proc/loadavg', 'utf8').trim();
+  console.log(`load average at the start: ${loadStart}`);
+  copyMeasurements.push(measureCopyBandwidth());
+  if (values.calibrate) return calibrate(loadStart);
   const only = values.only?.split(',').map((s) => s.trim());
-  const rows: Row[] = [];
+  const measured: { c: Case; r: ChildResult }[] = [];
   for (const c of CASES) {
     if (only && !only.some((o) => c.name.includes(o))) continue;
     if (!fs.existsSync(path.resolve(ROOT, c.model))) {
@@ -385,13 +478,16 @@ async function main(): Promise<void> {
       continue;
     }
     const r = measure(c);
-    // decode is predicted with the copy bandwidth measured in the case's own process, right after it
-    const p = await predict(c, r, r.copyGBps ? cpuMachine(r.copyGBps) : machine);
-    rows.push({ name: c.name, ...p, child: r });
-    process.stderr.write(`${c.name}: peak ${mib(r.peakRss)} MiB predicted ${mib(p.predictedPeak)} (${pct(p.peakError)}); ` +
-      `decode ${r.decodeTps.toFixed(1)} tok/s predicted ${p.predictedTps.toFixed(1)} (${pct(p.tpsError)})\n`);
+    measured.push({ c, r });
+    process.stderr.write(`${c.name}: peak ${mib(r.peakRss)} MiB; decode ${r.decodeTps.toFixed(1)} tok/s (runs ${r.decodeRuns!.map((x) => x.toFixed(1)).join(', ')})\n`);
   }
-  const head = `machine ${machine.description}, copy bandwidth ${bw.toFixed(1)} GB/s; load average ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}; ` +
+  copyMeasurements.push(measureCopyBandwidth());
+  const machine = machineNow();
+  const rows: Row[] = [];
+  for (const { c, r } of measured) rows.push({ name: c.name, ...(await predict(c, r, machine)), child: r });
+  const loadEnd = fs.readFileSync('/proc/loadavg', 'utf8').trim();
+  const head = `machine ${machine.description}, copy bandwidth ${machine.bandwidthGBps.toFixed(1)} GB/s (best of ${copyMeasurements.length}: ` +
+    `${Math.min(...copyMeasurements).toFixed(1)}-${Math.max(...copyMeasurements).toFixed(1)}); /proc/loadavg at the start ${loadStart}, at the end ${loadEnd}; ` +
     `commit ${commit()}; command: node --import tsx bench/fit-accuracy.ts${values.only ? ` --only "${values.only}"` : ''}; ` +
     `decode: best of ${REPEATS} processes' median step`;
   const lines = [
@@ -402,12 +498,12 @@ async function main(): Promise<void> {
   ];
   console.log(head);
   console.log(lines.join('\n'));
-  if (values.json) fs.writeFileSync(values.json, JSON.stringify({ machine, bandwidthGBps: bw, commit: commit(), rows }, null, 2));
+  if (values.json) fs.writeFileSync(values.json, JSON.stringify({ machine, copyMeasurements, loadStart, loadEnd, commit: commit(), rows }, null, 2));
 }
 
 // ---- calibration: the measurements behind constants.ts -----------------------------------------
 
-async function calibrate(machine: Machine): Promise<void> {
+async function calibrate(loadStart: string): Promise<void> {
   // runtime: RSS after imports + backend, and a tokenizer's RSS against its file size
   const toks = [fx('llama'), demo, syn('tokenizer-128k')].filter((d) => fs.existsSync(path.resolve(ROOT, d, 'tokenizer.json')));
   for (const d of toks) {
@@ -416,97 +512,99 @@ async function calibrate(machine: Machine): Promise<void> {
     console.log(`tokenizer ${d}: file ${size} bytes; runtime RSS ${rs.map((r) => mib(r.importsRss)).join(', ')} MiB; ` +
       `tokenizer RSS ${rs.map((r) => mib(r.tokenizerRss!)).join(', ')} MiB (${rs.map((r) => (r.tokenizerRss! / size).toFixed(2)).join(', ')} x file)`);
   }
-  // runtime: peak RSS minus everything the planner models except the runtime itself
-  const residuals: number[] = [];
-  const timed: { c: Case; r: ChildResult; planner: FitPlanner; bytes: number; weightBytes: number; flops: number }[] = [];
   const only = values.only?.split(',').map((x) => x.trim());
+  // the decode matmul kernel alone, fastest of 3 processes
+  const mm = [0, 1, 2].map(() => runChild({ kind: 'matmul', dir: '', prompt: 0, gen: 0, chunk: 1, batch: 1 }));
+  // the cases: peak RSS and decode steps (fastest of 3 processes each)
+  const measured: { c: Case; r: ChildResult }[] = [];
   for (const c of CASES) {
     if (!fs.existsSync(path.resolve(ROOT, c.model))) continue;
     if (only && !only.some((o) => c.name.includes(o))) continue;
     const r = measure(c);
-    const planner = await FitPlanner.open(path.resolve(ROOT, c.model));
-    const ctx = c.args.sweep ? c.args.sweep.to + 2 : c.args.prompt + c.args.gen;
-    const plan = await planner.plan(machine, { ctx, batch: c.args.batch, chunk: c.args.chunk });
-    const steps = await planner.simulateSteps('cpu', r.steps);
-    const tokenizer = plan.reserve.find((x) => x.name === 'tokenizer')!.bytes;
-    const residual = r.peakRss - (plan.weightsBytes + plan.kvBytes + steps + tokenizer);
-    residuals.push(residual);
-    let bytes = 0;
-    if (!c.args.sweep && c.args.batch === 1) {
-      const mid = Math.round((r.decodePositions[0] + r.decodePositions[1]) / 2);
-      const d = await planner.decodeStep(machine, mid, 1, 'f32');
-      bytes = d.weightBytes + d.kvBytes;
-      timed.push({ c, r, planner, bytes, weightBytes: d.weightBytes, flops: d.attentionFlops });
+    measured.push({ c, r });
+    console.log(`${c.name}: peak ${mib(r.peakRss)} MiB (imports ${mib(r.importsRss)} MiB)` +
+      (c.args.sweep ? '' : `; step ${((1000 * c.args.batch) / r.decodeTps).toFixed(3)} ms (runs ${r.decodeRuns!.map((x) => ((1000 * c.args.batch) / x).toFixed(3)).join(', ')})`));
+  }
+  // attention: models with small weights decode at a short and a long context in turn in one
+  // process, 3 rounds (a change in the load of other jobs hits both alike): G = 4 is bound by its
+  // arithmetic, G = 1 by reading the KV
+  const short = 64, long = 2048, gen = 33;
+  const attention: { name: string; r: ChildResult }[] = [];
+  for (const name of ['attention-heavy', 'attention-kv']) {
+    if (!fs.existsSync(syn(name)) || (only && !only.some((o) => name.includes(o)))) continue;
+    const r = runChild({ kind: 'attention', dir: syn(name), prompt: long, gen, chunk: short, batch: 1 });
+    attention.push({ name, r });
+    console.log(`${name}: decode step ms at ${short} tokens ${r.attention![short]!.map((x) => x.toFixed(3)).join(', ')}; at ${long} ` +
+      `${r.attention![long]!.map((x) => x.toFixed(3)).join(', ')}`);
+  }
+  copyMeasurements.push(measureCopyBandwidth());
+  const machine = machineNow();
+  console.log(`copy bandwidth ${machine.bandwidthGBps.toFixed(1)} GB/s (best of ${copyMeasurements.length}: ${copyMeasurements.map((x) => x.toFixed(1)).join(', ')})`);
+
+  // the matmul kernel: one thread's streaming rate under the threshold and the multiply-add rate
+  // per core (fixed in the fit below); the team's rate and the cost of waking it, to compare with
+  // what the fit finds from whole steps
+  const best = (k: string) => Math.min(...mm.map((r) => r.matmul![k]!.seconds));
+  const m0 = mm[0]!.matmul!;
+  const micro = {
+    CPU_SMALL_MATMUL_EFFICIENCY: m0['small M=1']!.bytes / best('small M=1') / 1e9 / machine.bandwidthGBps,
+    CPU_MATMUL_GMACS_PER_CORE: m0['small M=16']!.macs / best('small M=16') / 1e9,
+  };
+  const largeEff = m0['large M=1']!.bytes / best('large M=1') / 1e9 / machine.bandwidthGBps;
+  const wakeMs = 1000 * (best('threshold M=1') - m0['threshold M=1']!.bytes / (largeEff * machine.bandwidthGBps * 1e9));
+  const each = (k: string, f: (x: { seconds: number; bytes: number; macs: number }) => number) => mm.map((r) => f(r.matmul![k]!).toFixed(2)).join(', ');
+  console.log(`matmul kernel: one thread, 0.94 MiB bf16 matrices: ${(micro.CPU_SMALL_MATMUL_EFFICIENCY * machine.bandwidthGBps).toFixed(2)} GB/s ` +
+    `= ${micro.CPU_SMALL_MATMUL_EFFICIENCY.toFixed(3)} of copy (runs ${each('small M=1', (x) => x.bytes / x.seconds / 1e9)} GB/s); 16 rows ` +
+    `${micro.CPU_MATMUL_GMACS_PER_CORE.toFixed(1)} GMAC/s (runs ${each('small M=16', (x) => x.macs / x.seconds / 1e9)}); team on 8 MiB matrices ` +
+    `${(largeEff * machine.bandwidthGBps).toFixed(2)} GB/s = ${largeEff.toFixed(3)} of copy (runs ${each('large M=1', (x) => x.bytes / x.seconds / 1e9)}), ` +
+    `16 rows ${each('large M=16', (x) => x.macs / x.seconds / 1e9 / os.availableParallelism())} GMAC/s per core; 1.02 MiB matrices ` +
+    `${(best('threshold M=1') * 1e6).toFixed(1)} us each, ${wakeMs.toFixed(4)} ms more than streaming them at the team's rate`);
+
+  await K.withConstants(micro, async () => {
+    const residuals: number[] = [];
+    const samples: DecodeSample[] = [];
+    for (const { c, r } of measured) {
+      const planner = await FitPlanner.open(path.resolve(ROOT, c.model));
+      const ctx = c.args.sweep ? c.args.sweep.to + 2 : c.args.prompt + c.args.gen;
+      const plan = await planner.plan(machine, { ctx, batch: c.args.batch, chunk: c.args.chunk });
+      const steps = await planner.simulateSteps('cpu', r.steps);
+      const tokenizer = plan.reserve.find((x) => x.name === 'tokenizer')!.bytes;
+      // runtime: peak RSS minus everything the planner models except the runtime itself
+      residuals.push(r.peakRss - (plan.weightsBytes + plan.kvBytes + steps + tokenizer));
+      if (!c.args.sweep) {
+        samples.push({ name: c.name, terms: await stepTerms(planner, machine, r.decodePositions, c.args.batch), seconds: c.args.batch / r.decodeTps });
+      }
     }
-    console.log(`${c.name}: peak ${mib(r.peakRss)} MiB, runtime residual ${mib(residual)} MiB (imports ${mib(r.importsRss)} MiB)` +
-      (bytes ? `; ${planner.config.numLayers} layers, ${mib(bytes)} MiB read/step, median step ${(1000 / r.decodeTps).toFixed(3)} ms ` +
-        `(runs: ${r.decodeRuns!.map((x) => (1000 / x).toFixed(3)).join(', ')}), copy ${r.copyGBps.toFixed(1)} GB/s` : ''));
-  }
-  residuals.sort((a, b) => a - b);
-  console.log(`runtime residual over ${residuals.length} cases: min ${mib(residuals[0]!)} median ${mib(residuals[residuals.length >> 1]!)} max ${mib(residuals[residuals.length - 1]!)} MiB`);
-  // per-step and per-layer overhead: models whose decode reads under 8 MiB (time is all overhead)
-  const small = timed.filter((t) => t.bytes < 8 * 2 ** 20);
-  const ab = leastSquares(small.map((t) => [1, t.planner.config.numLayers]), small.map((t) => 1 / t.r.decodeTps));
-  console.log(`overhead: ${(ab[0]! * 1000).toFixed(3)} ms per step + ${(ab[1]! * 1000).toFixed(4)} ms per layer ` +
-    `(least squares over ${small.map((t) => `${t.c.name} (${t.planner.config.numLayers} layers)`).join(', ')})`);
-  // efficiency: the models whose decode reads over 1 GiB (time is all bandwidth), against the copy
-  // bandwidth measured in the same process
-  // attention: one model, decode at a short and a long context in turn in one process (the
-  // weights read are the same, so the difference in step time is attention), 3 rounds
-  let flopRate = 0;
-  const heavy = syn('attention-heavy');
-  if (fs.existsSync(heavy)) {
-    const short = 64, long = 2048, gen = 33;
-    const r = runChild({ kind: 'attention', dir: heavy, prompt: long, gen, chunk: short, batch: 1 });
-    const planner = await FitPlanner.open(heavy);
-    const at = async (p: number) => (await planner.decodeStep(machine, p + (gen >> 1), 1, 'f32')).attentionFlops;
-    const dFlops = (await at(long)) - (await at(short));
-    const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[xs.length >> 1]!;
-    const dMs = med(r.attention![long]!) - med(r.attention![short]!);
-    flopRate = dFlops / (dMs / 1000);
-    console.log(`attention: ${(flopRate / 1e9).toFixed(2)} GFLOP/s = ${(flopRate / 1e9 / os.availableParallelism()).toFixed(2)} per core ` +
-      `(attention-heavy model, decode at ${short} vs ${long} tokens in one process: step ms ${r.attention![short]!.map((x) => x.toFixed(2)).join(', ')} vs ` +
-      `${r.attention![long]!.map((x) => x.toFixed(2)).join(', ')}; ${(dFlops / 1e6).toFixed(1)} MFLOP more per step)`);
-  }
-  const big = timed.filter((x) => x.bytes > 2 ** 30);
-  // efficiency: the models whose decode reads over 1 GiB (time is mostly weights), against the
-  // copy bandwidth measured in the same process
-  const effs: number[] = [];
-  for (const t of big) {
-    const over = ab[0]! + ab[1]! * t.planner.config.numLayers;
-    const attn = flopRate ? t.flops / flopRate : 0;
-    const eff = t.weightBytes / ((1 / t.r.decodeTps - over - attn) * t.r.copyGBps * 1e9);
-    effs.push(eff);
-    console.log(`efficiency ${eff.toFixed(3)}: ${t.c.name}, ${mib(t.weightBytes)} MiB of weights/step in ${(1000 / t.r.decodeTps).toFixed(1)} ms ` +
-      `- ${(over * 1000).toFixed(2)} ms overhead - ${(attn * 1000).toFixed(2)} ms attention, copy ${t.r.copyGBps.toFixed(1)} GB/s`);
-  }
-  if (effs.length) console.log(`efficiency: mean ${(effs.reduce((a, b) => a + b, 0) / effs.length).toFixed(3)} over ${effs.length} cases`);
-  void K;
+    for (const { name, r } of attention) {
+      const planner = await FitPlanner.open(syn(name));
+      for (const p of [short, long]) {
+        samples.push({ name: `${name} at ${p} tokens`, terms: await stepTerms(planner, machine, [p, p + gen - 1], 1), seconds: Math.min(...r.attention![p]!) / 1000 });
+      }
+    }
+    residuals.sort((a, b) => a - b);
+    console.log(`runtime residual over ${residuals.length} cases: min ${mib(residuals[0]!)} median ${mib(residuals[residuals.length >> 1]!)} ` +
+      `max ${mib(residuals[residuals.length - 1]!)} MiB (${residuals.map(mib).join(', ')})`);
+    const fit = fitDecodeConstants(samples, { fixed: ['CPU_SMALL_MATMUL_EFFICIENCY', 'CPU_MATMUL_GMACS_PER_CORE'] });
+    console.log('\ndecode constants (the two matmul-kernel ones from the microbenchmark; the rest by non-negative least squares on relative error over the samples below):');
+    for (const [n, v] of Object.entries({ ...micro, ...fit.values })) console.log(`  ${n} = ${v!.toPrecision(4)}`);
+    console.log('| sample | measured ms | fitted ms | error | held out ms | error |\n|---|---:|---:|---:|---:|---:|');
+    for (const x of fit.rows) {
+      console.log(`| ${x.name} | ${(x.measured * 1000).toFixed(3)} | ${(x.fitted * 1000).toFixed(3)} | ${pct(x.error)} | ` +
+        `${(x.heldOut * 1000).toFixed(3)} | ${pct(x.heldOutError)} |`);
+    }
+    const loadEnd = fs.readFileSync('/proc/loadavg', 'utf8').trim();
+    console.log(`load average at the start: ${loadStart}; at the end: ${loadEnd}`);
+    if (values.json) {
+      fs.writeFileSync(values.json, JSON.stringify({ machine, copyMeasurements, residuals, samples, fit, micro, matmul: mm.map((r) => r.matmul), loadStart, loadEnd }, null, 2));
+    }
+  });
 }
 
-/** Solves min |X b - y| by the normal equations. */
-function leastSquares(X: number[][], y: number[]): number[] {
-  const n = X[0]!.length;
-  const A = Array.from({ length: n }, (_, i) => Array.from({ length: n }, (_, j) => X.reduce((s, r) => s + r[i]! * r[j]!, 0)));
-  const b = Array.from({ length: n }, (_, i) => X.reduce((s, r, k) => s + r[i]! * y[k]!, 0));
-  for (let i = 0; i < n; i++) {
-    let p = i;
-    for (let r = i + 1; r < n; r++) if (Math.abs(A[r]![i]!) > Math.abs(A[p]![i]!)) p = r;
-    [A[i], A[p]] = [A[p]!, A[i]!];
-    [b[i], b[p]] = [b[p]!, b[i]!];
-    for (let r = i + 1; r < n; r++) {
-      const f = A[r]![i]! / A[i]![i]!;
-      for (let c = i; c < n; c++) A[r]![c]! -= f * A[i]![c]!;
-      b[r]! -= f * b[i]!;
-    }
-  }
-  const x = new Array<number>(n).fill(0);
-  for (let i = n - 1; i >= 0; i--) {
-    let s = b[i]!;
-    for (let c = i + 1; c < n; c++) s -= A[i]![c]! * x[c]!;
-    x[i] = s / A[i]![i]!;
-  }
-  return x;
+/** The planner's decode terms averaged over the steps at positions [from, to) with `batch` rows. */
+async function stepTerms(planner: FitPlanner, machine: Machine, [from, to]: [number, number], batch: number): Promise<DecodeTerm[]> {
+  const steps: DecodeTerm[][] = [];
+  for (let p = from; p < Math.max(to, from + 1); p++) steps.push((await planner.decodeStep(machine, p, batch, 'f32')).terms);
+  return meanTerms(steps);
 }
 
 await main();

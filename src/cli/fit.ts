@@ -157,7 +157,8 @@ function planText(p: FitPlan): string {
     '',
     row('weights', formatBytes(p.weightsBytes), `${formatCount(w.params)} params; checkpoint ${dtypes}${w.unusedTensors.length ? `; ${w.unusedTensors.length} unused tensors (${formatBytes(w.unusedBytes)}) not loaded` : ''}`),
     row('KV cache', formatBytes(p.kvBytes), `${formatBytes(p.kvBytesPerToken)}/token: ${kvKinds}`),
-    row('transient', formatBytes(p.transientBytes), `steps of up to ${p.transient.stepTokens} tokens, ${p.transient.sampledRows} sampled row(s); the largest alone ${formatBytes(p.transient.largestStepBytes)}`),
+    row('transient', formatBytes(p.transientBytes), `steps of up to ${p.transient.stepTokens} tokens, ${p.transient.sampledRows} sampled row(s); the largest alone ${formatBytes(p.transient.largestStepBytes)}` +
+      `${p.transient.graphBytes ? `; decode graphs ${formatBytes(p.transient.graphBytes)}` : ''}`),
     row('reserve', formatBytes(p.reserveBytes), p.reserve.map((r) => `${r.name} ${formatBytes(r.bytes)}${r.measured ? '' : ' (not yet measured)'}`).join('; ')),
     row('total', formatBytes(p.totalBytes)),
     row('usable', formatBytes(p.usableBytes), p.machine.kind === 'gpu' ? `${formatBytes(p.machine.memoryBytes)} x utilization` : 'RAM minus the OS reserve'),

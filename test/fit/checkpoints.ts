@@ -87,6 +87,18 @@ export const GEMMA_2_9B = {
 /** published parameter count of google/gemma-2-9b */
 export const GEMMA_2_9B_PARAMS = 9_241_705_984;
 
+/** google/gemma-2-2b (bench/make_random_models.py's gemma2-2b preset writes the same config) */
+export const GEMMA_2_2B = {
+  architectures: ['Gemma2ForCausalLM'], model_type: 'gemma2', vocab_size: 256000, hidden_size: 2304,
+  intermediate_size: 9216, num_hidden_layers: 26, num_attention_heads: 8, num_key_value_heads: 4,
+  head_dim: 256, max_position_embeddings: 8192, rms_norm_eps: 1e-6, rope_theta: 10000,
+  hidden_activation: 'gelu_pytorch_tanh', query_pre_attn_scalar: 256, sliding_window: 4096,
+  attn_logit_softcapping: 50.0, final_logit_softcapping: 30.0, tie_word_embeddings: true,
+  bos_token_id: 2, eos_token_id: 1, pad_token_id: 0, torch_dtype: 'bfloat16',
+};
+/** published parameter count of google/gemma-2-2b */
+export const GEMMA_2_2B_PARAMS = 2_614_341_888;
+
 export const QWEN3_30B_A3B = {
   architectures: ['Qwen3MoeForCausalLM'], model_type: 'qwen3_moe', vocab_size: 151936, hidden_size: 2048,
   intermediate_size: 6144, moe_intermediate_size: 768, num_hidden_layers: 48, num_attention_heads: 32,
@@ -115,9 +127,13 @@ export function tempModelDir(prefix = 'llmts-fit-'): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
 }
 
-/** A 64 KiB block of small bf16/f16/f32 values (|x| in ~[0.001, 0.06], random signs). */
-function randomBlock(dtype: TensorSpec['dtype']): Buffer {
-  let s = 0x9e3779b9;
+/**
+ * A 64 KiB block of small bf16/f16/f32 values (|x| in ~[0.001, 0.06], random signs); `seed` picks
+ * the sequence, so every block of a checkpoint differs (rows of an embedding table, experts of a
+ * router: a repeated block would route every token alike).
+ */
+function randomBlock(dtype: TensorSpec['dtype'], seed: number): Buffer {
+  let s = (0x9e3779b9 ^ Math.imul(seed + 1, 0x85ebca6b)) >>> 0 || 1;
   const next = () => {
     s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
     return s / 2 ** 32;
@@ -156,17 +172,18 @@ function writeShard(file: string, tensors: TensorSpec[], opts: WriteOptions, sha
     fs.writeSync(fd, Buffer.from(json), 0, Buffer.byteLength(json), 8);
     const start = 8 + Buffer.byteLength(json);
     if (opts.data === 'random') {
-      const blocks = new Map<string, Buffer>();
       let pos = start;
+      let seed = shard * 1_000_003;
       for (const t of tensors) {
-        const block = blocks.get(t.dtype) ?? randomBlock(t.dtype);
-        blocks.set(t.dtype, block);
         let left = bytesOf(t);
-        // 64 MiB writes of the repeated block
+        // 64 MiB writes of fresh 64 KiB blocks
         const big = Buffer.alloc(Math.min(left, 64 * 2 ** 20));
-        for (let o = 0; o < big.length; o += block.length) block.copy(big, o, 0, Math.min(block.length, big.length - o));
         while (left > 0) {
           const n = Math.min(left, big.length);
+          for (let o = 0; o < n; o += 65536) {
+            const block = randomBlock(t.dtype, seed++);
+            block.copy(big, o, 0, Math.min(block.length, n - o));
+          }
           fs.writeSync(fd, big, 0, n, pos);
           pos += n;
           left -= n;

@@ -15,6 +15,7 @@ import { gpuMachine, customMachine, cpuMachine, GPU_NAMES, MachineError } from '
 import { cudaSizeClass, PoolModel, CPU_POOL } from '../../src/execution/fit/allocator.ts';
 import { planServeKv, KvBudgetError } from '../../src/execution/fit/serve-plan.ts';
 import { runFit } from '../../src/cli/fit.ts';
+import * as K from '../../src/execution/fit/constants.ts';
 import { UsageError } from '../../src/cli/errors.ts';
 import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
@@ -140,9 +141,12 @@ test('MoE decode reads the active experts only (Qwen3-30B-A3B: 8 of 128)', async
   const d4 = await p.decodeStep(H200, 0, 4, 'bf16');
   const share = 1 - (1 - 8 / 128) ** 4;
   assert.ok(Math.abs(d4.weightBytes - (w.residentBytes - embed - w.expertBytes + w.expertBytes * share + 4 * 2048 * 2)) < 1);
-  // predicted tok/s = bandwidth x efficiency / bytes read
+  // predicted tok/s: weights at bandwidth x efficiency, KV at bandwidth x KV efficiency, plus the step overheads
   const plan = await p.plan(H200, { ctx: 1 });
-  assert.ok(Math.abs(plan.predictedDecodeTps - (4800e9 * plan.decode.efficiency) / plan.decode.bytesPerStep) < 1e-6);
+  const seconds = d.weightBytes / (4800e9 * K.CUDA_DECODE_EFFICIENCY.value) + d.kvBytes / (4800e9 * K.CUDA_KV_READ_EFFICIENCY.value) +
+    (K.CUDA_STEP_OVERHEAD_MS.value + 48 * K.CUDA_LAYER_OVERHEAD_MS.value) / 1000;
+  assert.ok(Math.abs(plan.predictedDecodeTps * seconds - 1) < 1e-9);
+  assert.equal(plan.decode.bytesPerStep, d.weightBytes + d.kvBytes);
 });
 
 test('total is monotone in the context and maxSafeContext is the bisection boundary', async () => {
@@ -179,8 +183,12 @@ test('plan fields: fits, usable memory, reserve and what is not yet measured', a
   assert.equal(plan.fits, true);
   assert.equal(plan.maxSafeContext, 131072);
   assert.equal(plan.maxSafeContextLimitedBy, 'model');
-  assert.ok(plan.unmeasured.includes('CUDA_CONTEXT_BYTES') && plan.unmeasured.includes('CUDA_DECODE_EFFICIENCY'));
-  assert.ok(plan.reserve.every((r) => !r.measured));
+  // unmeasured lists exactly the CUDA constants not measured yet; the reserve says which it used
+  assert.deepEqual(plan.unmeasured, Object.entries(K.CUDA_CONSTANTS).filter(([, c]) => !c.measured).map(([n]) => n));
+  assert.deepEqual(plan.reserve.map((r) => r.measured), [K.CUDA_CONTEXT_BYTES, K.CUDA_CUBLASLT_WORKSPACE_BYTES, K.CUDA_RUNTIME_GROWTH_BYTES].map((c) => c.measured));
+  assert.equal(plan.reserveBytes, K.CUDA_CONTEXT_BYTES.value + K.CUDA_CUBLASLT_WORKSPACE_BYTES.value + K.CUDA_RUNTIME_GROWTH_BYTES.value);
+  const cpuPlan = await p.plan(CPU, { ctx: 64, chunk: 64 });
+  assert.deepEqual(cpuPlan.unmeasured, Object.entries(K.CPU_CONSTANTS).filter(([, c]) => !c.measured).map(([n]) => n));
   // the 8B model in bf16 does not fit a 16 GB card at all
   const t4 = await p.plan(gpuMachine('t4'), { ctx: 8192 });
   assert.equal(t4.fits, false);
@@ -297,7 +305,9 @@ test('llmts fit: --json, --skus, the text table; through bin/llmts too', async (
   const text = await fitOutput(['--model', dir, '--ctx', '4096', '--memory', '64G', '--bandwidth', '1000']);
   assert.match(text, /^ {2}weights\s+56\.\d\d GiB\s+30\.53B params; checkpoint BF16 56\.\d\d GiB$/m);
   assert.match(text, /^ {2}fits\s+NO\s+short by/m);
-  assert.match(text, /not yet measured \(provisional values\): CUDA_CONTEXT_BYTES/);
+  const unmeasured = K.unmeasuredConstants('cuda');
+  if (unmeasured.length) assert.match(text, new RegExp(`not yet measured \\(provisional values\\): ${unmeasured.join(', ')}`));
+  else assert.doesNotMatch(text, /not yet measured/);
 });
 
 test('the KV pools the planner counts are the pools the engine allocates', async () => {
@@ -326,14 +336,14 @@ test('the dry-run graph allocates what the CPU backend allocates, step for step'
       const loaded = await loadModel(backend, dir, { maxModelLen: 120 });
       const engine = new Engine(loaded.model, loaded, { maxBatch: 3, tokenBudget: 40, maxModelLen: 120, kvTokens: 3 * 128 });
       const steps: StepShape[] = [];
-      const forward = loaded.model.forward.bind(loaded.model);
-      loaded.model.forward = ((b, kv) => {
+      const step = loaded.model.step.bind(loaded.model);
+      loaded.model.step = ((b, kv, want) => {
         steps.push({
           tokens: b.tokens.length, rows: b.rows.length, sampled: b.logitTokens.length,
           tableBlocks: Math.max(...b.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
         });
-        return forward(b, kv);
-      }) as typeof loaded.model.forward;
+        return step(b, kv, want);
+      }) as typeof loaded.model.step;
       const idleBefore = backend.memoryStats().idleBytes;
       await Promise.all([90, 37, 5].map((n, i) => engine.complete({
         promptIds: Array.from({ length: n }, (_, k) => (k * 31 + i) % 200 + 1), maxTokens: 12, sampling: { temperature: 0 }, ignoreEos: true,

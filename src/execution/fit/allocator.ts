@@ -122,12 +122,17 @@ export class PoolModel implements AllocatorModel {
   private readonly maxLive = new Map<number, number>(); // class -> most live at once since reset
   private readonly maxTouched = new Map<number, number>(); // class -> most bytes written to one block
   private exactLive = 0;
+  /** bytes of live exact-size blocks as the pool counts them (their size, not what is resident) */
+  private exactLiveBytes = 0;
   private top = 0;
   /** highest exact-size live + scratch since reset (never cached, so not part of maxLive) */
   private exactTop = 0;
   /** highest resident of live pooled blocks since reset */
   private pooledLiveTop = 0;
   private pooledLiveResident = 0;
+
+  /** called after every allocation (a caller tracking the live high-water mark) */
+  onChange?: () => void;
 
   constructor(readonly params: PoolParams) {}
 
@@ -140,9 +145,11 @@ export class PoolModel implements AllocatorModel {
       const n = Math.max(bytes, this.params.minExact);
       const b: Block = { bytes: n, cls: 0, touched: bytes };
       this.exactLive += this.residentOf(b);
+      this.exactLiveBytes += b.bytes;
       this.residentBytes += this.residentOf(b);
       this.exactTop = Math.max(this.exactTop, this.exactLive);
       this.bump(0);
+      this.onChange?.();
       return b;
     }
     const cls = this.params.sizeClass(bytes);
@@ -165,12 +172,14 @@ export class PoolModel implements AllocatorModel {
     if (bytes > (this.maxTouched.get(cls) ?? 0)) this.maxTouched.set(cls, bytes);
     this.pooledLiveTop = Math.max(this.pooledLiveTop, this.pooledLiveResident);
     this.bump(0);
+    this.onChange?.();
     return b;
   }
 
   release(b: Block): void {
     if (b.cls === 0) {
       this.exactLive -= this.residentOf(b);
+      this.exactLiveBytes -= b.bytes;
       this.residentBytes -= this.residentOf(b);
       return;
     }
@@ -207,9 +216,9 @@ export class PoolModel implements AllocatorModel {
   get idleClassBytes(): number {
     return this.idleBytes;
   }
-  /** class bytes of live blocks (backend memoryStats().liveBytes) */
+  /** class bytes of live pooled blocks plus the size of live exact ones (backend memoryStats().liveBytes) */
   get liveClassBytes(): number {
-    return this.liveBytes;
+    return this.liveBytes + this.exactLiveBytes;
   }
 
   resetPeak(): void {

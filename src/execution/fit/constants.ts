@@ -4,13 +4,17 @@
 //  * CPU constants: measured on this project's CPU machine (AMD EPYC, 2 vCPUs, 23.5 GiB, a KVM
 //    guest shared with other jobs) with bench/fit-accuracy.ts; the command and numbers are
 //    written beside each. They describe the CPU backend on this machine; on another CPU the
-//    runtime and tokenizer constants carry over, the decode efficiency and overheads may not.
-//  * CUDA constants: NOT YET MEASURED. The issue (#5) requires each to be measured on the H200
-//    (peak device memory read through the driver during real runs at several context lengths
-//    and chunk sizes); until then they are provisional placeholders, every plan that uses one
-//    lists it in `unmeasured`, and the README says so. Do not cite them as measurements.
+//    runtime and tokenizer constants carry over, the decode ones may not.
+//  * CUDA constants: measured by bench/fit-cuda.ts on the H200 (device memory through the driver
+//    during real runs at several context lengths and chunk sizes; decode steps of several models,
+//    contexts and batch sizes). Until it has run they are provisional placeholders: every plan
+//    that uses one lists it in `unmeasured`, and the README says so. Do not cite them as
+//    measurements. The script prints each value with its measurement (constants.ts.txt), so only
+//    the values and `how` change here.
 //
-// Policies (utilization, the RAM left to the OS) are choices, not measurements, and say so.
+// The decode constants are the terms of decode-model.ts, one constant each; the registries at the
+// end say which constants a backend kind uses. Policies (utilization, the RAM left to the OS) are
+// choices, not measurements, and say so.
 
 import os from 'node:os';
 
@@ -25,17 +29,23 @@ export interface Constant {
 // CPU (native CPU backend), measured
 // ---------------------------------------------------------------------------------------------
 
+// Two calibration runs on 2026-11-29 (commit e5d41c8 with this work uncommitted), each every
+// case of bench/fit-accuracy.ts in fresh processes, decode the fastest of 5 processes' median step,
+// copy bandwidth the best of every measurement of the run (42.0 GB/s over 102; median ~39):
+//   run A at 23:10, /proc/loadavg 5.59 -> 1.86 (other jobs' test suites and benches running)
+//   run B at 23:27, /proc/loadavg 1.38 -> 2.03: the values below are run B's, run A's beside them.
+
 /**
  * Resident memory of a `llmts` process that holds neither weights nor KV cache: Node, tsx, the
  * llmts modules, the native library and its threads, the V8 heap of a running engine.
  */
 export const CPU_RUNTIME_BYTES: Constant = {
-  value: 96 * 2 ** 20,
+  value: 99 * 2 ** 20,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate, run 4 times: peak RSS (VmHWM) of 17 runs each (demo model, ' +
-    'fixtures, random-weight 1.2B llama / gemma2 sliding / qwen3_moe and 12- and 24-layer models; ctx 256-4128; chunks ' +
-    '64-512; batch 1 and 4; sweeps of 512 and 128 prompt lengths) minus the modelled weights, KV pools, step memory and ' +
-    'tokenizer: medians 96.4, 95.0, 95.2, 97.2 MiB (min 87.2, max 126.8; RSS after the imports alone 83.3-92.5 MiB)',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, runs A and B: peak RSS (VmHWM) of 21 runs each (demo model, fixtures, random-weight 1.2B llama / ' +
+    'gemma2 sliding / qwen3_moe, 12- and 24-layer and small-matrix models; ctx 256-4128; chunks 64-512; batch 1, 4, 8; ' +
+    'sweeps of 512 and 128 prompt lengths) minus the modelled weights, KV pools, step memory and tokenizer: medians 100.2 ' +
+    '(B) and 97.7 (A) MiB, min 84.0, max 132.3 (RSS after the imports alone 85-95 MiB)',
 };
 
 /**
@@ -45,54 +55,104 @@ export const CPU_RUNTIME_BYTES: Constant = {
 export const CPU_TOKENIZER_BYTES_PER_FILE_BYTE: Constant = {
   value: 20,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate: RSS after TextTokenizer.fromDir minus before, 3 runs each: ' +
-    'test/fixtures/llama (21,834 B file) 0.6 MiB (31x); models/demo (545,130 B) 7.2-8.1 MiB (14-16x); ' +
-    'a synthetic 128k-token byte-level BPE (7,099,024 B, as large as Llama 3\'s) 134.9-135.9 MiB (19.9-20.1x)',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: RSS after TextTokenizer.fromDir minus before, 3 processes each, runs A and B: test/fixtures/llama ' +
+    '(21,834 B file) 0.1-0.3 MiB; models/demo (545,130 B) 6.4-8.1 MiB (12-16x); a synthetic 128k-token byte-level BPE ' +
+    '(7,099,024 B, as large as Llama 3\'s) 132.3-133.6 MiB (19.5-19.7x)',
 };
 
-/** Fraction of the measured copy bandwidth a decode step achieves on the CPU backend. */
+/** Fraction of the measured copy bandwidth at which the OpenMP team streams a decode matmul's weights. */
 export const CPU_DECODE_EFFICIENCY: Constant = {
-  value: 0.86,
+  value: 0.79,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate: random-weight Llama-3.2-1B shapes (2.47 GB of weights ' +
-    'read per step), median step of the fastest of 3 processes minus the overheads and attention below, against the copy ' +
-    'bandwidth measured in the same process; two quiet runs (load average < 3): 0.82, 0.98, 0.86 and 0.84, 0.97, 0.86 ' +
-    '(ctx 544, 2080, 2080 / chunk 128; 81-92 ms a step at 35-39 GB/s): median 0.86. Under heavy load from other jobs ' +
-    '(load average 5-10 on the 2 vCPUs) the same runs gave 0.63-0.73',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the decode constants below (non-negative least squares on relative error over 23 decode ' +
+    'samples; the 1.2B llama, 2.47 GB a step, weighs most): 0.792 (B), 0.784 (A). The kernel alone on 16 matrices of ' +
+    '8 MiB streams at 0.73 (B) / 0.69 (A) of the copy bandwidth; a whole step reads its matrices back to back',
 };
 
-/** Fixed time per decode step on the CPU backend (JS scheduling, sampling, op dispatch), ms. */
-export const CPU_STEP_OVERHEAD_MS: Constant = {
-  value: 0.2,
+/** Fraction of the measured copy bandwidth at which one thread streams a matrix under the threshold below. */
+export const CPU_SMALL_MATMUL_EFFICIENCY: Constant = {
+  value: 0.54,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate, 4 runs: least squares of the median decode step (per model, ' +
-    'the median over the runs of the fastest-of-3 median) over models that read under 8 MiB a step, so the time is all ' +
-    'overhead: llama fixture (2 layers) 0.61 ms (0.40-0.81), gemma2 fixture (3) 0.85 (0.44-0.90), qwen3_moe fixture (3) ' +
-    '0.72 (0.50-0.84), 12 layers 2.5 (2.1-4.7), 24 layers 4.8 (3.5-10.8) -> 0.2 ms a step + 0.19 ms a layer. The spread ' +
-    'between runs is large: the VM shares its cores',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: the decode matmul kernel alone, one row through 64 bf16 matrices of 960 x 512 (0.94 MiB, under the ' +
+    '1 MiB threshold: one thread), fastest of 5 passes in each of 3 processes: 22.54 GB/s = 0.537 of 42.0 (B); ' +
+    '24.98 GB/s = 0.602 (A)',
 };
 
-/** Dispatch time per decoder layer per step on the CPU backend, ms. */
-export const CPU_LAYER_OVERHEAD_MS: Constant = {
-  value: 0.19,
+/** Multiply-adds per second per core of the decode (few-row) matmul kernel, bf16 weights and f32 rows, G. */
+export const CPU_MATMUL_GMACS_PER_CORE: Constant = {
+  value: 35.9,
   measured: true,
-  how: 'the same least squares as CPU_STEP_OVERHEAD_MS (about 20 ops a layer, each a queue round trip and an OpenMP region)',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: the same 64 matrices, 16 rows on one thread: 35.9 (B), 36.1 (A) GMAC/s (runs 35.4-36.1). 16 rows on ' +
+    'the team over 8 MiB matrices reached 12.3-13.6 per core: the plan\'s team matmuls are bandwidth-bound up to 16 rows ' +
+    'at either rate',
+};
+
+/** Time of one OpenMP parallel region of a decode matmul (waking the team, joining it), ms. */
+export const CPU_PARALLEL_MATMUL_MS: Constant = {
+  value: 0.022,
+  measured: true,
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants: 0.022 (B; the MoE model, 96 expert regions a step, carries ' +
+    'it), 0 (A, whose MoE checkpoint repeated one 64 KiB block and routed every token alike). The kernel alone: ' +
+    '128 matrices of 1.02 MiB (just over the threshold) take 0.016-0.019 ms more each than streaming them at the team\'s rate',
+};
+
+/** Fraction of the measured copy bandwidth at which decode attention reads the f32 KV cache. */
+export const CPU_KV_READ_EFFICIENCY: Constant = {
+  value: 0.49,
+  measured: true,
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants, chiefly from two small-weight models decoding at 64 and 2048 ' +
+    'tokens in turn in one process (16 query heads of 128 on 4 and on 16 KV heads) and the gemma2 sliding model at 4k: ' +
+    '0.49 (B), 0.60 (A). Paged f32 blocks read per (token, KV head) stream slower than weights',
 };
 
 /**
- * Decode attention on the CPU backend, FLOPs per second per core (4 per key, head dim and query
- * head: q.k and p.v), when it is bounded by arithmetic rather than by reading the KV.
+ * Decode attention's arithmetic on the CPU backend, FLOPs per second per core (4 per key, head
+ * dim and query head: q.k and p.v), on top of reading the KV.
  */
 export const CPU_ATTENTION_GFLOPS_PER_CORE: Constant = {
-  value: 16.9,
+  value: 224,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate: a random-weight attention-heavy model (4 layers, 16 query ' +
-    'heads of 128 on 4 KV heads, small weights) decodes at 64 and at 2048 tokens of context in turn, 3 rounds in one ' +
-    'process; the median step grows by 2.02 ms (2.16-2.54 -> 4.12-4.33) and 2.00 ms in two runs for 65.0 MFLOP more: ' +
-    '31.5 and 36.0 GFLOP/s on the 2 vCPUs, 16.9 per core',
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants (the G = 4 attention model, 4x the FLOPs per KV byte of the ' +
+    'G = 1 one, separates it from the KV read): 224 (B), 34.5 (A). Poorly determined: the two attention terms trade ' +
+    'off between runs, while their sum at 2048 tokens stays within 13% of the measured steps',
 };
 export function cpuAttentionFlops(): number {
   return CPU_ATTENTION_GFLOPS_PER_CORE.value * 1e9 * os.availableParallelism();
+}
+
+/** Fixed time per decode step on the CPU backend (JS scheduling, op dispatch), ms. */
+export const CPU_STEP_OVERHEAD_MS: Constant = {
+  value: 0.0024,
+  measured: true,
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants (models of 2 to 24 layers at batch 1, 4 and 8): 0.0024 (B), ' +
+    '0 (A); the per-layer and per-row times carry the overhead',
+};
+
+/** Dispatch time per decoder layer per step on the CPU backend (about 20 ops: queue round trips), ms. */
+export const CPU_LAYER_OVERHEAD_MS: Constant = {
+  value: 0.040,
+  measured: true,
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants over models of 2, 3, 6, 8, 12, 16 and 24 layers: 0.040 (B), ' +
+    '0.108 (A, under load 5.6: overhead-bound steps of tiny models moved by up to 2x between processes)',
+};
+
+/** Work per row of a decode step outside the model (sampling, detokenizing, events), ms. */
+export const CPU_ROW_OVERHEAD_MS: Constant = {
+  value: 0.137,
+  measured: true,
+  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: fitted with the other decode constants from the batch 4 and 8 cases (demo, small-matrix model, MoE): ' +
+    '0.137 (B), 0.058 (A)',
+};
+
+/**
+ * Weight bytes below which the native CPU backend runs a small-M matmul on one thread
+ * (native/isa.c GEMV_PAR_MIN_BYTES_DEFAULT, 1 MiB, or $LLMTS_GEMV_PAR_MIN_BYTES as the native
+ * library reads it). A property of the code, not a measurement.
+ */
+export function cpuGemvParallelMinBytes(): number {
+  const e = process.env.LLMTS_GEMV_PAR_MIN_BYTES;
+  const v = e ? Number(e) : NaN;
+  return Number.isFinite(v) && v >= 0 ? v : 2 ** 20;
 }
 
 /** Policy: RAM left to the operating system and other processes when planning for a CPU. */
@@ -102,49 +162,136 @@ export function cpuSystemReserveBytes(totalBytes: number): number {
 export const CPU_SYSTEM_RESERVE_POLICY = 'max(1 GiB, 10% of RAM) left to the OS and other processes (a policy, not a measurement)';
 
 // ---------------------------------------------------------------------------------------------
-// CUDA: NOT YET MEASURED. Provisional placeholders; each must be measured on the H200.
+// CUDA: NOT YET MEASURED. Provisional placeholders until bench/fit-cuda.ts has run on the H200;
+// that script measures every one of them and prints the values with the measurement behind each
+// (its constants.ts.txt), so only the numbers and `how` below change.
 // ---------------------------------------------------------------------------------------------
 
 /** Policy (vLLM's default): fraction of device memory the engine may use. */
 export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
 
-/** CUDA context and module images resident on the device. NOT YET MEASURED. */
+/**
+ * Device memory a CUDA backend holds outside its block pool once created: the context, the
+ * NVRTC module, the cuBLASLt handle. NOT YET MEASURED.
+ */
 export const CUDA_CONTEXT_BYTES: Constant = {
   value: 512 * 2 ** 20,
   measured: false,
-  how: 'NOT YET MEASURED: provisional 512 MiB. Measure on the H200: device memory used (driver, cuMemGetInfo) after context creation + NVRTC module load, before any allocation',
+  how: 'NOT YET MEASURED: provisional 512 MiB. bench/fit-cuda.ts measures it on the H200: device memory used (NVML, ' +
+    'before the process touches CUDA and right after createCudaBackend) minus what the backend\'s pool holds then',
 };
 
-/** cuBLASLt workspace. NOT YET MEASURED. */
+/** The cuBLASLt workspace (and the error word): what the pool holds right after creation. NOT YET MEASURED. */
 export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
   value: 32 * 2 ** 20,
   measured: false,
-  how: 'NOT YET MEASURED: provisional 32 MiB. Read the workspace size the CUDA backend configures and confirm with cuMemGetInfo on the H200',
+  how: 'NOT YET MEASURED: provisional 32 MiB (the size backends/cuda/gemm.ts configures). bench/fit-cuda.ts reads the ' +
+    'pool\'s live bytes (memoryStats) right after createCudaBackend',
 };
 
-/** Memory held by captured decode graphs (all batch buckets). NOT YET MEASURED. */
-export const CUDA_GRAPH_BYTES: Constant = {
+/**
+ * Device memory outside the pool that appears once steps run: kernels and cuBLASLt kernels loaded
+ * lazily on first use, cuBLASLt's internal buffers, captured CUDA graphs. NOT YET MEASURED.
+ */
+export const CUDA_RUNTIME_GROWTH_BYTES: Constant = {
   value: 256 * 2 ** 20,
   measured: false,
-  how: 'NOT YET MEASURED: provisional 256 MiB. Measure on the H200: cuMemGetInfo before and after capturing every batch-size bucket',
+  how: 'NOT YET MEASURED: provisional 256 MiB. bench/fit-cuda.ts measures it on the H200: device memory used ' +
+    '(cuMemGetInfo) minus the pool\'s live and idle bytes, at the end of each run minus right after creation; the ' +
+    'largest over every case',
 };
 
-/** Fraction of peak HBM bandwidth a decode step achieves. NOT YET MEASURED. */
+/** Fraction of peak HBM bandwidth at which a decode step reads the weights. NOT YET MEASURED. */
 export const CUDA_DECODE_EFFICIENCY: Constant = {
-  value: 0.25,
+  value: 0.6,
   measured: false,
-  how: 'NOT YET MEASURED by the planner. Provisional 0.25 from the one CUDA decode figure on record (BENCHMARKS.md, ' +
-    'issue 4, commit 6cbeef2: Llama-3.1-8B shapes, B=1, 81.1 tok/s x 15.01 GB per step = 1,217 GB/s = 0.254 of 4.8 TB/s; ' +
-    'launch-bound, 517 launches a step, so it will move with CUDA graphs and fusion). Measure on the H200: decode tok/s ' +
-    'x bytes read per step / 4.8 TB/s at several context lengths and model sizes',
+  how: 'NOT YET MEASURED by the planner. Provisional 0.6 from the latest CUDA decode figure on record (BENCHMARKS.md, ' +
+    'issue 4, commit aa28fff, with CUDA graphs, fused ops and the new attention: Llama-3.1-8B shapes, B=1, 191.2 tok/s x ' +
+    '15.01 GB per step = 2,870 GB/s = 0.598 of 4.8 TB/s). bench/fit-cuda.ts fits it with the three constants below over ' +
+    'decode at several models, context lengths and batch sizes',
+};
+
+/** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. NOT YET MEASURED. */
+export const CUDA_KV_READ_EFFICIENCY: Constant = {
+  value: 0.6,
+  measured: false,
+  how: 'NOT YET MEASURED: provisional, the weights\' 0.6. bench/fit-cuda.ts fits it from decode at short and long ' +
+    'contexts of the same models (the weights read are the same; the step grows with the KV read)',
+};
+
+/** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. NOT YET MEASURED. */
+export const CUDA_STEP_OVERHEAD_MS: Constant = {
+  value: 0,
+  measured: false,
+  how: 'NOT YET MEASURED: provisional 0 (the efficiency above absorbs it). bench/fit-cuda.ts fits it, with the ' +
+    'per-layer time, from models whose weights are tiny (llama probes of 4 and 32 layers) beside the real-size ones',
+};
+
+/** Time per decoder layer per CUDA decode step (kernel launches from JS, gaps), ms. NOT YET MEASURED. */
+export const CUDA_LAYER_OVERHEAD_MS: Constant = {
+  value: 0,
+  measured: false,
+  how: 'NOT YET MEASURED: provisional 0. bench/fit-cuda.ts fits it with CUDA_STEP_OVERHEAD_MS',
 };
 
 /**
  * Activation memory on CUDA: the planner runs the decoder graph with bf16 activations on the CUDA
- * pool's size classes (backends/cuda/device-pool.ts), counting one step's live blocks (the pool
- * gives its cache back when an allocation fails). Scratch that ops allocate internally (cuBLASLt,
- * dtype conversions) is not modelled. NOT YET MEASURED: peak device memory during prefill at
- * several chunk sizes and context lengths on the H200 must confirm it.
+ * pool's size classes (backends/cuda/device-pool.ts), op-internal scratch included (dry-run-backend.ts),
+ * counting one step's live blocks (the pool gives its cache back when an allocation fails).
+ * `value` multiplies that simulated step memory: 1 = as simulated. NOT YET MEASURED.
  */
+export const CUDA_ACTIVATION_SCALE: Constant = {
+  value: 1,
+  measured: false,
+  how: 'NOT YET MEASURED: the decoder graph as simulated (bf16 activations, CUDA pool classes, one step live). ' +
+    'bench/fit-cuda.ts compares it with the pool\'s live high-water mark during prefill at several context lengths and ' +
+    'chunk sizes on the H200',
+};
 export const CUDA_ACTIVATION_MODEL =
-  'NOT YET MEASURED: decoder graph, bf16 activations on the CUDA pool size classes, one step live; op-internal scratch not modelled';
+  'decoder graph, bf16 activations and op scratch on the CUDA pool size classes, one step live';
+
+// ---------------------------------------------------------------------------------------------
+// Registries: what plans list as `unmeasured`, and what the benches print and override.
+// ---------------------------------------------------------------------------------------------
+
+export const CPU_CONSTANTS = {
+  CPU_RUNTIME_BYTES, CPU_TOKENIZER_BYTES_PER_FILE_BYTE, CPU_DECODE_EFFICIENCY, CPU_SMALL_MATMUL_EFFICIENCY,
+  CPU_MATMUL_GMACS_PER_CORE, CPU_PARALLEL_MATMUL_MS, CPU_KV_READ_EFFICIENCY, CPU_ATTENTION_GFLOPS_PER_CORE,
+  CPU_STEP_OVERHEAD_MS, CPU_LAYER_OVERHEAD_MS, CPU_ROW_OVERHEAD_MS,
+} as const;
+
+export const CUDA_CONSTANTS = {
+  CUDA_CONTEXT_BYTES, CUDA_CUBLASLT_WORKSPACE_BYTES, CUDA_RUNTIME_GROWTH_BYTES, CUDA_DECODE_EFFICIENCY,
+  CUDA_KV_READ_EFFICIENCY, CUDA_STEP_OVERHEAD_MS, CUDA_LAYER_OVERHEAD_MS, CUDA_ACTIVATION_SCALE,
+} as const;
+
+export type CpuConstantName = keyof typeof CPU_CONSTANTS;
+export type CudaConstantName = keyof typeof CUDA_CONSTANTS;
+export type ConstantName = CpuConstantName | CudaConstantName;
+
+/** Names of the constants of a backend kind that are not measured yet. */
+export function unmeasuredConstants(kind: 'cpu' | 'cuda'): string[] {
+  const all: Record<string, Constant> = kind === 'cpu' ? CPU_CONSTANTS : CUDA_CONSTANTS;
+  return Object.entries(all).filter(([, c]) => !c.measured).map(([n]) => n);
+}
+
+/**
+ * Runs `fn` with some constants replaced (benches: predictions with freshly measured values
+ * before they are written here), restoring them afterwards. Never used by the planner itself.
+ */
+export async function withConstants<T>(values: Partial<Record<ConstantName, number>>, fn: () => Promise<T>): Promise<T> {
+  const all: Record<string, Constant> = { ...CPU_CONSTANTS, ...CUDA_CONSTANTS };
+  const saved = new Map<Constant, number>();
+  for (const [name, v] of Object.entries(values)) {
+    const c = all[name];
+    if (!c) throw new Error(`unknown constant ${name}`);
+    if (v === undefined) continue;
+    saved.set(c, c.value);
+    c.value = v;
+  }
+  try {
+    return await fn();
+  } finally {
+    for (const [c, v] of saved) c.value = v;
+  }
+}

@@ -3,16 +3,20 @@
 // name mapping and shape checks decide what is loaded, in which dtype) and runs the real decoder
 // graph on it (so the transient memory of a step is whatever the graph actually allocates, for
 // every family, and stays true when the graph changes). Ops follow the Backend contract's
-// ownership rules exactly as the CPU backend implements them: op outputs and uploads belong to
-// the innermost scope, weights / zeros / views do not.
+// ownership rules exactly as the native backends implement them: op outputs and uploads belong to
+// the innermost scope, weights / zeros / views do not. Memory an op takes for its own duration
+// is modelled per backend: malloc'd scratch outside the pool on the CPU (native/*.c), pool blocks
+// taken and given back inside the op on CUDA (backends/cuda/cuda-backend.ts: dtype conversions,
+// f32 GEMM accumulators, the MoE hidden buffer, the f32 copy a read widens into).
 
 import os from 'node:os';
 import type {
-  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
+  Activation, AttentionParams, Backend, CapturedGraph, DType, FusedOps, MoeRouting, PagedKv, QkvHeads, QkNorm, StepLayout, Tensor,
+  WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
-import type { AllocatorModel, Block } from './allocator.ts';
+import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -35,6 +39,8 @@ export class DryTensor implements Tensor {
     readonly base: DryTensor | null,
     /** weights: bytes of the checkpoint data this tensor was loaded from, and its stored dtype */
     readonly source?: { bytes: number; dtype: DType },
+    /** the allocator its block came from (a graph's arena while one is captured) */
+    readonly allocator?: AllocatorModel,
   ) {}
   get owner(): DryTensor {
     return this.base ?? this;
@@ -51,9 +57,33 @@ export interface DryRunOptions {
   allocator: AllocatorModel;
   /** native threads (per-thread attention scratch); default os.availableParallelism() */
   threads?: number;
+  /**
+   * Offer the optional packed-weight and fused ops (contracts/backend.ts FusedOps), as the real
+   * backend does when it has them: the loader then packs q/k/v and gate/up and the decoder takes
+   * its fused path, so the simulated step allocates what that path allocates.
+   */
+  fused?: boolean;
+  /**
+   * Offer graph capture (captureGraph, copyInto), as the CUDA backend does:
+   * the decoder then captures decode steps per batch bucket, and what a capture allocates stays
+   * with the graph (an arena, as backends/cuda/device-pool.ts keeps it).
+   */
+  graphs?: boolean;
+  /** offer a device argmax (greedy rows read back one id) */
+  argmax?: boolean;
 }
 
 export class DryRunBackend implements Backend {
+  loadConcat?: FusedOps['loadConcat'];
+  rowView?: FusedOps['rowView'];
+  addRmsnorm?: FusedOps['addRmsnorm'];
+  gluPacked?: FusedOps['gluPacked'];
+  ropeQkvWriteKv?: FusedOps['ropeQkvWriteKv'];
+  argmax?: (x: Tensor) => Tensor;
+  captureGraph?: (body: () => Tensor[]) => CapturedGraph;
+  copyInto?: (t: Tensor, data: Float32Array | Int32Array) => void;
+  /** the arena of the graph being captured */
+  private arena: PoolModel | null = null;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -66,11 +96,38 @@ export class DryRunBackend implements Backend {
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
+    if (opts.fused || opts.graphs) {
+      this.rowView = (t, _start, rows) => {
+        const x = t as DryTensor;
+        return new DryTensor(Object.freeze([rows, ...x.shape.slice(1)]), x.dtype, null, x.owner);
+      };
+    }
+    if (opts.argmax) this.argmax = (x: Tensor) => this.out([x.shape[0]!], 'i32');
+    if (opts.graphs) {
+      this.copyInto = () => {};
+      this.captureGraph = (body) => this.capture(body);
+    }
+    if (opts.fused) {
+      this.loadConcat = async (srcs, as) => this.loaded(srcs[0]!, as, [srcs.reduce((a, x) => a + x.shape[0]!, 0), ...srcs[0]!.shape.slice(1)], srcs.length);
+      this.addRmsnorm = (x: Tensor) => ({ sum: this.out(x.shape), normed: this.out(x.shape) });
+      this.gluPacked = (gu: Tensor) => this.out([gu.shape[0]!, gu.shape[1]! / 2]);
+      this.ropeQkvWriteKv = (qkv: Tensor, heads: QkvHeads, _pos: Tensor, inv: Tensor, _s: number, _n: QkNorm | undefined) => {
+        const q = this.out([qkv.shape[0]!, heads.heads, heads.headDim]);
+        if (this.name === 'cuda' && inv.dtype !== 'f32') this.transient([numel(inv.shape) * 4]);
+        return q;
+      };
+    }
+  }
+
+  /** where allocations go now: the arena of a graph being captured, else the allocator */
+  private get current(): AllocatorModel {
+    return this.arena ?? this.allocator;
   }
 
   private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false, source?: DryTensor['source']): DryTensor {
     const bytes = numel(shape) * dtypeBytes[dtype];
-    const t = new DryTensor(Object.freeze([...shape]), dtype, this.allocator.alloc(Math.max(bytes, 0), fresh), null, source);
+    const at = this.current;
+    const t = new DryTensor(Object.freeze([...shape]), dtype, at.alloc(Math.max(bytes, 0), fresh), null, source, at);
     if (scoped) this.scopes.adopt(t);
     return t;
   }
@@ -80,23 +137,29 @@ export class DryRunBackend implements Backend {
   private release(t: DryTensor): void {
     if (t.freed || t.base || !t.block) return;
     t.freed = true;
-    this.allocator.release(t.block);
+    (t.allocator ?? this.allocator).release(t.block);
   }
 
   // ---- memory ------------------------------------------------------------------------------
 
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
-    const dtype: DType = data instanceof Int32Array ? 'i32' : this.activationDtype;
+    // both backends keep an upload's own dtype (CUDA keeps f32: rope tables need f32 angles)
+    const dtype: DType = data instanceof Int32Array ? 'i32' : 'f32';
     const bytes = numel(shape) * dtypeBytes[dtype];
     const fresh = this.name === 'cpu' && bytes > STAGED_UPLOAD_MAX;
     // CPU: a small upload is staged through a malloc'd copy until the queue runs it
-    if (this.name === 'cpu' && !fresh) this.allocator.scratch(bytes);
+    if (this.name === 'cpu' && !fresh) this.current.scratch(bytes);
     return this.make(shape, dtype, true, fresh);
   }
 
-  private loaded(src: WeightSource, as: 'keep' | 'f32', shape: readonly number[]): DryTensor {
+  private loaded(src: WeightSource, as: 'keep' | 'f32', shape: readonly number[], parts = 1): DryTensor {
     const dtype: DType = as === 'keep' ? src.dtype : 'f32';
-    return this.make(shape, dtype, false, true, { bytes: numel(shape) * dtypeBytes[src.dtype], dtype: src.dtype });
+    const srcBytes = numel(shape) * dtypeBytes[src.dtype];
+    const t = this.make(shape, dtype, false, true, { bytes: srcBytes, dtype: src.dtype });
+    // CUDA widens on the device: the stored bytes land in a pool block first (one per part, all
+    // in flight together), converted into the weight, then given back to the pool
+    if (this.name === 'cuda' && dtype !== src.dtype) this.transient(Array(parts).fill(srcBytes / parts));
+    return t;
   }
   async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
     return this.loaded(src, as, src.shape);
@@ -105,7 +168,44 @@ export class DryRunBackend implements Backend {
     return this.loaded(src, as, [rows, ...src.shape.slice(1)]);
   }
   async loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
-    return this.loaded(srcs[0]!, as, [srcs.length, ...srcs[0]!.shape]);
+    return this.loaded(srcs[0]!, as, [srcs.length, ...srcs[0]!.shape], srcs.length);
+  }
+
+  /** CUDA: pool blocks an op takes (in this order) and gives back before it returns. */
+  private transient(sizes: readonly number[]): void {
+    const at = this.current;
+    const blocks = sizes.map((b) => at.alloc(b, false));
+    for (let i = blocks.length - 1; i >= 0; i--) at.release(blocks[i]!);
+  }
+
+  /**
+   * A graph capture as backends/cuda/cuda-backend.ts makes one: the body's allocations come from a
+   * fresh arena (reused within it, never shared), and every block the arena made, live or idle,
+   * belongs to the graph until it is disposed.
+   */
+  private capture(body: () => Tensor[]): CapturedGraph {
+    if (this.arena) throw new Error('dry run: a graph capture is already in progress');
+    const arena = new PoolModel({ ...CUDA_POOL, poolMax: Infinity, cacheLimit: Infinity });
+    this.arena = arena;
+    let outputs: Tensor[];
+    this.scopes.begin();
+    try {
+      outputs = body();
+    } catch (e) {
+      this.scopes.end();
+      this.arena = null;
+      throw e;
+    }
+    this.scopes.end(outputs as DryTensor[]);
+    this.arena = null;
+    const held = arena.resident > 0 ? this.allocator.alloc(arena.resident, true) : null;
+    return {
+      outputs,
+      replay: () => {},
+      dispose: () => {
+        if (held) this.allocator.release(held);
+      },
+    };
   }
 
   zeros(shape: readonly number[], dtype: DType): Tensor {
@@ -125,9 +225,10 @@ export class DryRunBackend implements Backend {
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     const x = t as DryTensor;
     const n = numel(x.shape);
-    // the CPU backend copies through a private staging block, then into a new JS array (CUDA
-    // reads into pinned host memory: no device memory)
-    if (this.name === 'cpu') this.allocator.scratch(2 * n * 4);
+    // the CPU backend copies through a private staging block, then into a new JS array; CUDA
+    // widens a 16-bit tensor into an f32 pool block, copied to pinned host memory
+    if (this.name === 'cpu') this.current.scratch(2 * n * 4);
+    else if ((x.dtype === 'bf16' || x.dtype === 'f16') && n > 0) this.transient([n * 4]);
     return x.dtype === 'i32' ? new Int32Array(n) : new Float32Array(n);
   }
 
@@ -150,16 +251,26 @@ export class DryRunBackend implements Backend {
   embedding(table: Tensor, ids: Tensor, _scale: number): Tensor {
     return this.out([ids.shape[0]!, table.shape[1]!]);
   }
-  matmul(x: Tensor, w: Tensor, _bias?: Tensor): Tensor {
-    const y = this.out([x.shape[0]!, w.shape[0]!]);
-    this.packScratch(x.shape[0]!, x.shape[1]!);
+  matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
+    const [M, K] = x.shape as [number, number];
+    const N = w.shape[0]!;
+    const y = this.out([M, N]);
+    this.packScratch(M, K);
+    if (this.name === 'cuda' && M > 0 && N > 0 && K > 0) {
+      // cuBLASLt takes x in w's dtype (a converted copy when they differ); an f32 accumulator
+      // unless the weight is bf16 and there is no bias
+      const sizes: number[] = [];
+      if (x.dtype !== w.dtype) sizes.push(M * K * dtypeBytes[w.dtype]);
+      if (!(w.dtype === 'bf16' && bias === undefined)) sizes.push(M * N * 4);
+      this.transient(sizes);
+    }
     return y;
   }
 
   /** native/gemm_impl.h gemm_packed: x [M, K] copied into K-major panels for the op's duration */
   private packScratch(M: number, K: number): void {
     if (this.name !== 'cpu' || M <= ROWS_MAX_M) return;
-    this.allocator.scratch(Math.ceil(M / PACK_WIDTH) * PACK_WIDTH * K * 4 + 64 + this.threads * PACK_THREAD_BYTES);
+    this.current.scratch(Math.ceil(M / PACK_WIDTH) * PACK_WIDTH * K * 4 + 64 + this.threads * PACK_THREAD_BYTES);
   }
   rmsnorm(x: Tensor, _w: Tensor, _eps: number, _off: number): Tensor {
     return this.out(x.shape);
@@ -173,8 +284,10 @@ export class DryRunBackend implements Backend {
   glu(gate: Tensor, _up: Tensor, _act: Activation): Tensor {
     return this.out(gate.shape);
   }
-  rope(x: Tensor, _pos: Tensor, _inv: Tensor, _s: number): Tensor {
-    return this.out(x.shape);
+  rope(x: Tensor, _pos: Tensor, inv: Tensor, _s: number): Tensor {
+    const y = this.out(x.shape);
+    if (this.name === 'cuda' && inv.dtype !== 'f32') this.transient([numel(inv.shape) * 4]);
+    return y;
   }
   writeKv(_kv: PagedKv, _k: Tensor, _v: Tensor, _layout: StepLayout): void {}
   attention(q: Tensor, kv: PagedKv, _layout: StepLayout, _p: AttentionParams): Tensor {
@@ -183,7 +296,7 @@ export class DryRunBackend implements Backend {
     const G = H / KVH;
     // native/attention.c: each thread mallocs scores and pointers for one (token, kv head) item
     const y = this.out(q.shape);
-    if (this.name === 'cpu') this.allocator.scratch(this.threads * ((G * ATTENTION_CHUNK + 2 * G) * 4 + 2 * ATTENTION_CHUNK * 8));
+    if (this.name === 'cpu') this.current.scratch(this.threads * ((G * ATTENTION_CHUNK + 2 * G) * 4 + 2 * ATTENTION_CHUNK * 8));
     return y;
   }
   softcap(x: Tensor, _cap: number): Tensor {
@@ -204,9 +317,10 @@ export class DryRunBackend implements Backend {
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
     // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32, plus the
     // packed copy of the largest matmul input
+    if (this.name === 'cuda' && T > 0 && D > 0) this.transient([Math.max(T * K * I * 4, 4)]);
     if (this.name === 'cpu') {
       const packed = T > ROWS_MAX_M ? Math.ceil(T / PACK_WIDTH) * PACK_WIDTH * Math.max(D, I) * 4 + 64 + this.threads * PACK_THREAD_BYTES : 0;
-      this.allocator.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4 + packed);
+      this.current.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4 + packed);
     }
     return y;
   }

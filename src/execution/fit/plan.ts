@@ -12,18 +12,20 @@
 //            window can still reach (state/kv-cache.ts blocksPerSequence), in the KV dtype.
 // transient  the decoder graph run on the DryRunBackend for every step shape the scheduler can
 //            produce (1 .. token budget tokens, up to `batch` sampled rows): activations of the
-//            step, logits of the sampled rows, native scratch, and on the CPU the pool's cached
-//            blocks (see allocator.ts), plus block tables, which grow with the context.
-// reserve    the runtime: measured RSS of the process on the CPU; CUDA context, cuBLASLt
-//            workspace and graphs on a GPU (constants.ts; not yet measured).
+//            step, logits of the sampled rows, op scratch, and on the CPU the pool's cached
+//            blocks (see allocator.ts), plus block tables, which grow with the context; on CUDA
+//            also the decode graphs captured per batch bucket (what each capture holds).
+// reserve    the runtime: measured RSS of the process on the CPU; on CUDA the context, module and
+//            cuBLASLt handle, the cuBLASLt workspace and what appears outside the pool while
+//            running (constants.ts, measured by bench/fit-cuda.ts).
 //
 // total is non-decreasing in ctx (every term is), so the largest safe context is found by
 // bisection.
 
 import path from 'node:path';
 import fs from 'node:fs';
-import type { DType, Tensor } from '../../contracts/backend.ts';
-import { dtypeBytes } from '../../contracts/backend.ts';
+import type { Backend, DType, Tensor } from '../../contracts/backend.ts';
+import { dtypeBytes, hasFusedOps, numel } from '../../contracts/backend.ts';
 import type { ModelConfig } from '../../contracts/model-config.ts';
 import { loadModelDir } from '../../artifacts/model-dir.ts';
 import { ArtifactError } from '../../artifacts/errors.ts';
@@ -33,10 +35,12 @@ import { TOKENIZER_FILE } from '../../artifacts/tokenizer.ts';
 import { loadModelWeights, MissingWeightError, type ModelWeights, type WeightLookup } from '../../models/weights.ts';
 import { DecoderModel, type KvAccess, type RowSpan } from '../../models/decoder.ts';
 import { blocksPerSequence, kvGroupsOf } from '../../state/kv-cache.ts';
+import { bucketFor } from '../../models/decode-graphs.ts';
 import { CPU_POOL, CUDA_POOL, ExactModel, PoolModel, pooledBytes } from './allocator.ts';
 import { DryRunBackend, DryTensor } from './dry-run-backend.ts';
 import type { Machine } from './machines.ts';
 import * as K from './constants.ts';
+import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFeatures, type DecodeTerm, type DecodeWeights } from './decode-model.ts';
 
 /** the engine's defaults (engine.ts): block size and per-step token budget */
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -133,6 +137,8 @@ export interface FitPlan {
     largestStepBytes: number;
     /** block tables of `batch` rows at ctx */
     blockTableBytes: number;
+    /** CUDA: memory the captured decode graphs hold (every batch bucket up to `batch`) */
+    graphBytes: number;
     /** how activations were modelled */
     model: string;
   };
@@ -172,6 +178,8 @@ export interface StepShape {
 }
 
 type BackendKind = 'cpu' | 'cuda';
+/** allocator model of a simulation: exact sizes, the pool as a plan counts it, the pool as a run leaves it */
+type PoolMode = 'exact' | 'plan' | 'real';
 
 interface Simulation {
   backend: DryRunBackend;
@@ -260,10 +268,14 @@ export class FitPlanner {
   readonly config: ModelConfig;
   readonly contextLength: number;
   private weightsReport?: WeightsReport;
+  private decodeWeights?: DecodeWeights;
   private readonly sims = new Map<string, Promise<Simulation>>();
   /** per (backend kind, batch): worst resident over every step of 1..T tokens, minus the base */
   private readonly worstByTokens = new Map<string, number[]>();
   private readonly largestByShape = new Map<string, number>();
+  /** CUDA: bytes a captured decode graph of each batch bucket holds (its arena), and the simulation capturing them */
+  private readonly arenaByBucket = new Map<number, number>();
+  private graphSim?: Promise<Simulation>;
 
   private constructor(readonly source: PlannerSource) {
     this.config = source.config;
@@ -278,6 +290,12 @@ export class FitPlanner {
       tokenizerFileBytes = fs.statSync(path.join(dir, TOKENIZER_FILE)).size;
     } catch {
       // no tokenizer.json: plan without its memory (loading the model would fail anyway)
+    }
+    const moe = art.config.moe;
+    // the loader takes any positive top-k; routing, and the planner's share of experts a token reads, need k <= E
+    if (moe && moe.topK > moe.numExperts) {
+      throw new ArtifactError(`${path.join(dir, 'config.json')}: num_experts_per_tok ${moe.topK} is more than the ` +
+        `${moe.numExperts} experts (num_experts / num_local_experts); a token is routed to at most every expert`, path.join(dir, 'config.json'));
     }
     const planner = new FitPlanner({ dir, config: art.config, weights: art.weights, tokenizerFileBytes });
     await planner.weights(); // every header/shape disagreement surfaces here, before any planning
@@ -300,13 +318,15 @@ export class FitPlanner {
     const lookup = new RecordingLookup(this.source.weights);
     const w = await this.loadDry(backend, lookup);
     const seen = new Set<DryTensor>();
+    const dw: DecodeWeights = { matrices: [], vectorBytes: 0, embeddingRowBytes: 0 };
     const r: WeightsReport = {
       params: 0, residentBytes: 0, checkpointBytes: 0, checkpointBytesByDtype: {}, residentBytesByDtype: {},
       tensors: 0, unusedTensors: [], unusedBytes: 0, expertBytes: 0, denseReadBytes: 0, embeddingRowBytes: 0,
     };
     const add = (t: Tensor | undefined, read: 'all' | 'expert' | 'none') => {
       const x = t as DryTensor | undefined;
-      if (!x || seen.has(x)) return;
+      // views (rows of a packed tensor) are counted with the tensor they view
+      if (!x || x.base || seen.has(x)) return;
       seen.add(x);
       const src = x.source!;
       r.tensors++;
@@ -316,20 +336,30 @@ export class FitPlanner {
       const sk = src.dtype.toUpperCase();
       r.checkpointBytesByDtype[sk] = (r.checkpointBytesByDtype[sk] ?? 0) + src.bytes;
       r.residentBytesByDtype[x.dtype] = (r.residentBytesByDtype[x.dtype] ?? 0) + x.bytes;
-      if (read === 'all') r.denseReadBytes += x.bytes;
-      else if (read === 'expert') r.expertBytes += x.bytes;
+      if (read === 'all') {
+        r.denseReadBytes += x.bytes;
+        if (x.shape.length === 2) dw.matrices.push({ bytes: x.bytes, params: numel(x.shape) });
+        else dw.vectorBytes += x.bytes;
+      } else if (read === 'expert') {
+        r.expertBytes += x.bytes;
+      }
     };
     // the lm_head is read whole every step; when tied it is the embedding table itself
     add(w.lmHead, 'all');
     add(w.embed, 'none');
-    r.embeddingRowBytes = w.embed.shape[1]! * dtypeBytes[w.embed.dtype];
+    r.embeddingRowBytes = dw.embeddingRowBytes = w.embed.shape[1]! * dtypeBytes[w.embed.dtype];
     add(w.finalNorm, 'all');
     for (const l of w.layers) {
       for (const t of Object.values(l.attn)) add(t, 'all');
       for (const t of [l.inputNorm, l.postAttnNorm, l.preFfNorm, l.postFfNorm]) add(t, 'all');
       if (l.mlp.kind === 'moe') {
         add(l.mlp.router, 'all');
-        for (const t of [l.mlp.gate, l.mlp.up, l.mlp.down]) add(t, 'expert');
+        const stacks = [l.mlp.gate, l.mlp.up, l.mlp.down];
+        for (const t of stacks) add(t, 'expert');
+        // [E, rows, cols] stacks: one expert's gate, up and down
+        const E = stacks[0]!.shape[0]!;
+        dw.experts ??= { layers: 0, perExpert: stacks.map((t) => ({ bytes: (t as DryTensor).bytes / E, params: numel(t.shape) / E })), numExperts: E, topK: this.config.moe?.topK ?? 1 };
+        dw.experts.layers++;
       } else {
         for (const t of Object.values(l.mlp)) if (typeof t === 'object') add(t, 'all');
       }
@@ -340,19 +370,25 @@ export class FitPlanner {
       r.unusedBytes += this.source.weights.entry(name).byteLength;
     }
     this.weightsReport = r;
+    this.decodeWeights = dw;
     return r;
   }
 
-  /** A dry-run model on `kind`'s allocator model (pooled: the CPU pool; else exact sizes). */
-  private newSimulation(kind: BackendKind, pooled: boolean): Promise<Simulation> {
+  /**
+   * A dry-run model on an allocator model of `kind`: 'exact' sizes (one step alone), the backend's
+   * pool as a 'plan' counts it, or the 'real' pool with its cache as a run leaves it. A plan counts
+   * the CPU pool's cache in full (it never gives it back: malloc fails, or the kernel's OOM killer
+   * acts) but not the CUDA pool's (device-pool.ts gives its cache back when an allocation fails,
+   * so a step can only count on its own live blocks).
+   */
+  private newSimulation(kind: BackendKind, pool: PoolMode): Promise<Simulation> {
     return (async () => {
+      const params = kind === 'cpu' ? CPU_POOL : pool === 'plan' ? { ...CUDA_POOL, cacheLimit: 0 } : CUDA_POOL;
       const backend = new DryRunBackend({
         name: kind,
         activationDtype: kind === 'cpu' ? 'f32' : 'bf16',
-        // the CUDA pool gives its cache back when an allocation fails (device-pool.ts trim), so a
-        // step can only count on its own live blocks; the CPU pool never does (malloc fails, or
-        // the kernel's OOM killer acts), so its cache counts in full
-        allocator: pooled ? new PoolModel(kind === 'cpu' ? CPU_POOL : { ...CUDA_POOL, cacheLimit: 0 }) : new ExactModel(),
+        allocator: pool === 'exact' ? new ExactModel() : new PoolModel(params),
+        ...(await realBackendCaps(kind)),
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
@@ -362,10 +398,10 @@ export class FitPlanner {
     })();
   }
 
-  private simulation(kind: BackendKind, pooled: boolean): Promise<Simulation> {
-    const key = `${kind}:${pooled}`;
+  private simulation(kind: BackendKind, pool: PoolMode): Promise<Simulation> {
+    const key = `${kind}:${pool}`;
     let sim = this.sims.get(key);
-    if (!sim) this.sims.set(key, (sim = this.newSimulation(kind, pooled)));
+    if (!sim) this.sims.set(key, (sim = this.newSimulation(kind, pool)));
     return sim;
   }
 
@@ -392,7 +428,7 @@ export class FitPlanner {
     let worst = this.worstByTokens.get(key);
     if (!worst) this.worstByTokens.set(key, (worst = [0]));
     if (worst.length <= maxTokens) {
-      const sim = await this.simulation(kind, true);
+      const sim = await this.simulation(kind, 'plan');
       for (let T = worst.length; T <= maxTokens; T++) {
         await FitPlanner.step(sim, { tokens: T, rows: Math.min(batch, T) });
         worst.push(sim.backend.allocator.worstCase() - sim.base);
@@ -406,7 +442,7 @@ export class FitPlanner {
     const key = `${kind}:${shape.tokens}:${shape.rows}`;
     let v = this.largestByShape.get(key);
     if (v === undefined) {
-      const sim = await this.simulation(kind, false);
+      const sim = await this.simulation(kind, 'exact');
       sim.backend.allocator.resetPeak();
       const before = sim.backend.allocator.resident;
       await FitPlanner.step(sim, shape);
@@ -425,14 +461,22 @@ export class FitPlanner {
   }
 
   /**
-   * The pool model after `steps`: resident peak above the weights, and the pool's own class-byte
-   * accounting (what the backend's memoryStats() reports, for tests that compare the two).
+   * The pool model after `steps`, from an empty pool: resident peak above the weights (with the
+   * pool's cache as the backend keeps it, or with `cache: false` a CUDA pool that keeps nothing:
+   * live blocks only), the highest live class bytes above the weights, and the pool's own
+   * class-byte accounting at the end (what the backend's memoryStats() reports).
    */
-  async simulatePool(kind: BackendKind, steps: readonly StepShape[]): Promise<{ peak: number; liveClassBytes: number; idleClassBytes: number }> {
-    const sim = await this.newSimulation(kind, true);
-    for (const shape of steps) await FitPlanner.step(sim, shape);
+  async simulatePool(kind: BackendKind, steps: readonly StepShape[], opts: { cache?: boolean } = {}): Promise<{
+    peak: number; livePeak: number; liveClassBytes: number; idleClassBytes: number;
+  }> {
+    const sim = await this.newSimulation(kind, opts.cache === false ? 'plan' : 'real');
     const pool = sim.backend.allocator as PoolModel;
-    return { peak: pool.peak - sim.base, liveClassBytes: pool.liveClassBytes, idleClassBytes: pool.idleClassBytes };
+    const liveBase = pool.liveClassBytes;
+    let livePeak = 0;
+    pool.onChange = () => (livePeak = Math.max(livePeak, pool.liveClassBytes - liveBase));
+    for (const shape of steps) await FitPlanner.step(sim, shape);
+    pool.onChange = undefined;
+    return { peak: pool.peak - sim.base, livePeak, liveClassBytes: pool.liveClassBytes, idleClassBytes: pool.idleClassBytes };
   }
 
   /**
@@ -470,17 +514,55 @@ export class FitPlanner {
     return this.config.numLayers * 2 * this.config.numKvHeads * this.config.headDim * dtypeBytes[kvDtype];
   }
 
+  /**
+   * CUDA: memory held by the decode graphs the engine captures (models/decode-graphs.ts), one per
+   * batch bucket of `buckets`: what each capture allocates (its arena, found by capturing a decode
+   * step of that many rows on the dry run, as the decoder does) and its packed input buffer, whose
+   * block tables are `width` blocks wide. 0 where the real backend captures no graphs (or the
+   * model's rope depends on the length: the decoder then runs every step op by op).
+   */
+  async graphBytes(buckets: readonly number[], width: number): Promise<number> {
+    if (!(await realBackendCaps('cuda')).graphs) return 0;
+    const groups = kvGroupsOf(this.config.layers.map((l) => l.window)).length;
+    const input = (B: number, W: number) => pooledBytes(CUDA_POOL, (4 * B + groups * (B + B * W)) * 4);
+    let total = 0;
+    for (const B of new Set(buckets)) {
+      let arena = this.arenaByBucket.get(B);
+      if (arena === undefined) {
+        this.graphSim ??= this.newSimulation('cuda', 'plan');
+        const sim = await this.graphSim;
+        const before = sim.backend.allocator.resident;
+        sim.kv.tableBlocks = 1;
+        const rows: RowSpan[] = Array.from({ length: B }, (_, r) => ({ start: r, count: 1 }));
+        await sim.model.step({ tokens: new Int32Array(B), rows, logitTokens: rows.map((_, r) => r), graphWidth: 1 }, sim.kv, rows.map(() => false));
+        const held = sim.backend.allocator.resident - before;
+        // nothing held: no graph was captured (a rope that depends on the length)
+        arena = held === 0 ? 0 : held - input(B, 1);
+        this.arenaByBucket.set(B, arena);
+      }
+      if (arena > 0) total += arena + input(B, width);
+    }
+    return total;
+  }
+
   /** Transient memory of the largest steps at ctx. */
   async transient(ctx: number, batch: number, chunk: number, blockSize: number, kind: BackendKind): Promise<{
-    bytes: number; stepTokens: number; sampledRows: number; largestStepBytes: number; blockTableBytes: number;
+    bytes: number; stepTokens: number; sampledRows: number; largestStepBytes: number; blockTableBytes: number; graphBytes: number;
   }> {
     const stepTokens = Math.max(1, Math.min(chunk, batch * ctx));
     const sampledRows = Math.min(batch, stepTokens);
-    const worst = await this.stepMemory(kind, batch, stepTokens);
-    const largest = await this.largestStep(kind, { tokens: stepTokens, rows: sampledRows });
+    // CUDA: the simulated step times what the H200 showed of it (constants.ts; 1 = as simulated)
+    const scale = kind === 'cuda' ? K.CUDA_ACTIVATION_SCALE.value : 1;
+    const worst = Math.round(scale * await this.stepMemory(kind, batch, stepTokens));
+    const largest = Math.round(scale * await this.largestStep(kind, { tokens: stepTokens, rows: sampledRows }));
     const groups = kvGroupsOf(this.config.layers.map((l) => l.window)).length;
     const blockTableBytes = groups * allocatedBytes(kind)(sampledRows * ceilDiv(ctx, blockSize) * 4);
-    return { bytes: worst + blockTableBytes, stepTokens, sampledRows, largestStepBytes: largest, blockTableBytes };
+    // CUDA: decode steps of 1 .. batch rows replay graphs captured per bucket, whose memory stays
+    // (the engine's table width: the longest sequence in blocks, plus one)
+    const graphBytes = kind === 'cuda'
+      ? await this.graphBytes(Array.from({ length: batch }, (_, r) => bucketFor(r + 1)), ceilDiv(ctx, blockSize) + 1)
+      : 0;
+    return { bytes: worst + blockTableBytes + graphBytes, stepTokens, sampledRows, largestStepBytes: largest, blockTableBytes, graphBytes };
   }
 
   /** The runtime's own memory on a machine kind. */
@@ -496,27 +578,26 @@ export class FitPlanner {
       ];
     }
     return [
-      { name: 'CUDA context', bytes: K.CUDA_CONTEXT_BYTES.value, measured: K.CUDA_CONTEXT_BYTES.measured },
+      { name: 'CUDA context, module, cuBLASLt handle', bytes: K.CUDA_CONTEXT_BYTES.value, measured: K.CUDA_CONTEXT_BYTES.measured },
       { name: 'cuBLASLt workspace', bytes: K.CUDA_CUBLASLT_WORKSPACE_BYTES.value, measured: K.CUDA_CUBLASLT_WORKSPACE_BYTES.measured },
-      { name: 'CUDA graphs', bytes: K.CUDA_GRAPH_BYTES.value, measured: K.CUDA_GRAPH_BYTES.measured },
+      {
+        name: 'runtime growth (lazily loaded kernels, cuBLASLt, CUDA graphs)',
+        bytes: K.CUDA_RUNTIME_GROWTH_BYTES.value, measured: K.CUDA_RUNTIME_GROWTH_BYTES.measured,
+      },
     ];
   }
 
   /**
-   * Seconds one decode step takes with `batch` rows at position `pos` (each row reads its KV up
-   * to pos): weight bytes / (bandwidth x efficiency), plus attention, plus on the CPU a fixed time
-   * per step and per layer. Attention reads the KV (bytes / (bandwidth x efficiency)); on the CPU
-   * it is bounded by arithmetic as much as by memory (f32 KV, a dot product and an exp per key and
-   * query head on few cores), so it takes the longer of that and its FLOPs at the measured rate.
+   * One decode step with `batch` rows at position `pos` (each row reads its KV up to pos): its
+   * features (bytes of weights and KV read, matmuls, attention arithmetic) and their time on
+   * `machine` by the model of decode-model.ts, with the constants of constants.ts.
    */
   async decodeStep(machine: Machine, pos: number, batch: number, kvDtype: KvDtype): Promise<{
     seconds: number; weightBytes: number; kvBytes: number; attentionFlops: number; efficiency: number; overheadMs: number;
+    features: DecodeFeatures; terms: DecodeTerm[];
   }> {
-    const w = await this.weights();
+    await this.weights();
     const cfg = this.config;
-    // MoE: with uniform routing, a batch of B tokens touches 1 - (1 - k/E)^B of the experts
-    const active = cfg.moe ? 1 - (1 - cfg.moe.topK / cfg.moe.numExperts) ** batch : 1;
-    const weightBytes = w.denseReadBytes + w.expertBytes * active + w.embeddingRowBytes * batch;
     const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
     let keys = 0;
     for (const l of cfg.layers) keys += Math.min(pos + 1, l.window === 0 ? Infinity : l.window);
@@ -524,14 +605,13 @@ export class FitPlanner {
     // q.k and p.v: 2 multiply-adds per head dim, per key, per query head
     const attentionFlops = keys * cfg.numHeads * cfg.headDim * 4 * batch;
     const cpu = machine.kind === 'cpu';
-    const efficiency = cpu ? K.CPU_DECODE_EFFICIENCY.value : K.CUDA_DECODE_EFFICIENCY.value;
-    const rate = machine.bandwidthGBps * 1e9 * efficiency;
-    const overheadMs = cpu ? K.CPU_STEP_OVERHEAD_MS.value + K.CPU_LAYER_OVERHEAD_MS.value * cfg.numLayers : 0;
-    const attention = cpu
-      ? Math.max(kvBytes / rate, attentionFlops / (K.cpuAttentionFlops()))
-      : kvBytes / rate;
-    const seconds = weightBytes / rate + attention + overheadMs / 1000;
-    return { seconds, weightBytes, kvBytes, attentionFlops, efficiency, overheadMs };
+    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops);
+    const terms = decodeTerms(features, machine);
+    const overheadMs = 1000 * terms.filter((t) => /_OVERHEAD_MS$/.test(t.constant)).reduce((a, t) => a + termSeconds(t), 0);
+    return {
+      seconds: decodeSeconds(terms), weightBytes: features.weightBytes, kvBytes, attentionFlops,
+      efficiency: cpu ? K.CPU_DECODE_EFFICIENCY.value : K.CUDA_DECODE_EFFICIENCY.value, overheadMs, features, terms,
+    };
   }
 
   /** Everything but the search: memory at ctx on a machine. */
@@ -601,20 +681,7 @@ export class FitPlanner {
     const usable = this.usableBytes(machine, r.utilization);
     const maxSafe = await this.maxContext(machine, r, usable.bytes, this.contextLength);
     const decode = await this.decodeStep(machine, r.ctx - 1, r.batch, r.kvDtype);
-    const unmeasured: string[] = [];
-    if (t.kind === 'cuda') {
-      for (const [name, c] of Object.entries({
-        CUDA_CONTEXT_BYTES: K.CUDA_CONTEXT_BYTES, CUDA_CUBLASLT_WORKSPACE_BYTES: K.CUDA_CUBLASLT_WORKSPACE_BYTES,
-        CUDA_GRAPH_BYTES: K.CUDA_GRAPH_BYTES, CUDA_DECODE_EFFICIENCY: K.CUDA_DECODE_EFFICIENCY,
-      })) if (!c.measured) unmeasured.push(name);
-      unmeasured.push('CUDA_ACTIVATION_MODEL');
-    } else {
-      for (const [name, c] of Object.entries({
-        CPU_RUNTIME_BYTES: K.CPU_RUNTIME_BYTES, CPU_TOKENIZER_BYTES_PER_FILE_BYTE: K.CPU_TOKENIZER_BYTES_PER_FILE_BYTE,
-        CPU_DECODE_EFFICIENCY: K.CPU_DECODE_EFFICIENCY, CPU_STEP_OVERHEAD_MS: K.CPU_STEP_OVERHEAD_MS,
-        CPU_LAYER_OVERHEAD_MS: K.CPU_LAYER_OVERHEAD_MS, CPU_ATTENTION_GFLOPS_PER_CORE: K.CPU_ATTENTION_GFLOPS_PER_CORE,
-      })) if (!c.measured) unmeasured.push(name);
-    }
+    const unmeasured = K.unmeasuredConstants(t.kind);
     return {
       model: {
         dir: this.source.dir, modelType: cfg.modelType, layers: cfg.numLayers, contextLength: this.contextLength,
@@ -633,9 +700,10 @@ export class FitPlanner {
       transient: {
         stepTokens: t.transient.stepTokens, sampledRows: t.transient.sampledRows,
         largestStepBytes: t.transient.largestStepBytes, blockTableBytes: t.transient.blockTableBytes,
+        graphBytes: t.transient.graphBytes,
         model: t.kind === 'cpu'
           ? 'decoder graph on the CPU block-pool model: every step shape up to the token budget, cached idle blocks included'
-          : K.CUDA_ACTIVATION_MODEL,
+          : `${K.CUDA_ACTIVATION_MODEL}${K.CUDA_ACTIVATION_SCALE.value !== 1 ? ` x ${K.CUDA_ACTIVATION_SCALE.value}` : ''}`,
       },
       reserveBytes: t.reserveBytes,
       reserve: t.reserve,
@@ -659,6 +727,33 @@ export class FitPlanner {
       unmeasured,
     };
   }
+}
+
+/**
+ * Which optional ops the real backend of `kind` has: fused ops (the loader packs weights and the
+ * decoder takes its fused path), graph capture (decode steps are captured per batch bucket) and a
+ * device argmax. The simulation offers the same, so it allocates what the real path allocates.
+ * Read from the backend's class, so it follows the backend as ops are added; nothing is opened
+ * (no driver, no native library).
+ */
+type BackendCaps = { fused: boolean; graphs: boolean; argmax: boolean };
+const capsByKind = new Map<BackendKind, Promise<BackendCaps>>();
+export function realBackendCaps(kind: BackendKind): Promise<BackendCaps> {
+  let v = capsByKind.get(kind);
+  if (!v) {
+    v = (async () => {
+      try {
+        const proto = (kind === 'cpu'
+          ? (await import('../../backends/cpu/cpu-backend.ts')).CpuBackend.prototype
+          : (await import('../../backends/cuda/cuda-backend.ts')).CudaBackend.prototype) as unknown as Backend;
+        return { fused: hasFusedOps(proto), graphs: !!(proto.captureGraph && proto.copyInto && proto.rowView), argmax: !!proto.argmax };
+      } catch {
+        return { fused: false, graphs: false, argmax: false };
+      }
+    })();
+    capsByKind.set(kind, v);
+  }
+  return v;
 }
 
 /** Bytes an allocation of `bytes` occupies on a backend kind (KV pools, block tables). */

@@ -1,0 +1,141 @@
+// The time of one decode step, as a sum of terms each proportional to one constant of
+// constants.ts (or inversely proportional: an efficiency, a rate). A step's work is described by
+// features computed from the model alone, and each backend turns what it is bound by into seconds:
+//
+//   CPU   step + layers x per-layer dispatch + rows x per-row work (sampling, events)
+//         + each matrix of the OpenMP team (>= the native code's 1 MiB threshold, or > 16 rows):
+//           one parallel region, and the longer of streaming it (copy bandwidth x efficiency) and
+//           its multiply-adds on every core (rows x params)
+//         + each matrix under the threshold, on one thread: the longer of streaming it at one
+//           thread's rate and its multiply-adds on one core (so batch rows cost once it is
+//           compute-bound)
+//         + attention: KV bytes / (copy bandwidth x KV efficiency) + its arithmetic at the rate
+//           per core (on few cores the scalar loop does not hide one behind the other)
+//   CUDA  step + layers x per-layer time (launches from JS and the gaps between kernels)
+//         + weight bytes / (peak bandwidth x efficiency) + KV bytes / (peak bandwidth x KV efficiency)
+//
+// The longer-of choices (rooflines) are made with the constants' current values, so each term
+// stays linear in one constant: the benches fit the constants by non-negative least squares over
+// measured steps (calibrate.ts), and the planner reads them back from constants.ts.
+
+import os from 'node:os';
+import * as K from './constants.ts';
+import type { ConstantName } from './constants.ts';
+import type { Machine } from './machines.ts';
+
+/** A 2-D weight matrix a decode step reads whole. */
+export interface MatrixRead {
+  bytes: number;
+  params: number;
+}
+
+/** What the model's weights make a decode step read (built with the weights report). */
+export interface DecodeWeights {
+  /** every matrix read each step: attention projections, dense MLP, MoE routers, lm_head */
+  matrices: MatrixRead[];
+  /** vectors read each step (norms, biases) */
+  vectorBytes: number;
+  /** one embedding row (a token reads one row of the table) */
+  embeddingRowBytes: number;
+  /** MoE layers: the matrices of one expert (gate, up, down) and the routing */
+  experts?: { layers: number; perExpert: MatrixRead[]; numExperts: number; topK: number };
+}
+
+export interface DecodeFeatures {
+  rows: number;
+  /** bytes of weights read (MoE: the experts the batch touches) */
+  weightBytes: number;
+  /** CPU: matrices the OpenMP team runs, each with the rows that pass through it */
+  parallel: { bytes: number; macs: number; count: number };
+  /** CPU: matrices under the threshold, run on one thread */
+  small: { bytes: number; macs: number; count: number };
+  /** KV bytes the rows' attention reads (a sliding layer at most its window) */
+  kvBytes: number;
+  /** q.k and p.v: 4 FLOPs per key, head dimension and query head */
+  attentionFlops: number;
+  layers: number;
+}
+
+/** A term of the step time: `unit` x the constant's value, or `unit` / it when `inverse`. */
+export interface DecodeTerm {
+  constant: ConstantName;
+  unit: number;
+  inverse: boolean;
+}
+
+/** Rows above which a CPU matmul takes the packed (always parallel) path: native/matmul.c ROWS_MAX_M. */
+const CPU_GEMV_MAX_ROWS = 16;
+
+/** What `rows` rows of decode make a step do (kind: whose rules split the matmuls). */
+export function decodeFeatures(
+  w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number, kvBytes: number, attentionFlops: number,
+): DecodeFeatures {
+  const f: DecodeFeatures = {
+    rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes, attentionFlops, layers,
+    parallel: { bytes: 0, macs: 0, count: 0 }, small: { bytes: 0, macs: 0, count: 0 },
+  };
+  const threshold = K.cpuGemvParallelMinBytes();
+  // one matrix read `times` times a step, with `macs` multiply-adds in all
+  const read = (m: MatrixRead, times: number, macs: number) => {
+    f.weightBytes += m.bytes * times;
+    if (kind === 'cuda') return;
+    const g = m.bytes >= threshold || rows > CPU_GEMV_MAX_ROWS ? f.parallel : f.small;
+    g.bytes += m.bytes * times;
+    g.macs += macs;
+    g.count += times;
+  };
+  for (const m of w.matrices) read(m, 1, m.params * rows);
+  if (w.experts) {
+    const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
+    // uniform routing: B rows touch 1 - (1 - k/E)^B of the experts, and every row passes k of them
+    const touched = E * (1 - (1 - k / E) ** rows);
+    for (const m of perExpert) read(m, n * touched, m.params * n * rows * k);
+  }
+  return f;
+}
+
+/**
+ * The longer of streaming `bytes` (at `bw` x the efficiency constant) and `macs` multiply-adds (at
+ * the per-core rate x `cores`), as the term of whichever constant bounds it now.
+ */
+function roofline(bytes: number, bw: number, efficiency: ConstantName, macs: number, cores: number): DecodeTerm {
+  const memory: DecodeTerm = { constant: efficiency, unit: bytes / bw, inverse: true };
+  const compute: DecodeTerm = { constant: 'CPU_MATMUL_GMACS_PER_CORE', unit: macs / (1e9 * cores), inverse: true };
+  return termSeconds(compute) > termSeconds(memory) ? compute : memory;
+}
+
+/** The terms of a step on `machine` (CPU: its copy bandwidth and cores; GPU: its peak bandwidth). */
+export function decodeTerms(f: DecodeFeatures, machine: Machine, cores = os.availableParallelism()): DecodeTerm[] {
+  const bw = machine.bandwidthGBps * 1e9;
+  if (machine.kind === 'cpu') {
+    return [
+      { constant: 'CPU_STEP_OVERHEAD_MS', unit: 1e-3, inverse: false },
+      { constant: 'CPU_LAYER_OVERHEAD_MS', unit: 1e-3 * f.layers, inverse: false },
+      { constant: 'CPU_ROW_OVERHEAD_MS', unit: 1e-3 * f.rows, inverse: false },
+      roofline(f.parallel.bytes, bw, 'CPU_DECODE_EFFICIENCY', f.parallel.macs, cores),
+      { constant: 'CPU_PARALLEL_MATMUL_MS', unit: 1e-3 * f.parallel.count, inverse: false },
+      roofline(f.small.bytes, bw, 'CPU_SMALL_MATMUL_EFFICIENCY', f.small.macs, 1),
+      { constant: 'CPU_KV_READ_EFFICIENCY', unit: f.kvBytes / bw, inverse: true },
+      { constant: 'CPU_ATTENTION_GFLOPS_PER_CORE', unit: f.attentionFlops / (1e9 * cores), inverse: true },
+    ];
+  }
+  return [
+    { constant: 'CUDA_STEP_OVERHEAD_MS', unit: 1e-3, inverse: false },
+    { constant: 'CUDA_LAYER_OVERHEAD_MS', unit: 1e-3 * f.layers, inverse: false },
+    { constant: 'CUDA_DECODE_EFFICIENCY', unit: f.weightBytes / bw, inverse: true },
+    { constant: 'CUDA_KV_READ_EFFICIENCY', unit: f.kvBytes / bw, inverse: true },
+  ];
+}
+
+const ALL: Record<string, K.Constant> = { ...K.CPU_CONSTANTS, ...K.CUDA_CONSTANTS };
+
+/** Seconds of one term with the constants' current values (a zero unit costs nothing, whatever the value). */
+export function termSeconds(t: DecodeTerm): number {
+  if (t.unit === 0) return 0;
+  const v = ALL[t.constant]!.value;
+  return t.inverse ? t.unit / v : t.unit * v;
+}
+
+export function decodeSeconds(terms: readonly DecodeTerm[]): number {
+  return terms.reduce((a, t) => a + termSeconds(t), 0);
+}
