@@ -90,21 +90,25 @@ async function dedicatedLoop(): Promise<number> {
   return tps;
 }
 
-async function engineSingle(): Promise<number> {
+/** One request engine-direct: [decode tok/s after the first token, tokens / (submit .. last token)]. */
+async function engineSingle(): Promise<[number, number]> {
   const engine = new Engine(m.model, m, { maxBatch: 1, maxModelLen: MAX_MODEL_LEN, prefixCache: { promptCacheBytes: 0 } });
   let tFirst = 0, n = 0;
+  const t0 = performance.now();
   for await (const e of engine.generate({ promptIds: prompt, maxTokens: TOKENS, sampling: { temperature: 0 }, ignoreEos: true }))
     if (e.type === 'token' && n++ === 0) tFirst = performance.now();
-  const tps = (n - 1) / ((performance.now() - tFirst) / 1000);
+  const t1 = performance.now();
   await engine.close(0);
-  return tps;
+  return [(n - 1) / ((t1 - tFirst) / 1000), n / ((t1 - t0) / 1000)];
 }
 
-const dedicated: number[] = [], engineDirect: number[] = [];
+const dedicated: number[] = [], engineDirect: number[] = [], engineEndToEnd: number[] = [];
 await dedicatedLoop(); // warm-up
 for (let r = 0; r < 5; r++) {
   dedicated.push(await dedicatedLoop());
-  engineDirect.push(await engineSingle());
+  const [decode, endToEnd] = await engineSingle();
+  engineDirect.push(decode);
+  engineEndToEnd.push(endToEnd);
 }
 m.model.dispose();
 await backend.close();
@@ -122,14 +126,21 @@ const base: string = await new Promise((ok, fail) => {
   server.on('exit', (code) => fail(new Error(`server exited with ${code}`)));
 });
 
-interface StreamResult { ttftMs: number; tokens: number; decodeMs: number }
+interface StreamResult { ttftMs: number; tokens: number; decodeMs: number; totalMs: number }
 
-/** One streamed completion; counts SSE chunks carrying text as tokens (one chunk per token). */
+/**
+ * One streamed completion. Tokens are the final usage chunk's completion_tokens: a token that
+ * decodes to no text (random weights over a smaller tokenizer) sends no chunk. TTFT is the first
+ * chunk with text, so prefer `totalMs` (request to [DONE]) when few tokens carry text.
+ */
 async function stream(promptIds: number[], maxTokens: number): Promise<StreamResult> {
   const t0 = performance.now();
   const res = await fetch(`${base}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'bench', prompt: promptIds, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+    body: JSON.stringify({
+      model: 'bench', prompt: promptIds, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true,
+      stream_options: { include_usage: true },
+    }),
   });
   const reader = res.body!.getReader();
   const dec = new TextDecoder();
@@ -144,19 +155,20 @@ async function stream(promptIds: number[], maxTokens: number): Promise<StreamRes
       buf = buf.slice(i + 2);
       if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
       const chunk = JSON.parse(ev.slice(6));
-      if (chunk.choices?.[0]?.finish_reason === null || chunk.choices?.[0]?.text) {
-        if (tokens++ === 0) tFirst = performance.now();
-      }
+      if (chunk.usage) tokens = chunk.usage.completion_tokens;
+      if (chunk.choices?.[0]?.text && tFirst === 0) tFirst = performance.now();
     }
   }
-  return { ttftMs: tFirst - t0, tokens, decodeMs: performance.now() - tFirst };
+  const t1 = performance.now();
+  return { ttftMs: tFirst - t0, tokens, decodeMs: t1 - tFirst, totalMs: t1 - t0 };
 }
 
 await stream(prompt, 8); // warm-up
 const httpSingle: number[] = [];
 for (let r = 0; r < 5; r++) {
   const s = await stream(prompt, TOKENS);
-  httpSingle.push((s.tokens - 1) / (s.decodeMs / 1000));
+  if (s.tokens !== TOKENS) throw new Error(`HTTP stream reported ${s.tokens} tokens, wanted ${TOKENS}`);
+  httpSingle.push(s.tokens / (s.totalMs / 1000)); // end to end, as engineEndToEnd
 }
 
 const concurrency: { streams: number; outputTokPerS: number; ttftP50Ms: number; ttftP99Ms: number }[] = [];
@@ -194,14 +206,17 @@ const result = {
   machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, device: (backend as { describe?: () => string }).describe?.() ?? backend.name,
   loadavg: os.loadavg(), commit, model: values.model, tokens: TOKENS, promptTokens: PROMPT_TOKENS,
   dedicatedTokPerS: median(dedicated), engineDirectTokPerS: median(engineDirect), httpTokPerS: median(httpSingle),
-  loneVsDedicated: median(engineDirect) / median(dedicated), httpVsEngine: median(httpSingle) / median(engineDirect),
+  // request rates end to end (prompt + TOKENS tokens, submit to last token) on both sides
+  engineEndToEndTokPerS: median(engineEndToEnd),
+  loneVsDedicated: median(engineDirect) / median(dedicated), httpVsEngine: median(httpSingle) / median(engineEndToEnd),
   concurrency,
-  health: { samples: healthMs.length, p50Ms: median(healthMs), p99Ms: pct(healthMs, 99), maxMs: Math.max(...healthMs), prefillTokens: longPrompt.length, prefillTtftMs: longResult.ttftMs },
+  health: { samples: healthMs.length, p50Ms: median(healthMs), p99Ms: pct(healthMs, 99), maxMs: Math.max(...healthMs), prefillTokens: longPrompt.length, prefillRequestMs: longResult.totalMs },
 };
 console.log(`machine ${result.machine}  commit ${commit}  model ${values.model}`);
 console.log(`single stream decode (median of 5, ${TOKENS} tokens):`);
-console.log(`  dedicated loop ${result.dedicatedTokPerS.toFixed(1)} tok/s | engine ${result.engineDirectTokPerS.toFixed(1)} tok/s (lone/dedicated ${result.loneVsDedicated.toFixed(3)}) | HTTP ${result.httpTokPerS.toFixed(1)} tok/s (HTTP/engine ${result.httpVsEngine.toFixed(3)})`);
+console.log(`  decode: dedicated loop ${result.dedicatedTokPerS.toFixed(1)} tok/s | engine ${result.engineDirectTokPerS.toFixed(1)} tok/s (lone/dedicated ${result.loneVsDedicated.toFixed(3)})`);
+console.log(`  request end to end: engine ${result.engineEndToEndTokPerS.toFixed(1)} tok/s | HTTP ${result.httpTokPerS.toFixed(1)} tok/s (HTTP/engine ${result.httpVsEngine.toFixed(3)})`);
 console.log('concurrent streams (64 tokens each, 64-token prompts):');
 for (const c of concurrency) console.log(`  ${String(c.streams).padStart(3)} streams: ${c.outputTokPerS.toFixed(1).padStart(8)} output tok/s   TTFT p50 ${c.ttftP50Ms.toFixed(1)} ms  p99 ${c.ttftP99Ms.toFixed(1)} ms`);
-console.log(`/health during a ${longPrompt.length}-token prefill (TTFT ${longResult.ttftMs.toFixed(0)} ms): ${healthMs.length} probes, p50 ${result.health.p50Ms.toFixed(2)} ms, p99 ${result.health.p99Ms.toFixed(2)} ms, max ${result.health.maxMs.toFixed(2)} ms`);
+console.log(`/health during a ${longPrompt.length}-token prefill (request ${longResult.totalMs.toFixed(0)} ms): ${healthMs.length} probes, p50 ${result.health.p50Ms.toFixed(2)} ms, p99 ${result.health.p99Ms.toFixed(2)} ms, max ${result.health.maxMs.toFixed(2)} ms`);
 if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2));
