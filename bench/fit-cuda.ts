@@ -36,6 +36,11 @@
 // Output: DIR/fit-cuda.json (everything), DIR/summary.md (tables), DIR/constants.ts.txt,
 // DIR/cases/*.log (each child's stderr), and the tables on stdout.
 //
+// --from-json FILE --out DIR: no GPU. Re-runs steps 3 and 4 from a saved fit-cuda.json (its recorded
+// measurements: step shapes, pool marks, driver memory, decode times) with the planner of this
+// tree, on header-only (sparse) checkpoints of the same models written from
+// bench/make_random_*.py's own configs and tensor lists (under --models, default a temp dir).
+//
 // --device cpu runs the same plumbing on the CPU backend with tiny models (--tiny versions made
 // with numpy, models/demo and test fixtures), to test this script off the GPU machine; its
 // numbers are not CUDA constants (RSS stands in for device memory).
@@ -51,6 +56,7 @@ import * as K from '../src/execution/fit/constants.ts';
 import { fitDecodeConstants, meanTerms, type DecodeFit, type DecodeSample } from '../src/execution/fit/calibrate.ts';
 import type { DecodeTerm } from '../src/execution/fit/decode-model.ts';
 import { bucketFor } from '../src/models/decode-graphs.ts';
+import { writeCheckpoint } from '../test/fit/checkpoints.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const SELF = path.join(ROOT, 'bench', 'fit-cuda.ts');
@@ -66,6 +72,7 @@ const { values } = parseArgs({
     only: { type: 'string' },
     skip: { type: 'string' },
     child: { type: 'string' },
+    'from-json': { type: 'string' },
   },
 });
 const DEVICE = values.device === 'cpu' ? 'cpu' : 'cuda';
@@ -425,6 +432,8 @@ interface Predicted {
   reserve: number;
   /** weights + KV + stepPool + reserve: the model of this run's driver peak */
   peakTotal: number;
+  /** the same with the run's own measured non-pool growth in place of CUDA_RUNTIME_GROWTH_BYTES (the largest over models) */
+  peakRunGrowth?: number;
   /** `llmts fit` for the same ctx, batch and chunk */
   fitTotal: number;
   fitTransient: number;
@@ -492,7 +501,10 @@ async function predict(cs: Case, dir: string, r: ChildResult, machine: Machine):
   const n = steps.length;
   return {
     weights: plan.weightsBytes, kv: plan.kvBytes, stepLive: Math.round(real.livePeak * scale), stepPool: Math.round(real.peak * scale), graphs,
-    reserve: plan.reserveBytes, peakTotal: plan.weightsBytes + plan.kvBytes + Math.round(real.peak * scale) + graphs + plan.reserveBytes,
+    // the simulated pool holds the captured graphs' arenas already (dry-run-backend.ts capture)
+    reserve: plan.reserveBytes, peakTotal: plan.weightsBytes + plan.kvBytes + Math.round(real.peak * scale) + plan.reserveBytes,
+    peakRunGrowth: plan.weightsBytes + plan.kvBytes + Math.round(real.peak * scale) + plan.reserveBytes - K.CUDA_RUNTIME_GROWTH_BYTES.value +
+      Math.max(0, measuredOf(r).growth),
     fitTotal: plan.totalBytes, fitTransient: plan.transientBytes, decodeTps: (cs.batch * n) / seconds, terms,
   };
 }
@@ -618,9 +630,86 @@ function constantsSnippet(cs: ConstantOut[]): string {
 
 // ---- main ----------------------------------------------------------------------------------------
 
+/** Header-only checkpoints of the bench's models, from bench/make_random_*.py's configs and tensor lists. */
+function sparseModel(key: string, base: string): string {
+  const dir = path.join(base, key);
+  if (haveModel(dir)) return dir;
+  const py = [
+    'import json, sys; sys.path.insert(0, "bench")',
+    'import make_random_llama as L, make_random_models as M',
+    `key = ${JSON.stringify(key)}`,
+    'if key == "llama8b": c = L.llama31_8b_config(False); specs = L.tensor_specs(c)',
+    'else:',
+    '    c = {"gemma2": M.gemma2_2b, "moe": M.qwen3_moe_6l, "probe4": M.llama_probe, "probe32": M.llama_probe}[key](False)',
+    '    if key.startswith("probe"): c["num_hidden_layers"] = int(key[5:])',
+    '    specs = M.tensor_specs(c)',
+    'print(json.dumps({"config": c, "tensors": [[s[0], list(s[1])] for s in specs]}))',
+  ].join('\n');
+  const out = execFileSync('python3', ['-c', py], { cwd: ROOT, encoding: 'utf8' });
+  const { config, tensors } = JSON.parse(out) as { config: Record<string, unknown>; tensors: [string, number[]][] };
+  writeCheckpoint(dir, config, tensors.map(([name, shape]) => ({ name, dtype: 'BF16' as const, shape })), { data: 'sparse' });
+  return dir;
+}
+
+/** --from-json: the comparison and the fit again, from a saved run's measurements. */
+async function replay(file: string, OUT: string): Promise<void> {
+  const saved = JSON.parse(fs.readFileSync(file, 'utf8')) as Record<string, any>;
+  if (saved.device !== 'cuda') throw new Error(`${file}: a CUDA run is needed (device ${saved.device})`);
+  let commit = 'unknown';
+  try { commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+  const base = values.models ?? path.join(os.tmpdir(), 'llmts-fit-cuda-sparse');
+  const machine = saved.machine as Machine;
+  const results = (saved.results as CaseResult[]).map((r) => ({ case: r.case, status: r.status, why: r.why, wallS: r.wallS, child: r.child }) as CaseResult);
+  const dirs = new Map<string, string>();
+  for (const r of results) {
+    if (r.status !== 'ok') continue;
+    if (!dirs.has(r.case.model)) dirs.set(r.case.model, sparseModel(r.case.model, base));
+    r.measured = measuredOf(r.child!);
+    r.predicted = await predict(r.case, dirs.get(r.case.model)!, r.child!, machine);
+  }
+  const header = {
+    command: `${saved.command} (recomputed: node --import tsx bench/fit-cuda.ts ${process.argv.slice(2).join(' ')})`,
+    commit: `${saved.commit} (measured); predictions recomputed at ${commit}`, device: 'cuda', gpuInfo: saved.gpuInfo, machine,
+    budgetS: saved.budgetS, started: saved.started, host: saved.host, loadavg: saved.loadavg,
+  };
+  const where = `bench/fit-cuda.ts on ${String(saved.gpuInfo).split(',')[0]}, run at commit ${saved.commit} (${String(saved.started).slice(0, 10)}; ` +
+    `bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit ${commit}`;
+  const { decodeFit, constants } = await fitAndRecompute(results, machine, where, (m) => dirs.get(m)!);
+  fs.mkdirSync(OUT, { recursive: true });
+  fs.writeFileSync(path.join(OUT, 'fit-cuda.json'), JSON.stringify({ ...header, recomputedFrom: file, finished: true, results, decodeFit, constants }, null, 2));
+  fs.writeFileSync(path.join(OUT, 'summary.md'), summary(header, results, decodeFit, constants, true));
+  if (constants.length) fs.writeFileSync(path.join(OUT, 'constants.ts.txt'), constantsSnippet(constants));
+  log(fs.readFileSync(path.join(OUT, 'summary.md'), 'utf8'));
+}
+
+/** Fits the constants from every case, then predicts every case again with them. */
+async function fitAndRecompute(results: CaseResult[], machine: Machine, where: string, dirOf: (model: string) => string):
+  Promise<{ decodeFit: DecodeFit | null; constants: ConstantOut[] }> {
+  const ok = results.filter((r) => r.status === 'ok');
+  // tiny probes are overhead-only: their decode times fit the step and kernel constants
+  const samples: DecodeSample[] = ok.filter((r) => Number.isFinite(r.child!.decodeTps))
+    .map((r) => ({ name: r.case.name, terms: r.predicted!.terms, seconds: r.case.batch / r.child!.decodeTps }));
+  const decodeFit = samples.length >= 2 ? fitDecodeConstants(samples) : null;
+  const constants = deriveConstants(results, decodeFit, machine, where);
+  const fitted = Object.fromEntries(constants.filter((x) => Number.isFinite(x.value)).map((x) => [x.name, x.value])) as Partial<Record<K.ConstantName, number>>;
+  if (DEVICE === 'cpu') for (const k of Object.keys(fitted) as K.ConstantName[]) if (k.startsWith('CUDA_')) delete fitted[k];
+  await K.withConstants(fitted, async () => {
+    for (const r of ok) {
+      const mach = DEVICE === 'cpu' ? cpuMachine(r.child!.copyGBps ?? machine.bandwidthGBps) : machine;
+      r.calibrated = await predict(r.case, dirOf(r.case.model), r.child!, mach);
+    }
+  });
+  return { decodeFit, constants };
+}
+
 async function main(): Promise<void> {
   if (values.child) {
     process.stdout.write(`${JSON.stringify(await child(JSON.parse(values.child)))}\n`);
+    return;
+  }
+  if (values['from-json']) {
+    if (!values.out) throw new Error('--out DIR is required');
+    await replay(values['from-json'], path.resolve(values.out));
     return;
   }
   if (!values.out) throw new Error('--out DIR is required');
@@ -735,21 +824,8 @@ async function main(): Promise<void> {
   }
 
   // constants from every case, then the predictions again with them
-  const ok = results.filter((r) => r.status === 'ok');
-  const samples: DecodeSample[] = ok.filter((r) => Number.isFinite(r.child!.decodeTps))
-    .map((r) => ({ name: r.case.name, terms: r.predicted!.terms, seconds: r.case.batch / r.child!.decodeTps }));
-  if (samples.length >= 2) decodeFit = fitDecodeConstants(samples);
   const where = `bench/fit-cuda.ts on ${DEVICE === 'cuda' ? (gpuInfo.split(',')[0] ?? 'the GPU') : 'the CPU (plumbing test)'}, commit ${commit}, ${header.started.slice(0, 10)}`;
-  constants = deriveConstants(results, decodeFit, machine, where);
-  const fitted = Object.fromEntries(constants.filter((x) => Number.isFinite(x.value)).map((x) => [x.name, x.value])) as Partial<Record<K.ConstantName, number>>;
-  if (DEVICE === 'cpu') for (const k of Object.keys(fitted) as K.ConstantName[]) if (k.startsWith('CUDA_')) delete fitted[k];
-  await K.withConstants(fitted, async () => {
-    for (const r of ok) {
-      const spec = specs[r.case.model]!;
-      const mach = DEVICE === 'cpu' ? cpuMachine(r.child!.copyGBps ?? machine.bandwidthGBps) : machine;
-      r.calibrated = await predict(r.case, spec.dir, r.child!, mach);
-    }
-  });
+  ({ decodeFit, constants } = await fitAndRecompute(results, machine, where, (m) => specs[m]!.dir));
   finished = true;
   save();
   log('');
@@ -767,14 +843,16 @@ function summary(header: Record<string, unknown>, results: CaseResult[], decode:
     '',
     '## Memory (GiB; measured = device memory the process used, predicted = the planner\'s model of the same run)',
     '',
-    '| case | weights meas / plan | KV meas / plan | step live MiB meas / sim | graphs MiB meas / sim | peak meas | peak pred | error | `fit` total | needed meas | error |',
-    '|---|---|---|---|---|---:|---:|---:|---:|---:|---:|',
+    '| case | weights meas / plan | KV meas / plan | step live MiB meas / sim | error | graphs MiB meas / sim | peak meas | peak pred | error | peak pred, run\'s growth | error | `fit` total | needed meas | error |',
+    '|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const r of ok) {
     const m = r.measured!, p = r.calibrated ?? r.predicted!;
+    const rg = p.peakRunGrowth;
     L.push(`| ${r.case.name} | ${gib(m.weights)} / ${gib(p.weights)} | ${gib(m.kv)} / ${gib(p.kv)} | ${mib(m.stepLive)} / ${mib(p.stepLive)} | ` +
-      `${mib(m.graphs)} / ${mib(p.graphs)} | ` +
+      `${pct(p.stepLive / m.stepLive - 1)} | ${mib(m.graphs)} / ${mib(p.graphs)} | ` +
       `${m.peakTotal === null ? '—' : gib(m.peakTotal)} | ${gib(p.peakTotal)} | ${m.peakTotal === null ? '—' : pct(p.peakTotal / m.peakTotal - 1)} | ` +
+      `${rg === undefined ? '—' : gib(rg)} | ${rg === undefined || m.peakTotal === null ? '—' : pct(rg / m.peakTotal - 1)} | ` +
       `${gib(p.fitTotal)} | ${m.needed === null ? '—' : gib(m.needed)} | ${m.needed === null ? '—' : pct(p.fitTotal / m.needed - 1)} |`);
   }
   L.push('', '## Decode (tok/s of the batch; predicted with the constants.ts values of this tree, then with the constants fitted here)', '',

@@ -162,9 +162,10 @@ export function cpuSystemReserveBytes(totalBytes: number): number {
 export const CPU_SYSTEM_RESERVE_POLICY = 'max(1 GiB, 10% of RAM) left to the OS and other processes (a policy, not a measurement)';
 
 // ---------------------------------------------------------------------------------------------
-// CUDA: NOT YET MEASURED. Provisional placeholders until bench/fit-cuda.ts has run on the H200;
-// that script measures every one of them and prints the values with the measurement behind each
-// (its constants.ts.txt), so only the numbers and `how` below change.
+// CUDA: measured by bench/fit-cuda.ts on the H200 (bench/results/fit-cuda-session2/, run at commit
+// ef88ac3); the values below were fitted offline from that run's recorded measurements with the
+// corrected step-memory simulation and decode model (`bench/fit-cuda.ts --from-json`,
+// bench/results/fit-cuda-session2/recomputed/).
 // ---------------------------------------------------------------------------------------------
 
 /** Policy (vLLM's default): fraction of device memory the engine may use. */
@@ -175,18 +176,16 @@ export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
  * NVRTC module, the cuBLASLt handle. NOT YET MEASURED.
  */
 export const CUDA_CONTEXT_BYTES: Constant = {
-  value: 512 * 2 ** 20,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional 512 MiB. bench/fit-cuda.ts measures it on the H200: device memory used (NVML, ' +
-    'before the process touches CUDA and right after createCudaBackend) minus what the backend\'s pool holds then',
+  value: 558694144,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 16 processes: median 532.8 MiB (min 532.8, max 532.8)",
 };
 
 /** The cuBLASLt workspace (and the error word): what the pool holds right after creation. NOT YET MEASURED. */
 export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
-  value: 32 * 2 ** 20,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional 32 MiB (the size backends/cuda/gemm.ts configures). bench/fit-cuda.ts reads the ' +
-    'pool\'s live bytes (memoryStats) right after createCudaBackend',
+  value: 33554688,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: the pool's live bytes (memoryStats) right after createCudaBackend, 16 processes: 33554688 B",
 };
 
 /**
@@ -194,44 +193,51 @@ export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
  * lazily on first use, cuBLASLt's internal buffers, captured CUDA graphs. NOT YET MEASURED.
  */
 export const CUDA_RUNTIME_GROWTH_BYTES: Constant = {
-  value: 256 * 2 ** 20,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional 256 MiB. bench/fit-cuda.ts measures it on the H200: device memory used ' +
-    '(cuMemGetInfo) minus the pool\'s live and idle bytes, at the end of each run minus right after creation; the ' +
-    'largest over every case',
+  value: 180429312,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 16 cases: 172.1 MiB (gemma2 ctx 8192 chunk 1024); median 40.1 MiB",
 };
 
 /** Fraction of peak HBM bandwidth at which a decode step reads the weights. NOT YET MEASURED. */
 export const CUDA_DECODE_EFFICIENCY: Constant = {
-  value: 0.6,
-  measured: false,
-  how: 'NOT YET MEASURED by the planner. Provisional 0.6 from the latest CUDA decode figure on record (BENCHMARKS.md, ' +
-    'issue 4, commit aa28fff, with CUDA graphs, fused ops and the new attention: Llama-3.1-8B shapes, B=1, 191.2 tok/s x ' +
-    '15.01 GB per step = 2,870 GB/s = 0.598 of 4.8 TB/s). bench/fit-cuda.ts fits it with the three constants below over ' +
-    'decode at several models, context lengths and batch sizes',
+  value: 0.757,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
 };
 
 /** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. NOT YET MEASURED. */
 export const CUDA_KV_READ_EFFICIENCY: Constant = {
-  value: 0.6,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional, the weights\' 0.6. bench/fit-cuda.ts fits it from decode at short and long ' +
-    'contexts of the same models (the weights read are the same; the step grows with the KV read)',
+  value: 0.1296,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
 };
 
 /** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. NOT YET MEASURED. */
 export const CUDA_STEP_OVERHEAD_MS: Constant = {
-  value: 0,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional 0 (the efficiency above absorbs it). bench/fit-cuda.ts fits it, with the ' +
-    'per-layer time, from models whose weights are tiny (llama probes of 4 and 32 layers) beside the real-size ones',
+  value: 0.02372,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
 };
 
-/** Time per decoder layer per CUDA decode step (kernel launches from JS, gaps), ms. NOT YET MEASURED. */
-export const CUDA_LAYER_OVERHEAD_MS: Constant = {
-  value: 0,
-  measured: false,
-  how: 'NOT YET MEASURED: provisional 0. bench/fit-cuda.ts fits it with CUDA_STEP_OVERHEAD_MS',
+/** Time per kernel of a CUDA decode step (a replayed graph's small kernels and the gaps between them), ms. */
+export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
+  value: 0.003628,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+};
+
+/** Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair. */
+export const CUDA_MOE_EFFICIENCY: Constant = {
+  value: 0.2429,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+};
+
+/** Fixed time per MoE layer per CUDA decode step (k_moe_hidden / k_moe_down latency), ms. */
+export const CUDA_MOE_LAYER_MS: Constant = {
+  value: 0.2295,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
 };
 
 /**
@@ -242,10 +248,8 @@ export const CUDA_LAYER_OVERHEAD_MS: Constant = {
  */
 export const CUDA_ACTIVATION_SCALE: Constant = {
   value: 1,
-  measured: false,
-  how: 'NOT YET MEASURED: the decoder graph as simulated (bf16 activations, CUDA pool classes, one step live). ' +
-    'bench/fit-cuda.ts compares it with the pool\'s live high-water mark during prefill at several context lengths and ' +
-    'chunk sizes on the H200',
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 16 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384; chunks 512, 2048, 128, 1024, 256): ratios 1.000-1.000, the largest kept; the simulation counts the GEMM tuner's 128 MiB L2-flush buffer (dry-run-backend.ts), without which it was 3-130 MiB low (the 43.3 the raw run printed was that gap on a tiny probe) (probe4 ctx 320 chunk 512)",
 };
 export const CUDA_ACTIVATION_MODEL =
   'decoder graph, bf16 activations and op scratch on the CUDA pool size classes, one step live';
@@ -262,7 +266,8 @@ export const CPU_CONSTANTS = {
 
 export const CUDA_CONSTANTS = {
   CUDA_CONTEXT_BYTES, CUDA_CUBLASLT_WORKSPACE_BYTES, CUDA_RUNTIME_GROWTH_BYTES, CUDA_DECODE_EFFICIENCY,
-  CUDA_KV_READ_EFFICIENCY, CUDA_STEP_OVERHEAD_MS, CUDA_LAYER_OVERHEAD_MS, CUDA_ACTIVATION_SCALE,
+  CUDA_KV_READ_EFFICIENCY, CUDA_STEP_OVERHEAD_MS, CUDA_KERNEL_OVERHEAD_MS, CUDA_MOE_EFFICIENCY, CUDA_MOE_LAYER_MS,
+  CUDA_ACTIVATION_SCALE,
 } as const;
 
 export type CpuConstantName = keyof typeof CPU_CONSTANTS;

@@ -11,8 +11,14 @@
 //           compute-bound)
 //         + attention: KV bytes / (copy bandwidth x KV efficiency) + its arithmetic at the rate
 //           per core (on few cores the scalar loop does not hide one behind the other)
-//   CUDA  step + layers x per-layer time (launches from JS and the gaps between kernels)
-//         + weight bytes / (peak bandwidth x efficiency) + KV bytes / (peak bandwidth x KV efficiency)
+//   CUDA  step + kernels x per-kernel time (a replayed graph's small kernels and the gaps between
+//         them; the kernels a decode step launches are counted on the dry run of the real decoder
+//         graph, so a family with more ops per layer, gemma2's extra norms and adds, pays for them)
+//         + dense weight bytes / (peak bandwidth x efficiency) + KV bytes / (peak bandwidth x KV efficiency)
+//         + MoE: the expert rows k_moe_hidden / k_moe_down read, one warp per output row and
+//           (token, expert) pair with no sharing between a batch's tokens: rows x top-k experts'
+//           bytes / (peak bandwidth x MoE efficiency), plus a fixed time per MoE layer (those
+//           kernels' loops are latency-bound, far from the bandwidth at decode sizes)
 //
 // The longer-of choices (rooflines) are made with the constants' current values, so each term
 // stays linear in one constant: the benches fit the constants by non-negative least squares over
@@ -54,6 +60,12 @@ export interface DecodeFeatures {
   /** q.k and p.v: 4 FLOPs per key, head dimension and query head */
   attentionFlops: number;
   layers: number;
+  /** CUDA: kernels one decode step launches (0 when not counted) */
+  kernels: number;
+  /** CUDA: expert bytes the MoE kernels read (rows x top-k experts, every MoE layer); 0 for dense models */
+  expertPairBytes: number;
+  /** MoE layers */
+  moeLayers: number;
 }
 
 /** A term of the step time: `unit` x the constant's value, or `unit` / it when `inverse`. */
@@ -68,11 +80,12 @@ const CPU_GEMV_MAX_ROWS = 16;
 
 /** What `rows` rows of decode make a step do (kind: whose rules split the matmuls). */
 export function decodeFeatures(
-  w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number, kvBytes: number, attentionFlops: number,
+  w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number, kvBytes: number, attentionFlops: number, kernels = 0,
 ): DecodeFeatures {
   const f: DecodeFeatures = {
     rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes, attentionFlops, layers,
     parallel: { bytes: 0, macs: 0, count: 0 }, small: { bytes: 0, macs: 0, count: 0 },
+    kernels, expertPairBytes: 0, moeLayers: w.experts?.layers ?? 0,
   };
   const threshold = K.cpuGemvParallelMinBytes();
   // one matrix read `times` times a step, with `macs` multiply-adds in all
@@ -85,7 +98,11 @@ export function decodeFeatures(
     g.count += times;
   };
   for (const m of w.matrices) read(m, 1, m.params * rows);
-  if (w.experts) {
+  if (w.experts && kind === 'cuda') {
+    // backends/cuda/kernels.ts k_moe_hidden / k_moe_down: every (token, expert) pair reads its expert's rows
+    const { layers: n, perExpert, topK: k } = w.experts;
+    for (const m of perExpert) f.expertPairBytes += m.bytes * n * rows * k;
+  } else if (w.experts) {
     const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
     // uniform routing: B rows touch 1 - (1 - k/E)^B of the experts, and every row passes k of them
     const touched = E * (1 - (1 - k / E) ** rows);
@@ -121,9 +138,11 @@ export function decodeTerms(f: DecodeFeatures, machine: Machine, cores = os.avai
   }
   return [
     { constant: 'CUDA_STEP_OVERHEAD_MS', unit: 1e-3, inverse: false },
-    { constant: 'CUDA_LAYER_OVERHEAD_MS', unit: 1e-3 * f.layers, inverse: false },
+    { constant: 'CUDA_KERNEL_OVERHEAD_MS', unit: 1e-3 * f.kernels, inverse: false },
     { constant: 'CUDA_DECODE_EFFICIENCY', unit: f.weightBytes / bw, inverse: true },
     { constant: 'CUDA_KV_READ_EFFICIENCY', unit: f.kvBytes / bw, inverse: true },
+    { constant: 'CUDA_MOE_EFFICIENCY', unit: f.expertPairBytes / bw, inverse: true },
+    { constant: 'CUDA_MOE_LAYER_MS', unit: 1e-3 * f.moeLayers, inverse: false },
   ];
 }
 

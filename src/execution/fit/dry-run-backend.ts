@@ -27,6 +27,15 @@ const ROWS_MAX_M = 16;
 const PACK_WIDTH = 32;
 /** native/gemm_impl.h: per-thread weight and output blocks of the packed path, (6 x 8) x 128 floats each */
 const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
+/**
+ * backends/cuda/gemm.ts: a GEMM shape of at most TUNE_MAX_M rows has its algorithm timed the first
+ * time it runs outside a graph capture, and the timing writes an exact-size L2-flush buffer of
+ * L2_FLUSH_BYTES between calls: live for that op on top of everything the step holds then (on
+ * the H200 it was the step's live high-water mark in most runs: the lm_head of a prefill chunk's
+ * last step is a new shape once every layer's residual is live). $LLMTS_CUDA_GEMM_TUNE=off skips it.
+ */
+export const CUDA_TUNE_MAX_M = 1024;
+export const CUDA_L2_FLUSH_BYTES = 128 * 1024 * 1024;
 
 
 export class DryTensor implements Tensor {
@@ -71,6 +80,12 @@ export interface DryRunOptions {
   graphs?: boolean;
   /** offer a device argmax (greedy rows read back one id) */
   argmax?: boolean;
+  /**
+   * CUDA GEMM tuning (see CUDA_L2_FLUSH_BYTES): 'once' per shape, as one process does (a replay of
+   * recorded steps); 'always' counts the flush buffer at every GEMM that could be a new shape (a
+   * plan: a long-running server meets new shapes at any time); 'off' never. Default 'always'.
+   */
+  gemmTune?: 'once' | 'always' | 'off';
 }
 
 export class DryRunBackend implements Backend {
@@ -84,6 +99,16 @@ export class DryRunBackend implements Backend {
   copyInto?: (t: Tensor, data: Float32Array | Int32Array) => void;
   /** the arena of the graph being captured */
   private arena: PoolModel | null = null;
+  /** bytes the captured graphs hold (the real pool counts them apart from its live bytes) */
+  graphBytes = 0;
+  /**
+   * Device kernels the ops so far would launch on the CUDA backend (cuda-backend.ts, attention.ts;
+   * cuBLASLt calls count one): a decode step's count times the time of a small kernel is what a
+   * replayed graph spends beside streaming weights and KV (decode-model.ts).
+   */
+  kernels = 0;
+  private readonly gemmTune: 'once' | 'always' | 'off';
+  private readonly tuned = new Set<string>();
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -95,6 +120,7 @@ export class DryRunBackend implements Backend {
     this.activationDtype = opts.activationDtype;
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
+    this.gemmTune = process.env.LLMTS_CUDA_GEMM_TUNE === 'off' ? 'off' : opts.gemmTune ?? 'always';
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
     if (opts.fused || opts.graphs) {
       this.rowView = (t, _start, rows) => {
@@ -102,21 +128,27 @@ export class DryRunBackend implements Backend {
         return new DryTensor(Object.freeze([rows, ...x.shape.slice(1)]), x.dtype, null, x.owner);
       };
     }
-    if (opts.argmax) this.argmax = (x: Tensor) => this.out([x.shape[0]!], 'i32');
+    if (opts.argmax) this.argmax = (x: Tensor) => ((this.kernels += 2), this.out([x.shape[0]!], 'i32'));
     if (opts.graphs) {
       this.copyInto = () => {};
       this.captureGraph = (body) => this.capture(body);
     }
     if (opts.fused) {
       this.loadConcat = async (srcs, as) => this.loaded(srcs[0]!, as, [srcs.reduce((a, x) => a + x.shape[0]!, 0), ...srcs[0]!.shape.slice(1)], srcs.length);
-      this.addRmsnorm = (x: Tensor) => ({ sum: this.out(x.shape), normed: this.out(x.shape) });
-      this.gluPacked = (gu: Tensor) => this.out([gu.shape[0]!, gu.shape[1]! / 2]);
+      this.addRmsnorm = (x: Tensor) => ((this.kernels += 1), { sum: this.out(x.shape), normed: this.out(x.shape) });
+      this.gluPacked = (gu: Tensor) => ((this.kernels += 1), this.out([gu.shape[0]!, gu.shape[1]! / 2]));
       this.ropeQkvWriteKv = (qkv: Tensor, heads: QkvHeads, _pos: Tensor, inv: Tensor, _s: number, _n: QkNorm | undefined) => {
+        this.kernels += inv.dtype !== 'f32' ? 2 : 1;
         const q = this.out([qkv.shape[0]!, heads.heads, heads.headDim]);
         if (this.name === 'cuda' && inv.dtype !== 'f32') this.transient([numel(inv.shape) * 4]);
         return q;
       };
     }
+  }
+
+  /** live class bytes of the arena of a graph being captured (the real pool counts them as live then) */
+  get arenaLiveBytes(): number {
+    return this.arena?.liveClassBytes ?? 0;
   }
 
   /** where allocations go now: the arena of a graph being captured, else the allocator */
@@ -171,10 +203,14 @@ export class DryRunBackend implements Backend {
     return this.loaded(srcs[0]!, as, [srcs.length, ...srcs[0]!.shape], srcs.length);
   }
 
-  /** CUDA: pool blocks an op takes (in this order) and gives back before it returns. */
-  private transient(sizes: readonly number[]): void {
+  /**
+   * CUDA: pool blocks an op takes (in this order) and gives back before it returns; `exact`: an
+   * exact-size block taken last (the GEMM tuner's L2 flush).
+   */
+  private transient(sizes: readonly number[], exact = 0): void {
     const at = this.current;
     const blocks = sizes.map((b) => at.alloc(b, false));
+    if (exact > 0) blocks.push(at.alloc(exact, true));
     for (let i = blocks.length - 1; i >= 0; i--) at.release(blocks[i]!);
   }
 
@@ -186,6 +222,8 @@ export class DryRunBackend implements Backend {
   private capture(body: () => Tensor[]): CapturedGraph {
     if (this.arena) throw new Error('dry run: a graph capture is already in progress');
     const arena = new PoolModel({ ...CUDA_POOL, poolMax: Infinity, cacheLimit: Infinity });
+    // the real pool counts an arena's blocks as live while the capture runs: report them
+    arena.onChange = () => (this.allocator as Partial<PoolModel>).onChange?.();
     this.arena = arena;
     let outputs: Tensor[];
     this.scopes.begin();
@@ -199,10 +237,16 @@ export class DryRunBackend implements Backend {
     this.scopes.end(outputs as DryTensor[]);
     this.arena = null;
     const held = arena.resident > 0 ? this.allocator.alloc(arena.resident, true) : null;
+    const bytes = held ? arena.resident : 0;
+    this.graphBytes += bytes;
+    let disposed = false;
     return {
       outputs,
       replay: () => {},
       dispose: () => {
+        if (disposed) return;
+        disposed = true;
+        this.graphBytes -= bytes;
         if (held) this.allocator.release(held);
       },
     };
@@ -249,20 +293,29 @@ export class DryRunBackend implements Backend {
   // ---- ops ---------------------------------------------------------------------------------
 
   embedding(table: Tensor, ids: Tensor, _scale: number): Tensor {
+    this.kernels += 1;
     return this.out([ids.shape[0]!, table.shape[1]!]);
   }
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
     const [M, K] = x.shape as [number, number];
     const N = w.shape[0]!;
     const y = this.out([M, N]);
+    // the GEMM, a conversion of x when its dtype differs from w's, the f32 epilogue with a bias or a non-bf16 weight
+    if (M > 0 && N > 0) this.kernels += 1 + (x.dtype !== w.dtype ? 1 : 0) + (w.dtype === 'bf16' && bias === undefined ? 0 : 1);
     this.packScratch(M, K);
     if (this.name === 'cuda' && M > 0 && N > 0 && K > 0) {
       // cuBLASLt takes x in w's dtype (a converted copy when they differ); an f32 accumulator
       // unless the weight is bf16 and there is no bias
       const sizes: number[] = [];
       if (x.dtype !== w.dtype) sizes.push(M * K * dtypeBytes[w.dtype]);
-      if (!(w.dtype === 'bf16' && bias === undefined)) sizes.push(M * N * 4);
-      this.transient(sizes);
+      const acc = !(w.dtype === 'bf16' && bias === undefined);
+      if (acc) sizes.push(M * N * 4);
+      // gemm.ts tunes inside run(), after the converted x and the accumulator exist
+      const key = `${w.dtype}.${acc ? 'f32' : 'bf16'}.${M}.${N}.${K}`;
+      const tune = this.gemmTune !== 'off' && M <= CUDA_TUNE_MAX_M && this.arena === null &&
+        (this.gemmTune === 'always' || !this.tuned.has(key));
+      if (tune) this.tuned.add(key);
+      this.transient(sizes, tune ? CUDA_L2_FLUSH_BYTES : 0);
     }
     return y;
   }
@@ -273,18 +326,23 @@ export class DryRunBackend implements Backend {
     this.current.scratch(Math.ceil(M / PACK_WIDTH) * PACK_WIDTH * K * 4 + 64 + this.threads * PACK_THREAD_BYTES);
   }
   rmsnorm(x: Tensor, _w: Tensor, _eps: number, _off: number): Tensor {
+    this.kernels += 1;
     return this.out(x.shape);
   }
   add(a: Tensor, _b: Tensor, _s: number): Tensor {
+    this.kernels += 1;
     return this.out(a.shape);
   }
   scale(x: Tensor, _s: number): Tensor {
+    this.kernels += 1;
     return this.out(x.shape);
   }
   glu(gate: Tensor, _up: Tensor, _act: Activation): Tensor {
+    this.kernels += 1;
     return this.out(gate.shape);
   }
   rope(x: Tensor, _pos: Tensor, inv: Tensor, _s: number): Tensor {
+    this.kernels += inv.dtype !== 'f32' ? 2 : 1;
     const y = this.out(x.shape);
     if (this.name === 'cuda' && inv.dtype !== 'f32') this.transient([numel(inv.shape) * 4]);
     return y;
@@ -294,18 +352,23 @@ export class DryRunBackend implements Backend {
     const [, H] = q.shape as [number, number, number];
     const KVH = kv.k.shape[2]!;
     const G = H / KVH;
+    // attention.ts (fast path): the plan kernel above ATT_DEC_INLINE_T tokens, the decode kernel, the combine of split keys
+    this.kernels += (q.shape[0]! > 128 ? 1 : 0) + 2;
     // native/attention.c: each thread mallocs scores and pointers for one (token, kv head) item
     const y = this.out(q.shape);
     if (this.name === 'cpu') this.current.scratch(this.threads * ((G * ATTENTION_CHUNK + 2 * G) * 4 + 2 * ATTENTION_CHUNK * 8));
     return y;
   }
   softcap(x: Tensor, _cap: number): Tensor {
+    this.kernels += 1;
     return this.out(x.shape);
   }
   gatherRows(x: Tensor, idx: Tensor): Tensor {
+    this.kernels += 1;
     return this.out([idx.shape[0]!, x.shape[1]!], x.dtype);
   }
   moeRoute(logits: Tensor, topK: number, _renorm: boolean): MoeRouting {
+    this.kernels += 1;
     const T = logits.shape[0]!;
     return { weights: this.out([T, topK], 'f32'), experts: this.out([T, topK], 'i32') };
   }
@@ -313,6 +376,7 @@ export class DryRunBackend implements Backend {
     const [T, D] = x.shape as [number, number];
     const [E, I] = gate.shape as [number, number, number];
     const K = routing.weights.shape[1]!;
+    this.kernels += 2; // k_moe_hidden, k_moe_down
     const y = this.out([T, D]);
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
     // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32, plus the

@@ -276,6 +276,7 @@ export class FitPlanner {
   /** CUDA: bytes a captured decode graph of each batch bucket holds (its arena), and the simulation capturing them */
   private readonly arenaByBucket = new Map<number, number>();
   private graphSim?: Promise<Simulation>;
+  private readonly kernelsByBatch = new Map<number, number>();
 
   private constructor(readonly source: PlannerSource) {
     this.config = source.config;
@@ -389,6 +390,8 @@ export class FitPlanner {
         activationDtype: kind === 'cpu' ? 'f32' : 'bf16',
         allocator: pool === 'exact' ? new ExactModel() : new PoolModel(params),
         ...(await realBackendCaps(kind)),
+        // a run tunes each GEMM shape once; a plan counts the tuner's flush buffer at any GEMM
+        gemmTune: pool === 'real' ? 'once' : 'always',
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
@@ -473,7 +476,10 @@ export class FitPlanner {
     const pool = sim.backend.allocator as PoolModel;
     const liveBase = pool.liveClassBytes;
     let livePeak = 0;
-    pool.onChange = () => (livePeak = Math.max(livePeak, pool.liveClassBytes - liveBase));
+    // as backends/cuda/device-pool.ts counts live bytes: a capturing arena's blocks are live, a
+    // captured graph's are not (its own graphBytes)
+    const backend = sim.backend;
+    pool.onChange = () => (livePeak = Math.max(livePeak, pool.liveClassBytes - backend.graphBytes + backend.arenaLiveBytes - liveBase));
     for (const shape of steps) await FitPlanner.step(sim, shape);
     pool.onChange = undefined;
     return { peak: pool.peak - sim.base, livePeak, liveClassBytes: pool.liveClassBytes, idleClassBytes: pool.idleClassBytes };
@@ -605,13 +611,31 @@ export class FitPlanner {
     // q.k and p.v: 2 multiply-adds per head dim, per key, per query head
     const attentionFlops = keys * cfg.numHeads * cfg.headDim * 4 * batch;
     const cpu = machine.kind === 'cpu';
-    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops);
+    const kernels = cpu ? 0 : await this.decodeKernels(batch);
+    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops, kernels);
     const terms = decodeTerms(features, machine);
     const overheadMs = 1000 * terms.filter((t) => /_OVERHEAD_MS$/.test(t.constant)).reduce((a, t) => a + termSeconds(t), 0);
     return {
-      seconds: decodeSeconds(terms), weightBytes: features.weightBytes, kvBytes, attentionFlops,
+      // CUDA MoE: the expert rows the kernels read, every (token, expert) pair its own
+      seconds: decodeSeconds(terms), weightBytes: features.weightBytes + features.expertPairBytes, kvBytes, attentionFlops,
       efficiency: cpu ? K.CPU_DECODE_EFFICIENCY.value : K.CUDA_DECODE_EFFICIENCY.value, overheadMs, features, terms,
     };
+  }
+
+  /**
+   * CUDA: kernels one decode step of `batch` rows launches (the decoder graph on the dry run, plus
+   * the device argmax a captured decode graph ends with).
+   */
+  async decodeKernels(batch: number): Promise<number> {
+    let n = this.kernelsByBatch.get(batch);
+    if (n === undefined) {
+      const sim = await this.simulation('cuda', 'exact');
+      const before = sim.backend.kernels;
+      await FitPlanner.step(sim, { tokens: batch, rows: batch });
+      n = sim.backend.kernels - before + ((await realBackendCaps('cuda')).argmax ? 2 : 0);
+      this.kernelsByBatch.set(batch, n);
+    }
+    return n;
   }
 
   /** Everything but the search: memory at ctx on a machine. */
