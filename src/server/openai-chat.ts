@@ -4,9 +4,10 @@
 import type { ChatMessage } from '../artifacts/chat-template.ts';
 import { badRequest, notSupported } from './errors.ts';
 import { Fields, isObject, type Json, type JsonObject } from './fields.ts';
-import { ClientGoneError, SseWriter, sendJson } from './http-io.ts';
-import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
-import { cachedTokensOf, runToCompletion, startStreams } from './run.ts';
+import { sendJson } from './http-io.ts';
+import { newId, nowSeconds, type HandlerContext } from './context.ts';
+import { cachedTokensOf } from './run.ts';
+import { completeChoices, streamChoices } from './openai-choices.ts';
 import { chatLogprob } from './logprobs-format.ts';
 import { ThinkSplitter, promptOpensThink, type SplitText } from './reasoning.ts';
 import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
@@ -140,16 +141,12 @@ async function respond(
 ): Promise<void> {
   const startsInside = ctx.model.thinks && promptOpensThink(rendered.text);
   const model = ctx.model;
-  const id = newId('chatcmpl-');
-  const created = nowSeconds();
   const promptTokens = rendered.ids.length;
   const outputs = plans.map(() => new ChoiceOutput(model, startsInside, tools));
 
   if (!p.stream) {
-    const results = await runToCompletion(ctx, plans);
-    const failed = results.find((r) => r.finishReason === 'error' && r.errorKind !== 'grammar');
-    if (failed) throw new Error(`generation failed: ${failed.error ?? 'unknown error'}`);
-    if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return;
+    const results = await completeChoices(ctx, plans);
+    if (!results) return;
     let completionTokens = 0;
     const choices = results.map((r, index) => {
       completionTokens += r.completionTokens;
@@ -171,53 +168,26 @@ async function respond(
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
     });
-    sendJson(ctx.res, 200, { id, object: 'chat.completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))) });
+    sendJson(ctx.res, 200, {
+      id: newId('chatcmpl-'), object: 'chat.completion', created: nowSeconds(), model: model.name, choices,
+      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))),
+    });
     return;
   }
 
-  const run = startStreams(ctx, plans);
-  const sse = new SseWriter(ctx.res);
-  sse.start();
-  const chunk = (choices: unknown[], usage?: unknown) => ({
-    id, object: 'chat.completion.chunk', created, model: model.name, choices,
-    ...(p.includeUsage ? { usage: usage ?? null } : {}),
+  await streamChoices(ctx, plans, {
+    route: 'POST /v1/chat/completions (stream)', idPrefix: 'chatcmpl-', object: 'chat.completion.chunk', includeUsage: p.includeUsage,
+    promptTokens,
+    opening: (index) => ({ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }),
+    token: (index, e) => {
+      const delta = outputs[index].push(e.text, e.tokenId);
+      const logprobs = p.topLogprobs !== undefined && e.logprobs ? { content: [chatLogprob(model.tokens, e.logprobs)] } : null;
+      return Object.keys(delta).length > 0 || logprobs ? { index, delta, logprobs, finish_reason: null } : undefined;
+    },
+    finish: (index, e, so) => ({
+      index, delta: outputs[index].end(e.text), logprobs: null,
+      finish_reason: chatFinishReason(e.finishReason, outputs[index]),
+      stop_reason: stopReasonOf(model, plans[index].request, so.tokenIds, so.text, e.finishReason),
+    }),
   });
-  const states = plans.map(() => ({ tokenIds: [] as number[], text: '' }));
-  let completionTokens = 0;
-  const cached = plans.map(() => 0);
-  try {
-    for (let index = 0; index < plans.length; index++)
-      await sse.send(chunk([{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]));
-    await run(async (index, e) => {
-      const st = states[index];
-      const out = outputs[index];
-      if (e.type === 'token') {
-        st.tokenIds.push(e.tokenId);
-        st.text += e.text;
-        const delta = out.push(e.text, e.tokenId);
-        const logprobs = p.topLogprobs !== undefined && e.logprobs ? { content: [chatLogprob(model.tokens, e.logprobs)] } : null;
-        if (Object.keys(delta).length > 0 || logprobs) await sse.send(chunk([{ index, delta, logprobs, finish_reason: null }]));
-        return;
-      }
-      completionTokens += e.completionTokens;
-      cached[index] = e.cachedTokens;
-      if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
-        ctx.logError('POST /v1/chat/completions (stream)', new Error(e.error ?? 'generation failed'));
-        await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
-        return;
-      }
-      st.text += e.text;
-      await sse.send(chunk([{
-        index, delta: out.end(e.text), logprobs: null,
-        finish_reason: chatFinishReason(e.finishReason, out),
-        stop_reason: stopReasonOf(model, plans[index].request, st.tokenIds, st.text, e.finishReason),
-      }]));
-    }, (err) => err instanceof ClientGoneError);
-    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens, cachedTokensOf(plans, cached))));
-    await sse.raw('data: [DONE]\n\n');
-  } catch (err) {
-    await streamFailed(ctx, sse, 'POST /v1/chat/completions (stream)', err);
-  } finally {
-    sse.end();
-  }
 }

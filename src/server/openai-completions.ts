@@ -4,9 +4,10 @@
 
 import { badRequest } from './errors.ts';
 import { Fields, type Json, type JsonObject } from './fields.ts';
-import { ClientGoneError, SseWriter, sendJson } from './http-io.ts';
-import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
-import { cachedTokensOf, runToCompletion, startStreams } from './run.ts';
+import { sendJson } from './http-io.ts';
+import { newId, nowSeconds, type HandlerContext } from './context.ts';
+import { cachedTokensOf } from './run.ts';
+import { completeChoices, streamChoices } from './openai-choices.ts';
 import { legacyLogprobs } from './logprobs-format.ts';
 import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
 import type { ServedModel } from './served-model.ts';
@@ -53,15 +54,11 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
 
 async function respond(ctx: HandlerContext, p: ReturnType<typeof parseGenerationParams>, prompts: number[][], plans: ReturnType<typeof planSequences>): Promise<void> {
   const model = ctx.model;
-  const id = newId('cmpl-');
-  const created = nowSeconds();
   const promptTokens = prompts.reduce((a, ids) => a + ids.length, 0);
 
   if (!p.stream) {
-    const results = await runToCompletion(ctx, plans);
-    const failed = results.find((r) => r.finishReason === 'error' && r.errorKind !== 'grammar');
-    if (failed) throw new Error(`generation failed: ${failed.error ?? 'unknown error'}`);
-    if (ctx.signal.aborted && results.some((r) => r.finishReason === 'cancelled')) return;
+    const results = await completeChoices(ctx, plans);
+    if (!results) return;
     let completionTokens = 0;
     const choices = results.map((r, index) => {
       completionTokens += r.completionTokens;
@@ -73,50 +70,23 @@ async function respond(ctx: HandlerContext, p: ReturnType<typeof parseGeneration
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
     });
-    sendJson(ctx.res, 200, { id, object: 'text_completion', created, model: model.name, choices, usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))) });
+    sendJson(ctx.res, 200, {
+      id: newId('cmpl-'), object: 'text_completion', created: nowSeconds(), model: model.name, choices,
+      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))),
+    });
     return;
   }
 
-  const run = startStreams(ctx, plans);
-  const sse = new SseWriter(ctx.res);
-  sse.start();
-  const chunk = (choices: unknown[], usage?: unknown) => ({
-    id, object: 'text_completion', created, model: model.name, choices,
-    ...(p.includeUsage ? { usage: usage ?? null } : {}),
+  await streamChoices(ctx, plans, {
+    route: 'POST /v1/completions (stream)', idPrefix: 'cmpl-', object: 'text_completion', includeUsage: p.includeUsage, promptTokens,
+    token: (index, e, so) => {
+      const logprobs = p.topLogprobs !== undefined && e.logprobs ? legacyLogprobs(model.tokens, [e.logprobs], [so.text.length]) : null;
+      return e.text || logprobs ? { index, text: e.text, logprobs, finish_reason: null } : undefined;
+    },
+    finish: (index, e, so) => ({
+      index, text: e.text, logprobs: null,
+      finish_reason: finishReasonOf(e.finishReason),
+      stop_reason: stopReasonOf(model, plans[index].request, so.tokenIds, so.text, e.finishReason),
+    }),
   });
-  const states = plans.map(() => ({ tokenIds: [] as number[], text: '' }));
-  let completionTokens = 0;
-  const cached = plans.map(() => 0);
-  try {
-    await run(async (index, e) => {
-      const st = states[index];
-      if (e.type === 'token') {
-        const offset = st.text.length;
-        st.tokenIds.push(e.tokenId);
-        st.text += e.text;
-        const logprobs = p.topLogprobs !== undefined && e.logprobs ? legacyLogprobs(model.tokens, [e.logprobs], [offset]) : null;
-        if (e.text || logprobs) await sse.send(chunk([{ index, text: e.text, logprobs, finish_reason: null }]));
-        return;
-      }
-      completionTokens += e.completionTokens;
-      cached[index] = e.cachedTokens;
-      if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
-        ctx.logError('POST /v1/completions (stream)', new Error(e.error ?? 'generation failed'));
-        await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
-        return;
-      }
-      st.text += e.text;
-      await sse.send(chunk([{
-        index, text: e.text, logprobs: null,
-        finish_reason: finishReasonOf(e.finishReason),
-        stop_reason: stopReasonOf(model, plans[index].request, st.tokenIds, st.text, e.finishReason),
-      }]));
-    }, (err) => err instanceof ClientGoneError);
-    if (p.includeUsage) await sse.send(chunk([], usageOf(promptTokens, completionTokens, cachedTokensOf(plans, cached))));
-    await sse.raw('data: [DONE]\n\n');
-  } catch (err) {
-    await streamFailed(ctx, sse, 'POST /v1/completions (stream)', err);
-  } finally {
-    sse.end();
-  }
 }
