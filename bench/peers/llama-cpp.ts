@@ -206,7 +206,7 @@ async function main() {
   const { dtypeBytes } = await import('../../src/contracts/backend.ts');
   const backend = await createCpuBackend();
   const m = await loadModel(backend, modelDir);
-  const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch });
+  const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch, prefixCache: { promptCacheBytes: 0 } }); // every repeat prefills (the same prompt would hit the prefix cache)
   const runOurs = async (promptIds: number[], n: number): Promise<Run> => {
     const out: number[] = [];
     const t0 = performance.now();
