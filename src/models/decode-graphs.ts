@@ -31,11 +31,32 @@ export function bucketFor(rows: number): number {
   return rows <= 8 ? rows : Math.ceil(rows / 16) * 16;
 }
 
+/** Where each input sits in a bucket's packed buffer (element offsets). */
+interface PackedLayout {
+  ids: number;
+  tokenRow: number;
+  tokenPos: number;
+  pick: number;
+  /** per KV group: its slots [B], then its block tables [B, width] */
+  groups: { slots: number; tables: number }[];
+  total: number;
+}
+
+function packedLayout(B: number, groups: number, width: number): PackedLayout {
+  const at = (g: number) => 4 * B + g * (B + B * width);
+  return {
+    ids: 0, tokenRow: B, tokenPos: 2 * B, pick: 3 * B,
+    groups: Array.from({ length: groups }, (_, g) => ({ slots: at(g), tables: at(g) + B })),
+    total: at(groups),
+  };
+}
+
 interface Bucket {
   /** null until captured (a capture that failed is retried by the next step of this size) */
   graph: CapturedGraph | null;
   input: Tensor;
   host: Int32Array;
+  at: PackedLayout;
 }
 
 export class DecodeGraphs {
@@ -60,16 +81,21 @@ export class DecodeGraphs {
     const B = bucketFor(tokens.length);
     let bucket = this.buckets.get(B);
     if (!bucket) {
-      const total = 4 * B + this.groups * (B + B * this.width);
-      bucket = { graph: null, input: this.backend.zeros([total], 'i32'), host: new Int32Array(total) };
+      const at = packedLayout(B, this.groups, this.width);
+      const host = new Int32Array(at.total);
+      for (let r = 0; r < B; r++) {
+        host[at.tokenRow + r] = r; // padding rows read their own table row (never, at position -1)
+        host[at.pick + r] = r;
+      }
+      bucket = { graph: null, input: this.backend.zeros([at.total], 'i32'), host, at };
       this.buckets.set(B, bucket);
     }
     // inputs first: a capture records, it does not run (a backend that runs it sees real inputs)
-    this.fill(bucket.host, B, tokens, layouts);
+    this.fill(bucket, B, tokens, layouts);
     this.backend.copyInto(bucket.input, bucket.host);
     if (!bucket.graph) {
       try {
-        bucket.graph = this.capture(B, bucket.input, body);
+        bucket.graph = this.capture(B, bucket, body);
       } catch (err) {
         throw new GraphCaptureError(`capturing the decode graph of ${B} rows failed: ${(err as Error).message}`);
       }
@@ -78,17 +104,16 @@ export class DecodeGraphs {
     return bucket.graph.outputs;
   }
 
-  private capture(B: number, input: Tensor, body: (inputs: GraphInputs) => Tensor[]): CapturedGraph {
+  private capture(B: number, { input, at }: Bucket, body: (inputs: GraphInputs) => Tensor[]): CapturedGraph {
     const b = this.backend, W = this.width;
-    const view = (at: number, n: number, shape: number[]) => b.reshape(b.rowView(input, at, n), shape);
-    const ids = view(0, B, [B]);
-    const tokenRow = view(B, B, [B]);
-    const tokenPos = view(2 * B, B, [B]);
-    const pick = view(3 * B, B, [B]);
-    const layouts: StepLayout[] = [];
-    for (let g = 0, at = 4 * B; g < this.groups; g++, at += B + B * W) {
-      layouts.push({ tokenRow, tokenPos, slots: view(at, B, [B]), blockTables: view(at + B, B * W, [B, W]), blockSize: this.blockSize });
-    }
+    const view = (from: number, n: number, shape: number[]) => b.reshape(b.rowView(input, from, n), shape);
+    const ids = view(at.ids, B, [B]);
+    const tokenRow = view(at.tokenRow, B, [B]);
+    const tokenPos = view(at.tokenPos, B, [B]);
+    const pick = view(at.pick, B, [B]);
+    const layouts: StepLayout[] = at.groups.map((g) => ({
+      tokenRow, tokenPos, slots: view(g.slots, B, [B]), blockTables: view(g.tables, B * W, [B, W]), blockSize: this.blockSize,
+    }));
     // One eager run first: whatever the backend settles on first use (GEMM algorithms timed on
     // the real shapes, kernels loaded) is settled before the capture freezes it. It computes
     // this very step; the replay that follows writes the same KV again.
@@ -109,23 +134,19 @@ export class DecodeGraphs {
    * p / blockSize only, so what lies beyond is never read and need not be cleared (at a 128k
    * context the full tables of 64 rows are 2 MB a step).
    */
-  private fill(host: Int32Array, B: number, tokens: Int32Array, layouts: readonly HostStepLayout[]): void {
+  private fill({ host, at }: Bucket, B: number, tokens: Int32Array, layouts: readonly HostStepLayout[]): void {
     const R = tokens.length, W = this.width;
-    host.set(tokens, 0);
-    host.fill(0, R, B);
-    for (let r = 0; r < B; r++) {
-      host[B + r] = r; // padding rows read their own table row (never, at position -1)
-      host[3 * B + r] = r;
-    }
-    host.set(layouts[0]!.tokenPos, 2 * B);
-    host.fill(-1, 2 * B + R, 3 * B);
-    for (let g = 0, at = 4 * B; g < this.groups; g++, at += B + B * W) {
-      const l = layouts[g]!, n = l.maxBlocks;
+    host.set(tokens, at.ids);
+    host.fill(0, at.ids + R, at.ids + B);
+    host.set(layouts[0]!.tokenPos, at.tokenPos);
+    host.fill(-1, at.tokenPos + R, at.tokenPos + B);
+    at.groups.forEach((g, k) => {
+      const l = layouts[k]!, n = l.maxBlocks;
       if (n > W) throw new Error(`decode graph: a row holds ${n} blocks, the graph's tables ${W}`);
-      host.set(l.slots.subarray(0, R), at);
-      host.fill(-1, at + R, at + B);
-      for (let r = 0; r < R; r++) host.set(l.blockTables.subarray(r * n, (r + 1) * n), at + B + r * W);
-    }
+      host.set(l.slots.subarray(0, R), g.slots);
+      host.fill(-1, g.slots + R, g.slots + B);
+      for (let r = 0; r < R; r++) host.set(l.blockTables.subarray(r * n, (r + 1) * n), g.tables + r * W);
+    });
   }
 
   dispose(): void {

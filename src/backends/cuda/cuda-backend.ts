@@ -248,8 +248,8 @@ export class CudaBackend implements Backend {
     this.assertOpen(op);
     this.assertNotCapturing(op);
     const x = this.arg(op, 't', t, ANY);
-    const wantInt = x.dtype === 'i32';
-    if (wantInt !== (data instanceof Int32Array) || (!wantInt && x.dtype !== 'f32') || !(data instanceof Int32Array || data instanceof Float32Array)) {
+    const matches = x.dtype === 'i32' ? data instanceof Int32Array : x.dtype === 'f32' && data instanceof Float32Array;
+    if (!matches) {
       throw opError(op, `data (${data?.constructor?.name}) does not match ${describe(x)}: i32 takes an Int32Array, f32 a Float32Array`);
     }
     if (data.length !== numel(x.shape)) throw opError(op, `${data.length} values for ${describe(x)}`);
