@@ -128,3 +128,22 @@ test('a capture that fails turns graphs off and the steps run op by op, same tok
   assert.match(m.model.graphsOff ?? '', /out of device memory \(test\)/);
   assert.equal(errors.filter((l) => /decode graphs are off/.test(l)).length, 1, 'logged once');
 });
+
+test('padding rows (10 rows in the 16-row bucket) write no KV and change no row', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[] }[] };
+  const base = ref.cases.flatMap((c) => c.prompt_token_ids);
+  // ten distinct prompts, so no two rows share KV blocks through the prefix cache
+  const prompts = Array.from({ length: 10 }, (_, k) => base.slice(k, k + 5 + 3 * k));
+  const run = async (backend: ReferenceBackend) => {
+    const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+    const e = new Engine(m.model, m, { maxBatch: 16, maxModelLen: m.maxContext, prefixCache: { promptCacheBytes: 0 } });
+    const out = await Promise.all(prompts.map((p) => e.complete({ promptIds: p, maxTokens: 12, sampling: { temperature: 0 }, ignoreEos: true })));
+    await e.close(0);
+    return out.map((o) => o.tokenIds);
+  };
+  const graphed = new ReplayingReference();
+  const viaGraphs = await run(graphed);
+  assert.deepEqual(viaGraphs, await run(new ReferenceBackend()));
+  assert.ok(graphed.replays > 0);
+});
