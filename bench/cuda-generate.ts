@@ -193,6 +193,18 @@ if (profileSteps > 0 && prof.startProfile && prof.stopProfile) {
     log(`  ${r.name.padEnd(28)} ${r.callsPerStep.toFixed(1).padStart(6)} calls ${r.usPerStep.toFixed(1).padStart(9)} us ${(100 * r.share).toFixed(1).padStart(5)}%`);
 }
 
+// ---- what the GEMM tuner chose per decode shape (cuBLASLt vs our GEMV kernels) ----
+const tuning = (backend as Backend & { gemmTuning?: readonly { shape: string; cublasLtMs: number; gemvMs: Record<string, number>; chosen: string }[] }).gemmTuning ?? [];
+(result as Record<string, unknown>).gemmTuning = tuning;
+for (const t of tuning.filter((r) => Number(r.shape.split('x')[0]) <= 8)) {
+  const [M, N, K] = t.shape.split('x').map(Number) as [number, number, number];
+  const gbs = (ms: number) => ((N * K * 2) / (ms / 1000) / 1e9).toFixed(0);
+  log(`gemm     ${t.shape.padEnd(18)} cublasLt ${(1000 * t.cublasLtMs).toFixed(1)} us (${gbs(t.cublasLtMs)} GB/s)` +
+    Object.entries(t.gemvMs).map(([k, ms]) => `  ${k} ${(1000 * ms).toFixed(1)} us (${gbs(ms)} GB/s)`).join('') + `  -> ${t.chosen}`);
+  void M;
+}
+save();
+
 // ---- time to first token for each prompt length (one token generated) ----
 for (const [i, n] of sweep.entries()) {
   const ms: number[] = [], c: number[] = [];

@@ -93,3 +93,32 @@ LLM_EXPORT void llm_op_gather_rows(int64_t x, int64_t idx, int64_t out, int64_t 
   llm_cmd c = {.exec = exec_gather_rows, .i = {x, idx, out, R, T, row_bytes}};
   llm_enqueue(&c);
 }
+
+// Index of the largest value of one row, lowest index on ties; NaN never compares greater, so it
+// is never chosen; -1 when nothing is above -Infinity. The host sampler's greedy pick, exactly.
+static int32_t argmax_row(const float *x, int64_t V) {
+  int32_t best = -1;
+  float bv = -INFINITY;
+  for (int64_t k = 0; k < V; k++)
+    if (x[k] > bv) {
+      bv = x[k];
+      best = (int32_t)k;
+    }
+  return best;
+}
+
+// i: [x, out, R, V]
+static int exec_argmax(const llm_cmd *c) {
+  const float *x = PTR(c->i[0]);
+  int32_t *y = PTR(c->i[1]);
+  const int64_t R = c->i[2], V = c->i[3];
+  PARALLEL_RANGE(R, 2, {
+    for (int64_t r = i0; r < i1; r++) y[r] = argmax_row(x + r * V, V);
+  });
+  return 0;
+}
+
+LLM_EXPORT void llm_op_argmax(int64_t x, int64_t out, int64_t R, int64_t V) {
+  llm_cmd c = {.exec = exec_argmax, .i = {x, out, R, V}};
+  llm_enqueue(&c);
+}

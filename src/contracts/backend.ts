@@ -11,6 +11,8 @@
 //   heads        [T, H, headDim]
 //   paged KV     [numBlocks, blockSize, kvHeads, headDim], one pool for K and one for V per layer
 
+import type { DeviceSampleRow } from './device-sampling.ts';
+
 export type DType = 'f32' | 'f16' | 'bf16' | 'i32';
 
 export const dtypeBytes: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, i32: 4 };
@@ -139,6 +141,12 @@ export interface Backend {
   memoryInfo?(): { free: number; total: number };
   /** Waits until every enqueued op has run; rejects with the first op error, if any. */
   sync(): Promise<void>;
+  /**
+   * Resolves once every op can run; rejects when the backend cannot get there. Only a backend that
+   * finishes its setup in the background has it (CUDA created with kernels: 'background' compiles
+   * its kernels while weights load); the load* methods work before it resolves, other ops may not.
+   */
+  ready?(): Promise<void>;
   /** Releases every resource; the backend is unusable afterwards. */
   close(): Promise<void>;
 
@@ -225,6 +233,16 @@ export interface Backend {
    */
   argmax?(x: Tensor): Tensor;
 
+  /**
+   * Optional: samples one token per row of logits [P, V] (f32 or activationDtype) on the device,
+   * with exactly the host sampler's semantics (contracts/device-sampling.ts): penalties, bias,
+   * grammar mask, temperature, top-k, top-p, min-p, and a draw with the row's host-made uniform
+   * `u`; plus logprobs of the raw row when asked. rows.length === P. Everything the rows carry
+   * travels in one packed upload. -> i32 [P, 2 + 2K] (decodeSampleResults reads it), K = the
+   * largest topLogprobs asked (0 when none). Enqueued like every op; nothing waits.
+   */
+  sampleRows?(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor;
+
   // ---- optional graph capture (decode steps replayed without re-enqueuing every op) ----------
   /**
    * Records the ops `body` enqueues (nothing runs) into a graph that `replay` enqueues again as
@@ -236,6 +254,12 @@ export interface Backend {
   captureGraph?(body: () => Tensor[]): CapturedGraph;
   /** Enqueues a copy of host `data` into the existing tensor `t` (same element count and kind). */
   copyInto?(t: Tensor, data: Float32Array | Int32Array): void;
+  /**
+   * Enqueues a copy of the device tensor `src` into the existing tensor `t` (same dtype and element
+   * count), ordered with the other ops. How a graph's fixed inputs take values that never left the
+   * device: a pipelined decode step's ids are the previous step's greedy picks.
+   */
+  copyTensor?(t: Tensor, src: Tensor): void;
 }
 
 export interface CapturedGraph {

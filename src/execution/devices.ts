@@ -31,7 +31,9 @@ export async function openBackend(device: Device): Promise<Backend> {
   if (forced !== undefined && forced !== '') throw new DeviceError(`LLMTS_BACKEND must be "reference" (test-only) or unset, got "${forced}"`);
   if (device === 'cpu') return createCpuBackend();
   const why = cudaUnavailableReason();
-  if (why === undefined) return createCudaBackend(); // auto = CUDA when usable
+  // auto = CUDA when usable. Its kernels compile while the caller loads weights: loadModel awaits
+  // backend.ready() before the first op.
+  if (why === undefined) return createCudaBackend({ kernels: 'background' });
   if (device === 'cuda') throw new DeviceError(`--device cuda: CUDA is not usable here: ${why}`);
   return createCpuBackend();
 }

@@ -57,6 +57,9 @@ export async function loadModel(backend: Backend, dir: string, opts: LoadOptions
     if (err instanceof MissingWeightError) throw new ArtifactError(`${dir}: ${err.message}`);
     throw err;
   }
+  // A backend still finishing its setup (CUDA kernels compiling, see openBackend) did so while the
+  // weights loaded; the model's ops need it done.
+  await backend.ready?.();
   const model = new DecoderModel(backend, cfg, weights);
   // An explicit --max-model-len may exceed what the model was built for (transformers does not
   // stop at max_position_embeddings either); the caller is told, not refused.

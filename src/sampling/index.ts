@@ -10,3 +10,4 @@ export * from './categorical.ts';
 export * from './sample-row.ts';
 export * from './sampler.ts';
 export * from './logprobs.ts';
+export * from './device-sampling.ts';

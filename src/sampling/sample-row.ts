@@ -102,10 +102,39 @@ function greedy(x: Float32Array): number {
   return id;
 }
 
-/** Draws a token id from processed logits `x` under `p`. Throws when every logit is -Infinity. */
+let markScratch = new Uint8Array(0);
+
+/**
+ * Puts ids[0..n) (distinct ids below V) in ascending order: a typed-array sort for a few, one
+ * marking pass over the row for many (cheaper than n log n once n is a sizeable part of V).
+ */
+export function sortIdsAscending(ids: Int32Array, n: number, V: number): void {
+  if (n < 2) return;
+  if (n * 32 < V) {
+    ids.subarray(0, n).sort();
+    return;
+  }
+  if (markScratch.length < V) markScratch = new Uint8Array(V);
+  const mark = markScratch;
+  for (let j = 0; j < n; j++) mark[ids[j]!] = 1;
+  let k = 0;
+  for (let i = 0; i < V; i++) {
+    if (mark[i]) {
+      mark[i] = 0;
+      ids[k++] = i;
+    }
+  }
+}
+
+/**
+ * Draws a token id from processed logits `x` under `p`. Throws when every logit is -Infinity.
+ * The draw walks the survivors in ascending token id order (the canonical order the device
+ * sampler walks too, contracts/device-sampling.ts), so one uniform picks the same token on both.
+ */
 export function sampleRow(x: Float32Array, p: TruncationParams, rng: UniformSource): number {
   if (p.temperature === 0) return greedy(x);
   const c = candidateSet(x, p);
+  if (c.ids !== null) sortIdsAscending(c.ids, c.n, x.length); // the truncations leave them in value or partition order
   return drawToken(c.w, c.ids, c.n, rng, c.total);
 }
 

@@ -55,4 +55,12 @@ export class Sampler {
   sample(logits: Float32Array, history?: TokenHistory, mask?: Int32Array): number {
     return sampleRow(processLogits(logits, this.params, history, mask), this.params, this.rng);
   }
+
+  /**
+   * The uniform draw `sample` would consume for a non-greedy row, for sampling on the device
+   * (device-sampling.ts): call it exactly once per token where `sample` would have been called.
+   */
+  nextUniform(): number {
+    return this.rng.nextFloat64();
+  }
 }

@@ -177,6 +177,36 @@ describe('elementwise and row ops', () => {
     const got = await cpu.read(cpu.gatherRows(cpu.upload(xi, [7, 13]), cpu.upload(idx, [4])));
     const want = [...idx].flatMap((i) => [...xi.subarray(i * 13, i * 13 + 13)]);
     assert.deepEqual([...got], want);
+    // i32 rows on the reference too (a pipelined step gathers its ids from the previous picks)
+    assert.deepEqual([...await ref.read(ref.gatherRows(ref.upload(xi, [7, 13]), ref.upload(idx, [4])))], want);
+  });
+
+  it('argmax: the host sampler\'s greedy pick (lowest index on ties, never NaN, -1 when nothing beats -Infinity)', async () => {
+    const r = rng(8);
+    const V = 1031;
+    const x = randomF32(r, 6 * V);
+    x[1 * V + 17] = 5; x[1 * V + 900] = 5; // a tie: the lower index wins
+    x.fill(NaN, 2 * V, 3 * V); x[2 * V + 400] = -3; // NaN is never chosen
+    x.fill(-Infinity, 3 * V, 4 * V); // nothing above -Infinity
+    x.fill(NaN, 4 * V, 5 * V);
+    x[5 * V + V - 1] = Infinity;
+    const got = await cpu.read(cpu.argmax(cpu.upload(x, [6, V])));
+    const want = await ref.read(ref.argmax(ref.upload(x, [6, V])));
+    assert.deepEqual([...got], [...want]);
+    assert.deepEqual([...got].slice(1), [17, 400, -1, -1, V - 1]);
+    assert.equal((await cpu.read(cpu.argmax(cpu.upload(new Float32Array(0), [0, 5])))).length, 0);
+  });
+
+  it('copyTensor: an enqueued device copy into an existing tensor, same dtype and element count', async () => {
+    const src = Int32Array.from({ length: 12 }, (_, i) => i * 7 - 3);
+    const t = cpu.zeros([3, 4], 'i32');
+    const s = cpu.upload(src, [12]);
+    cpu.copyTensor(t, s);
+    cpu.copyTensor(s, cpu.upload(new Int32Array(12), [12])); // ordered after the copy above
+    assert.deepEqual([...await cpu.read(t)], [...src]);
+    assert.throws(() => cpu.copyTensor(t, cpu.upload(new Float32Array(12), [12])), /copyTensor/);
+    assert.throws(() => cpu.copyTensor(t, cpu.upload(new Int32Array(11), [11])), /copyTensor/);
+    cpu.free(t);
   });
 });
 

@@ -22,6 +22,7 @@ import { ReferenceBackend } from '../../src/backends/reference/reference-backend
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode } from '../../src/backends/cuda/attention.ts';
+import { GEMV_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -216,6 +217,33 @@ describe('matmul', { skip: SKIP }, () => {
     });
   }
 
+  it('each GEMV kernel (bf16 decode shapes, forced through $LLMTS_CUDA_GEMV) matches the reference', async () => {
+    const r = rng(12);
+    // K: one pass, a ragged tail, 2-8 warps per row (4104, 20488) and more than one pass (40968)
+    const shapes: [number, number, number][] = [[1, 13, 8], [1, 300, 4104], [1, 37, 20488], [1, 11, 40968], [2, 129, 1032],
+      [2, 20, 16392], [3, 70, 4096], [4, 9, 264], [5, 33, 2056], [8, 130, 520], [8, 17, 9224]];
+    for (const name of GEMV_KERNEL_NAMES) {
+      const old = process.env.LLMTS_CUDA_GEMV;
+      process.env.LLMTS_CUDA_GEMV = name;
+      const on = await createCudaBackend();
+      try {
+        let ran = 0;
+        for (const [M, N, K] of shapes) {
+          if (!gemvCandidates(M, K).some((c) => c.kernel === name)) continue;
+          ran++;
+          const x = randomF32(r, M * K);
+          const w = randomF32(r, N * K);
+          await compare(`gemv ${name} M=${M} N=${N} K=${K}`, async (b) => [b.matmul(act(b, x, [M, K]), act(b, w, [N, K]))], GEMM, on);
+        }
+        assert.ok(ran > 0, `no shape exercised ${name}`);
+      } finally {
+        if (old === undefined) delete process.env.LLMTS_CUDA_GEMV;
+        else process.env.LLMTS_CUDA_GEMV = old;
+        await on.close();
+      }
+    }
+  });
+
   it('handles M = 0 and K = 0 (empty sum = bias)', async () => {
     const y0 = cuda.matmul(cuda.upload(new Float32Array(0), [0, 8]), cuda.upload(randomF32(rng(1), 24), [3, 8]));
     const yk = cuda.matmul(cuda.upload(new Float32Array(0), [2, 0]), cuda.upload(new Float32Array(0), [3, 0]),
@@ -311,6 +339,17 @@ describe('elementwise and row ops', { skip: SKIP }, () => {
     const got = await cuda.read(cuda.gatherRows(cuda.upload(xi, [7, 13]), cuda.upload(idx, [4])));
     const want = [...idx].flatMap((i) => [...xi.subarray(i * 13, i * 13 + 13)]);
     assert.deepEqual([...got], want);
+  });
+
+  it('copyTensor: a device copy into an existing tensor (a row view too), in stream order', async () => {
+    const src = Int32Array.from({ length: 12 }, (_, i) => i * 7 - 3);
+    const t = cuda.zeros([20], 'i32');
+    const s = cuda.upload(src, [12]);
+    cuda.copyTensor(cuda.rowView(t, 5, 12), s);
+    cuda.copyTensor(s, cuda.upload(new Int32Array(12), [12])); // ordered after the copy above
+    assert.deepEqual([...await cuda.read(t)], [0, 0, 0, 0, 0, ...src, 0, 0, 0]);
+    assert.throws(() => cuda.copyTensor(t, cuda.upload(new Int32Array(11), [11])), /copyTensor/);
+    cuda.free(t);
   });
 });
 

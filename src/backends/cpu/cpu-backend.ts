@@ -255,6 +255,17 @@ export class CpuBackend implements Backend {
     }
   }
 
+  copyTensor(t: Tensor, src: Tensor): void {
+    const op = 'copyTensor';
+    this.assertOpen(op);
+    const x = this.arg(op, 't', t, ANY);
+    const s = this.arg(op, 'src', src, ANY);
+    if (x.dtype !== s.dtype || numel(x.shape) !== numel(s.shape)) {
+      throw opError(op, `src ${describe(s)} does not match t ${describe(x)} (same dtype and element count)`);
+    }
+    if (x.bytes > 0) this.lib.opCopy(s.addr, x.addr, x.bytes);
+  }
+
   free(t: Tensor): void {
     const x = this.arg('free', 't', t, ANY);
     if (x.isView) return; // views free nothing
@@ -464,6 +475,16 @@ export class CpuBackend implements Backend {
     const R = ix.shape[0]!;
     const y = this.out([R, D], a.dtype);
     this.lib.opGatherRows(a.addr, ix.addr, y.addr, R, T, D * dtypeBytes[a.dtype]);
+    return y;
+  }
+
+  argmax(x: Tensor): Tensor {
+    const op = 'argmax';
+    this.assertOpen(op);
+    const a = this.arg(op, 'x', x, F32, 2);
+    const [R, V] = a.shape as [number, number];
+    const y = this.out([R], 'i32');
+    this.lib.opArgmax(a.addr, y.addr, R, V);
     return y;
   }
 

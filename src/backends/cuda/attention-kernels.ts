@@ -1,5 +1,5 @@
-// CUDA source of the fast paged-attention kernels (appended to KERNEL_SOURCE in kernels.ts, so it
-// uses that file's prelude: u16, i64, bf2f, f2bf, report, NEG_INF). The launch logic is attention.ts.
+// CUDA source of the fast paged-attention kernels (its own NVRTC module, KERNEL_MODULES in kernels.ts,
+// after KERNEL_PRELUDE: u16, i64, bf2f, f2bf, report, NEG_INF). The launch logic is attention.ts.
 //
 // Fast path: bf16 q, bf16 KV pools, headDim in ATT_FAST_HEAD_DIMS. Everything else goes to the
 // generic k_attention in kernels.ts.
@@ -185,6 +185,7 @@ __device__ int att_plan(const int* rows, int T, int* list, int* wsum) {
 
 // plan = [n, decode tokens...] for the decode and combine kernels when T > ATT_DEC_INLINE_T.
 extern "C" __global__ void __launch_bounds__(1024) k_attn_plan(const int* rows, int T, int* plan) {
+  PDL_ENTRY();
   __shared__ int wsum[32];
   const int n = att_plan(rows, T, plan + 1, wsum);
   if (threadIdx.x == 0) plan[0] = n;
@@ -433,6 +434,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_decode_d##D##_g##GC(con
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err) { \
+  PDL_ENTRY(); \
   att_decode<D, GC>(q, kpool, vpool, rows, poss, tables, plan, planReady, out, part, partml, T, H, KVH, NB, BS, R, \
     MBR, window, scale, softcap, W, err); \
 }
@@ -446,6 +448,7 @@ ATT_DECODE_KERNEL(256, 8)
 // Merges the splits of every decode token that has more than one. grid (>= 1, H), 128 threads.
 extern "C" __global__ void __launch_bounds__(128) k_attn_combine(const int* rows, const int* poss, const int* plan,
     const float* part, const float* partml, u16* out, int T, int H, int D, int R, int window, int W) {
+  PDL_ENTRY();
   const int n = plan[0];
   const int seff = att_seff(n, W);
   if (seff == 1) return;
@@ -787,5 +790,5 @@ ATT_PREFILL_KERNEL(128, 64)
 ATT_PREFILL_KERNEL(256, 32)
 `;
 
-/** Everything above, as appended to KERNEL_SOURCE. */
+/** Everything above: the attention module's kernels (KERNEL_MODULES in kernels.ts). */
 export const ATTENTION_KERNEL_SOURCE = ATTENTION_PRIMITIVES + ATTENTION_KERNELS;

@@ -22,10 +22,13 @@ import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
-import { type GemmType, LtGemm } from './gemm.ts';
+import { type GemmType, LtGemm, type TuneRecord } from './gemm.ts';
 import { enqueueAttention } from './attention.ts';
 import { ATT_MAX_HEAD_DIM } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
+import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
+import { enqueueSampleRows, planSampleRows } from './sampling.ts';
+import { cudaCacheDir } from './nvrtc.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
 
@@ -52,6 +55,25 @@ export interface CudaBackendOptions {
   device?: number;
   /** 'simple' forces the plain GEMM kernel instead of cuBLASLt (default $LLMTS_CUDA_GEMM or cublaslt) */
   gemm?: 'cublaslt' | 'simple';
+  /**
+   * 'wait' (default): resolve once every kernel module is compiled and loaded. 'background': resolve
+   * while they still compile, so weights can load meanwhile; `ready()` must resolve before any op
+   * runs a kernel (loadModel awaits it after the weights; conversions during loading wait for their
+   * module themselves).
+   */
+  kernels?: 'wait' | 'background';
+}
+
+/** One kernel module of CudaBackendInfo. */
+export interface CudaKernelModuleInfo {
+  name: string;
+  /** where its cubin came from once loaded; 'compiling' or 'failed' before */
+  kernels: 'cache' | 'nvrtc' | 'compiling' | 'failed';
+  /** time in NVRTC (0 from the cache) */
+  compileMs: number;
+  /** ms from the start of the kernel build until the module was loaded */
+  readyMs?: number;
+  cachePath?: string;
 }
 
 export interface CudaBackendInfo {
@@ -59,10 +81,20 @@ export interface CudaBackendInfo {
   arch: string;
   sms: number;
   driverVersion: number;
+  /** '' until a module has been compiled or read from the cache */
   nvrtcVersion: string;
+  /** 'cache' when every module came from the disk cache */
   kernels: 'cache' | 'nvrtc';
-  kernelCompileMs: number;
+  /**
+   * ms from the start of the kernel build until every module was loaded (the modules compile
+   * concurrently, so this is about the slowest one, not the sum); undefined while they build
+   */
+  kernelCompileMs: number | undefined;
+  /** the cache directory (one file per module: kernelModules[].cachePath) */
   kernelCachePath: string;
+  /** 'async' (NVRTC on the libuv thread pool) or 'sync (why)' */
+  kernelCompile: string;
+  kernelModules: CudaKernelModuleInfo[];
   /** 'cublaslt <version>' or 'simple (<why>)' */
   gemm: string;
 }
@@ -122,7 +154,6 @@ const KERNEL_ERRORS: Record<number, (a: number, b: number, c: number) => string>
 export class CudaBackend implements Backend {
   readonly name = 'cuda' as const;
   readonly activationDtype: DType = 'bf16';
-  readonly info: CudaBackendInfo;
   /** GEMMs cuBLASLt declined (run by the plain kernel instead) */
   gemmFallbacks = 0;
   private readonly id = nextBackendId++;
@@ -137,25 +168,57 @@ export class CudaBackend implements Backend {
   private readonly liveGraphs = new Set<CapturedGraph>();
 
   constructor(private readonly rt: CudaRuntime, private readonly pool: DevicePool,
-    private readonly gemm: LtGemm | null, gemmNote: string) {
+    private readonly gemm: LtGemm | null, private readonly gemmNote: string) {
     this.scopes = new ScopeStack<CudaTensor>((t) => this.release(t), (t) => t.owner);
     this.errWord = pool.alloc(16, true).addr;
     check(rt.d.cuMemsetD32Async(this.errWord, 0, 4, rt.stream), 'clearing the error word');
-    this.info = {
+  }
+
+  /** Device, kernel modules (as they are now: they may still be compiling) and GEMM engine. */
+  get info(): CudaBackendInfo {
+    const rt = this.rt;
+    const modules: CudaKernelModuleInfo[] = rt.modules.map((m) => ({
+      name: m.name, kernels: m.state === 'loaded' ? m.compiled!.source : m.state,
+      compileMs: m.compiled?.compileMs ?? 0, readyMs: m.readyMs, cachePath: m.compiled?.cachePath,
+    }));
+    return {
       device: rt.deviceName, arch: rt.arch, sms: rt.smCount, driverVersion: rt.driverVersion,
-      nvrtcVersion: rt.module.nvrtcVersion, kernels: rt.module.source, kernelCompileMs: rt.module.compileMs,
-      kernelCachePath: rt.module.cachePath, gemm: gemmNote,
+      nvrtcVersion: rt.modules.find((m) => m.compiled)?.compiled!.nvrtcVersion ?? '',
+      kernels: modules.every((m) => m.kernels === 'cache') ? 'cache' : 'nvrtc', kernelCompileMs: rt.kernelsMs,
+      kernelCachePath: cudaCacheDir(), kernelCompile: rt.compileMode, kernelModules: modules, gemm: this.gemmNote,
     };
   }
 
-  /** One line for logs: device, kernels, GEMM engine. */
+  /**
+   * One line for logs: device, kernel modules (how long until all were loaded; per module its NVRTC
+   * time or 'cache'), GEMM engine.
+   */
   describe(): string {
     const i = this.info;
-    return `cuda: ${i.device} (${i.arch}, ${i.sms} SMs), driver ${i.driverVersion}, NVRTC ${i.nvrtcVersion} ` +
-      `(kernels ${i.kernels === 'cache' ? 'from cache' : `compiled in ${i.kernelCompileMs.toFixed(0)} ms`}), gemm ${i.gemm}`;
+    const mods = i.kernelModules.map((m) =>
+      `${m.name} ${m.kernels === 'nvrtc' ? `${m.compileMs.toFixed(0)} ms` : m.kernels}`).join(', ');
+    const kernels = i.kernelCompileMs === undefined ? `kernels building: ${mods}`
+      : `kernels ${i.kernelCompileMs.toFixed(0)} ms: ${i.kernels === 'cache' ? `${i.kernelModules.length} modules from cache`
+        : `${mods}; NVRTC ${i.kernelCompile}`}`;
+    return `cuda: ${i.device} (${i.arch}, ${i.sms} SMs), driver ${i.driverVersion}, NVRTC ${i.nvrtcVersion || '?'} ` +
+      `(${kernels}), gemm ${i.gemm}`;
+  }
+
+  /**
+   * Resolves once every kernel module is loaded (at once unless created with kernels: 'background');
+   * rejects with the failed module's name and NVRTC's log.
+   */
+  ready(): Promise<void> {
+    return this.rt.ready();
   }
 
   /** Starts timing every kernel on the device (see profiler.ts); stopProfile reports. */
+  /** What the GEMM tuner measured per shape (cuBLASLt's best vs our GEMV kernels), in tuning order. */
+  get gemmTuning(): readonly TuneRecord[] {
+    this.gemm?.settleTuning(true); // for reports: waits for timings still on the stream
+    return this.gemm?.tuned ?? [];
+  }
+
   startProfile(): void {
     this.assertOpen('startProfile');
     this.rt.profiler ??= new KernelProfiler(this.rt.d, this.rt.stream);
@@ -194,6 +257,8 @@ export class CudaBackend implements Backend {
     this.assertOpen(op);
     this.assertNotCapturing(op);
     if (this.scopes.depth > 0) throw opError(op, 'call it with no scope open (its outputs belong to the graph)');
+    // a capture freezes each GEMM's algorithm: timings still running on the stream decide it first
+    this.gemm?.settleTuning(true);
     this.pool.beginArena();
     this.rt.beginCapture();
     let outputs: Tensor[];
@@ -255,6 +320,19 @@ export class CudaBackend implements Backend {
     if (data.length !== numel(x.shape)) throw opError(op, `${data.length} values for ${describe(x)}`);
     // From pageable memory the driver stages the bytes before returning: `data` may change after.
     if (x.bytes > 0) check(this.rt.d.cuMemcpyHtoDAsync_v2(x.addr, data, x.bytes, this.rt.stream), 'copyInto');
+  }
+
+  copyTensor(t: Tensor, src: Tensor): void {
+    const op = 'copyTensor';
+    this.assertOpen(op);
+    this.assertNotCapturing(op);
+    const x = this.arg(op, 't', t, ANY);
+    const s = this.arg(op, 'src', src, ANY);
+    if (x.dtype !== s.dtype || numel(x.shape) !== numel(s.shape)) {
+      throw opError(op, `src ${describe(s)} does not match t ${describe(x)} (same dtype and element count)`);
+    }
+    // a plain driver copy on the stream: no kernel
+    if (x.bytes > 0) check(this.rt.d.cuMemcpyDtoDAsync_v2(x.addr, s.addr, x.bytes, this.rt.stream), op);
   }
 
   /** A new owning tensor; `scoped`: adopt into the innermost scope. */
@@ -338,6 +416,7 @@ export class CudaBackend implements Backend {
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',
     shape: readonly number[]): Promise<Tensor> {
     this.assertOpen(op);
+    this.rt.throwIfKernelsFailed(); // a background build that failed: stop loading now
     this.checkSource(op, src);
     const rowElems = numel(src.shape.slice(1));
     const dtype: DType = as === 'keep' ? src.dtype : 'f32';
@@ -382,6 +461,7 @@ export class CudaBackend implements Backend {
 
   /** Loads each source whole, one after another, into one new tensor of `shape`. */
   private async loadParts(op: string, srcs: WeightSource[], as: 'keep' | 'f32', shape: number[]): Promise<Tensor> {
+    this.rt.throwIfKernelsFailed();
     for (const s of srcs) this.checkSource(op, s);
     const dtype: DType = as === 'keep' ? srcs[0]!.dtype : 'f32';
     const t = this.make(shape, dtype, false, true);
@@ -411,6 +491,8 @@ export class CudaBackend implements Backend {
     const raw = this.pool.alloc(nbytes).addr;
     try {
       await this.copyFile(src, fileOffset, nbytes, raw);
+      await this.rt.moduleReady('k_convert'); // kernels may still be compiling (kernels: 'background')
+      this.assertOpen('loadWeight');
       this.convert(raw, src.dtype, dst, dtype, nbytes / dtypeBytes[src.dtype]);
     } finally {
       this.pool.release(raw, nbytes); // stream order: the conversion enqueued above runs first
@@ -932,6 +1014,28 @@ export class CudaBackend implements Backend {
     return y;
   }
 
+  sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
+    const op = 'sampleRows';
+    this.assertOpen(op);
+    this.assertNotCapturing(op); // it uploads the rows
+    const a = this.arg(op, 'logits', logits, ACTS, 2);
+    const [P, V] = a.shape as [number, number];
+    if (rows.length !== P) throw opError(op, `${rows.length} rows for logits ${describe(a)}`);
+    let plan: PackedSampleRows;
+    try {
+      plan = planSampleRows(rows, Math.max(V, 1));
+    } catch (e) {
+      throw opError(op, (e as Error).message);
+    }
+    const y = this.out([P, sampleResultWidth(plan.k)], 'i32');
+    if (V === 0 && P > 0) { // nothing to pick: every row is a masked row
+      check(this.rt.d.cuMemsetD32Async(y.addr, 0xffffffff, P * sampleResultWidth(plan.k), this.rt.stream), 'sampleRows of empty rows');
+      return y;
+    }
+    enqueueSampleRows(this.rt, this.pool, plan, a.addr, a.dtype, y.addr);
+    return y;
+  }
+
   gluPacked(gu: Tensor, act: Activation): Tensor {
     const op = 'gluPacked';
     this.assertOpen(op);
@@ -1081,7 +1185,9 @@ export async function createCudaBackend(options: CudaBackendOptions = {}): Promi
   const probe = probeCuda();
   if (!probe.ok) throw new CudaUnavailableError(probe.reason ?? 'CUDA is not usable');
   const ordinal = options.device ?? Number(process.env.LLMTS_CUDA_DEVICE ?? 0);
-  const rt = new CudaRuntime(ordinal);
+  // The kernel modules start compiling (off the main thread) inside create; the rest of the setup
+  // (cuBLASLt included) overlaps with them, and so does weight loading with kernels: 'background'.
+  const rt = await CudaRuntime.create(ordinal, {}, { background: true });
   const pool = new DevicePool(rt);
   let gemm: LtGemm | null = null;
   let note: string;
@@ -1096,5 +1202,14 @@ export async function createCudaBackend(options: CudaBackendOptions = {}): Promi
       note = `simple (cuBLASLt unusable: ${(e as Error).message})`;
     }
   }
-  return new CudaBackend(rt, pool, gemm, note);
+  const backend = new CudaBackend(rt, pool, gemm, note);
+  if (options.kernels !== 'background') {
+    try {
+      await backend.ready();
+    } catch (e) {
+      await backend.close();
+      throw e;
+    }
+  }
+  return backend;
 }

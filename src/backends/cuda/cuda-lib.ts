@@ -7,6 +7,33 @@ import koffi, { type LibraryHandle } from 'koffi';
 
 export class CudaUnavailableError extends Error {}
 
+/**
+ * The koffi stack that an asynchronous call's native code runs on (koffi switches to its own stack
+ * for every call: 2 MiB for synchronous calls, 128 KiB by default for asynchronous ones). NVRTC
+ * compiles on an asynchronous call (nvrtc.ts) and needs far more than 128 KiB: NVRTC 11.8 compiling
+ * the attention module crashed (SIGSEGV) with 64 KiB. 8 MiB is 4x what synchronous compiles have
+ * always had; it is address space, touched only as deep as a call goes.
+ */
+export const NVRTC_ASYNC_STACK_BYTES = 8 * 1024 * 1024;
+// koffi takes configuration only before its first library is loaded, so this runs when this module
+// is imported (every koffi.load of the project is later, inside a function). When something loaded a
+// library first, the setting is refused and nvrtc.ts compiles synchronously instead.
+try {
+  if ((koffi.config().async_stack_size ?? 0) < NVRTC_ASYNC_STACK_BYTES) koffi.config({ async_stack_size: NVRTC_ASYNC_STACK_BYTES });
+} catch {
+  // refused: see asyncStackBytes()
+}
+
+/** The stack koffi gives asynchronous calls in this process. */
+export function asyncStackBytes(): number {
+  return koffi.config().async_stack_size ?? 0;
+}
+
+/** A koffi function that can also run on the libuv thread pool: `f.async(...args, callback)`. */
+export type AsyncCallable<F extends (...args: never[]) => unknown> = F & {
+  async(...args: [...Parameters<F>, (err: unknown, result: ReturnType<F>) => void]): void;
+};
+
 /** Directories searched for libnvrtc / libcublasLt (and libcuda when the loader cannot find it). */
 export function cudaLibraryDirs(): string[] {
   const dirs: string[] = [];
@@ -103,6 +130,8 @@ export interface Driver {
   cuModuleGetFunction(out: BigUint64Array, m: P, name: string): number;
   cuLaunchKernel(f: P, gx: number, gy: number, gz: number, bx: number, by: number, bz: number, shmem: number, s: P,
     params: P, extra: P): number;
+  /** config: the address of a CUlaunchConfig in host memory (pdl.ts writes it) */
+  cuLaunchKernelEx(config: P, f: P, params: P, extra: P): number;
   cuGetErrorString(code: number, out: (string | null)[]): number;
 }
 
@@ -110,7 +139,8 @@ export interface Nvrtc {
   path: string;
   nvrtcVersion(major: Int32Array, minor: Int32Array): number;
   nvrtcCreateProgram(out: BigUint64Array, src: string, name: string, n: number, headers: null, names: null): number;
-  nvrtcCompileProgram(prog: P, n: number, options: string[]): number;
+  /** slow (seconds): nvrtc.ts calls it with `.async`, on the libuv thread pool */
+  nvrtcCompileProgram: AsyncCallable<(prog: P, n: number, options: string[]) => number>;
   nvrtcGetProgramLogSize(prog: P, out: BigUint64Array): number;
   nvrtcGetProgramLog(prog: P, buf: Uint8Array): number;
   nvrtcGetCUBINSize(prog: P, out: BigUint64Array): number;
@@ -198,6 +228,7 @@ export function loadDriver(): Driver {
       cuModuleGetFunction: `int cuModuleGetFunction(void *, ${u64}, const char *)`,
       cuLaunchKernel: `int cuLaunchKernel(${u64}, unsigned int, unsigned int, unsigned int, unsigned int, ` +
         `unsigned int, unsigned int, unsigned int, ${u64}, ${u64}, ${u64})`,
+      cuLaunchKernelEx: `int cuLaunchKernelEx(${u64}, ${u64}, ${u64}, ${u64})`,
       cuGetErrorString: 'int cuGetErrorString(int, _Out_ const char **)',
     });
     return driver;

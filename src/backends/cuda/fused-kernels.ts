@@ -1,4 +1,4 @@
-// CUDA source of the fused decode kernels (the Backend contract's optional fused ops). Appended to KERNEL_SOURCE (kernels.ts), so it uses that file's helpers: bf2f/f2bf,
+// CUDA source of the fused decode kernels (the Backend contract's optional fused ops). Its own NVRTC module (KERNEL_MODULES in kernels.ts) after KERNEL_PRELUDE: bf2f/f2bf,
 // ld/st, report, block_sum, warp_sum, activate, GRID_STRIDE.
 //
 // Each fused kernel rounds to bf16 exactly where the plain ops it replaces store bf16 (the sum
@@ -15,6 +15,7 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
 // sum = bf16(a + bScale * b); normed = bf16(sum * rsqrt(mean(sum^2) + eps) * (off + w)); one block per row.
 extern "C" __global__ void k_add_rmsnorm(const void* a, int adt, const void* b, int bdt, float bScale, const void* w,
                                          int wdt, u16* sum, u16* normed, i64 rows, int D, float eps, float off) {
+  PDL_ENTRY();
   __shared__ float red[32];
   const bool vec = adt == DT_BF16 && bdt == DT_BF16 && (D & 7) == 0;
   for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -65,6 +66,7 @@ extern "C" __global__ void k_add_rmsnorm(const void* a, int adt, const void* b, 
 
 // out[t, j] = act(gu[t, j]) * gu[t, I + j] for gu [T, 2I]
 extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T, i64 I, int act) {
+  PDL_ENTRY();
   if (gdt == DT_BF16 && (I & 7) == 0) {
     const i64 I8 = I >> 3;
     GRID_STRIDE(i, T * I8) {
@@ -95,6 +97,7 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
                                       float scaling, const void* qnw, const void* knw, int nwdt, float eps, float off,
                                       u16* qOut, void* kpool, void* vpool, int pdt, const int* slots, int T, int H,
                                       int KVH, int D, int half, i64 numSlots, int* err) {
+  PDL_ENTRY();
   __shared__ float xs[ROPE_MAX_D];
   __shared__ float red[32];
   const int t = blockIdx.x, hh = blockIdx.y;
@@ -146,6 +149,7 @@ __device__ __forceinline__ void argmax_merge(float& best, int& idx, float v, int
   if (i >= 0 && (idx < 0 || v > best || (v == best && i < idx))) { best = v; idx = i; }
 }
 extern "C" __global__ void k_argmax_part(const void* x, int xdt, float* pv, int* pi, int V, int chunk) {
+  PDL_ENTRY();
   __shared__ float sv[32];
   __shared__ int si[32];
   const int s = blockIdx.x, r = blockIdx.y, S = gridDim.x;
@@ -178,6 +182,7 @@ extern "C" __global__ void k_argmax_part(const void* x, int xdt, float* pv, int*
   }
 }
 extern "C" __global__ void k_argmax_final(const float* pv, const int* pi, int* out, int R, int S) {
+  PDL_ENTRY();
   const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (r >= R) return;
   float best = NEG_INF;

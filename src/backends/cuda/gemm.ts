@@ -7,6 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
+import { GEMV_THREADS, type GemvChoice, gemvCandidates, gemvGrid, gemvLabel } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
@@ -29,6 +30,30 @@ interface Plan {
   algo: Uint8Array;
   /** the heuristic's valid algorithms, best guess first; emptied once timed */
   candidates: Uint8Array[];
+  /** bf16 decode shapes: our GEMV kernels to time against cuBLASLt (emptied once timed) */
+  gemvCandidates: GemvChoice[];
+  /** set when a GEMV launch timed faster than every cuBLASLt algorithm */
+  gemv?: GemvChoice;
+}
+
+/** A tuning enqueued on the stream whose timings are not read yet (LtGemm.settleTuning). */
+interface PendingTune {
+  plan: Plan;
+  record: TuneRecord;
+  /** per candidate: its (start, end) event pairs */
+  runs: { algo?: Uint8Array; gemv?: GemvChoice; pairs: [number, number][] }[];
+  /** every event created for it, in record order (the last completes last) */
+  events: number[];
+}
+
+/** What tuning measured for one shape (for benchmarks and the profiler's report). */
+export interface TuneRecord {
+  shape: string;
+  /** the fastest cuBLASLt algorithm's time, and each GEMV kernel's, ms per call */
+  cublasLtMs: number;
+  /** by gemvLabel (kernel/warps per row) */
+  gemvMs: Record<string, number>;
+  chosen: string;
 }
 
 /** GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
@@ -51,6 +76,9 @@ export class LtGemm {
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
   readonly version: number;
+  /** one entry per tuned shape, in the order their timings were read */
+  readonly tuned: TuneRecord[] = [];
+  private pending: PendingTune[] = [];
 
   constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool) {
     this.version = Number(lt.cublasLtGetVersion());
@@ -71,13 +99,23 @@ export class LtGemm {
    * algorithm for these shapes and types; the caller then uses its own kernel.
    */
   run(w: number, wt: GemmType, x: number, xt: GemmType, d: number, dt: GemmType, M: number, N: number, K: number): boolean {
+    this.settleTuning();
     const plan = this.plan(wt, xt, dt, M, N, K);
     if (!plan) return false;
     const call = (algo: Uint8Array) => this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b,
       this.zero, d, plan.d, d, plan.d, algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
-    if (plan.candidates.length > 1 && !this.rt.capturing) {
-      this.tune(plan, call);
+    // the GEMV kernels load 16-byte chunks: operands off that alignment take cuBLASLt
+    const aligned = (w % 16) === 0 && (x % 16) === 0;
+    const gemv = (c: GemvChoice) => this.rt.launch(c.kernel, [gemvGrid(N, c.warpsPerRow), 1, 1], GEMV_THREADS, 0, [
+      ['p', w], ['p', x], ['p', d], ['i', M], ['i', N], ['i', K], ['i', c.warpsPerRow]]);
+    if ((plan.candidates.length > 1 || (plan.gemvCandidates.length > 0 && aligned)) && !this.rt.capturing) {
+      this.tune(plan, `${M}x${N}x${K}`, call, aligned ? gemv : undefined);
       plan.candidates.length = 0;
+      plan.gemvCandidates.length = 0;
+    }
+    if (plan.gemv && aligned) {
+      gemv(plan.gemv);
+      return true;
     }
     const t0 = this.rt.capturing ? undefined : this.rt.profiler?.begin();
     const rc = call(plan.algo);
@@ -88,41 +126,109 @@ export class LtGemm {
   }
 
   /**
-   * Times each candidate algorithm on the real operands (the output is rewritten by the call that
-   * follows) and keeps the fastest. Blocks the host for a few milliseconds, once per shape.
+   * Enqueues the timing of each candidate (cuBLASLt algorithms, then GEMV kernels when given) on the
+   * real operands (the output is rewritten by the call that follows), each timed call after an L2
+   * flush, between two events. The host does not wait: the events are read by settleTuning() once
+   * they have completed (the plan keeps the heuristic's algorithm until then). A long prefill's
+   * first chunk of a new shape used to block the event loop ~0.1 s here.
    */
-  private tune(plan: Plan, call: (algo: Uint8Array) => number): void {
+  private tune(plan: Plan, shape: string, call: (algo: Uint8Array) => number,
+    gemv: ((c: GemvChoice) => void) | undefined): void {
     const d = this.rt.d;
-    const ev = [out64(), out64()];
-    for (const e of ev) check(d.cuEventCreate(e, 0), 'cuEventCreate (gemm tuning)');
-    const [e0, e1] = ev.map(num) as [number, number];
-    const ms = new Float32Array(1);
     const flush = this.pool.alloc(L2_FLUSH_BYTES, true).addr;
-    let best = plan.algo, bestMs = Infinity;
-    try {
-      for (const algo of plan.candidates) {
-        if (call(algo) !== 0) continue; // warm-up; an algorithm that fails here is skipped
-        let total = 0, ok = true;
-        for (let i = 0; i < TUNE_REPEATS && ok; i++) {
-          check(d.cuMemsetD8Async(flush, i & 0xff, L2_FLUSH_BYTES, this.rt.stream), 'L2 flush');
-          check(d.cuEventRecord(e0, this.rt.stream), 'cuEventRecord');
-          ok = call(algo) === 0;
-          check(d.cuEventRecord(e1, this.rt.stream), 'cuEventRecord');
-          check(d.cuEventSynchronize(e1), 'cuEventSynchronize (gemm tuning)');
-          check(d.cuEventElapsedTime(ms, e0, e1), 'cuEventElapsedTime');
-          total += ms[0]!;
-        }
-        if (ok && total < bestMs) {
-          bestMs = total;
-          best = algo;
-        }
+    const events: number[] = [];
+    const pending: PendingTune = { plan, record: { shape, cublasLtMs: Infinity, gemvMs: {}, chosen: 'cublaslt' }, runs: [], events };
+    /** enqueues one candidate's warm-up and timed calls; false when a call could not be enqueued */
+    const time = (run: () => boolean): [number, number][] | null => {
+      if (!run()) return null; // warm-up; a candidate that fails here is skipped
+      const pairs: [number, number][] = [];
+      for (let i = 0; i < TUNE_REPEATS; i++) {
+        const e0 = this.event(events), e1 = this.event(events);
+        check(d.cuMemsetD8Async(flush, i & 0xff, L2_FLUSH_BYTES, this.rt.stream), 'L2 flush');
+        check(d.cuEventRecord(e0, this.rt.stream), 'cuEventRecord');
+        const ok = run();
+        check(d.cuEventRecord(e1, this.rt.stream), 'cuEventRecord');
+        if (!ok) return null;
+        pairs.push([e0, e1]);
       }
+      return pairs;
+    };
+    try {
+      for (const algo of plan.candidates.length > 0 ? plan.candidates : [plan.algo]) {
+        const pairs = time(() => call(algo) === 0);
+        if (pairs) pending.runs.push({ algo, pairs });
+      }
+      for (const c of gemv ? plan.gemvCandidates : []) {
+        const pairs = time(() => {
+          gemv!(c);
+          return true;
+        });
+        if (pairs) pending.runs.push({ gemv: c, pairs });
+      }
+    } catch (err) {
+      for (const e of events) d.cuEventDestroy_v2(e);
+      throw err;
     } finally {
-      this.pool.release(flush, L2_FLUSH_BYTES);
-      d.cuEventDestroy_v2(e0);
-      d.cuEventDestroy_v2(e1);
+      this.pool.release(flush, L2_FLUSH_BYTES); // stream-ordered: reused only by later work
     }
-    plan.algo = best;
+    this.pending.push(pending);
+  }
+
+  private event(into: number[]): number {
+    const e = out64();
+    check(this.rt.d.cuEventCreate(e, 0), 'cuEventCreate (gemm tuning)');
+    into.push(num(e));
+    return num(e);
+  }
+
+  /**
+   * Applies the timings whose events have completed (`wait`: waits for all of them, as before a
+   * graph capture, which must freeze the tuned choice). Cheap when nothing is pending.
+   */
+  settleTuning(wait = false): void {
+    if (this.pending.length === 0) return;
+    const d = this.rt.d;
+    const ms = new Float32Array(1);
+    this.pending = this.pending.filter((p) => {
+      const last = p.events[p.events.length - 1];
+      if (last !== undefined) {
+        if (wait) check(d.cuEventSynchronize(last), 'cuEventSynchronize (gemm tuning)');
+        else if (d.cuEventQuery(last) !== 0) return true; // still running (or failed: sync reports it)
+      }
+      const { plan, record } = p;
+      const total = (pairs: [number, number][]) => pairs.reduce((a, [e0, e1]) => {
+        check(d.cuEventElapsedTime(ms, e0, e1), 'cuEventElapsedTime');
+        return a + ms[0]!;
+      }, 0);
+      try {
+        for (const r of p.runs) {
+          if (!r.algo) continue;
+          const t = total(r.pairs) / TUNE_REPEATS;
+          if (t < record.cublasLtMs) {
+            record.cublasLtMs = t;
+            plan.algo = r.algo;
+          }
+        }
+        // 'prefer': the fastest GEMV even when cuBLASLt timed faster alone (with programmatic
+        // dependent launch a GEMV overlaps its weight fetch with the kernel before, which a lone
+        // timing misses)
+        let bestMs = process.env.LLMTS_CUDA_GEMV === 'prefer' ? Infinity : record.cublasLtMs;
+        for (const r of p.runs) {
+          if (!r.gemv) continue;
+          const t = total(r.pairs) / TUNE_REPEATS;
+          record.gemvMs[gemvLabel(r.gemv)] = t;
+          if (t < bestMs) {
+            bestMs = t;
+            plan.gemv = r.gemv;
+            record.chosen = gemvLabel(r.gemv);
+          }
+        }
+      } finally {
+        for (const e of p.events) d.cuEventDestroy_v2(e);
+      }
+      this.tuned.push(record);
+      return false;
+    });
   }
 
   private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
@@ -158,7 +264,17 @@ export class LtGemm {
         const state = view.getInt32(base + 72, true);
         if (state === 0 && wsNeeded <= WORKSPACE_BYTES) candidates.push(results.slice(base, base + 64));
       }
-      if (candidates.length > 0) plan = { op, a, b, d, algo: candidates[0]!, candidates: tune ? candidates : [] };
+      const gemvMode = process.env.LLMTS_CUDA_GEMV ?? 'auto';
+      const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
+      if (candidates.length > 0) {
+        plan = { op, a, b, d, algo: candidates[0]!, candidates: tune ? candidates : [], gemvCandidates: tune ? gemv : [] };
+        // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies, untimed (tests, A/B runs)
+        const forced = gemv.find((g) => g.kernel === gemvMode);
+        if (forced) {
+          plan.gemv = forced;
+          plan.gemvCandidates = [];
+        }
+      }
     }
     if (!plan) {
       lt.cublasLtMatrixLayoutDestroy(a);
@@ -184,6 +300,7 @@ export class LtGemm {
 
   /** After the stream is idle. */
   close(): void {
+    this.settleTuning(true);
     this.clearPlans();
     this.lt.cublasLtMatmulPreferenceDestroy(this.pref);
     this.lt.cublasLtDestroy(this.handle);

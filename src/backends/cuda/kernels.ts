@@ -1,5 +1,7 @@
-// CUDA C++ source of every kernel the CUDA backend launches, compiled at run time by NVRTC for the
-// device's architecture (see nvrtc.ts; cached on disk by source hash).
+// CUDA C++ source of every kernel the CUDA backend launches, as separate NVRTC modules
+// (KERNEL_MODULES at the end): each module is KERNEL_PRELUDE + its own kernels, compiled at run time
+// for the device's architecture on its own, concurrently with the others and off the main thread,
+// and cached on disk by source hash (nvrtc.ts, runtime.ts). Changing one module recompiles only it.
 //
 // The source includes no headers (NVRTC then needs no CUDA include directory): 16-bit floats are
 // handled as raw `unsigned short` bits with explicit conversions. Math is f32 throughout; values
@@ -12,8 +14,15 @@
 
 import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE } from './attention-kernels.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
+import { GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE } from './gemv-kernels.ts';
+import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
 
-const BASE_KERNEL_SOURCE = String.raw`
+/**
+ * The helpers every module starts with (NVRTC compiles each module on its own, so each gets its own
+ * copy): dtype codes, u16/i64, bf2f/f2bf/h2f/f2h, ld/st, report, activate, warp/block reductions,
+ * GRID_STRIDE. Changing it recompiles every module.
+ */
+export const KERNEL_PRELUDE = String.raw`
 #define DT_F32 0
 #define DT_F16 1
 #define DT_BF16 2
@@ -45,6 +54,23 @@ __device__ __forceinline__ void st(void* p, int dt, i64 i, float v) {
   else if (dt == DT_F32) ((float*)p)[i] = v;
   else ((u16*)p)[i] = f2h(v);
 }
+
+// Programmatic dependent launch (PDL, sm_90+; runtime.ts launches PDL_KERNELS with it): a kernel may
+// be scheduled while the one before it in the stream still runs. PDL_ENTRY() waits until that
+// kernel has completed and its writes are visible, and only then lets the next kernel launch (so at
+// most one grid waits ahead, holding SM slots). Every PDL kernel runs it in every thread before it
+// reads or writes anything but weights; without the launch attribute it costs nothing.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() do { pdl_wait(); pdl_launch_dependents(); } while (0)
 
 __device__ __forceinline__ void report(int* err, int code, int a, int b, int c) {
   if (atomicCAS(err, 0, code) == 0) { err[1] = a; err[2] = b; err[3] = c; }
@@ -87,7 +113,10 @@ __device__ float block_max(float v, float* red) {
 }
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+`;
 
+/** The plain ops' kernels (module 'base'). */
+const BASE_KERNEL_SOURCE = String.raw`
 extern "C" __global__ void k_convert(const void* src, int sdt, void* dst, int ddt, i64 n) {
   GRID_STRIDE(i, n) st(dst, ddt, i, ld(src, sdt, i));
 }
@@ -95,6 +124,7 @@ extern "C" __global__ void k_convert(const void* src, int sdt, void* dst, int dd
 // y[t, :] = table[ids[t], :] * scale
 extern "C" __global__ void k_embedding(const void* table, int tdt, const int* ids, u16* out, i64 T, i64 V, i64 D,
                                        float scale, int* err) {
+  PDL_ENTRY();
   GRID_STRIDE(i, T * D) {
     i64 t = i / D, d = i - t * D;
     int id = ids[t];
@@ -108,6 +138,7 @@ extern "C" __global__ void k_embedding(const void* table, int tdt, const int* id
 // one block per row: y = x * rsqrt(mean(x^2) + eps) * (off + w)
 extern "C" __global__ void k_rmsnorm(const void* x, int xdt, const void* w, int wdt, u16* out, i64 rows, int D,
                                      float eps, float off) {
+  PDL_ENTRY();
   __shared__ float red[32];
   for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
     float ss = 0.0f;
@@ -120,18 +151,22 @@ extern "C" __global__ void k_rmsnorm(const void* x, int xdt, const void* w, int 
 }
 
 extern "C" __global__ void k_add(const void* a, int adt, const void* b, int bdt, u16* out, i64 n, float bScale) {
+  PDL_ENTRY();
   GRID_STRIDE(i, n) out[i] = f2bf(ld(a, adt, i) + bScale * ld(b, bdt, i));
 }
 
 extern "C" __global__ void k_scale(const void* x, int xdt, u16* out, i64 n, float s) {
+  PDL_ENTRY();
   GRID_STRIDE(i, n) out[i] = f2bf(ld(x, xdt, i) * s);
 }
 
 extern "C" __global__ void k_softcap(const void* x, int xdt, u16* out, i64 n, float cap) {
+  PDL_ENTRY();
   GRID_STRIDE(i, n) out[i] = f2bf(cap * tanhf(ld(x, xdt, i) / cap));
 }
 
 extern "C" __global__ void k_glu(const void* g, int gdt, const void* u, int udt, u16* out, i64 n, int act) {
+  PDL_ENTRY();
   GRID_STRIDE(i, n) out[i] = f2bf(activate(ld(g, gdt, i), act) * ld(u, udt, i));
 }
 
@@ -139,6 +174,7 @@ extern "C" __global__ void k_glu(const void* g, int gdt, const void* u, int udt,
 // invFreq: f32 [half] (invStride 0) or [T, half] (invStride half).
 extern "C" __global__ void k_rope(const void* x, int xdt, const int* pos, const float* invFreq, u16* out, int T, int H,
                                   int D, int half, int invStride, float scaling) {
+  PDL_ENTRY();
   for (int t = blockIdx.x; t < T; t += gridDim.x) {
     float p = (float)pos[t];
     for (int idx = threadIdx.x; idx < H * D; idx += blockDim.x) {
@@ -157,6 +193,7 @@ extern "C" __global__ void k_rope(const void* x, int xdt, const int* pos, const 
 // Writes k, v [T, rowElems] into pools [numSlots, rowElems] at slots[t]; slot -1 skips.
 extern "C" __global__ void k_write_kv(void* kpool, void* vpool, int pdt, const void* k, int kdt, const void* v, int vdt,
                                       const int* slots, i64 T, i64 rowElems, i64 numSlots, int* err) {
+  PDL_ENTRY();
   GRID_STRIDE(i, T * rowElems) {
     i64 t = i / rowElems, e = i - t * rowElems;
     int s = slots[t];
@@ -243,6 +280,7 @@ extern "C" __global__ void k_attention(const void* q, int qdt, const void* kpool
 
 // out[r, :] = x[idx[r], :] in units of 2 bytes (every dtype is 2 or 4 bytes)
 extern "C" __global__ void k_gather_rows(const u16* x, const int* idx, u16* out, i64 R, i64 T, i64 rowUnits, int* err) {
+  PDL_ENTRY();
   GRID_STRIDE(i, R * rowUnits) {
     i64 r = i / rowUnits, e = i - r * rowUnits;
     int src = idx[r];
@@ -356,17 +394,43 @@ extern "C" __global__ void k_matmul_simple(const void* x, int xdt, const void* w
 }
 `;
 
-/** The whole module NVRTC compiles: the base kernels, then files that build on their helpers. */
-export const KERNEL_SOURCE = BASE_KERNEL_SOURCE + FUSED_KERNEL_SOURCE + ATTENTION_KERNEL_SOURCE;
-
-/** Every kernel in KERNEL_SOURCE (looked up once after the module is loaded). */
-export const KERNEL_NAMES = [
+const BASE_KERNEL_NAMES = [
   'k_convert', 'k_embedding', 'k_rmsnorm', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_rope', 'k_write_kv',
   'k_attention', 'k_gather_rows', 'k_moe_route', 'k_moe_hidden', 'k_moe_down', 'k_matmul_finish', 'k_matmul_simple',
-  ...FUSED_KERNEL_NAMES,
-  ...ATTENTION_KERNEL_NAMES,
 ] as const;
-export type KernelName = (typeof KERNEL_NAMES)[number];
+
+/** One NVRTC module: its own source, cache entry (nvrtc.ts) and kernels. */
+export interface KernelModule<K extends string = string> {
+  /** short and file-name safe: it names the cache file and appears in errors and the backend's describe() */
+  readonly name: string;
+  /** KERNEL_PRELUDE + the module's kernels: what NVRTC compiles and the cache key hashes */
+  readonly source: string;
+  /** every kernel the module defines (looked up by name once the module is loaded) */
+  readonly kernels: readonly K[];
+}
+
+function kernelModule<K extends string>(name: string, body: string, kernels: readonly K[]): KernelModule<K> {
+  return { name, source: KERNEL_PRELUDE + body, kernels };
+}
+
+/**
+ * Every kernel module. Adding one is one line here (its file exports the source, which may use
+ * KERNEL_PRELUDE's helpers, and the kernel names). They start compiling in this order, at most a
+ * few at a time (nvrtc.ts): heaviest first.
+ */
+export const KERNEL_MODULES = [
+  kernelModule('attention', ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
+  kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
+  kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
+  kernelModule('gemv', GEMV_KERNEL_SOURCE, GEMV_KERNEL_NAMES),
+  kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
+] as const;
+
+/** Any kernel of any module (rt.launch looks it up in the module that defines it). */
+export type KernelName = (typeof KERNEL_MODULES)[number]['kernels'][number];
+
+/** Every kernel of every module. */
+export const KERNEL_NAMES: readonly KernelName[] = KERNEL_MODULES.flatMap((m): readonly KernelName[] => m.kernels);
 
 /**
  * threads per block of k_attention (its shared memory layout depends on it). k_attention is the

@@ -1,8 +1,13 @@
 // One CUDA device as the backend sees it: its primary context, one stream that every op is
-// enqueued on, the compiled kernel module, a reusable kernel-parameter block, events, pinned host
-// memory, and waits that never block the Node event loop (events are polled, not synchronized).
+// enqueued on, the kernel modules, a reusable kernel-parameter block, events, pinned host memory,
+// and waits that never block the Node event loop (events are polled, not synchronized).
 //
-// Every driver call is made on the Node main thread, where the primary context is current.
+// Every driver call is made on the Node main thread, where the primary context is current. Kernel
+// modules (kernels.ts KERNEL_MODULES) compile concurrently off the main thread (nvrtc.ts) from the
+// moment `create` knows the architecture; each is loaded (cuModuleLoadData, main thread) as soon as
+// its cubin is there. `create` resolves once all are loaded, or at once with `background`: then
+// `ready()` / `moduleReady(kernel)` must resolve before a kernel of an unloaded module is launched
+// (launch throws otherwise).
 import koffi from 'koffi';
 
 import {
@@ -13,9 +18,10 @@ import {
 
 /** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
 const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
-import { KERNEL_NAMES, KERNEL_SOURCE, type KernelName } from './kernels.ts';
-import { compileKernels, type CompiledModule } from './nvrtc.ts';
+import { KERNEL_MODULES, type KernelModule, type KernelName } from './kernels.ts';
+import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMode } from './nvrtc.ts';
 import { KernelProfiler } from './profiler.ts';
+import { LAUNCH_CONFIG_BYTES, PDL_KERNELS, pdlEnabled, writePdlLaunchConfig } from './pdl.ts';
 
 /** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
 export type KernelArg = ['p' | 'i' | 'f', number];
@@ -23,6 +29,37 @@ export type KernelArg = ['p' | 'i' | 'f', number];
 const MAX_ARGS = 64;
 /** how long `wait` polls on every event-loop turn before it backs off to 1 ms timers */
 const WAIT_SPIN_MS = 50;
+
+/** Replacements for the driver and the compiler (tests of the host-side plumbing). */
+export interface RuntimeDeps {
+  driver?: Driver;
+  compile?: CompileModule;
+  /** default KERNEL_MODULES */
+  modules?: readonly KernelModule[];
+}
+
+export interface RuntimeOptions {
+  /** resolve `create` before the kernel modules are loaded (await `ready()` before launching) */
+  background?: boolean;
+}
+
+/** One kernel module's state (the backend's describe() reports it). */
+export interface KernelModuleStatus {
+  name: string;
+  state: 'compiling' | 'loaded' | 'failed';
+  /** set once compiled or read from the cache */
+  compiled?: CompiledModule;
+  /** ms from the start of the kernel build until the module was loaded */
+  readyMs?: number;
+  error?: Error;
+}
+
+interface ModuleSlot extends KernelModuleStatus {
+  spec: KernelModule;
+  /** driver handle once loaded, else 0 */
+  handle: number;
+  loaded: Promise<void>;
+}
 
 export interface PinnedBuffer {
   addr: number;
@@ -37,23 +74,52 @@ export class CudaRuntime {
   readonly arch: string;
   readonly smCount: number;
   readonly driverVersion: number;
-  readonly module: CompiledModule;
   readonly stream: number;
+  /** 'async' (NVRTC off the main thread) or 'sync (why)' (nvrtc.ts nvrtcCompileMode) */
+  readonly compileMode: string;
+  /** ms the whole kernel build took, from its start until every module was loaded (set then) */
+  kernelsMs: number | undefined = undefined;
   /** kernel launches so far (a tracked number: small kernels are launch-bound) */
   launches = 0;
   /** set while kernels are being timed (startProfile / stopProfile) */
   profiler: KernelProfiler | null = null;
   private readonly ctx: number;
   private readonly dev: number;
-  private readonly mod: number;
-  private readonly fns = new Map<KernelName, number>();
+  private readonly slots: ModuleSlot[] = [];
+  /** kernel name -> its module */
+  private readonly slotOf = new Map<string, ModuleSlot>();
+  /** kernel name -> function handle (filled as modules load) */
+  private readonly fns = new Map<string, number>();
+  private readonly allLoaded: Promise<void>;
   private readonly params: PinnedBuffer;
+  /** host memory for cuLaunchKernelEx's CUlaunchConfig (pdl.ts) */
+  private readonly launchConfig: PinnedBuffer;
+  private readonly launchConfigView: DataView;
+  /** launches PDL_KERNELS with programmatic dependent launch (pdl.ts) */
+  readonly pdl: boolean;
   private readonly paramView: DataView;
   private readonly idleEvents: number[] = [];
   private closed = false;
 
-  /** `deps` replace the driver and the compiler (tests of the host-side plumbing). */
-  constructor(readonly ordinal: number, deps: { driver?: Driver; compile?: typeof compileKernels } = {}) {
+  /**
+   * Opens device `ordinal` and builds the kernel modules (all started at once; see nvrtc.ts for how
+   * many compile at a time). Resolves once every module is loaded (rejects, naming the module, with
+   * NVRTC's log, when one fails; the device is then released), or at once with `background`.
+   */
+  static async create(ordinal: number, deps: RuntimeDeps = {}, options: RuntimeOptions = {}): Promise<CudaRuntime> {
+    const rt = new CudaRuntime(ordinal, deps);
+    if (!options.background) {
+      try {
+        await rt.ready();
+      } catch (e) {
+        rt.close();
+        throw e;
+      }
+    }
+    return rt;
+  }
+
+  private constructor(readonly ordinal: number, deps: RuntimeDeps) {
     const d = (this.d = deps.driver ?? loadDriver());
     const rcInit = d.cuInit(0);
     if (rcInit !== 0) throw new CudaUnavailableError(`cuInit failed: ${describeCuResult(rcInit)}`);
@@ -73,40 +139,124 @@ export class CudaRuntime {
     const major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     const minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     this.arch = `sm_${major}${minor}`;
-    this.smCount = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    const nameBuf = new Uint8Array(256);
-    check(d.cuDeviceGetName(nameBuf, 256, dev[0]!), 'cuDeviceGetName');
-    this.deviceName = Buffer.from(nameBuf).toString('utf8').replace(/\0.*$/s, '');
-    const ver = new Int32Array(1);
-    d.cuDriverGetVersion(ver);
-    this.driverVersion = ver[0]!;
+    // The compiles need only the architecture: they start here, and the rest of the setup (context,
+    // stream, pinned memory) runs while they do.
+    this.compileMode = deps.compile ? 'async' : nvrtcCompileMode();
+    const t0 = performance.now();
+    const compile = deps.compile ?? ((m, arch) => compileModule(m, arch));
+    for (const spec of deps.modules ?? KERNEL_MODULES) {
+      const slot: ModuleSlot = { spec, name: spec.name, state: 'compiling', handle: 0, loaded: Promise.resolve() };
+      for (const k of spec.kernels) {
+        if (this.slotOf.has(k)) throw new Error(`cuda backend: kernel ${k} is in modules ${this.slotOf.get(k)!.name} and ${spec.name}`);
+        this.slotOf.set(k, slot);
+      }
+      this.slots.push(slot);
+    }
+    for (const slot of this.slots) {
+      const spec = slot.spec;
+      let started: Promise<CompiledModule>;
+      try {
+        started = compile(spec, this.arch);
+      } catch (e) {
+        started = Promise.reject(e);
+      }
+      slot.loaded = started.then((compiled) => {
+        slot.compiled = compiled;
+        if (this.closed) throw new Error('cuda backend: closed while its kernels were compiling');
+        this.loadModule(slot);
+        slot.state = 'loaded';
+        slot.readyMs = performance.now() - t0;
+      }).catch((e: unknown) => {
+        slot.state = 'failed';
+        const msg = (e instanceof Error ? e.message : String(e)).replace(/^cuda backend: /, '');
+        slot.error = new Error(`cuda backend: kernel module '${spec.name}' (${this.arch}): ${msg}`, { cause: e });
+        throw slot.error;
+      });
+    }
+    this.allLoaded = Promise.all(this.slots.map((s) => s.loaded)).then(() => {
+      this.kernelsMs = performance.now() - t0;
+    });
+    this.allLoaded.catch(() => {}); // reported by ready(), moduleReady() and launch, never unhandled
+    const devNo = dev[0]!;
+    let retained = false;
+    try {
+      this.smCount = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+      const nameBuf = new Uint8Array(256);
+      check(d.cuDeviceGetName(nameBuf, 256, devNo), 'cuDeviceGetName');
+      this.deviceName = Buffer.from(nameBuf).toString('utf8').replace(/\0.*$/s, '');
+      const ver = new Int32Array(1);
+      d.cuDriverGetVersion(ver);
+      this.driverVersion = ver[0]!;
 
-    this.dev = dev[0]!;
-    const ctx = out64();
-    check(d.cuDevicePrimaryCtxRetain(ctx, dev[0]!), 'cuDevicePrimaryCtxRetain');
-    this.ctx = num(ctx);
-    check(d.cuCtxSetCurrent(this.ctx), 'cuCtxSetCurrent');
-    const s = out64();
-    check(d.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), 'cuStreamCreate');
-    this.stream = num(s);
+      this.dev = devNo;
+      const ctx = out64();
+      check(d.cuDevicePrimaryCtxRetain(ctx, devNo), 'cuDevicePrimaryCtxRetain');
+      this.ctx = num(ctx);
+      retained = true;
+      check(d.cuCtxSetCurrent(this.ctx), 'cuCtxSetCurrent');
+      const s = out64();
+      check(d.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), 'cuStreamCreate');
+      this.stream = num(s);
 
-    this.module = (deps.compile ?? compileKernels)(KERNEL_SOURCE, this.arch);
+      // Kernel parameters: 64 value slots of 8 bytes, then 64 pointers to them (fixed addresses,
+      // so only the values are written per launch; cuLaunchKernel copies them at the call).
+      this.params = this.hostAlloc(MAX_ARGS * 16);
+      this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
+      this.launchConfig = this.hostAlloc(LAUNCH_CONFIG_BYTES);
+      this.launchConfigView = new DataView(this.launchConfig.view.buffer, this.launchConfig.view.byteOffset, LAUNCH_CONFIG_BYTES);
+      this.pdl = pdlEnabled(major);
+      for (let i = 0; i < MAX_ARGS; i++) {
+        this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
+      }
+    } catch (e) {
+      this.closed = true; // compiles still running load nothing
+      if (retained) d.cuDevicePrimaryCtxRelease_v2(devNo);
+      throw e;
+    }
+  }
+
+  /** Main thread: loads a compiled module into this runtime's context and looks up its kernels. */
+  private loadModule(slot: ModuleSlot): void {
+    check(this.d.cuCtxSetCurrent(this.ctx), 'cuCtxSetCurrent'); // current already, unless another runtime changed it
     const m = out64();
-    check(d.cuModuleLoadData(m, this.module.cubin), `cuModuleLoadData (${this.arch} cubin)`);
-    this.mod = num(m);
-    for (const name of KERNEL_NAMES) {
+    check(this.d.cuModuleLoadData(m, slot.compiled!.cubin), `cuModuleLoadData (${slot.name}, ${this.arch} cubin)`);
+    slot.handle = num(m);
+    for (const name of slot.spec.kernels) {
       const f = out64();
-      check(d.cuModuleGetFunction(f, this.mod, name), `cuModuleGetFunction(${name})`);
+      check(this.d.cuModuleGetFunction(f, slot.handle, name), `cuModuleGetFunction(${name})`);
       this.fns.set(name, num(f));
     }
+  }
 
-    // Kernel parameters: 64 value slots of 8 bytes, then 64 pointers to them (fixed addresses,
-    // so only the values are written per launch; cuLaunchKernel copies them at the call).
-    this.params = this.hostAlloc(MAX_ARGS * 16);
-    this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
-    for (let i = 0; i < MAX_ARGS; i++) {
-      this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
-    }
+  /** Resolves once every kernel module is loaded; rejects with the first module's failure. */
+  ready(): Promise<void> {
+    return this.allLoaded;
+  }
+
+  /** Resolves once the module defining `kernel` is loaded. */
+  moduleReady(kernel: KernelName): Promise<void> {
+    return this.slotOf.get(kernel)?.loaded ?? Promise.reject(new Error(`cuda backend: no module defines kernel ${kernel}`));
+  }
+
+  /** Throws the first module failure, if any (cheap: loads check it before their work). */
+  throwIfKernelsFailed(): void {
+    for (const s of this.slots) if (s.error) throw s.error;
+  }
+
+  /** Every kernel module, in KERNEL_MODULES order. */
+  get modules(): readonly KernelModuleStatus[] {
+    return this.slots;
+  }
+
+  /** The function handle of `name`, or a readable error when its module is not loaded. */
+  private fn(name: string): number {
+    const f = this.fns.get(name);
+    if (f !== undefined) return f;
+    const slot = this.slotOf.get(name);
+    if (!slot) throw new Error(`cuda backend: no module defines kernel ${name}`);
+    if (slot.error) throw slot.error;
+    throw new Error(`cuda backend: kernel ${name} is not loaded yet (module '${slot.name}' is ${slot.state}); ` +
+      'await the backend\'s ready() before running ops');
   }
 
   /** Enqueues a kernel. Grid dims of 0 enqueue nothing. */
@@ -121,9 +271,12 @@ export class CudaRuntime {
       else if (type === 'i') v.setInt32(off, value, true);
       else v.setFloat32(off, value, true);
     }
+    const f = this.fns.get(name) ?? this.fn(name); // fn throws: module not loaded (yet)
     const t0 = this.capturing ? undefined : this.profiler?.begin();
-    const rc = this.d.cuLaunchKernel(this.fns.get(name)!, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream,
-      this.params.addr + MAX_ARGS * 8, 0);
+    const rc = this.pdl && PDL_KERNELS.has(name)
+      ? this.d.cuLaunchKernelEx(writePdlLaunchConfig(this.launchConfigView, this.launchConfig.addr, grid, block, shmem,
+        this.stream), f, this.params.addr + MAX_ARGS * 8, 0)
+      : this.d.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream, this.params.addr + MAX_ARGS * 8, 0);
     check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
     if (t0 !== undefined) this.profiler!.end(name, t0);
     this.launches++;
@@ -172,7 +325,7 @@ export class CudaRuntime {
 
   /** The driver handle of a kernel (attributes such as dynamic shared memory limits). */
   kernel(name: KernelName): number {
-    return this.fns.get(name)!;
+    return this.fn(name);
   }
 
   /** Pinned (page-locked) host memory: the source / target of truly asynchronous copies. */
@@ -248,7 +401,8 @@ export class CudaRuntime {
     for (const ev of this.idleEvents) this.d.cuEventDestroy_v2(ev);
     this.idleEvents.length = 0;
     this.hostFree(this.params);
-    this.d.cuModuleUnload(this.mod);
+    this.hostFree(this.launchConfig);
+    for (const s of this.slots) if (s.handle) this.d.cuModuleUnload(s.handle);
     this.d.cuStreamDestroy_v2(this.stream);
     this.d.cuDevicePrimaryCtxRelease_v2(this.dev);
   }

@@ -8,6 +8,8 @@ import type {
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { decodeHalf, encodeHalf } from '../common/half.ts';
+import type { DeviceSampleRow } from '../../contracts/device-sampling.ts';
+import { referenceSampleRows } from './sampling.ts';
 
 class RefTensor implements Tensor {
   constructor(
@@ -154,6 +156,11 @@ export class ReferenceBackend implements Backend {
       : pool.dtype === 'i32' ? new Int32Array(copy.buffer) : new Float32Array(copy.buffer);
     blocks.forEach((b, k) => dst.set(vals.subarray(k * per, (k + 1) * per), b * per));
   }
+  copyTensor(t: Tensor, src: Tensor): void {
+    const d = asRef(t).data, v = asRef(src).data;
+    if (t.dtype !== src.dtype || d.length !== v.length) throw new Error(`copyTensor: ${src.dtype} [${src.shape}] into ${t.dtype} [${t.shape}]`);
+    d.set(v);
+  }
   free(_t: Tensor): void {}
   async sync(): Promise<void> {}
   async close(): Promise<void> {}
@@ -295,8 +302,9 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   gatherRows(x: Tensor, idx: Tensor): Tensor {
-    const D = last(x), xv = f(x), iv = i(idx);
-    const out = this.floats([iv.length, D]);
+    const D = last(x), xv = asRef(x).data, iv = i(idx);
+    // rows of any dtype (i32 ids too: a step's input ids gathered from the previous step's picks)
+    const out = xv instanceof Int32Array ? this.make([iv.length, D], 'i32', new Int32Array(iv.length * D)) : this.floats([iv.length, D]);
     iv.forEach((r, k) => out.data.set(xv.subarray(r * D, (r + 1) * D), k * D));
     return out;
   }
@@ -357,6 +365,13 @@ export class ReferenceBackend implements Backend {
       out.data[r] = best;
     }
     return out;
+  }
+
+  sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
+    const [P, V] = logits.shape;
+    if (logits.shape.length !== 2 || rows.length !== P) throw new Error(`sampleRows: ${rows.length} rows for logits [${logits.shape}]`);
+    const { data, width } = referenceSampleRows(f(logits), V, rows);
+    return this.make([P, width], 'i32', data);
   }
 
   // ---- packed weights and fused ops: the plain ops composed ----

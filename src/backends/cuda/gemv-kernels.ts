@@ -1,0 +1,169 @@
+// CUDA source of the skinny-GEMM ("GEMV") kernels: y[M, N] = x[M, K] · w[N, K]^T, bf16 in and out,
+// f32 accumulation, for decode shapes (M <= 8 rows). Its own NVRTC module (KERNEL_MODULES in
+// kernels.ts) after KERNEL_PRELUDE's helpers (bf2f, f2bf, u16, i64).
+//
+// Why our own: a decode step reads every weight once, so a decode GEMM is a pure memory stream.
+// cuBLASLt's best algorithm for M = 1 read the 8B model's q/k/v (50 MB) and o (33 MB) weights at
+// 2.2-2.5 TB/s on the H200 (copy bandwidth 4.3 TB/s). These kernels are offered to the GEMM tuner
+// (gemm.ts) as extra candidates next to cuBLASLt's algorithms and are used only for the shapes where
+// they time faster with the weights streaming from HBM.
+//
+// Layout: one warp per output row n. Each lane streams 16-byte chunks (8 bf16) of w's row n with
+// UNR independent loads in flight (the loads bypass L1: every weight byte is read once), and reads
+// the matching chunk of each x row through the read-only path (x is small and shared by every
+// warp, so it stays in L1/L2). Requirements (checked by gemm.ts): K % 8 == 0 and w, x 16-byte
+// aligned. Rows of x beyond M are never read; M <= MMAX.
+export const GEMV_KERNEL_SOURCE = String.raw`
+__device__ __forceinline__ uint4 gemv_ld_stream(const uint4* p) {
+  uint4 v;
+  // volatile: kept in program order before PDL_ENTRY's volatile wait (a plain asm may be sunk past it)
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 gemv_ld_cached(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float gemv_dot8(const uint4& a, const uint4& b) {
+  const unsigned* ua = (const unsigned*)&a;
+  const unsigned* ub = (const unsigned*)&b;
+  float s = 0.0f;
+  #pragma unroll
+  for (int k = 0; k < 4; k++) {
+    s += __uint_as_float(ua[k] << 16) * __uint_as_float(ub[k] << 16);
+    s += __uint_as_float(ua[k] & 0xffff0000u) * __uint_as_float(ub[k] & 0xffff0000u);
+  }
+  return s;
+}
+
+// WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
+// their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
+// all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
+// kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail.
+template <int MMAX, int UNR>
+__device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* __restrict__ x, u16* __restrict__ y,
+                                          int M, int N, int K, int WPR) {
+  __shared__ float red[8][MMAX];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n = blockIdx.x * (8 / WPR) + warp / WPR;
+  const int part = warp % WPR;
+  const int nch = K >> 3;
+  const int per = (nch + WPR - 1) / WPR;
+  const int cBegin = part * per;
+  const int cEnd = n < N ? min(nch, cBegin + per) : cBegin; // rows past N: no chunks, same barriers
+  const uint4* wr = (const uint4*)(w + (i64)(n < N ? n : 0) * K);
+  const uint4* xr = (const uint4*)x;
+  float acc[MMAX];
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+  bool waited = false;
+  for (int c0 = cBegin; c0 < cEnd || !waited; c0 += 32 * UNR) {
+    uint4 wv[UNR];
+    #pragma unroll
+    for (int u = 0; u < UNR; u++) {
+      const int c = c0 + u * 32 + lane;
+      if (c < cEnd) wv[u] = gemv_ld_stream(wr + c);
+      else wv[u] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (!waited) {
+      PDL_ENTRY();
+      waited = true;
+    }
+    #pragma unroll
+    for (int u = 0; u < UNR; u++) {
+      const int c = c0 + u * 32 + lane;
+      if (c < cEnd) {
+        #pragma unroll
+        for (int m = 0; m < MMAX; m++) {
+          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_ld_cached(xr + (i64)m * nch + c));
+        }
+      }
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    float v = acc[m];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    acc[m] = v;
+  }
+  if (WPR == 1) {
+    if (lane == 0 && n < N) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) if (m < M) y[(i64)m * N + n] = f2bf(acc[m]);
+    }
+    return;
+  }
+  if (lane == 0) {
+    #pragma unroll
+    for (int m = 0; m < MMAX; m++) red[warp][m] = acc[m];
+  }
+  __syncthreads();
+  if (part == 0 && lane == 0 && n < N) {
+    #pragma unroll
+    for (int m = 0; m < MMAX; m++) {
+      if (m < M) {
+        float v = 0.0f;
+        for (int p = 0; p < WPR; p++) v += red[warp + p][m];
+        y[(i64)m * N + n] = f2bf(v);
+      }
+    }
+  }
+}
+
+#define GEMV_KERNEL(MMAX, UNR) \
+extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
+    int M, int N, int K, int WPR) { \
+  gemv_rows<MMAX, UNR>(w, x, y, M, N, K, WPR); \
+}
+GEMV_KERNEL(1, 16)
+GEMV_KERNEL(2, 16)
+GEMV_KERNEL(4, 8)
+GEMV_KERNEL(8, 4)
+`;
+
+export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
+
+export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number];
+
+/** threads per block: 8 warps */
+export const GEMV_THREADS = 256;
+export const GEMV_MAX_M = 8;
+
+const VARIANTS: { name: GemvKernelName; mmax: number; unroll: number }[] = [
+  { name: 'k_gemv_m1_u16', mmax: 1, unroll: 16 }, { name: 'k_gemv_m2_u16', mmax: 2, unroll: 16 },
+  { name: 'k_gemv_m4_u8', mmax: 4, unroll: 8 }, { name: 'k_gemv_m8_u4', mmax: 8, unroll: 4 },
+];
+
+/** One way to run a GEMV: the kernel and how many warps share an output row (1, 2, 4 or 8). */
+export interface GemvChoice {
+  kernel: GemvKernelName;
+  warpsPerRow: number;
+}
+
+export function gemvLabel(c: GemvChoice): string {
+  return `${c.kernel}/w${c.warpsPerRow}`;
+}
+
+/**
+ * The GEMV launches that can compute an M-row product with inner size K (none when M or K rule them
+ * out): the smallest kernel that holds M rows, with the fewest warps per row that give each lane one
+ * pass of loads, and twice that.
+ */
+export function gemvCandidates(M: number, K: number): GemvChoice[] {
+  if (M < 1 || M > GEMV_MAX_M || K < 8 || K % 8 !== 0) return [];
+  const v = VARIANTS.find((x) => x.mmax >= M)!;
+  const chunks = K / 8;
+  let wpr = 1;
+  while (wpr < 8 && wpr * 32 * v.unroll < chunks) wpr *= 2;
+  return [...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w }));
+}
+
+/** grid x of a GEMV launch over N output rows */
+export function gemvGrid(N: number, warpsPerRow: number): number {
+  return Math.ceil(N / (GEMV_THREADS / 32 / warpsPerRow));
+}

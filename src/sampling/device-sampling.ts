@@ -1,0 +1,136 @@
+// Sampling on the device (Backend.sampleRows) with the host sampler's exact semantics: the host
+// side of it. Each request keeps its RNG here on the host; building a row consumes one uniform
+// exactly where Sampler.sample would (none for a greedy row), so a seeded request yields the same
+// tokens whether its rows were sampled on the host or on the device (up to float rounding: a token
+// may differ only when u falls within ~1e-5, relative to the total mass, of a cumulative boundary
+// of the draw, or a top-p / min-p cut sits that close; see contracts/device-sampling.ts).
+//
+// How the engine uses it, per step:
+//   1. enqueue the forward pass; keep the logits tensor [P, V] (inside the step's scope);
+//   2. for each sampled row, in row order, with the grammar mask computed and after the
+//      onlyStopAllowed() check (which ends the row without sampling, so it must not draw):
+//        req = { sampler, history, mask, topLogprobs }   (all as accept() passes them today)
+//   3. const pending = sampleOnDevice(backend, logits, reqs)  (enqueued: nothing waits; builds the
+//      rows, which draws the uniforms, and uploads them in one packed buffer);
+//   4. keep pending.result past the scope (endScope([pending.result])), then
+//      const outcomes = await pending.read()  -> per row { tokenId, logprobs? } or { error };
+//      accept tokenId as a sampled token (grammar.accept, history.push, ...), report logprobs,
+//      finish the row on { error } as a sampler error would; then backend.free(pending.result).
+// Only rows whose request fits (deviceSamplable) go this way; the rest keep reading their logits.
+// One difference in RNG use: the host sampler draws nothing for a row it cannot sample (every
+// logit -Infinity, or a +Infinity), the device row drew its uniform before; such a row ends with
+// an error either way, so no later token depends on it.
+
+import type { Backend, Tensor } from '../contracts/backend.ts';
+import {
+  decodeSampleResults, DEVICE_SAMPLING_MAX_LOGPROBS, type DeviceSampleRow, SAMPLE_ERR_INF, SAMPLE_ERR_MASKED,
+} from '../contracts/device-sampling.ts';
+import type { TokenHistory } from './history.ts';
+import type { TokenLogprobs } from './logprobs.ts';
+import { isGreedy } from './params.ts';
+import type { Sampler } from './sampler.ts';
+
+/** One row to sample, as the engine's accept() would hand it to Sampler.sample. */
+export interface DeviceSamplingRequest {
+  /** the request's Sampler (its params, and its RNG through nextUniform) */
+  sampler: Pick<Sampler, 'params' | 'nextUniform'>;
+  /** required when a penalty is set (as for Sampler.sample) */
+  history?: TokenHistory;
+  /** the row's grammar bitmask, when it has a grammar */
+  mask?: Int32Array;
+  /** undefined: no logprobs; else the chosen token's logprob and this many best */
+  topLogprobs?: number;
+}
+
+/** True when `backend` samples on the device and the request fits its limits. */
+export function deviceSamplable(backend: Backend, topLogprobs?: number): boolean {
+  return backend.sampleRows !== undefined && (topLogprobs === undefined || topLogprobs <= DEVICE_SAMPLING_MAX_LOGPROBS);
+}
+
+/**
+ * The device row of one request. Consumes one uniform from the request's RNG unless the request
+ * is greedy: call it exactly once per token, where Sampler.sample would have been called.
+ */
+export function deviceSampleRow(req: DeviceSamplingRequest): DeviceSampleRow {
+  const p = req.sampler.params;
+  const row: DeviceSampleRow = {
+    temperature: p.temperature,
+    topK: p.topK,
+    topP: p.topP,
+    minP: p.minP,
+    u: 0,
+    repetitionPenalty: p.repetitionPenalty,
+    frequencyPenalty: p.frequencyPenalty,
+    presencePenalty: p.presencePenalty,
+  };
+  if (p.logitBias.size > 0) {
+    row.biasIds = Int32Array.from(p.logitBias.keys());
+    row.biasValues = Float64Array.from(p.logitBias.values());
+  }
+  const repetition = p.repetitionPenalty !== 1;
+  if (repetition || p.frequencyPenalty !== 0 || p.presencePenalty !== 0) {
+    const h = req.history;
+    if (h === undefined) throw new Error('penalties are set but no TokenHistory was passed to sample()');
+    // repetition touches prompt ∪ output; frequency/presence only the generated ids
+    const ids: number[] = [];
+    const counts: number[] = [];
+    if (repetition) {
+      for (const id of h.seen()) {
+        ids.push(id);
+        counts.push(h.count(id));
+      }
+    } else {
+      for (const [id, c] of h.outputCountEntries()) {
+        ids.push(id);
+        counts.push(c);
+      }
+    }
+    row.penaltyIds = Int32Array.from(ids);
+    row.outputCounts = Int32Array.from(counts);
+  }
+  if (req.mask !== undefined) row.mask = req.mask;
+  if (req.topLogprobs !== undefined) row.topLogprobs = req.topLogprobs;
+  // last: a row that fails to build draws nothing
+  if (!isGreedy(p)) row.u = req.sampler.nextUniform();
+  return row;
+}
+
+/** A row's result: its token (with logprobs when asked), or the error the host sampler would throw. */
+export type DeviceSampleOutcome = { tokenId: number; logprobs?: TokenLogprobs } | { error: string };
+
+export interface PendingDeviceSamples {
+  /** the op's output, i32 [P, 2 + 2K]; owned by the scope open when sampleOnDevice was called */
+  readonly result: Tensor;
+  /** waits for the device and decodes one outcome per request, in order */
+  read(): Promise<DeviceSampleOutcome[]>;
+}
+
+const MASKED = 'cannot sample: every logit is -Infinity or NaN';
+const INF = 'cannot sample: a logit is +Infinity';
+
+/**
+ * Enqueues the sampling of logits [P, V] (one request per row, in row order) on the device.
+ * Builds every row first (drawing the uniforms), so a request that cannot be built throws before
+ * anything is enqueued or drawn for the rows after it.
+ */
+export function sampleOnDevice(backend: Backend, logits: Tensor, reqs: readonly DeviceSamplingRequest[]): PendingDeviceSamples {
+  if (!backend.sampleRows) throw new Error(`the ${backend.name} backend cannot sample on the device`);
+  for (const r of reqs) {
+    if (r.topLogprobs !== undefined && r.topLogprobs > DEVICE_SAMPLING_MAX_LOGPROBS) {
+      throw new RangeError(`top logprobs ${r.topLogprobs} is above the device's ${DEVICE_SAMPLING_MAX_LOGPROBS}`);
+    }
+  }
+  const rows = reqs.map(deviceSampleRow);
+  const result = backend.sampleRows(logits, rows);
+  return {
+    result,
+    read: async () => {
+      const data = (await backend.read(result)) as Int32Array;
+      return decodeSampleResults(data, rows).map((s): DeviceSampleOutcome => {
+        if (s.tokenId === SAMPLE_ERR_MASKED || s.tokenId < 0) return { error: s.tokenId === SAMPLE_ERR_INF ? INF : MASKED };
+        if (s.logprob === undefined) return { tokenId: s.tokenId };
+        return { tokenId: s.tokenId, logprobs: { tokenId: s.tokenId, logprob: s.logprob, top: s.top ?? [] } };
+      });
+    },
+  };
+}
