@@ -294,14 +294,14 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   const kvTokens = a.batch * Math.ceil(ctx / 16) * 16;
   const engine = new Engine(m.model, m, { maxBatch: a.batch, tokenBudget: a.chunk, maxModelLen: ctx, kvTokens });
   const steps: StepShape[] = [];
-  const step = m.model.step.bind(m.model);
-  m.model.step = ((batch, kv, want) => {
+  const launch = m.model.launch.bind(m.model); // the engine hands every step to launch
+  m.model.launch = ((batch, kv, want, keep) => {
     steps.push({
       tokens: batch.tokens.length, rows: batch.rows.length, sampled: batch.logitTokens.length,
       tableBlocks: Math.max(...batch.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
     });
-    return step(batch, kv, want);
-  }) as typeof m.model.step;
+    return launch(batch, kv, want, keep);
+  }) as typeof m.model.launch;
   const V = m.config.vocabSize;
   const promptOf = (n: number, seed: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + seed * 101) % Math.min(V, 5000));
   let decodeTps = 0, meanTps = 0;

@@ -343,16 +343,17 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   peak.live = engineSnap.live;
   peak.pool = engineSnap.live + engineSnap.idle + engineSnap.graph;
   const steps: StepShape[] = [];
-  const step = m.model.step.bind(m.model);
-  m.model.step = ((batch, kv, want) => {
+  const launch = m.model.launch.bind(m.model); // the engine hands every step to launch
+  m.model.launch = ((batch, kv, want, keep) => {
     steps.push({
       tokens: batch.tokens.length, rows: batch.rows.length, sampled: batch.logitTokens.length,
       tableBlocks: Math.max(...batch.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
     });
-    const out = step(batch, kv, want);
+    const out = launch(batch, kv, want, keep);
     snap(); // every op of the step is enqueued (and allocated) by now
-    return out.then((x) => (snap(), x));
-  }) as typeof m.model.step;
+    out.result.then(() => snap(), () => undefined);
+    return out;
+  }) as typeof m.model.launch;
   const V = m.config.vocabSize;
   const promptOf = (n: number, seed: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + seed * 101) % Math.min(V, 5000));
   const times: number[][] = [];

@@ -2,8 +2,18 @@
 // catch-up rule), run (one forward over the flattened batch), postprocess (sample the rows that
 // reached their end, emit events, retire finished sequences). A lone request takes this same
 // path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
+//
+// Pipelined decode: when every row of step N is a greedy row the device picks for, and the
+// schedule after N would be a plain decode of those same sequences, step N+1 is enqueued before
+// N's tokens are read back, its ids N's picks copied on the device; N's bookkeeping then runs
+// while N+1 computes. At most one step is in flight beyond the one being postprocessed. A row
+// that ends at N has one extra token computed by N+1, which is dropped: never emitted, counted or
+// hashed. Its KV write goes to a block the row still held when N+1 was enqueued, at a position no
+// block hash covers; a step that gets the block later is enqueued later, so (ops run in enqueue
+// order) it writes each position before reading it.
 
-import type { DecoderModel, StepResult } from '../models/decoder.ts';
+import type { DecoderModel, PendingStep, StepResult } from '../models/decoder.ts';
+import type { DeviceIds } from '../models/device-ids.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import { isGreedy, needsLogitProcessing, topLogprobs } from '../sampling/index.ts';
@@ -32,6 +42,11 @@ export interface EngineOptions {
   idleTimeoutMs?: number;
   /** prefix cache: RAM size, namespace, SSD tier (default: on, the whole KV pool, no SSD tier) */
   prefixCache?: PrefixCacheSettings;
+  /**
+   * enqueue greedy decode steps one ahead of reading their tokens back (default true; env
+   * LLMTS_PIPELINE=off turns it off); needs a backend with a device argmax
+   */
+  pipeline?: boolean;
 }
 
 export interface TextCodec {
@@ -67,6 +82,8 @@ export interface EngineStats {
   /** evictable blocks kept for prefix reuse (held by no sequence) */
   kvBlocksCached: number;
   steps: number;
+  /** of those, steps enqueued behind the previous one, before its tokens were read back */
+  pipelinedSteps: number;
   prefixCache: PrefixCacheStats;
 }
 
@@ -74,6 +91,21 @@ interface Handle {
   seq: Sequence;
   stream?: EventStream<SequenceEvent>;
   cancelled?: string;
+}
+
+/** A step handed to the model whose results have not been postprocessed yet. */
+interface InFlight {
+  rows: ScheduledRow[];
+  /** per logit row: false for a greedy row whose token the device picks */
+  wantLogits: boolean[];
+  step: PendingStep;
+  /** tokens the step computes, and when its enqueue ended (restore policy) */
+  tokens: number;
+  launchedAt: number;
+  /** enqueued behind the step before it, its ids that step's device picks */
+  pipelined: boolean;
+  /** the step before it failed: nothing of this one is taken */
+  discard?: boolean;
 }
 
 export class Engine {
@@ -86,8 +118,11 @@ export class Engine {
   private closed = false;
   private wake?: () => void;
   private steps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache'>>;
+  private pipelinedSteps = 0;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline'>>;
   private readonly prefix: PrefixReuse;
+  /** whether greedy decode steps may be enqueued one ahead (EngineOptions.pipeline) */
+  readonly pipeline: boolean;
 
   constructor(
     readonly model: DecoderModel,
@@ -104,6 +139,7 @@ export class Engine {
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     };
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
+    this.pipeline = (options.pipeline ?? true) && process.env.LLMTS_PIPELINE !== 'off' && typeof model.backend.argmax === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
     const settings = options.prefixCache ?? {};
@@ -132,6 +168,7 @@ export class Engine {
       kvBlocksTotal: this.kv.groups.reduce((a, g) => a + g.pool.numBlocks, 0),
       kvBlocksCached: this.kv.cachedBlockCount,
       steps: this.steps,
+      pipelinedSteps: this.pipelinedSteps,
       prefixCache: this.prefix.stats(this.scheduler.prefix),
     };
   }
@@ -266,18 +303,30 @@ export class Engine {
   private async loop(): Promise<void> {
     this.looping = true;
     let lastYield = performance.now();
+    let inFlight: InFlight | undefined;
     try {
-      while (this.scheduler.hasWork) {
-        this.reapCancelled();
-        this.recomputeStaleKv();
-        const rows = this.scheduler.schedule(this.isPaused);
-        if (rows.length === 0) {
-          if (!this.scheduler.hasWork) break;
-          // everyone left is paused by a slow reader, or waiting for room: sleep until kicked
-          await new Promise<void>((resolve) => (this.wake = resolve));
-          continue;
+      while (inFlight || this.scheduler.hasWork) {
+        if (!inFlight) {
+          this.reapCancelled();
+          this.recomputeStaleKv();
+          const rows = this.scheduler.schedule(this.isPaused);
+          if (rows.length === 0) {
+            if (!this.scheduler.hasWork) break;
+            // everyone left is paused by a slow reader, or waiting for room: sleep until kicked
+            await new Promise<void>((resolve) => (this.wake = resolve));
+            continue;
+          }
+          inFlight = this.launch(rows);
+          if (!inFlight) continue;
         }
-        await this.step(rows);
+        // step N+1 goes to the device before step N's tokens are read, when it can
+        const next = this.launchAhead(inFlight);
+        const ok = await this.readBack(inFlight);
+        if (next && !ok) next.discard = true;
+        inFlight = next;
+        // the boundary before the step already in flight: a cancel that came meanwhile ends its
+        // row here, as it would before a schedule (the row's token from that step is dropped)
+        if (inFlight) this.reapCancelled();
         // A device backend's read waits on another thread, so I/O (health checks, disconnects,
         // new requests) runs during every step; a backend that answers on this thread (the
         // reference backend) would starve it, so yield at least every few milliseconds.
@@ -287,6 +336,7 @@ export class Engine {
         }
       }
     } finally {
+      inFlight?.step.release(); // only when an error escaped the loop
       this.looping = false;
       if (!this.closed) this.prefix.onIdle(() => this.scheduler.hasWork); // close() flushes itself
     }
@@ -314,36 +364,123 @@ export class Engine {
     for (const seq of [...this.scheduler.running]) if (this.handles.get(seq)?.cancelled) this.finish(seq, 'cancelled');
   }
 
-  private async step(rows: ScheduledRow[]): Promise<void> {
+  /**
+   * Hands a step to the model. `ahead`: the rows' ids are an earlier step's picks still on the
+   * device (a pipelined step). Returns undefined when it could not be enqueued: a scheduled
+   * step's rows then end with the error; a pipelined step's rows are simply still owed their token.
+   */
+  private launch(rows: ScheduledRow[], ahead?: DeviceIds): InFlight | undefined {
     const tokens: number[] = [];
     const logitTokens: number[] = [];
     const wantLogits: boolean[] = [];
     for (const row of rows) {
-      for (let p = row.start; p < row.start + row.count; p++) tokens.push(row.seq.tokenAt(p));
+      // a pipelined row's token is not on the host yet (the device supplies it)
+      for (let p = row.start; p < row.start + row.count; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
       if (row.sample) {
         logitTokens.push(tokens.length - 1);
         wantLogits.push(!this.greedyOnly(row.seq));
       }
     }
-    let result: StepResult;
+    let step: PendingStep;
     try {
-      const forward = this.model.step({
+      step = this.model.launch({
         tokens: Int32Array.from(tokens),
-        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: r.seq.known })),
+        // a pipelined row reaches one past the known tokens: its own input is still arriving
+        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: Math.max(r.seq.known, r.start + r.count) })),
         logitTokens,
         // decode-only steps may replay a captured graph: tables as wide as the longest sequence
         graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
-      }, this.kv, wantLogits);
-      this.prepareGrammarMasks(rows); // while the device runs the step
-      const t0 = performance.now();
-      result = await forward;
-      this.prefix.policy.recordStep(tokens.length, performance.now() - t0 + this.model.lastEnqueueMs);
+        deviceIds: ahead,
+      }, this.kv, wantLogits, this.pipeline);
     } catch (err) {
       // The device step failed: its rows cannot continue; everyone else can.
-      for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
-      return;
+      if (!ahead) for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
+      return undefined;
     }
+    this.prepareGrammarMasks(rows); // while the device runs the step
+    return { rows, wantLogits, step, tokens: tokens.length, launchedAt: performance.now(), pipelined: !!ahead };
+  }
+
+  /**
+   * Enqueues step N+1 behind `cur` (step N) before N's tokens are read back: a decode of each of
+   * N's sequences, its id N's greedy pick, gathered on the device. Only when the schedule after
+   * N would plan exactly these rows; undefined otherwise (the pipeline drains: N is read back and
+   * the scheduler plans the next step).
+   */
+  private launchAhead(cur: InFlight): InFlight | undefined {
+    const picks = cur.step.deviceTokens;
+    if (!picks || cur.discard) return undefined;
+    const next: { seq: Sequence; start: number; pick: number }[] = [];
+    let ending = false;
+    let pick = 0; // logit row of `row` in cur (every row of a pipelinable step samples)
+    for (const row of cur.rows) {
+      const seq = row.seq;
+      if (!row.sample) return undefined; // a prefill chunk follows
+      const at = pick++;
+      if (seq.finished) continue; // ended while cur was in flight: its token is dropped
+      if (!this.greedyOnly(seq) || !this.staysDecoding(seq, row)) return undefined;
+      if (seq.known + 1 >= seq.maxTokensTotal) {
+        ending = true; // cur's token ends it (length): the schedule after cur drops it too
+        continue;
+      }
+      const start = row.start + row.count;
+      if (this.kv.passesUnhashed(seq.kv!, start)) return undefined; // cur's commit must hash what the window passes
+      next.push({ seq, start, pick: at });
+    }
+    if (next.length === 0 || !this.scheduleWouldMatch(cur, next.length, ending)) return undefined;
+    return this.launch(this.scheduler.scheduleAhead(next), { ids: picks, index: Int32Array.from(next, (n) => n.pick) });
+  }
+
+  /**
+   * false when the schedule after `row`'s step would not plan a plain decode of `seq`: it was
+   * cancelled, its stream is full once that step's token is in, or its KV is about to be
+   * recomputed (recomputeStaleKv).
+   */
+  private staysDecoding(seq: Sequence, row: ScheduledRow): boolean {
+    const h = this.handles.get(seq);
+    if (!h || h.cancelled) return false;
+    if (h.stream && h.stream.room <= 1) return false;
+    const limit = this.model.config.recomputeKvPastLength, computed = row.start + row.count;
+    return limit === undefined || seq.kvRecomputed || computed > limit || seq.known + 1 <= limit;
+  }
+
+  /**
+   * true when the scheduler, run after `cur`, would plan a decode of its `rows` continuing
+   * sequences and nothing else: no other running sequence is owed tokens (paused, left out by
+   * the budget) and the queue's head would not be admitted (nor could it be once a row `ending`
+   * frees its room).
+   */
+  private scheduleWouldMatch(cur: InFlight, rows: number, ending: boolean): boolean {
+    const inCur = new Set(cur.rows.map((r) => r.seq));
+    if (this.scheduler.running.some((s) => !inCur.has(s))) return false;
+    return this.scheduler.waiting.length === 0 || (!ending && !this.scheduler.wouldAdmit(rows));
+  }
+
+  /** Waits for a step's results and postprocesses them; false when the step failed. */
+  private async readBack(cur: InFlight): Promise<boolean> {
+    let result: StepResult;
+    try {
+      result = await cur.step.result;
+    } catch (err) {
+      // A pipelined step is only a head start: its rows are still owed that token, which the
+      // normal schedule computes again (and a failure that lasts ends them there). A scheduled
+      // step's rows cannot continue; everyone else can.
+      if (!cur.pipelined) for (const row of cur.rows) this.finish(row.seq, 'error', (err as Error).message);
+      return false;
+    } finally {
+      cur.step.release(); // the step behind it, if any, is already enqueued
+    }
+    if (cur.discard) return false;
+    // a pipelined step overlapped host work: its wait is no measure of compute
+    if (!cur.pipelined) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
     this.steps++;
+    if (cur.pipelined) this.pipelinedSteps++;
+    this.postprocess(cur, result);
+    return true;
+  }
+
+  /** Takes a step's results: computed KV (and its block hashes), then each sampling row's token. */
+  private postprocess({ rows, wantLogits }: InFlight, result: StepResult): void {
     const V = this.model.config.vocabSize;
     let li = 0, hi = 0;
     for (const row of rows) {

@@ -22,6 +22,11 @@ export class EventStream<T> implements AsyncIterable<T> {
     return this.buffer.length >= this.highWater;
   }
 
+  /** events it takes before it is full (<= 0 when it is) */
+  get room(): number {
+    return this.highWater - this.buffer.length;
+  }
+
   push(event: T): void {
     if (this.ended) return;
     this.buffer.push(event);

@@ -86,10 +86,15 @@ export class Scheduler {
     return this.waiting.length > 0 || this.running.length > 0;
   }
 
+  /** true when `need` blocks per group fit beside what is promised */
+  private fits(need: readonly number[]): boolean {
+    return need.every((n, g) => this.promised[g] + n <= this.kv.groups[g].pool.numBlocks);
+  }
+
   private admit(seq: Sequence): boolean {
     if (seq.restoring) return false; // its prefix is being read back from the SSD tier
     const need = this.worstCase(seq);
-    if (!need.every((n, g) => this.promised[g] + n <= this.kv.groups[g].pool.numBlocks)) return false;
+    if (!this.fits(need)) return false;
     need.forEach((n, g) => (this.promised[g] += n));
     seq.reservedBlocks = need;
     seq.kv = this.kv.newSequence();
@@ -132,6 +137,30 @@ export class Scheduler {
     }
     const w = this.waiting.indexOf(seq);
     if (w >= 0) this.waiting.splice(w, 1);
+  }
+
+  /**
+   * true when schedule(), with `tokens` of the budget taken by running sequences, would admit the
+   * queue's head now (the engine's pipelined decode drains for it).
+   */
+  wouldAdmit(tokens: number): boolean {
+    const head = this.waiting[0];
+    if (!head || head.restoring || this.running.length >= this.opts.maxBatch || tokens >= this.opts.tokenBudget) return false;
+    return this.fits(this.worstCase(head));
+  }
+
+  /**
+   * Plans a decode step ahead of the engine's bookkeeping (its pipelined decode): each sequence
+   * computes the one position `start` whose token a step still in flight is producing. Allocates
+   * the blocks as schedule() does; the position is below the sequence's worst case, so its promise
+   * covers them.
+   */
+  scheduleAhead(next: readonly { seq: Sequence; start: number }[]): ScheduledRow[] {
+    return next.map(({ seq, start }) => {
+      if (start >= seq.maxTokensTotal) throw new Error(`scheduleAhead: position ${start} is past the sequence's ${seq.maxTokensTotal} tokens`);
+      this.kv.grow(seq.kv!, start, start + 1);
+      return { seq, start, count: 1, sample: true };
+    });
   }
 
   /**

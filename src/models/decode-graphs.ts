@@ -7,8 +7,11 @@
 // The block tables have a fixed width (the longest sequence the engine allows), so a growing
 // sequence never changes a shape. A batch of R rows runs in the smallest bucket B >= R; padding
 // rows have position -1 and slot -1: they write no KV and attend to nothing (zeros, no error).
+// A pipelined step's ids are still on the device (the previous step's greedy picks): copied over
+// the ids part of the buffer after the host inputs, they need a backend with copyTensor.
 
 import type { Backend, CapturedGraph, HostStepLayout, StepLayout, Tensor } from '../contracts/backend.ts';
+import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
 
 export type GraphBackend = Backend & Required<Pick<Backend, 'captureGraph' | 'copyInto' | 'rowView'>>;
 
@@ -75,9 +78,11 @@ export class DecodeGraphs {
 
   /**
    * Runs one decode step of `tokens.length` rows (one token each, logits for every row) and
-   * returns the body's outputs for the bucket; their first R rows are this step's.
+   * returns the body's outputs for the bucket; their first R rows are this step's. With
+   * `fromDevice`, the ids come from there and `tokens` only counts the rows.
    */
-  run(tokens: Int32Array, layouts: readonly HostStepLayout[], body: (inputs: GraphInputs) => Tensor[]): readonly Tensor[] {
+  run(tokens: Int32Array, layouts: readonly HostStepLayout[], body: (inputs: GraphInputs) => Tensor[],
+    fromDevice?: DeviceIds): readonly Tensor[] {
     const B = bucketFor(tokens.length);
     let bucket = this.buckets.get(B);
     if (!bucket) {
@@ -93,6 +98,7 @@ export class DecodeGraphs {
     // inputs first: a capture records, it does not run (a backend that runs it sees real inputs)
     this.fill(bucket, B, tokens, layouts);
     this.backend.copyInto(bucket.input, bucket.host);
+    if (fromDevice) this.copyIds(bucket, tokens.length, fromDevice);
     if (!bucket.graph) {
       try {
         bucket.graph = this.capture(B, bucket, body);
@@ -102,6 +108,18 @@ export class DecodeGraphs {
     }
     bucket.graph.replay();
     return bucket.graph.outputs;
+  }
+
+  /** Overwrites the bucket's first R ids with ones on the device (enqueued after the host copy, so they win). */
+  private copyIds({ input, at }: Bucket, R: number, from: DeviceIds): void {
+    const b = this.backend;
+    if (!b.copyTensor) throw new Error('decode graph: ids on the device need a backend with copyTensor');
+    b.beginScope(); // closed again before any capture (which wants no scope open)
+    try {
+      b.copyTensor(b.rowView(input, at.ids, R), gatherDeviceIds(b, from));
+    } finally {
+      b.endScope();
+    }
   }
 
   private capture(B: number, { input, at }: Bucket, body: (inputs: GraphInputs) => Tensor[]): CapturedGraph {

@@ -11,6 +11,7 @@ import {
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
 import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } from './decode-graphs.ts';
+import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
 import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
 
@@ -44,8 +45,13 @@ export interface KvAccess<Row extends RowSpan> {
 }
 
 export interface StepBatch<Row extends RowSpan> {
-  /** token ids of every row, concatenated in row order: i32 [T] */
+  /** token ids of every row, concatenated in row order: i32 [T] (only its length counts with `deviceIds`) */
   tokens: Int32Array;
+  /**
+   * Every token id of the step taken on the device instead (index one entry per token): an
+   * earlier step's greedy picks that were never read back (PendingStep.deviceTokens).
+   */
+  deviceIds?: DeviceIds;
   /** rows in order; row r owns tokens [sum of earlier counts, + count) */
   rows: Row[];
   /** indices into `tokens` whose logits are wanted (usually each row's last token) */
@@ -64,6 +70,21 @@ export interface StepResult {
   tokens?: Int32Array;
   /** f32 logits [rows that wanted them, vocab], in logit-row order */
   logits: Float32Array;
+}
+
+/** A step handed to the backend (DecoderModel.launch) whose results are still on their way. */
+export interface PendingStep {
+  /** what the step reads back; never an unhandled rejection while nobody awaits it yet */
+  result: Promise<StepResult>;
+  /**
+   * The step's greedy picks on the device, i32 [>= logit rows], when it made them and was asked to
+   * keep them: a later step can take its ids from them (StepBatch.deviceIds). Valid until release.
+   */
+  deviceTokens?: Tensor;
+  /** host milliseconds spent enqueuing the step */
+  enqueueMs: number;
+  /** frees what the step kept; call once every step reading deviceTokens is enqueued (idempotent) */
+  release(): void;
 }
 
 export class DecoderModel {
@@ -104,46 +125,83 @@ export class DecoderModel {
    * the rows that want them. Omitted: every row's logits, no tokens.
    */
   async step<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[]): Promise<StepResult> {
+    const pending = this.launch(batch, kv, wantLogits);
+    try {
+      return await pending.result;
+    } finally {
+      pending.release();
+    }
+  }
+
+  /**
+   * Enqueues one step and its read-backs, and returns without waiting for them (what `step`
+   * awaits): the caller may enqueue the next step first. `keepTokens`: keep the greedy picks on
+   * the device for a later step's ids (PendingStep.deviceTokens). Throws what it cannot enqueue.
+   * No backend scope may be open (the step's scopes close before this returns).
+   */
+  launch<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[], keepTokens = false): PendingStep {
     const T = batch.tokens.length;
     const total = batch.rows.reduce((a, r) => a + r.count, 0);
     if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
     if (wantLogits && wantLogits.length !== batch.logitTokens.length) throw new Error('step: wantLogits needs one entry per logit row');
+    if (batch.deviceIds && batch.deviceIds.index.length !== T) throw new Error('step: deviceIds needs one index per token');
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
     // device argmax only pays when some row can skip its logits
     const argmax = this.backend.argmax && wantLogits?.some((w) => !w) ? wantLogits : undefined;
     const t0 = performance.now();
     if (this.graphable(batch)) {
       const host = kv.hostLayouts(batch.rows);
-      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.stepGraphed(batch, kv, host, ropePlan, argmax, t0);
+      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.launchGraphed(batch, kv, host, ropePlan, argmax, keepTokens, t0);
       // a row longer than the width promised: this step runs op by op
     }
-    return this.stepEager(batch, kv, ropePlan, argmax, t0);
+    return this.launchEager(batch, kv, ropePlan, argmax, keepTokens, t0);
   }
 
-  private async stepEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
-    wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
+  private launchEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
+    wantLogits: readonly boolean[] | undefined, keepTokens: boolean, t0: number): PendingStep {
     const b = this.backend, T = batch.tokens.length;
+    let kept: Tensor | undefined;
+    let result: Promise<StepResult>;
     b.beginScope();
     try {
       const ropes = ropePlan();
       const layouts = kv.layouts(batch.rows);
-      const ids = b.upload(batch.tokens, [T]);
+      const ids = batch.deviceIds ? gatherDeviceIds(b, batch.deviceIds) : b.upload(batch.tokens, [T]);
       const pick = b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
       const logits = this.enqueueStep(ids, layouts, pick, ropes, kv);
       const tokens = wantLogits ? b.argmax!(logits) : undefined;
-      return await this.collect(logits, tokens, batch.logitTokens.length, wantLogits, t0);
+      result = this.collect(logits, tokens, batch.logitTokens.length, wantLogits);
+      kept = keepTokens ? tokens : undefined;
     } finally {
-      b.endScope();
+      // The reads are enqueued, and later ops cannot change what they return: the step's tensors
+      // may go now, all but the picks kept for a later step (they leave the scope unowned).
+      b.endScope(kept ? [kept] : []);
     }
+    return this.pending(result, kept, kept ? () => b.free(kept) : undefined, t0);
+  }
+
+  /** The PendingStep of a step whose reads are enqueued. */
+  private pending(result: Promise<StepResult>, deviceTokens: Tensor | undefined, free: (() => void) | undefined, t0: number): PendingStep {
+    result.catch(() => undefined); // its owner awaits it later, maybe after other awaits
+    this.lastEnqueueMs = performance.now() - t0;
+    let released = false;
+    return {
+      result, deviceTokens, enqueueMs: this.lastEnqueueMs,
+      release: () => {
+        if (released) return;
+        released = true;
+        free?.();
+      },
+    };
   }
 
   /**
-   * Reads a step's results: the greedy tokens of every row, when computed, and the logits of the
-   * rows that want them (`logits` and `tokens` may hold more rows than the P asked for).
+   * Enqueues the reads of a step's results: the greedy tokens of every row, when computed, and the
+   * logits of the rows that want them (`logits` and `tokens` may hold more rows than the P asked
+   * for). Everything is enqueued before this returns.
    */
-  private async collect(logits: Tensor, tokens: Tensor | undefined, P: number, wantLogits: readonly boolean[] | undefined,
-    t0: number): Promise<StepResult> {
+  private collect(logits: Tensor, tokens: Tensor | undefined, P: number, wantLogits: readonly boolean[] | undefined): Promise<StepResult> {
     const b = this.backend;
     const rowsOf = (t: Tensor) => (t.shape[0] === P ? t : b.rowView!(t, 0, P));
     let logitsRead: Promise<Float32Array | Int32Array> | undefined;
@@ -152,23 +210,23 @@ export class DecoderModel {
     else if (host.length === P) logitsRead = b.read(rowsOf(logits));
     else if (host.length > 0) logitsRead = b.read(b.gatherRows(logits, b.upload(Int32Array.from(host), [host.length])));
     const tokensRead = tokens ? b.read(rowsOf(tokens)) : undefined;
-    this.lastEnqueueMs = performance.now() - t0;
-    return {
-      tokens: tokensRead ? (await tokensRead) as Int32Array : undefined,
-      logits: logitsRead ? (await logitsRead) as Float32Array : new Float32Array(0),
-    };
+    // both awaited together: neither rejection goes unhandled while the other is pending
+    return Promise.all([tokensRead, logitsRead]).then(([t, l]) => ({
+      tokens: t as Int32Array | undefined,
+      logits: (l as Float32Array | undefined) ?? new Float32Array(0),
+    }));
   }
 
   /** A decode-only step on a backend that captures graphs, with static rope tables. */
   private graphable<Row extends RowSpan>(batch: StepBatch<Row>): boolean {
     return batch.graphWidth !== undefined && this.graphsOff === undefined && canCaptureGraphs(this.backend) &&
-      this.rope.lengthIndependent &&
+      this.rope.lengthIndependent && (!batch.deviceIds || !!this.backend.copyTensor) &&
       batch.rows.every((r) => r.count === 1) && batch.logitTokens.length === batch.rows.length &&
       batch.logitTokens.every((t, i) => t === i);
   }
 
-  private async stepGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, host: HostStepLayout[],
-    ropePlan: () => RopeTable[], wantLogits: readonly boolean[] | undefined, t0: number): Promise<StepResult> {
+  private launchGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, host: HostStepLayout[],
+    ropePlan: () => RopeTable[], wantLogits: readonly boolean[] | undefined, keepTokens: boolean, t0: number): PendingStep {
     const b = this.backend as GraphBackend;
     const width = batch.graphWidth!;
     const access = kv as unknown as KvAccess<RowSpan>;
@@ -188,7 +246,7 @@ export class DecoderModel {
       outputs = graphs.run(batch.tokens, host, (inp) => {
         const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
         return b.argmax ? [logits, b.argmax(logits)] : [logits];
-      });
+      }, batch.deviceIds);
     } catch (err) {
       // A capture that fails (out of memory, a driver refusal) turns graphs off for this model:
       // every later step runs op by op, and this one too. The eager run before the capture
@@ -196,14 +254,19 @@ export class DecoderModel {
       if (!(err instanceof GraphCaptureError)) throw err;
       this.graphsOff = (err as Error).message;
       console.error(`llmts: decode graphs are off (${this.graphsOff}); steps run op by op`);
-      return this.stepEager(batch, kv, ropePlan, wantLogits, t0);
+      return this.launchEager(batch, kv, ropePlan, wantLogits, keepTokens, t0);
     }
+    const tokens = wantLogits ? outputs[1] : undefined;
+    let result: Promise<StepResult>;
     b.beginScope();
     try {
-      return await this.collect(outputs[0]!, wantLogits ? outputs[1] : undefined, batch.rows.length, wantLogits, t0);
+      result = this.collect(outputs[0]!, tokens, batch.rows.length, wantLogits);
     } finally {
       b.endScope();
     }
+    // Kept picks are the graph's output: nothing to free, and the next replay of this bucket,
+    // which rewrites them, is enqueued after any step that reads them.
+    return this.pending(result, keepTokens ? tokens : undefined, undefined, t0);
   }
 
   /** Frees the graphs captured over `kv` (its owner is closing it). */

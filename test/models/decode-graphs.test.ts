@@ -10,54 +10,14 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
-import type { CapturedGraph, Tensor } from '../../src/contracts/backend.ts';
+import type { CapturedGraph } from '../../src/contracts/backend.ts';
 import { bucketFor } from '../../src/models/decode-graphs.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 import { Engine } from '../../src/execution/engine.ts';
 import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
+import { ReplayingReference } from '../helpers/replaying-reference.ts';
 
 const FIXTURES = resolve(import.meta.dirname, '../fixtures');
-
-/** The reference backend with replay-by-re-running graphs. */
-class ReplayingReference extends ReferenceBackend {
-  captures = 0;
-  replays = 0;
-  private capturing = false;
-
-  override upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
-    if (this.capturing) throw new Error('upload inside a graph body');
-    return super.upload(data, shape);
-  }
-
-  captureGraph(body: () => Tensor[]): CapturedGraph {
-    const run = () => {
-      this.capturing = true;
-      this.beginScope();
-      try {
-        const out = body();
-        this.endScope(out);
-        return out;
-      } finally {
-        this.capturing = false;
-      }
-    };
-    const outputs = run();
-    this.captures++;
-    return {
-      outputs,
-      replay: () => {
-        this.replays++;
-        const fresh = run();
-        fresh.forEach((t, i) => (outputs[i] as unknown as { data: Float32Array }).data.set((t as unknown as { data: Float32Array }).data));
-      },
-      dispose: () => {},
-    };
-  }
-
-  copyInto(t: Tensor, data: Float32Array | Int32Array): void {
-    (t as unknown as { data: Float32Array | Int32Array }).data.set(data);
-  }
-}
 
 test('buckets: exact to 8, then multiples of 16', () => {
   assert.deepEqual([1, 2, 7, 8, 9, 16, 17, 33].map(bucketFor), [1, 2, 7, 8, 16, 16, 32, 48]);
