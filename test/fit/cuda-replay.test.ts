@@ -1,6 +1,6 @@
-// Replays an excerpt of a real H200 run (bench/results/fit-cuda-session2/, bench/fit-cuda.ts at
-// commit ef88ac3): the step shapes the engine ran and the CUDA pool's live high-water mark during
-// them. The planner's simulation of the same steps (the decoder graph on the CUDA pool model, the
+// Replays an excerpt of a real H200 run (bench/results/fit-cuda-session3/, bench/fit-cuda.ts at
+// commit f0b482c plus this session's uncommitted decoder, which frees each layer's inputs): the step
+// shapes the engine ran and the CUDA pool's live high-water mark during them. The planner's simulation of the same steps (the decoder graph on the CUDA pool model, the
 // GEMM tuner's L2-flush buffer, graph arenas) must reproduce the mark.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -9,7 +9,7 @@ import path from 'node:path';
 import { FitPlanner, type StepShape } from '../../src/execution/fit/plan.ts';
 import { LLAMA_3_1_8B, QWEN3_30B_A3B, tempModelDir, tensorsFor, writeCheckpoint } from './checkpoints.ts';
 
-const fixture = JSON.parse(fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'fit-cuda-session2-excerpt.json'), 'utf8')) as {
+const fixture = JSON.parse(fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'fit-cuda-session3-excerpt.json'), 'utf8')) as {
   cases: { name: string; model: string; steps: StepShape[]; stepLiveBytes: number }[];
 };
 
