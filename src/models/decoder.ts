@@ -281,7 +281,7 @@ export class DecoderModel {
     const b = this.backend, c = this.config;
     let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
     let normed: Tensor;
-    if (this.fused && c.normPlacement === 'pre') {
+    if (this.fused && (c.normPlacement === 'pre' || c.normPlacement === 'pre_post')) {
       // Each residual add runs inside the norm after it: the next layer's input norm, or the
       // final norm after the last layer (row-wise, so norming every token then picking rows is
       // what picking then norming computes).
@@ -290,7 +290,7 @@ export class DecoderModel {
         const inputs = [x, h];
         b.beginScope();
         try {
-          [x, h] = this.preNormLayerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+          [x, h] = this.layerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
         } finally {
           b.endScope([x, h]);
         }
@@ -324,17 +324,24 @@ export class DecoderModel {
   }
 
   /**
-   * A 'pre'-norm layer with the residual adds fused into the norms: takes the residual stream x
-   * and h = inputNorm(x); returns the new x and the next norm of it (the next layer's input norm,
-   * or the final norm after the last layer).
+   * A 'pre' or 'pre_post' norm layer with the residual adds fused into the norms that follow them:
+   * takes the residual stream x and h = inputNorm(x); returns the new x and the next norm of it
+   * (the next layer's input norm, or the final norm after the last layer). 'pre_post' (gemma2/3)
+   * norms each branch's output before its add, as the plain path does.
    */
-  private preNormLayerFused(b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout, rope: RopeTable,
+  private layerFused(b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout, rope: RopeTable,
     kv: KvAccess<RowSpan>): [Tensor, Tensor] {
     const c = this.config, w = this.weights.layers[l];
     const next = l + 1 < c.numLayers ? this.weights.layers[l + 1].inputNorm : this.weights.finalNorm;
-    if (!w.postAttnNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
-    const a = b.addRmsnorm(x, this.attention(l, h, w, layout, rope, kv), c.residualScale, w.postAttnNorm, c.rmsNormEps, c.normWeightOffset);
-    const m = b.addRmsnorm(a.sum, this.mlp(a.normed, w), c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
+    const post = c.normPlacement === 'pre_post';
+    const midNorm = post ? w.preFfNorm : w.postAttnNorm;
+    if (!midNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
+    let attn = this.attention(l, h, w, layout, rope, kv);
+    if (post) attn = this.norm(attn, w.postAttnNorm);
+    const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
+    let mlp = this.mlp(a.normed, w);
+    if (post) mlp = this.norm(mlp, w.postFfNorm);
+    const m = b.addRmsnorm(a.sum, mlp, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
     return [m.sum, m.normed];
   }
 
