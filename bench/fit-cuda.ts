@@ -36,7 +36,7 @@
 // Output: DIR/fit-cuda.json (everything), DIR/summary.md (tables), DIR/constants.ts.txt,
 // DIR/cases/*.log (each child's stderr), and the tables on stdout.
 //
-// --from-json FILE --out DIR: no GPU. Re-runs steps 3 and 4 from a saved fit-cuda.json (its recorded
+// --from-json FILE --out DIR [--measured-tree TEXT]: no GPU. Re-runs steps 3 and 4 from a saved fit-cuda.json (its recorded
 // measurements: step shapes, pool marks, driver memory, decode times) with the planner of this
 // tree, on header-only (sparse) checkpoints of the same models written from
 // bench/make_random_*.py's own configs and tensor lists (under --models, default a temp dir).
@@ -73,6 +73,7 @@ const { values } = parseArgs({
     skip: { type: 'string' },
     child: { type: 'string' },
     'from-json': { type: 'string' },
+    'measured-tree': { type: 'string' },
   },
 });
 const DEVICE = values.device === 'cpu' ? 'cpu' : 'cuda';
@@ -673,8 +674,10 @@ async function replay(file: string, OUT: string): Promise<void> {
     commit: `${saved.commit} (measured); predictions recomputed at ${commit}`, device: 'cuda', gpuInfo: saved.gpuInfo, machine,
     budgetS: saved.budgetS, started: saved.started, host: saved.host, loadavg: saved.loadavg,
   };
-  const where = `bench/fit-cuda.ts on ${String(saved.gpuInfo).split(',')[0]}, run at commit ${saved.commit} (${String(saved.started).slice(0, 10)}; ` +
-    `bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit ${commit}`;
+  // --measured-tree: what the device ran when the recorded commit does not say it (an uncommitted tree)
+  const ran = values['measured-tree'] ?? `commit ${saved.commit}`;
+  const where = `bench/fit-cuda.ts on ${String(saved.gpuInfo).split(',')[0]}, run at ${ran} (${String(saved.started).slice(0, 10)}; ` +
+    `${path.relative(ROOT, path.dirname(path.resolve(file)))}/), recomputed offline from its recorded measurements at commit ${commit}`;
   const { decodeFit, constants } = await fitAndRecompute(results, machine, where, (m) => dirs.get(m)!);
   fs.mkdirSync(OUT, { recursive: true });
   fs.writeFileSync(path.join(OUT, 'fit-cuda.json'), JSON.stringify({ ...header, recomputedFrom: file, finished: true, results, decodeFit, constants }, null, 2));

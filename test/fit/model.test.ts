@@ -111,10 +111,12 @@ test('decode attention: sliding layers read at most their window; CPU KV reads a
   assert.equal(d.attentionFlops, 2 * 21 * (4096 + 8192) * 16 * 256 * 4);
   assert.equal(sumTerms(d.terms, 'CPU_ATTENTION_GFLOPS_PER_CORE'), d.attentionFlops / (1e9 * os.availableParallelism()));
   const c = await g.decodeStep(H200, 8191, 2, 'bf16');
-  assert.deepEqual(c.terms.map((t) => t.constant).sort(), ['CUDA_DECODE_EFFICIENCY', 'CUDA_KERNEL_OVERHEAD_MS', 'CUDA_KV_READ_EFFICIENCY',
-    'CUDA_MOE_EFFICIENCY', 'CUDA_MOE_LAYER_MS', 'CUDA_STEP_OVERHEAD_MS']);
+  assert.deepEqual(c.terms.map((t) => t.constant).sort(), ['CUDA_ATTENTION_LAYER_MS', 'CUDA_DECODE_EFFICIENCY', 'CUDA_KERNEL_OVERHEAD_MS',
+    'CUDA_KV_READ_EFFICIENCY', 'CUDA_MOE_EFFICIENCY', 'CUDA_MOE_LAYER_MS', 'CUDA_STEP_OVERHEAD_MS']);
+  // the decode attention kernels' fixed time: per layer, scaled by head dim / 128 (gemma: 256)
+  assert.equal(sumTerms(c.terms, 'CUDA_ATTENTION_LAYER_MS'), 1e-3 * 42 * 2);
   assert.equal(sumTerms(c.terms, 'CUDA_KV_READ_EFFICIENCY'), c.kvBytes / 4800e9);
-  // gemma2's pre_post norms run unfused: more kernels per layer than a 'pre' llama layer
+  // gemma2's pre_post layers norm each branch's output too: more kernels per layer than a 'pre' llama layer
   assert.equal(sumTerms(c.terms, 'CUDA_KERNEL_OVERHEAD_MS'), 1e-3 * c.features.kernels);
   assert.ok(c.features.kernels > 42 * 12, String(c.features.kernels));
   assert.equal(sumTerms(c.terms, 'CUDA_MOE_EFFICIENCY'), 0);

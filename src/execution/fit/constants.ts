@@ -226,6 +226,16 @@ export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
   how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
 };
 
+/**
+ * Fixed time per attention layer of a CUDA decode step, per 128 of head dim (the split-KV decode
+ * kernel and its combine, latency-bound at decode sizes), ms.
+ */
+export const CUDA_ATTENTION_LAYER_MS: Constant = {
+  value: 0,
+  measured: false,
+  how: 'not measured yet',
+};
+
 /** Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair. */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.2429,
@@ -266,7 +276,7 @@ export const CPU_CONSTANTS = {
 
 export const CUDA_CONSTANTS = {
   CUDA_CONTEXT_BYTES, CUDA_CUBLASLT_WORKSPACE_BYTES, CUDA_RUNTIME_GROWTH_BYTES, CUDA_DECODE_EFFICIENCY,
-  CUDA_KV_READ_EFFICIENCY, CUDA_STEP_OVERHEAD_MS, CUDA_KERNEL_OVERHEAD_MS, CUDA_MOE_EFFICIENCY, CUDA_MOE_LAYER_MS,
+  CUDA_KV_READ_EFFICIENCY, CUDA_STEP_OVERHEAD_MS, CUDA_KERNEL_OVERHEAD_MS, CUDA_ATTENTION_LAYER_MS, CUDA_MOE_EFFICIENCY, CUDA_MOE_LAYER_MS,
   CUDA_ACTIVATION_SCALE,
 } as const;
 

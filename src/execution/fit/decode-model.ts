@@ -15,6 +15,9 @@
 //         them; the kernels a decode step launches are counted on the dry run of the real decoder
 //         graph, so a family with more ops per layer, gemma2's extra norms and adds, pays for them)
 //         + dense weight bytes / (peak bandwidth x efficiency) + KV bytes / (peak bandwidth x KV efficiency)
+//         + attention layers x head dim / 128 x a fixed time: the split-KV decode kernel and its
+//           combine are latency-bound at decode sizes, longer with the head dim (a key's row is
+//           8 bf16 values a lane: 256 takes a whole warp per key where 128 takes half)
 //         + MoE: the expert rows k_moe_hidden / k_moe_down read, one warp per output row and
 //           (token, expert) pair with no sharing between a batch's tokens: rows x top-k experts'
 //           bytes / (peak bandwidth x MoE efficiency), plus a fixed time per MoE layer (those
@@ -60,6 +63,8 @@ export interface DecodeFeatures {
   /** q.k and p.v: 4 FLOPs per key, head dimension and query head */
   attentionFlops: number;
   layers: number;
+  /** CUDA: attention layers x head dim / 128 (the decode attention kernels' fixed time) */
+  attentionLayerUnits: number;
   /** CUDA: kernels one decode step launches (0 when not counted) */
   kernels: number;
   /** CUDA: expert bytes the MoE kernels read (rows x top-k experts, every MoE layer); 0 for dense models */
@@ -81,9 +86,11 @@ const CPU_GEMV_MAX_ROWS = 16;
 /** What `rows` rows of decode make a step do (kind: whose rules split the matmuls). */
 export function decodeFeatures(
   w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number, kvBytes: number, attentionFlops: number, kernels = 0,
+  headDim = 128,
 ): DecodeFeatures {
   const f: DecodeFeatures = {
     rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes, attentionFlops, layers,
+    attentionLayerUnits: (layers * headDim) / 128,
     parallel: { bytes: 0, macs: 0, count: 0 }, small: { bytes: 0, macs: 0, count: 0 },
     kernels, expertPairBytes: 0, moeLayers: w.experts?.layers ?? 0,
   };
@@ -141,6 +148,7 @@ export function decodeTerms(f: DecodeFeatures, machine: Machine, cores = os.avai
     { constant: 'CUDA_KERNEL_OVERHEAD_MS', unit: 1e-3 * f.kernels, inverse: false },
     { constant: 'CUDA_DECODE_EFFICIENCY', unit: f.weightBytes / bw, inverse: true },
     { constant: 'CUDA_KV_READ_EFFICIENCY', unit: f.kvBytes / bw, inverse: true },
+    { constant: 'CUDA_ATTENTION_LAYER_MS', unit: 1e-3 * f.attentionLayerUnits, inverse: false },
     { constant: 'CUDA_MOE_EFFICIENCY', unit: f.expertPairBytes / bw, inverse: true },
     { constant: 'CUDA_MOE_LAYER_MS', unit: 1e-3 * f.moeLayers, inverse: false },
   ];

@@ -612,7 +612,8 @@ export class FitPlanner {
     const attentionFlops = keys * cfg.numHeads * cfg.headDim * 4 * batch;
     const cpu = machine.kind === 'cpu';
     const kernels = cpu ? 0 : await this.decodeKernels(batch);
-    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops, kernels);
+    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops, kernels,
+      cfg.headDim);
     const terms = decodeTerms(features, machine);
     const overheadMs = 1000 * terms.filter((t) => /_OVERHEAD_MS$/.test(t.constant)).reduce((a, t) => a + termSeconds(t), 0);
     return {
