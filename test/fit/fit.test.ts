@@ -148,7 +148,8 @@ test('MoE decode reads the active experts only (Qwen3-30B-A3B: 8 of 128)', async
   const f = d.features;
   const seconds = f.weightBytes / (4800e9 * K.CUDA_DECODE_EFFICIENCY.value) + d.kvBytes / (4800e9 * K.CUDA_KV_READ_EFFICIENCY.value) +
     f.expertPairBytes / (4800e9 * K.CUDA_MOE_EFFICIENCY.value) +
-    (K.CUDA_STEP_OVERHEAD_MS.value + f.kernels * K.CUDA_KERNEL_OVERHEAD_MS.value + 48 * K.CUDA_MOE_LAYER_MS.value) / 1000;
+    (K.CUDA_STEP_OVERHEAD_MS.value + f.kernels * K.CUDA_KERNEL_OVERHEAD_MS.value + 48 * K.CUDA_MOE_LAYER_MS.value +
+      48 * K.CUDA_ATTENTION_LAYER_MS.value) / 1000; // Qwen3-30B-A3B: 48 layers, head dim 128
   assert.ok(f.kernels > 48 * 8, `kernels per decode step: ${f.kernels}`);
   assert.ok(Math.abs(plan.predictedDecodeTps * seconds - 1) < 1e-9);
   assert.equal(plan.decode.bytesPerStep, d.weightBytes + d.kvBytes);

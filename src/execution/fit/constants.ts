@@ -162,10 +162,11 @@ export function cpuSystemReserveBytes(totalBytes: number): number {
 export const CPU_SYSTEM_RESERVE_POLICY = 'max(1 GiB, 10% of RAM) left to the OS and other processes (a policy, not a measurement)';
 
 // ---------------------------------------------------------------------------------------------
-// CUDA: measured by bench/fit-cuda.ts on the H200 (bench/results/fit-cuda-session2/, run at commit
-// ef88ac3); the values below were fitted offline from that run's recorded measurements with the
-// corrected step-memory simulation and decode model (`bench/fit-cuda.ts --from-json`,
-// bench/results/fit-cuda-session2/recomputed/).
+// CUDA: measured by bench/fit-cuda.ts on the H200. The values below were fitted offline
+// (`bench/fit-cuda.ts --from-json`, bench/results/fit-cuda-session3b/recomputed/) from the recorded
+// measurements of run 4 of 2026-11-30 (bench/results/fit-cuda-session3b/: 16 cases, the tree
+// committed as 8bae2a7). The constants of the run before (session 2) predicted that run out of
+// sample within 15% for every real-size model, not for the tiny probes once decode was pipelined.
 // ---------------------------------------------------------------------------------------------
 
 /** Policy (vLLM's default): fraction of device memory the engine may use. */
@@ -173,57 +174,57 @@ export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
 
 /**
  * Device memory a CUDA backend holds outside its block pool once created: the context, the
- * NVRTC module, the cuBLASLt handle. NOT YET MEASURED.
+ * NVRTC module, the cuBLASLt handle.
  */
 export const CUDA_CONTEXT_BYTES: Constant = {
   value: 558694144,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 16 processes: median 532.8 MiB (min 532.8, max 532.8)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 16 processes: median 532.8 MiB (min 532.8, max 532.8)",
 };
 
-/** The cuBLASLt workspace (and the error word): what the pool holds right after creation. NOT YET MEASURED. */
+/** The cuBLASLt workspace (and the error word): what the pool holds right after creation. */
 export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
   value: 33554688,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: the pool's live bytes (memoryStats) right after createCudaBackend, 16 processes: 33554688 B",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: the pool's live bytes (memoryStats) right after createCudaBackend, 16 processes: 33554688 B",
 };
 
 /**
  * Device memory outside the pool that appears once steps run: kernels and cuBLASLt kernels loaded
- * lazily on first use, cuBLASLt's internal buffers, captured CUDA graphs. NOT YET MEASURED.
+ * lazily on first use, cuBLASLt's internal buffers, captured CUDA graphs.
  */
 export const CUDA_RUNTIME_GROWTH_BYTES: Constant = {
-  value: 180429312,
+  value: 144999424,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 16 cases: 172.1 MiB (gemma2 ctx 8192 chunk 1024); median 40.1 MiB",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 16 cases: 138.3 MiB (gemma2 ctx 8192 chunk 1024); median 12.0 MiB",
 };
 
-/** Fraction of peak HBM bandwidth at which a decode step reads the weights. NOT YET MEASURED. */
+/** Fraction of peak HBM bandwidth at which a decode step reads the weights. */
 export const CUDA_DECODE_EFFICIENCY: Constant = {
-  value: 0.757,
+  value: 0.8426,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
-/** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. NOT YET MEASURED. */
+/** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. */
 export const CUDA_KV_READ_EFFICIENCY: Constant = {
-  value: 0.1296,
+  value: 0.1518,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
-/** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. NOT YET MEASURED. */
+/** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. */
 export const CUDA_STEP_OVERHEAD_MS: Constant = {
-  value: 0.02372,
+  value: 0.024,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
 /** Time per kernel of a CUDA decode step (a replayed graph's small kernels and the gaps between them), ms. */
 export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
-  value: 0.003628,
+  value: 0.001452,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
 /**
@@ -231,35 +232,35 @@ export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
  * kernel and its combine, latency-bound at decode sizes), ms.
  */
 export const CUDA_ATTENTION_LAYER_MS: Constant = {
-  value: 0,
-  measured: false,
-  how: 'not measured yet',
+  value: 0.02049,
+  measured: true,
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
 /** Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair. */
 export const CUDA_MOE_EFFICIENCY: Constant = {
-  value: 0.2429,
+  value: 0.301,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
 /** Fixed time per MoE layer per CUDA decode step (k_moe_hidden / k_moe_down latency), ms. */
 export const CUDA_MOE_LAYER_MS: Constant = {
-  value: 0.2295,
+  value: 0.219,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +21.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +39.5% (probe32 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
 /**
  * Activation memory on CUDA: the planner runs the decoder graph with bf16 activations on the CUDA
  * pool's size classes (backends/cuda/device-pool.ts), op-internal scratch included (dry-run-backend.ts),
  * counting one step's live blocks (the pool gives its cache back when an allocation fails).
- * `value` multiplies that simulated step memory: 1 = as simulated. NOT YET MEASURED.
+ * `value` multiplies that simulated step memory: 1 = as simulated.
  */
 export const CUDA_ACTIVATION_SCALE: Constant = {
   value: 1,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at commit ef88ac3 (2026-11-29; bench/results/fit-cuda-session2/), recomputed offline from its recorded measurements at commit 2adbeef: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 16 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384; chunks 512, 2048, 128, 1024, 256): ratios 1.000-1.000, the largest kept; the simulation counts the GEMM tuner's 128 MiB L2-flush buffer (dry-run-backend.ts), without which it was 3-130 MiB low (the 43.3 the raw run printed was that gap on a tiny probe) (probe4 ctx 320 chunk 512)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 16 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384; chunks 512, 2048, 128, 1024, 256): ratios 1.000-1.000, the largest kept (moe ctx 512 chunk 512 batch 4)",
 };
 export const CUDA_ACTIVATION_MODEL =
   'decoder graph, bf16 activations and op scratch on the CUDA pool size classes, one step live';
