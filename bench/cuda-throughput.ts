@@ -9,6 +9,7 @@
 //        [--output-tokens 1024] [--max-batch 256] [--token-budget 8192] [--kv-tokens N]
 //        [--max-model-len N] [--warmup buckets|short|none] [--seed 1] [--device cuda|cpu]
 //        [--budget-s S] [--progress-s 5] [--write-prompts prompts.json [--prompts-only]] [--json out.json]
+//        [--temperature 0] [--top-p 1]
 //
 // Prompts: request r of n ids, ids < V = min(vocab, 5000), a 32-bit LCG exact in doubles:
 //   x = (seed * 1000003 + r * 7919 + 12345) mod 2^32; per id: x = (1664525 x + 1013904223) mod 2^32,
@@ -22,6 +23,9 @@
 // is cancelled (every sequence ends 'cancelled' at the next step boundary) and the JSON says what
 // finished, with complete: false. The JSON is also written after the warm-up.
 // --device cpu only tests the plumbing off the GPU machine (use a tiny model).
+// --temperature T > 0: seeded sampling (request i seeded --seed * 100003 + i, with --top-p) instead of
+// greedy; with the backend's sampleRows the rows sample on the device and their steps pipeline
+// (A/B: LLMTS_DEVICE_SAMPLING=off samples on the host; LLMTS_PIPELINE=off unpipelines).
 import { execSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -50,6 +54,8 @@ const { values } = parseArgs({
     'write-prompts': { type: 'string' },
     'prompts-only': { type: 'boolean', default: false },
     json: { type: 'string' },
+    temperature: { type: 'string', default: '0' },
+    'top-p': { type: 'string', default: '1' },
   },
 });
 const int = (name: keyof typeof values, min = 1): number => {
@@ -63,6 +69,10 @@ const outTok = int('output-tokens');
 const maxBatch = int('max-batch');
 const tokenBudget = int('token-budget');
 const seed = int('seed', 0);
+const temperature = Number(values.temperature), topP = Number(values['top-p']);
+if (!(temperature >= 0) || !(topP > 0 && topP <= 1)) throw new Error(`--temperature >= 0 and --top-p in (0, 1], got ${values.temperature}, ${values['top-p']}`);
+/** request i's sampling (the warm-up's too) */
+const samplingOf = (i: number) => (temperature > 0 ? { temperature, topP, seed: seed * 100003 + i } : { temperature: 0 });
 const progressMs = Number(values['progress-s']) * 1000;
 const budgetMs = values['budget-s'] === undefined ? Infinity : Number(values['budget-s']) * 1000;
 if (!['buckets', 'short', 'none'].includes(values.warmup!)) throw new Error(`--warmup: buckets, short or none, got ${values.warmup}`);
@@ -178,10 +188,13 @@ try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe'
 
 const result: Record<string, unknown> = {
   engine: 'llmts', device: backend.describe?.() ?? backend.name, commit, model: values.model, modelType: cfg.modelType,
-  workload: { requests: nReq, inputTokens: inTok, outputTokens: outTok, ignoreEos: true, sampling: 'greedy', seed, vocabForPrompts },
+  workload: {
+    requests: nReq, inputTokens: inTok, outputTokens: outTok, ignoreEos: true,
+    sampling: temperature > 0 ? { temperature, topP } : 'greedy', seed, vocabForPrompts,
+  },
   engineConfig: {
     maxBatch, tokenBudget, maxModelLen, kvTokens, kvGiB: (kvTokens * kvBytesPerToken) / 2 ** 30, blockSize: BLOCK,
-    prefixCache: 'off', warmup: values.warmup, warmupRequests: warmN,
+    prefixCache: 'off', warmup: values.warmup, warmupRequests: warmN, pipeline: engine.pipeline, deviceSampling: engine.deviceSampling,
   },
   // ms since process start
   backendInitMs: tBackend - tStart, loadMs: tLoaded - tBackend, readyMs: tReady,
@@ -193,7 +206,9 @@ log(`device   ${result.device}   commit ${commit}`);
 log(`model    ${values.model} (${cfg.modelType}, ${cfg.numLayers} layers, vocab ${cfg.vocabSize}); ready ${tReady.toFixed(0)} ms after launch ` +
   `(weights ${(tLoaded - tBackend).toFixed(0)} ms)`);
 log(`engine   max batch ${maxBatch}, token budget ${tokenBudget}, max model len ${maxModelLen}, KV ${kvTokens} tokens ` +
-  `(${((kvTokens * kvBytesPerToken) / 2 ** 30).toFixed(1)} GiB), prefix cache off`);
+  `(${((kvTokens * kvBytesPerToken) / 2 ** 30).toFixed(1)} GiB), prefix cache off, ` +
+  `${temperature > 0 ? `temperature ${temperature} top-p ${topP}` : 'greedy'}, pipeline ${engine.pipeline ? 'on' : 'off'}, ` +
+  `device sampling ${engine.deviceSampling ? 'on' : 'off'}`);
 
 /** Submits every prompt at once and resolves when each has finished (or was cancelled). */
 function runBatch(name: string, ps: number[][], maxTokens: (i: number) => number, stop: Stopper, progress: boolean): Promise<Batch> {
@@ -230,7 +245,7 @@ function runBatch(name: string, ps: number[][], maxTokens: (i: number) => number
     }
     for (let i = 0; i < n; i++) {
       try {
-        const seq = engine.submit({ promptIds: ps[i]!, maxTokens: maxTokens(i), sampling: { temperature: 0 }, ignoreEos: true }, (e) => {
+        const seq = engine.submit({ promptIds: ps[i]!, maxTokens: maxTokens(i), sampling: samplingOf(i), ignoreEos: true }, (e) => {
           const now = performance.now();
           if (e.type === 'token') {
             if (b.count[i] === 0) {

@@ -3,20 +3,32 @@
 // reached their end, emit events, retire finished sequences). A lone request takes this same
 // path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
 //
-// Pipelined decode: when every row of step N is a greedy row the device picks for, and the
+// Device sampling: on a backend with Backend.sampleRows, a row that is not a plain greedy pick
+// (temperature, top-k/p, min-p, penalties, bias, logprobs up to 20, a grammar mask) takes its token
+// and logprobs from that op instead of reading its logits back. The request's RNG stays here: the
+// row's uniform is drawn when the op is enqueued, one per sampled token as the host sampler draws
+// it, so a seed gives the same tokens either way (EngineOptions.deviceSampling switches it).
+//
+// Pipelined decode: when every row of step N takes its token on the device (a greedy pick, or a
+// device-sampled row whose next draw needs nothing of N's token: no penalty, no grammar), and the
 // schedule after N would be a plain decode of those same sequences, step N+1 is enqueued before
-// N's tokens are read back, its ids N's picks copied on the device; N's bookkeeping then runs
+// N's tokens are read back, its ids N's tokens copied on the device; N's bookkeeping then runs
 // while N+1 computes. At most one step is in flight beyond the one being postprocessed. A row
 // that ends at N has one extra token computed by N+1, which is dropped: never emitted, counted or
-// hashed. Its KV write goes to a block the row still held when N+1 was enqueued, at a position no
-// block hash covers; a step that gets the block later is enqueued later, so (ops run in enqueue
-// order) it writes each position before reading it.
+// hashed (a sampled row drew one uniform for it, which nothing later uses). Its KV write goes to a
+// block the row still held when N+1 was enqueued, at a position no block hash covers; a step that
+// gets the block later is enqueued later, so (ops run in enqueue order) it writes each position
+// before reading it.
 
-import type { DecoderModel, PendingStep, StepResult } from '../models/decoder.ts';
+import type { DecoderModel, PendingStep, RowPick, StepResult } from '../models/decoder.ts';
 import type { DeviceIds } from '../models/device-ids.ts';
+import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
-import { isGreedy, needsLogitProcessing, topLogprobs } from '../sampling/index.ts';
+import {
+  decodeDeviceSamples, deviceSamplable, deviceSampleRow, isGreedy, needsLogitProcessing, topLogprobs,
+  type DeviceSampleOutcome, type SamplingParams, type TokenLogprobs,
+} from '../sampling/index.ts';
 import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
@@ -43,10 +55,16 @@ export interface EngineOptions {
   /** prefix cache: RAM size, namespace, SSD tier (default: on, the whole KV pool, no SSD tier) */
   prefixCache?: PrefixCacheSettings;
   /**
-   * enqueue greedy decode steps one ahead of reading their tokens back (default true; env
-   * LLMTS_PIPELINE=off turns it off); needs a backend with a device argmax
+   * enqueue decode steps one ahead of reading their tokens back (default true; env
+   * LLMTS_PIPELINE=off turns it off): steps of greedy rows, and of device-sampled rows without
+   * penalties or grammar; needs a backend with a device argmax
    */
   pipeline?: boolean;
+  /**
+   * sample non-greedy rows on the device (Backend.sampleRows) instead of reading their logits back
+   * (default true when the backend has the op; env LLMTS_DEVICE_SAMPLING=off turns it off)
+   */
+  deviceSampling?: boolean;
 }
 
 export interface TextCodec {
@@ -67,6 +85,20 @@ export interface Completion {
   /** 'grammar': the row's grammar failed */
   errorKind?: 'grammar';
 }
+
+/** what a sampling row's token comes from (Engine.accept) */
+type TokenSource =
+  | { logits: Float32Array }
+  | { greedy: number }
+  | { device: DeviceSampleOutcome }
+  | { failed: unknown };
+
+/** a sampleRows row that draws nothing and whose result is not used (a row that samples no token) */
+const IDLE_ROW: DeviceSampleRow = {
+  temperature: 0, topK: 0, topP: 1, minP: 0, u: 0, repetitionPenalty: 1, frequencyPenalty: 0, presencePenalty: 0,
+};
+
+const hasPenalties = (p: SamplingParams): boolean => p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0;
 
 /** longest stretch the loop may hold the event loop when the backend never leaves the thread */
 const YIELD_EVERY_MS = 5;
@@ -93,12 +125,21 @@ interface Handle {
   cancelled?: string;
 }
 
+/** A row handed to Backend.sampleRows. */
+interface DeviceRow {
+  row: DeviceSampleRow;
+  /** it could not be built (its grammar failed): the row ends with this, its result unused */
+  failed?: { error: unknown };
+}
+
 /** A step handed to the model whose results have not been postprocessed yet. */
 interface InFlight {
   rows: ScheduledRow[];
-  /** per logit row: false for a greedy row whose token the device picks */
-  wantLogits: boolean[];
   step: PendingStep;
+  /** the step's 'sample' rows, in logit-row order (filled when the step is enqueued) */
+  sampled: DeviceRow[];
+  /** uniforms its sampled rows drew, in order: handed back to their sequences if it is dropped */
+  draws: { seq: Sequence; u: number }[];
   /** tokens the step computes, and when its enqueue ended (restore policy) */
   tokens: number;
   launchedAt: number;
@@ -119,10 +160,12 @@ export class Engine {
   private wake?: () => void;
   private steps = 0;
   private pipelinedSteps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline' | 'deviceSampling'>>;
   private readonly prefix: PrefixReuse;
-  /** whether greedy decode steps may be enqueued one ahead (EngineOptions.pipeline) */
+  /** whether decode steps may be enqueued one ahead (EngineOptions.pipeline) */
   readonly pipeline: boolean;
+  /** whether non-greedy rows are sampled on the device (EngineOptions.deviceSampling) */
+  readonly deviceSampling: boolean;
 
   constructor(
     readonly model: DecoderModel,
@@ -140,6 +183,8 @@ export class Engine {
     };
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
     this.pipeline = (options.pipeline ?? true) && process.env.LLMTS_PIPELINE !== 'off' && typeof model.backend.argmax === 'function';
+    this.deviceSampling = (options.deviceSampling ?? true) && process.env.LLMTS_DEVICE_SAMPLING !== 'off' &&
+      typeof model.backend.sampleRows === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
     const settings = options.prefixCache ?? {};
@@ -372,18 +417,28 @@ export class Engine {
   private launch(rows: ScheduledRow[], ahead?: DeviceIds): InFlight | undefined {
     const tokens: number[] = [];
     const logitTokens: number[] = [];
-    const wantLogits: boolean[] = [];
+    const picks: RowPick[] = [];
+    const samplers: Sequence[] = [];
     for (const row of rows) {
       // a pipelined row's token is not on the host yet (the device supplies it)
       for (let p = row.start; p < row.start + row.count; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
       if (row.sample) {
         logitTokens.push(tokens.length - 1);
-        wantLogits.push(!this.greedyOnly(row.seq));
+        picks.push(this.pickOf(row.seq));
       }
     }
-    let step: PendingStep;
+    // A step that samples on the device takes its greedy rows' tokens from the same op (an argmax
+    // there): the step's tokens are then one tensor, which a pipelined next step takes its ids from.
+    const sampling = picks.includes('sample');
+    let li = 0;
+    for (const row of rows) {
+      if (!row.sample) continue;
+      if (sampling && picks[li] === 'argmax') picks[li] = 'sample';
+      if (picks[li++] === 'sample') samplers.push(row.seq);
+    }
+    const cur: InFlight = { rows, step: undefined!, sampled: [], draws: [], tokens: tokens.length, launchedAt: 0, pipelined: !!ahead };
     try {
-      step = this.model.launch({
+      cur.step = this.model.launch({
         tokens: Int32Array.from(tokens),
         // a pipelined row reaches one past the known tokens: its own input is still arriving
         rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: Math.max(r.seq.known, r.start + r.count) })),
@@ -391,44 +446,104 @@ export class Engine {
         // decode-only steps may replay a captured graph: tables as wide as the longest sequence
         graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
         deviceIds: ahead,
-      }, this.kv, wantLogits, this.pipeline);
+      }, this.kv, {
+        rows: picks,
+        // called once the forward is enqueued: masks and uniforms while the device computes
+        sampleRows: () => {
+          cur.sampled = samplers.map((seq) => this.deviceRow(seq, cur.draws));
+          return cur.sampled.map((d) => d.row);
+        },
+        keep: this.pipeline,
+      });
     } catch (err) {
-      // The device step failed: its rows cannot continue; everyone else can.
+      // The device step failed: its rows cannot continue; everyone else can. A pipelined step's
+      // rows are still owed their token: the uniforms drawn for it go back to them.
       if (!ahead) for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
+      else this.returnDraws(cur);
       return undefined;
     }
-    this.prepareGrammarMasks(rows); // while the device runs the step
-    return { rows, wantLogits, step, tokens: tokens.length, launchedAt: performance.now(), pipelined: !!ahead };
+    cur.launchedAt = performance.now();
+    this.prepareGrammarMasks(rows, cur.step.picks); // host-sampled rows, while the device runs the step
+    return cur;
+  }
+
+  /** How `seq`'s next token is taken: the device's greedy pick, the device's sampleRows, or its logits. */
+  private pickOf(seq: Sequence): RowPick {
+    if (this.greedyOnly(seq)) return 'argmax';
+    return this.deviceSampling && deviceSamplable(this.model.backend, seq.request.topLogprobs) ? 'sample' : 'logits';
+  }
+
+  /**
+   * The sampleRows row of `seq`'s next token, as accept() would sample it on the host: its grammar
+   * mask, then one uniform drawn (none when greedy), recorded in `draws`. A grammar row that may
+   * only stop, or whose mask fails, draws nothing: accept() ends it as it would on the host.
+   */
+  private deviceRow(seq: Sequence, draws: InFlight['draws']): DeviceRow {
+    try {
+      let mask: Int32Array | undefined;
+      if (seq.grammar) {
+        if (seq.grammar.onlyStopAllowed()) return { row: IDLE_ROW };
+        mask = seq.grammar.mask();
+      }
+      const sampler = { params: seq.sampler.params, nextUniform: () => seq.uniformsBack.shift() ?? seq.sampler.nextUniform() };
+      const row = deviceSampleRow({ sampler, history: seq.history, mask, topLogprobs: seq.request.topLogprobs });
+      if (!isGreedy(seq.sampler.params)) draws.push({ seq, u: row.u });
+      return { row };
+    } catch (error) {
+      return { row: IDLE_ROW, failed: { error } };
+    }
+  }
+
+  /**
+   * A pipelined step that is dropped (it failed, or the one before it did) computed nothing its
+   * rows keep: the uniforms it drew go back to them, in order, so the step that computes those
+   * tokens again draws the same ones (a seeded row's tokens do not depend on a device fault).
+   */
+  private returnDraws(cur: InFlight): void {
+    for (const { seq, u } of cur.draws) if (!seq.finished) seq.uniformsBack.push(u);
+    cur.draws = [];
   }
 
   /**
    * Enqueues step N+1 behind `cur` (step N) before N's tokens are read back: a decode of each of
-   * N's sequences, its id N's greedy pick, gathered on the device. Only when the schedule after
-   * N would plan exactly these rows; undefined otherwise (the pipeline drains: N is read back and
-   * the scheduler plans the next step).
+   * N's sequences, its id N's token on the device (greedy pick or sampled), gathered there. Only
+   * when every row's next token needs nothing of N's but its id (pipelinable) and the schedule
+   * after N would plan exactly these rows; undefined otherwise (the pipeline drains: N is read
+   * back and the scheduler plans the next step).
    */
   private launchAhead(cur: InFlight): InFlight | undefined {
-    const picks = cur.step.deviceTokens;
-    if (!picks || cur.discard) return undefined;
+    const ids = cur.step.deviceTokens, at = cur.step.deviceTokenAt;
+    if (!ids || !at || cur.discard) return undefined;
     const next: { seq: Sequence; start: number; pick: number }[] = [];
     let ending = false;
-    let pick = 0; // logit row of `row` in cur (every row of a pipelinable step samples)
+    let li = 0; // logit row of `row` in cur (every row of a pipelinable step samples)
     for (const row of cur.rows) {
       const seq = row.seq;
       if (!row.sample) return undefined; // a prefill chunk follows
-      const at = pick++;
+      const pick = at[li++]!;
       if (seq.finished) continue; // ended while cur was in flight: its token is dropped
-      if (!this.greedyOnly(seq) || !this.staysDecoding(seq, row)) return undefined;
+      if (pick < 0 || !this.pipelinable(seq) || !this.staysDecoding(seq, row)) return undefined;
       if (seq.known + 1 >= seq.maxTokensTotal) {
         ending = true; // cur's token ends it (length): the schedule after cur drops it too
         continue;
       }
       const start = row.start + row.count;
       if (this.kv.passesUnhashed(seq.kv!, start)) return undefined; // cur's commit must hash what the window passes
-      next.push({ seq, start, pick: at });
+      next.push({ seq, start, pick });
     }
     if (next.length === 0 || !this.scheduleWouldMatch(cur, next.length, ending)) return undefined;
-    return this.launch(this.scheduler.scheduleAhead(next), { ids: picks, index: Int32Array.from(next, (n) => n.pick) });
+    return this.launch(this.scheduler.scheduleAhead(next), { ids, index: Int32Array.from(next, (n) => n.pick) });
+  }
+
+  /**
+   * A row whose next token may be computed before its current one reaches the host: one the
+   * device picks or samples, whose next draw depends on the current token only through its id
+   * (and its RNG, which stays in order: one draw per token). Penalties need the token in the
+   * history and a grammar needs it accepted, so those rows are not (no on-device counts).
+   */
+  private pipelinable(seq: Sequence): boolean {
+    if (this.greedyOnly(seq)) return true;
+    return this.pickOf(seq) === 'sample' && !seq.grammar && !hasPenalties(seq.sampler.params);
   }
 
   /**
@@ -466,11 +581,15 @@ export class Engine {
       // normal schedule computes again (and a failure that lasts ends them there). A scheduled
       // step's rows cannot continue; everyone else can.
       if (!cur.pipelined) for (const row of cur.rows) this.finish(row.seq, 'error', (err as Error).message);
+      else this.returnDraws(cur);
       return false;
     } finally {
       cur.step.release(); // the step behind it, if any, is already enqueued
     }
-    if (cur.discard) return false;
+    if (cur.discard) {
+      this.returnDraws(cur);
+      return false;
+    }
     // a pipelined step overlapped host work: its wait is no measure of compute
     if (!cur.pipelined) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
     this.steps++;
@@ -480,22 +599,29 @@ export class Engine {
   }
 
   /** Takes a step's results: computed KV (and its block hashes), then each sampling row's token. */
-  private postprocess({ rows, wantLogits }: InFlight, result: StepResult): void {
+  private postprocess({ rows, step, sampled }: InFlight, result: StepResult): void {
     const V = this.model.config.vocabSize;
-    let li = 0, hi = 0;
+    const outcomes = result.samples ? decodeDeviceSamples(result.samples, sampled.map((d) => d.row)) : [];
+    let li = 0, hi = 0, si = 0;
     for (const row of rows) {
       row.seq.computed += row.count;
       if (!row.seq.finished) this.kv.commit(row.seq.kv!, row.seq.computed, (p) => row.seq.tokenAt(p));
       if (!row.sample) continue;
-      // this row's logits, when they came back (rows whose greedy id was picked on the device have none)
-      const wanted = !result.tokens || wantLogits[li]!;
-      const rowLogits = wanted ? result.logits.subarray(hi * V, (hi + 1) * V) : undefined;
-      const deviceToken = result.tokens?.[li];
-      if (wanted) hi++;
+      // where this row's token comes from: its logits (when they came back), the device's greedy
+      // pick, or its sampleRows result
+      const pick = step.picks?.[li] ?? 'logits';
+      let src: TokenSource;
+      if (pick === 'logits') src = { logits: result.logits.subarray(hi * V, ++hi * V) };
+      else if (pick === 'argmax') src = { greedy: result.tokens![li]! };
+      else {
+        const d = sampled[si]!;
+        src = d.failed ? { failed: d.failed.error } : { device: outcomes[si]! };
+        si++;
+      }
       li++;
       if (row.seq.finished) continue;
       try {
-        this.accept(row.seq, rowLogits, rowLogits ? undefined : deviceToken);
+        this.accept(row.seq, src);
       } catch (err) {
         this.finish(row.seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
       }
@@ -512,13 +638,16 @@ export class Engine {
   }
 
   /**
-   * Grammar rows about to sample need their token bitmask; computing it here, after the step was
-   * handed to the device and before its logits are awaited, takes it off the critical path. A
-   * failure is left for accept() to report (the mask is recomputed there).
+   * Grammar rows about to sample on the host need their token bitmask; computing it here, after
+   * the step was handed to the device and before its logits are awaited, takes it off the critical
+   * path (device-sampled rows computed theirs before their op was enqueued). A failure is left for
+   * accept() to report (the mask is recomputed there).
    */
-  private prepareGrammarMasks(rows: ScheduledRow[]): void {
+  private prepareGrammarMasks(rows: ScheduledRow[], picks: readonly RowPick[] | undefined): void {
+    let li = 0;
     for (const row of rows) {
-      if (!row.sample || !row.seq.grammar || row.seq.finished) continue;
+      if (!row.sample) continue;
+      if ((picks?.[li++] ?? 'logits') !== 'logits' || !row.seq.grammar || row.seq.finished) continue;
       try {
         row.seq.grammar.mask();
       } catch {
@@ -528,26 +657,30 @@ export class Engine {
   }
 
   /**
-   * Samples (or takes the device's greedy pick `deviceToken`), records and emits one token of
+   * Samples (or takes the device's greedy pick or sampled token), records and emits one token of
    * `seq`, finishing it when a stop condition holds.
    */
-  private accept(seq: Sequence, logits: Float32Array | undefined, deviceToken?: number): void {
+  private accept(seq: Sequence, src: TokenSource): void {
     const grammar = seq.grammar;
     // a complete grammar that allows nothing but a stop token: end here, no token to sample
     if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
     let id: number;
-    if (logits) id = seq.sampler.sample(logits, seq.history, grammar?.mask());
-    else if (deviceToken !== undefined && deviceToken >= 0) id = deviceToken;
+    let r: TokenLogprobs | undefined;
+    if ('logits' in src) {
+      id = seq.sampler.sample(src.logits, seq.history, grammar?.mask());
+      if (seq.request.topLogprobs !== undefined) r = topLogprobs(src.logits, seq.request.topLogprobs, id);
+    } else if ('device' in src) {
+      if ('error' in src.device) throw new Error(src.device.error);
+      id = src.device.tokenId;
+      r = src.device.logprobs;
+    } else if ('failed' in src) throw src.failed;
+    else if (src.greedy >= 0) id = src.greedy;
     else throw new Error('cannot sample: every logit is -Infinity or NaN');
     grammar?.accept(id);
     seq.history.push(id);
     seq.output.push(id);
     seq.firstTokenAt ??= performance.now();
-    let lp: TokenLogprob | undefined;
-    if (seq.request.topLogprobs !== undefined && logits) {
-      const r = topLogprobs(logits, seq.request.topLogprobs, id);
-      lp = { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
-    }
+    const lp: TokenLogprob | undefined = r && { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
     if (seq.eos.has(id)) {
       seq.emit({ type: 'token', tokenId: id, text: '', logprobs: lp });
       return this.finish(seq, 'stop');

@@ -65,6 +65,11 @@ export class Sequence {
   kv?: SequenceKv;
   finished?: FinishReason;
   readonly sampler: Sampler;
+  /**
+   * Uniforms drawn from `sampler`'s RNG for a device-sampled token whose step was dropped (a
+   * pipelined step that failed): the engine hands them out again, first, so the RNG order holds.
+   */
+  readonly uniformsBack: number[] = [];
   readonly history: TokenHistory;
   readonly detok: IncrementalDetokenizer;
   readonly stops: StopStringMatcher;

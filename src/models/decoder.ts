@@ -9,6 +9,7 @@ import {
   hasFusedOps, type Backend, type FusedOps, type HostStepLayout, type PagedKv, type StepLayout, type Tensor,
 } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
+import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
 import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } from './decode-graphs.ts';
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
@@ -64,23 +65,51 @@ export interface StepBatch<Row extends RowSpan> {
   graphWidth?: number;
 }
 
+/**
+ * How one logit row's token is taken: 'logits' reads its logits back (the host samples);
+ * 'argmax' reads back the device's greedy pick (Backend.argmax); 'sample' reads back the row's
+ * Backend.sampleRows result (token and logprobs).
+ */
+export type RowPick = 'logits' | 'argmax' | 'sample';
+
+/** What a step computes per logit row beyond its logits (DecoderModel.launch). */
+export interface StepPicks {
+  /** one per logit row; 'argmax' becomes 'logits' on a backend without a device argmax */
+  rows: readonly RowPick[];
+  /**
+   * Builds the Backend.sampleRows rows, one per 'sample' row, in order. Called once the forward
+   * is enqueued and before the reads, so the host work it does (grammar masks, the uniforms it
+   * draws) overlaps the device; a graph replay is enqueued by then, the op follows it.
+   */
+  sampleRows?: () => readonly DeviceSampleRow[];
+  /** keep the step's device tokens for a later step's ids (PendingStep.deviceTokens) */
+  keep?: boolean;
+}
+
 /** What a step reads back (DecoderModel.step). */
 export interface StepResult {
-  /** greedy token per logit row, picked on the device (when the step asked for any) */
+  /** greedy token per logit row, picked on the device (when some row was 'argmax') */
   tokens?: Int32Array;
-  /** f32 logits [rows that wanted them, vocab], in logit-row order */
+  /** f32 logits [rows that wanted them ('logits'), vocab], in logit-row order */
   logits: Float32Array;
+  /** the sampleRows result of the 'sample' rows, i32 [those rows, 2 + 2K], in logit-row order */
+  samples?: Int32Array;
 }
 
 /** A step handed to the backend (DecoderModel.launch) whose results are still on their way. */
 export interface PendingStep {
   /** what the step reads back; never an unhandled rejection while nobody awaits it yet */
   result: Promise<StepResult>;
+  /** per logit row, how its token is taken (the picks asked for, resolved); undefined: every row's logits */
+  picks?: readonly RowPick[];
   /**
-   * The step's greedy picks on the device, i32 [>= logit rows], when it made them and was asked to
-   * keep them: a later step can take its ids from them (StepBatch.deviceIds). Valid until release.
+   * The step's tokens on the device when it was asked to keep them: its sampleRows result when
+   * some row was 'sample', else its greedy picks. A later step can take its ids from them
+   * (StepBatch.deviceIds). Valid until release.
    */
   deviceTokens?: Tensor;
+  /** per logit row: the element of deviceTokens (read flat) that holds its token; -1: not there */
+  deviceTokenAt?: Int32Array;
   /** host milliseconds spent enqueuing the step */
   enqueueMs: number;
   /** frees what the step kept; call once every step reading deviceTokens is enqueued (idempotent) */
@@ -122,9 +151,9 @@ export class DecoderModel {
   /**
    * Runs one step. `wantLogits[i]` false: logit row i only needs its greedy token, which the
    * backend picks on the device when it can (StepResult.tokens); the logits come back only for
-   * the rows that want them. Omitted: every row's logits, no tokens.
+   * the rows that want them. Omitted: every row's logits, no tokens. Or per-row picks (StepPicks).
    */
-  async step<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[]): Promise<StepResult> {
+  async step<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[] | StepPicks): Promise<StepResult> {
     const pending = this.launch(batch, kv, wantLogits);
     try {
       return await pending.result;
@@ -135,59 +164,92 @@ export class DecoderModel {
 
   /**
    * Enqueues one step and its read-backs, and returns without waiting for them (what `step`
-   * awaits): the caller may enqueue the next step first. `keepTokens`: keep the greedy picks on
-   * the device for a later step's ids (PendingStep.deviceTokens). Throws what it cannot enqueue.
-   * No backend scope may be open (the step's scopes close before this returns).
+   * awaits): the caller may enqueue the next step first. `picks`: what each logit row needs (as
+   * for `step`); `keepTokens` (with a boolean[]): keep the greedy picks on the device for a later
+   * step's ids (PendingStep.deviceTokens). Throws what it cannot enqueue. No backend scope may be
+   * open (the step's scopes close before this returns).
    */
-  launch<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, wantLogits?: readonly boolean[], keepTokens = false): PendingStep {
+  launch<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, picks?: readonly boolean[] | StepPicks, keepTokens = false): PendingStep {
     const T = batch.tokens.length;
     const total = batch.rows.reduce((a, r) => a + r.count, 0);
     if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
-    if (wantLogits && wantLogits.length !== batch.logitTokens.length) throw new Error('step: wantLogits needs one entry per logit row');
     if (batch.deviceIds && batch.deviceIds.index.length !== T) throw new Error('step: deviceIds needs one index per token');
+    const resolved = this.resolvePicks(picks, keepTokens, batch.logitTokens.length);
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
-    // device argmax only pays when some row can skip its logits
-    const argmax = this.backend.argmax && wantLogits?.some((w) => !w) ? wantLogits : undefined;
     const t0 = performance.now();
     if (this.graphable(batch)) {
       const host = kv.hostLayouts(batch.rows);
-      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.launchGraphed(batch, kv, host, ropePlan, argmax, keepTokens, t0);
+      if (host.every((h) => h.maxBlocks <= batch.graphWidth!)) return this.launchGraphed(batch, kv, host, ropePlan, resolved, t0);
       // a row longer than the width promised: this step runs op by op
     }
-    return this.launchEager(batch, kv, ropePlan, argmax, keepTokens, t0);
+    return this.launchEager(batch, kv, ropePlan, resolved, t0);
+  }
+
+  /**
+   * The picks as this backend runs them: 'argmax' without a device argmax reads logits; a step
+   * where no row skips its logits makes no device tokens (undefined: every row's logits).
+   */
+  private resolvePicks(picks: readonly boolean[] | StepPicks | undefined, keepTokens: boolean, P: number): StepPicks | undefined {
+    if (!picks) return undefined;
+    const given: StepPicks = 'rows' in picks
+      ? picks
+      : { rows: (picks as readonly boolean[]).map((w): RowPick => (w ? 'logits' : 'argmax')), keep: keepTokens };
+    if (given.rows.length !== P) throw new Error('step: wantLogits needs one entry per logit row');
+    const rows = given.rows.map((r): RowPick => (r === 'argmax' && !this.backend.argmax ? 'logits' : r));
+    if (rows.includes('sample') && (!this.backend.sampleRows || !given.sampleRows)) {
+      throw new Error(this.backend.sampleRows ? 'step: sampled rows need StepPicks.sampleRows' : `the ${this.backend.name} backend cannot sample on the device`);
+    }
+    if (rows.every((r) => r === 'logits')) return undefined;
+    return { ...given, rows };
   }
 
   private launchEager<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, ropePlan: () => RopeTable[],
-    wantLogits: readonly boolean[] | undefined, keepTokens: boolean, t0: number): PendingStep {
-    const b = this.backend, T = batch.tokens.length;
-    let kept: Tensor | undefined;
+    picks: StepPicks | undefined, t0: number): PendingStep {
+    const b = this.backend, T = batch.tokens.length, P = batch.logitTokens.length;
+    let kept: DeviceTokens | undefined;
     let result: Promise<StepResult>;
     b.beginScope();
     try {
       const ropes = ropePlan();
       const layouts = kv.layouts(batch.rows);
       const ids = batch.deviceIds ? gatherDeviceIds(b, batch.deviceIds) : b.upload(batch.tokens, [T]);
-      const pick = b.upload(Int32Array.from(batch.logitTokens), [batch.logitTokens.length]);
+      const pick = b.upload(Int32Array.from(batch.logitTokens), [P]);
       const logits = this.enqueueStep(ids, layouts, pick, ropes, kv);
-      const tokens = wantLogits ? b.argmax!(logits) : undefined;
-      result = this.collect(logits, tokens, batch.logitTokens.length, wantLogits);
-      kept = keepTokens ? tokens : undefined;
+      const tokens = picks?.rows.includes('argmax') ? b.argmax!(logits) : undefined;
+      const samples = picks ? this.enqueueSampling(logits, P, picks) : undefined;
+      result = this.collect(logits, tokens, samples, P, picks?.rows);
+      kept = picks?.keep ? deviceTokensOf(tokens, samples, picks.rows) : undefined;
     } finally {
       // The reads are enqueued, and later ops cannot change what they return: the step's tensors
-      // may go now, all but the picks kept for a later step (they leave the scope unowned).
-      b.endScope(kept ? [kept] : []);
+      // may go now, all but the tokens kept for a later step (they leave the scope unowned).
+      b.endScope(kept ? [kept.tensor] : []);
     }
-    return this.pending(result, kept, kept ? () => b.free(kept) : undefined, t0);
+    return this.pending(result, picks?.rows, kept, kept ? () => b.free(kept.tensor) : undefined, t0);
+  }
+
+  /**
+   * Enqueues Backend.sampleRows over the 'sample' rows of logits (whose first P rows are the
+   * step's), with the rows `picks.sampleRows` builds now; undefined when no row samples.
+   */
+  private enqueueSampling(logits: Tensor, P: number, picks: StepPicks): Tensor | undefined {
+    const b = this.backend;
+    const at = picks.rows.flatMap((r, i) => (r === 'sample' ? [i] : []));
+    if (at.length === 0) return undefined;
+    const rows = picks.sampleRows!();
+    if (rows.length !== at.length) throw new Error(`step: ${rows.length} sampled rows built for ${at.length} 'sample' rows`);
+    const src = at.length === P ? rowsOf(b, logits, P) : b.gatherRows(logits, b.upload(Int32Array.from(at), [at.length]));
+    return b.sampleRows!(src, rows);
   }
 
   /** The PendingStep of a step whose reads are enqueued. */
-  private pending(result: Promise<StepResult>, deviceTokens: Tensor | undefined, free: (() => void) | undefined, t0: number): PendingStep {
+  private pending(result: Promise<StepResult>, picks: readonly RowPick[] | undefined, kept: DeviceTokens | undefined,
+    free: (() => void) | undefined, t0: number): PendingStep {
     result.catch(() => undefined); // its owner awaits it later, maybe after other awaits
     this.lastEnqueueMs = performance.now() - t0;
     let released = false;
     return {
-      result, deviceTokens, enqueueMs: this.lastEnqueueMs,
+      result, picks, deviceTokens: kept?.tensor, deviceTokenAt: kept?.at, enqueueMs: this.lastEnqueueMs,
       release: () => {
         if (released) return;
         released = true;
@@ -197,23 +259,25 @@ export class DecoderModel {
   }
 
   /**
-   * Enqueues the reads of a step's results: the greedy tokens of every row, when computed, and the
-   * logits of the rows that want them (`logits` and `tokens` may hold more rows than the P asked
-   * for). Everything is enqueued before this returns.
+   * Enqueues the reads of a step's results: the greedy tokens of every row, when computed, the
+   * sampleRows result, when computed, and the logits of the rows that want them (`logits` and
+   * `tokens` may hold more rows than the P asked for). Everything is enqueued before this returns.
    */
-  private collect(logits: Tensor, tokens: Tensor | undefined, P: number, wantLogits: readonly boolean[] | undefined): Promise<StepResult> {
+  private collect(logits: Tensor, tokens: Tensor | undefined, samples: Tensor | undefined, P: number,
+    picks: readonly RowPick[] | undefined): Promise<StepResult> {
     const b = this.backend;
-    const rowsOf = (t: Tensor) => (t.shape[0] === P ? t : b.rowView!(t, 0, P));
     let logitsRead: Promise<Float32Array | Int32Array> | undefined;
-    const host = wantLogits ? wantLogits.flatMap((w, i) => (w ? [i] : [])) : undefined;
-    if (!host) logitsRead = b.read(rowsOf(logits));
-    else if (host.length === P) logitsRead = b.read(rowsOf(logits));
+    const host = picks ? picks.flatMap((r, i) => (r === 'logits' ? [i] : [])) : undefined;
+    if (!host) logitsRead = b.read(rowsOf(b, logits, P));
+    else if (host.length === P) logitsRead = b.read(rowsOf(b, logits, P));
     else if (host.length > 0) logitsRead = b.read(b.gatherRows(logits, b.upload(Int32Array.from(host), [host.length])));
-    const tokensRead = tokens ? b.read(rowsOf(tokens)) : undefined;
-    // both awaited together: neither rejection goes unhandled while the other is pending
-    return Promise.all([tokensRead, logitsRead]).then(([t, l]) => ({
+    const tokensRead = tokens ? b.read(rowsOf(b, tokens, P)) : undefined;
+    const samplesRead = samples ? b.read(samples) : undefined;
+    // awaited together: no rejection goes unhandled while another is pending
+    return Promise.all([tokensRead, logitsRead, samplesRead]).then(([t, l, s]) => ({
       tokens: t as Int32Array | undefined,
       logits: (l as Float32Array | undefined) ?? new Float32Array(0),
+      samples: s as Int32Array | undefined,
     }));
   }
 
@@ -226,7 +290,7 @@ export class DecoderModel {
   }
 
   private launchGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, host: HostStepLayout[],
-    ropePlan: () => RopeTable[], wantLogits: readonly boolean[] | undefined, keepTokens: boolean, t0: number): PendingStep {
+    ropePlan: () => RopeTable[], picks: StepPicks | undefined, t0: number): PendingStep {
     const b = this.backend as GraphBackend;
     const width = batch.graphWidth!;
     const access = kv as unknown as KvAccess<RowSpan>;
@@ -254,19 +318,26 @@ export class DecoderModel {
       if (!(err instanceof GraphCaptureError)) throw err;
       this.graphsOff = (err as Error).message;
       console.error(`llmts: decode graphs are off (${this.graphsOff}); steps run op by op`);
-      return this.launchEager(batch, kv, ropePlan, wantLogits, keepTokens, t0);
+      return this.launchEager(batch, kv, ropePlan, picks, t0);
     }
-    const tokens = wantLogits ? outputs[1] : undefined;
+    const R = batch.rows.length;
+    const tokens = picks?.rows.includes('argmax') ? outputs[1] : undefined;
     let result: Promise<StepResult>;
+    let kept: DeviceTokens | undefined;
     b.beginScope();
     try {
-      result = this.collect(outputs[0]!, tokens, batch.rows.length, wantLogits);
+      // sampleRows uploads its rows, so it cannot be captured: it follows the replay
+      const samples = picks ? this.enqueueSampling(outputs[0]!, R, picks) : undefined;
+      result = this.collect(outputs[0]!, tokens, samples, R, picks?.rows);
+      kept = picks?.keep ? deviceTokensOf(tokens, samples, picks.rows) : undefined;
     } finally {
-      b.endScope();
+      b.endScope(kept && kept.tensor !== tokens ? [kept.tensor] : []);
     }
-    // Kept picks are the graph's output: nothing to free, and the next replay of this bucket,
-    // which rewrites them, is enqueued after any step that reads them.
-    return this.pending(result, keepTokens ? tokens : undefined, undefined, t0);
+    // Kept greedy picks are the graph's output: nothing to free, and the next replay of this
+    // bucket, which rewrites them, is enqueued after any step that reads them. A kept sampleRows
+    // result is the step's own, freed on release.
+    const own = kept && kept.tensor !== tokens ? kept.tensor : undefined;
+    return this.pending(result, picks?.rows, kept, own ? () => b.free(own) : undefined, t0);
   }
 
   /** Frees the graphs captured over `kv` (its owner is closing it). */
@@ -418,6 +489,32 @@ export class DecoderModel {
     this.graphs.clear();
     this.rope.dispose();
   }
+}
+
+/** A step's tokens kept on the device, and where each logit row's token sits in them (flat). */
+interface DeviceTokens {
+  tensor: Tensor;
+  at: Int32Array;
+}
+
+/**
+ * What a step keeps for a later step's ids: its sampleRows result [S, W] when some row sampled
+ * (row j's token at j * W; rows that did not sample have none), else its greedy picks [>= P] (one
+ * per logit row).
+ */
+function deviceTokensOf(tokens: Tensor | undefined, samples: Tensor | undefined, picks: readonly RowPick[]): DeviceTokens | undefined {
+  if (samples) {
+    const W = samples.shape[1]!;
+    let j = 0;
+    return { tensor: samples, at: Int32Array.from(picks, (r) => (r === 'sample' ? W * j++ : -1)) };
+  }
+  if (tokens) return { tensor: tokens, at: Int32Array.from(picks, (_, i) => i) };
+  return undefined;
+}
+
+/** The first P rows of t (a graph's outputs hold the whole bucket). */
+function rowsOf(b: Backend, t: Tensor, P: number): Tensor {
+  return t.shape[0] === P ? t : b.rowView!(t, 0, P);
 }
 
 function roundToHalf(x: number, dtype: 'bf16' | 'f16'): number {

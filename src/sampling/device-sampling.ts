@@ -5,17 +5,17 @@
 // may differ only when u falls within ~1e-5, relative to the total mass, of a cumulative boundary
 // of the draw, or a top-p / min-p cut sits that close; see contracts/device-sampling.ts).
 //
-// How the engine uses it, per step:
-//   1. enqueue the forward pass; keep the logits tensor [P, V] (inside the step's scope);
+// How the engine uses it (execution/engine.ts launch / deviceRow), per step:
+//   1. the forward pass is enqueued (a graph replay on CUDA); DecoderModel.launch then calls back
+//      for the rows, so the host work below overlaps the device;
 //   2. for each sampled row, in row order, with the grammar mask computed and after the
 //      onlyStopAllowed() check (which ends the row without sampling, so it must not draw):
-//        req = { sampler, history, mask, topLogprobs }   (all as accept() passes them today)
-//   3. const pending = sampleOnDevice(backend, logits, reqs)  (enqueued: nothing waits; builds the
-//      rows, which draws the uniforms, and uploads them in one packed buffer);
-//   4. keep pending.result past the scope (endScope([pending.result])), then
-//      const outcomes = await pending.read()  -> per row { tokenId, logprobs? } or { error };
-//      accept tokenId as a sampled token (grammar.accept, history.push, ...), report logprobs,
-//      finish the row on { error } as a sampler error would; then backend.free(pending.result).
+//        deviceSampleRow({ sampler, history, mask, topLogprobs })   (draws the row's uniform)
+//   3. the decoder enqueues backend.sampleRows on those rows' logits and reads the i32 result
+//      back; decodeDeviceSamples turns it into per row { tokenId, logprobs? } or { error }, and
+//      the engine accepts tokenId as a sampled token (or ends the row on { error }, as a sampler
+//      error would). A pipelined next step takes its ids from the result's token column.
+// (sampleOnDevice below does 2 and 3 in one call, for callers holding a logits tensor.)
 // Only rows whose request fits (deviceSamplable) go this way; the rest keep reading their logits.
 // One difference in RNG use: the host sampler draws nothing for a row it cannot sample (every
 // logit -Infinity, or a +Infinity), the device row drew its uniform before; such a row ends with
@@ -124,13 +124,18 @@ export function sampleOnDevice(backend: Backend, logits: Tensor, reqs: readonly 
   const result = backend.sampleRows(logits, rows);
   return {
     result,
-    read: async () => {
-      const data = (await backend.read(result)) as Int32Array;
-      return decodeSampleResults(data, rows).map((s): DeviceSampleOutcome => {
-        if (s.tokenId === SAMPLE_ERR_MASKED || s.tokenId < 0) return { error: s.tokenId === SAMPLE_ERR_INF ? INF : MASKED };
-        if (s.logprob === undefined) return { tokenId: s.tokenId };
-        return { tokenId: s.tokenId, logprobs: { tokenId: s.tokenId, logprob: s.logprob, top: s.top ?? [] } };
-      });
-    },
+    read: async () => decodeDeviceSamples((await backend.read(result)) as Int32Array, rows),
   };
+}
+
+/**
+ * The outcomes of a sampleRows result read back (i32 [P, 2 + 2K]) for the `rows` it was enqueued
+ * with: per row its token (with logprobs when asked), or the error the host sampler would throw.
+ */
+export function decodeDeviceSamples(data: Int32Array, rows: readonly DeviceSampleRow[]): DeviceSampleOutcome[] {
+  return decodeSampleResults(data, rows).map((s): DeviceSampleOutcome => {
+    if (s.tokenId === SAMPLE_ERR_MASKED || s.tokenId < 0) return { error: s.tokenId === SAMPLE_ERR_INF ? INF : MASKED };
+    if (s.logprob === undefined) return { tokenId: s.tokenId };
+    return { tokenId: s.tokenId, logprobs: { tokenId: s.tokenId, logprob: s.logprob, top: s.top ?? [] } };
+  });
 }
