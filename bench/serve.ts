@@ -190,6 +190,15 @@ for (const n of [1, 4, 16, 64]) {
 const longPrompt = promptOf(99, Math.min(Number(values['long-prompt']), m.maxContext - 16), V);
 const healthMs: number[] = [];
 let prefillDone = false;
+// The server's own longest event-loop stall during the prefill: prom-client's default metrics
+// reset their loop-delay histogram at every scrape, so a scrape now and one after the request
+// bound it (a slow /health probe alone cannot tell the server's stall from this process's).
+const loopLagMaxS = async (): Promise<number> => {
+  const text = await fetch(`${base}/metrics`).then((r) => r.text());
+  const m = /^llmts_nodejs_eventloop_lag_max_seconds\s+([0-9.eE+-]+)/m.exec(text);
+  return m ? Number(m[1]) : NaN;
+};
+await loopLagMaxS();
 const long = stream(longPrompt, 4).then((r) => ((prefillDone = true), r));
 while (!prefillDone) {
   const t = performance.now();
@@ -198,6 +207,7 @@ while (!prefillDone) {
   await new Promise((r) => setTimeout(r, 2));
 }
 const longResult = await long;
+const serverLoopLagMaxMs = 1000 * (await loopLagMaxS());
 server.kill('SIGTERM');
 
 let commit = 'unknown';
@@ -210,7 +220,7 @@ const result = {
   engineEndToEndTokPerS: median(engineEndToEnd),
   loneVsDedicated: median(engineDirect) / median(dedicated), httpVsEngine: median(httpSingle) / median(engineEndToEnd),
   concurrency,
-  health: { samples: healthMs.length, p50Ms: median(healthMs), p99Ms: pct(healthMs, 99), maxMs: Math.max(...healthMs), prefillTokens: longPrompt.length, prefillRequestMs: longResult.totalMs },
+  health: { samples: healthMs.length, p50Ms: median(healthMs), p99Ms: pct(healthMs, 99), maxMs: Math.max(...healthMs), prefillTokens: longPrompt.length, prefillRequestMs: longResult.totalMs, serverLoopLagMaxMs },
 };
 console.log(`machine ${result.machine}  commit ${commit}  model ${values.model}`);
 console.log(`single stream decode (median of 5, ${TOKENS} tokens):`);
@@ -218,5 +228,5 @@ console.log(`  decode: dedicated loop ${result.dedicatedTokPerS.toFixed(1)} tok/
 console.log(`  request end to end: engine ${result.engineEndToEndTokPerS.toFixed(1)} tok/s | HTTP ${result.httpTokPerS.toFixed(1)} tok/s (HTTP/engine ${result.httpVsEngine.toFixed(3)})`);
 console.log('concurrent streams (64 tokens each, 64-token prompts):');
 for (const c of concurrency) console.log(`  ${String(c.streams).padStart(3)} streams: ${c.outputTokPerS.toFixed(1).padStart(8)} output tok/s   TTFT p50 ${c.ttftP50Ms.toFixed(1)} ms  p99 ${c.ttftP99Ms.toFixed(1)} ms`);
-console.log(`/health during a ${longPrompt.length}-token prefill (request ${longResult.totalMs.toFixed(0)} ms): ${healthMs.length} probes, p50 ${result.health.p50Ms.toFixed(2)} ms, p99 ${result.health.p99Ms.toFixed(2)} ms, max ${result.health.maxMs.toFixed(2)} ms`);
+console.log(`/health during a ${longPrompt.length}-token prefill (request ${longResult.totalMs.toFixed(0)} ms): ${healthMs.length} probes, p50 ${result.health.p50Ms.toFixed(2)} ms, p99 ${result.health.p99Ms.toFixed(2)} ms, max ${result.health.maxMs.toFixed(2)} ms; the server's longest event-loop stall ${serverLoopLagMaxMs.toFixed(1)} ms`);
 if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2));
