@@ -3,38 +3,23 @@
 // reached their end, emit events, retire finished sequences). A lone request takes this same
 // path. A failure in one row (sampler error, cancel, abandoned stream) ends that row only.
 //
-// Device sampling: on a backend with Backend.sampleRows, a row that is not a plain greedy pick
-// (temperature, top-k/p, min-p, penalties, bias, logprobs up to 20, a grammar mask) takes its token
-// and logprobs from that op instead of reading its logits back. The request's RNG stays here: the
-// row's uniform is drawn when the op is enqueued, one per sampled token as the host sampler draws
-// it, so a seed gives the same tokens either way (EngineOptions.deviceSampling switches it).
-//
-// Pipelined decode: when every row of step N takes its token on the device (a greedy pick, or a
-// device-sampled row whose next draw needs nothing of N's token: no penalty, no grammar), and the
-// schedule after N would be a plain decode of those same sequences, step N+1 is enqueued before
-// N's tokens are read back, its ids N's tokens copied on the device; N's bookkeeping then runs
-// while N+1 computes. At most one step is in flight beyond the one being postprocessed. A row
-// that ends at N has one extra token computed by N+1, which is dropped: never emitted, counted or
-// hashed (a sampled row drew one uniform for it, which nothing later uses). Its KV write goes to a
-// block the row still held when N+1 was enqueued, at a position no block hash covers; a step that
-// gets the block later is enqueued later, so (ops run in enqueue order) it writes each position
-// before reading it.
+// This file keeps the public API, the loop and the request lifecycle (submit, cancel, finish);
+// the step mechanics live beside it: step-launch.ts (building a step and its rows' picks, device
+// sampling), pipeline.ts (the decode step enqueued ahead), token-accept.ts (a step's results
+// into tokens, events and finishes), stale-kv.ts (the LongRoPE recompute rule).
 
-import type { DecoderModel, PendingStep, RowPick, StepResult } from '../models/decoder.ts';
-import type { DeviceIds } from '../models/device-ids.ts';
-import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
+import type { DecoderModel, StepResult } from '../models/decoder.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
-import {
-  decodeDeviceSamples, deviceSamplable, deviceSampleRow, isGreedy, needsLogitProcessing, topLogprobs,
-  type DeviceSampleOutcome, type SamplingParams, type TokenLogprobs,
-} from '../sampling/index.ts';
-import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
-import { Scheduler, type ScheduledRow } from './scheduler.ts';
+import { Scheduler } from './scheduler.ts';
 import { Sequence, type EngineRequest, type FinishReason, type SequenceEvent, type TokenLogprob } from './sequence.ts';
 import { PrefixReuse, openSsdTier, prefixOptionsFor, type PrefixCacheSettings, type PrefixCacheStats } from './prefix-reuse.ts';
+import { StepLauncher, returnDraws, type InFlight } from './step-launch.ts';
+import { DecodePipeline } from './pipeline.ts';
+import { TokenAcceptor } from './token-accept.ts';
+import { recomputeStaleKv } from './stale-kv.ts';
 
 export interface EngineOptions {
   /** rows decoding together (default 16) */
@@ -86,20 +71,6 @@ export interface Completion {
   errorKind?: 'grammar';
 }
 
-/** what a sampling row's token comes from (Engine.accept) */
-type TokenSource =
-  | { logits: Float32Array }
-  | { greedy: number }
-  | { device: DeviceSampleOutcome }
-  | { failed: unknown };
-
-/** a sampleRows row that draws nothing and whose result is not used (a row that samples no token) */
-const IDLE_ROW: DeviceSampleRow = {
-  temperature: 0, topK: 0, topP: 1, minP: 0, u: 0, repetitionPenalty: 1, frequencyPenalty: 0, presencePenalty: 0,
-};
-
-const hasPenalties = (p: SamplingParams): boolean => p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0;
-
 /** longest stretch the loop may hold the event loop when the backend never leaves the thread */
 const YIELD_EVERY_MS = 5;
 
@@ -120,33 +91,10 @@ export interface EngineStats {
 }
 
 interface Handle {
-  seq: Sequence;
   stream?: EventStream<SequenceEvent>;
   cancelled?: string;
-}
-
-/** A row handed to Backend.sampleRows. */
-interface DeviceRow {
-  row: DeviceSampleRow;
-  /** it could not be built (its grammar failed): the row ends with this, its result unused */
-  failed?: { error: unknown };
-}
-
-/** A step handed to the model whose results have not been postprocessed yet. */
-interface InFlight {
-  rows: ScheduledRow[];
-  step: PendingStep;
-  /** the step's 'sample' rows, in logit-row order (filled when the step is enqueued) */
-  sampled: DeviceRow[];
-  /** uniforms its sampled rows drew, in order: handed back to their sequences if it is dropped */
-  draws: { seq: Sequence; u: number }[];
-  /** tokens the step computes, and when its enqueue ended (restore policy) */
-  tokens: number;
-  launchedAt: number;
-  /** enqueued behind the step before it, its ids that step's device picks */
-  pipelined: boolean;
-  /** the step before it failed: nothing of this one is taken */
-  discard?: boolean;
+  /** removes the abort listener from the caller's signal (which may outlive the request) */
+  detach?: () => void;
 }
 
 export class Engine {
@@ -166,6 +114,9 @@ export class Engine {
   readonly pipeline: boolean;
   /** whether non-greedy rows are sampled on the device (EngineOptions.deviceSampling) */
   readonly deviceSampling: boolean;
+  private readonly launcher: StepLauncher;
+  private readonly decodePipeline: DecodePipeline;
+  private readonly acceptor: TokenAcceptor;
 
   constructor(
     readonly model: DecoderModel,
@@ -203,6 +154,14 @@ export class Engine {
     this.scheduler = new Scheduler(this.kv, {
       maxBatch: this.opts.maxBatch, maxQueued: this.opts.maxQueued, tokenBudget: this.opts.tokenBudget,
     });
+    this.launcher = new StepLauncher(model, this.kv, {
+      // decode-only steps may replay a captured graph: tables as wide as the longest sequence
+      graphWidth: Math.ceil(this.maxModelLen / bs) + 1,
+      keepDeviceTokens: this.pipeline,
+      deviceSampling: this.deviceSampling,
+    }, (cur, err) => this.dropFailedStep(cur, err));
+    this.decodePipeline = new DecodePipeline(this.launcher, this.scheduler, this.kv, cfg, (seq) => this.handles.get(seq));
+    this.acceptor = new TokenAcceptor(this.kv, cfg, (seq, reason, error, errorKind) => this.finish(seq, reason, error, errorKind));
   }
 
   get stats(): EngineStats {
@@ -258,11 +217,15 @@ export class Engine {
       throw err;
     }
     this.prefix.onSubmit(seq);
-    const handle: Handle = { seq };
+    const handle: Handle = {};
     this.handles.set(seq, handle);
     if (signal) {
       if (signal.aborted) this.cancel(seq, 'aborted');
-      else signal.addEventListener('abort', () => this.cancel(seq, 'aborted'), { once: true });
+      else {
+        const onAbort = () => this.cancel(seq, 'aborted');
+        signal.addEventListener('abort', onAbort, { once: true });
+        handle.detach = () => signal.removeEventListener('abort', onAbort);
+      }
     }
     this.kick();
     return seq;
@@ -281,7 +244,9 @@ export class Engine {
       stream.push(e);
       if (e.type === 'finish') stream.end();
     }, opts.signal);
-    this.handles.get(seq)!.stream = stream;
+    // a signal already aborted finished the request inside submit: its handle is gone, the stream ended
+    const h = this.handles.get(seq);
+    if (h) h.stream = stream;
     return stream;
   }
 
@@ -353,7 +318,7 @@ export class Engine {
       while (inFlight || this.scheduler.hasWork) {
         if (!inFlight) {
           this.reapCancelled();
-          this.recomputeStaleKv();
+          recomputeStaleKv(this.scheduler.running, this.kv, this.model.config.recomputeKvPastLength);
           const rows = this.scheduler.schedule(this.isPaused);
           if (rows.length === 0) {
             if (!this.scheduler.hasWork) break;
@@ -361,11 +326,11 @@ export class Engine {
             await new Promise<void>((resolve) => (this.wake = resolve));
             continue;
           }
-          inFlight = this.launch(rows);
+          inFlight = this.launcher.launch(rows);
           if (!inFlight) continue;
         }
         // step N+1 goes to the device before step N's tokens are read, when it can
-        const next = this.launchAhead(inFlight);
+        const next = this.decodePipeline.launchAhead(inFlight);
         const ok = await this.readBack(inFlight);
         if (next && !ok) next.discard = true;
         inFlight = next;
@@ -387,188 +352,8 @@ export class Engine {
     }
   }
 
-  /**
-   * A model may declare that KV computed below some length goes stale once a sequence grows past
-   * it (phi3 LongRoPE switches rope factors; transformers then re-prefills). Such a sequence
-   * starts over: the catch-up rule recomputes all its known tokens, then it samples as usual.
-   */
-  private recomputeStaleKv(): void {
-    const limit = this.model.config.recomputeKvPastLength;
-    if (limit === undefined) return;
-    for (const seq of this.scheduler.running) {
-      // once per sequence: the recompute itself may be chunked below the limit
-      if (!seq.kvRecomputed && seq.computed > 0 && seq.computed <= limit && seq.known > limit) {
-        this.kv.release(seq.kv!);
-        seq.computed = 0;
-        seq.kvRecomputed = true;
-      }
-    }
-  }
-
   private reapCancelled(): void {
     for (const seq of [...this.scheduler.running]) if (this.handles.get(seq)?.cancelled) this.finish(seq, 'cancelled');
-  }
-
-  /**
-   * Hands a step to the model. `ahead`: the rows' ids are an earlier step's picks still on the
-   * device (a pipelined step). Returns undefined when it could not be enqueued: a scheduled
-   * step's rows then end with the error; a pipelined step's rows are simply still owed their token.
-   */
-  private launch(rows: ScheduledRow[], ahead?: DeviceIds): InFlight | undefined {
-    const tokens: number[] = [];
-    const logitTokens: number[] = [];
-    const picks: RowPick[] = [];
-    const samplers: Sequence[] = [];
-    for (const row of rows) {
-      // a pipelined row's token is not on the host yet (the device supplies it)
-      for (let p = row.start; p < row.start + row.count; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
-      if (row.sample) {
-        logitTokens.push(tokens.length - 1);
-        picks.push(this.pickOf(row.seq));
-      }
-    }
-    // A step that samples on the device takes its greedy rows' tokens from the same op (an argmax
-    // there): the step's tokens are then one tensor, which a pipelined next step takes its ids from.
-    const sampling = picks.includes('sample');
-    let li = 0;
-    for (const row of rows) {
-      if (!row.sample) continue;
-      if (sampling && picks[li] === 'argmax') picks[li] = 'sample';
-      if (picks[li++] === 'sample') samplers.push(row.seq);
-    }
-    const cur: InFlight = { rows, step: undefined!, sampled: [], draws: [], tokens: tokens.length, launchedAt: 0, pipelined: !!ahead };
-    try {
-      cur.step = this.model.launch({
-        tokens: Int32Array.from(tokens),
-        // a pipelined row reaches one past the known tokens: its own input is still arriving
-        rows: rows.map((r) => ({ seq: r.seq.kv!, start: r.start, count: r.count, ropeLength: Math.max(r.seq.known, r.start + r.count) })),
-        logitTokens,
-        // decode-only steps may replay a captured graph: tables as wide as the longest sequence
-        graphWidth: Math.ceil(this.maxModelLen / this.opts.blockSize) + 1,
-        deviceIds: ahead,
-      }, this.kv, {
-        rows: picks,
-        // called once the forward is enqueued: masks and uniforms while the device computes
-        sampleRows: () => {
-          cur.sampled = samplers.map((seq) => this.deviceRow(seq, cur.draws));
-          return cur.sampled.map((d) => d.row);
-        },
-        keep: this.pipeline,
-      });
-    } catch (err) {
-      // The device step failed: its rows cannot continue; everyone else can. A pipelined step's
-      // rows are still owed their token: the uniforms drawn for it go back to them.
-      if (!ahead) for (const row of rows) this.finish(row.seq, 'error', (err as Error).message);
-      else this.returnDraws(cur);
-      return undefined;
-    }
-    cur.launchedAt = performance.now();
-    this.prepareGrammarMasks(rows, cur.step.picks); // host-sampled rows, while the device runs the step
-    return cur;
-  }
-
-  /** How `seq`'s next token is taken: the device's greedy pick, the device's sampleRows, or its logits. */
-  private pickOf(seq: Sequence): RowPick {
-    if (this.greedyOnly(seq)) return 'argmax';
-    return this.deviceSampling && deviceSamplable(this.model.backend, seq.request.topLogprobs) ? 'sample' : 'logits';
-  }
-
-  /**
-   * The sampleRows row of `seq`'s next token, as accept() would sample it on the host: its grammar
-   * mask, then one uniform drawn (none when greedy), recorded in `draws`. A grammar row that may
-   * only stop, or whose mask fails, draws nothing: accept() ends it as it would on the host.
-   */
-  private deviceRow(seq: Sequence, draws: InFlight['draws']): DeviceRow {
-    try {
-      let mask: Int32Array | undefined;
-      if (seq.grammar) {
-        if (seq.grammar.onlyStopAllowed()) return { row: IDLE_ROW };
-        mask = seq.grammar.mask();
-      }
-      const sampler = { params: seq.sampler.params, nextUniform: () => seq.uniformsBack.shift() ?? seq.sampler.nextUniform() };
-      const row = deviceSampleRow({ sampler, history: seq.history, mask, topLogprobs: seq.request.topLogprobs });
-      if (!isGreedy(seq.sampler.params)) draws.push({ seq, u: row.u });
-      return { row };
-    } catch (error) {
-      return { row: IDLE_ROW, failed: { error } };
-    }
-  }
-
-  /**
-   * A pipelined step that is dropped (it failed, or the one before it did) computed nothing its
-   * rows keep: the uniforms it drew go back to them, in order, so the step that computes those
-   * tokens again draws the same ones (a seeded row's tokens do not depend on a device fault).
-   */
-  private returnDraws(cur: InFlight): void {
-    for (const { seq, u } of cur.draws) if (!seq.finished) seq.uniformsBack.push(u);
-    cur.draws = [];
-  }
-
-  /**
-   * Enqueues step N+1 behind `cur` (step N) before N's tokens are read back: a decode of each of
-   * N's sequences, its id N's token on the device (greedy pick or sampled), gathered there. Only
-   * when every row's next token needs nothing of N's but its id (pipelinable) and the schedule
-   * after N would plan exactly these rows; undefined otherwise (the pipeline drains: N is read
-   * back and the scheduler plans the next step).
-   */
-  private launchAhead(cur: InFlight): InFlight | undefined {
-    const ids = cur.step.deviceTokens, at = cur.step.deviceTokenAt;
-    if (!ids || !at || cur.discard) return undefined;
-    const next: { seq: Sequence; start: number; pick: number }[] = [];
-    let ending = false;
-    let li = 0; // logit row of `row` in cur (every row of a pipelinable step samples)
-    for (const row of cur.rows) {
-      const seq = row.seq;
-      if (!row.sample) return undefined; // a prefill chunk follows
-      const pick = at[li++]!;
-      if (seq.finished) continue; // ended while cur was in flight: its token is dropped
-      if (pick < 0 || !this.pipelinable(seq) || !this.staysDecoding(seq, row)) return undefined;
-      if (seq.known + 1 >= seq.maxTokensTotal) {
-        ending = true; // cur's token ends it (length): the schedule after cur drops it too
-        continue;
-      }
-      const start = row.start + row.count;
-      if (this.kv.passesUnhashed(seq.kv!, start)) return undefined; // cur's commit must hash what the window passes
-      next.push({ seq, start, pick });
-    }
-    if (next.length === 0 || !this.scheduleWouldMatch(cur, next.length, ending)) return undefined;
-    return this.launch(this.scheduler.scheduleAhead(next), { ids, index: Int32Array.from(next, (n) => n.pick) });
-  }
-
-  /**
-   * A row whose next token may be computed before its current one reaches the host: one the
-   * device picks or samples, whose next draw depends on the current token only through its id
-   * (and its RNG, which stays in order: one draw per token). Penalties need the token in the
-   * history and a grammar needs it accepted, so those rows are not (no on-device counts).
-   */
-  private pipelinable(seq: Sequence): boolean {
-    if (this.greedyOnly(seq)) return true;
-    return this.pickOf(seq) === 'sample' && !seq.grammar && !hasPenalties(seq.sampler.params);
-  }
-
-  /**
-   * false when the schedule after `row`'s step would not plan a plain decode of `seq`: it was
-   * cancelled, its stream is full once that step's token is in, or its KV is about to be
-   * recomputed (recomputeStaleKv).
-   */
-  private staysDecoding(seq: Sequence, row: ScheduledRow): boolean {
-    const h = this.handles.get(seq);
-    if (!h || h.cancelled) return false;
-    if (h.stream && h.stream.room <= 1) return false;
-    const limit = this.model.config.recomputeKvPastLength, computed = row.start + row.count;
-    return limit === undefined || seq.kvRecomputed || computed > limit || seq.known + 1 <= limit;
-  }
-
-  /**
-   * true when the scheduler, run after `cur`, would plan a decode of its `rows` continuing
-   * sequences and nothing else: no other running sequence is owed tokens (paused, left out by
-   * the budget) and the queue's head would not be admitted (nor could it be once a row `ending`
-   * frees its room).
-   */
-  private scheduleWouldMatch(cur: InFlight, rows: number, ending: boolean): boolean {
-    const inCur = new Set(cur.rows.map((r) => r.seq));
-    if (this.scheduler.running.some((s) => !inCur.has(s))) return false;
-    return this.scheduler.waiting.length === 0 || (!ending && !this.scheduler.wouldAdmit(rows));
   }
 
   /** Waits for a step's results and postprocesses them; false when the step failed. */
@@ -580,134 +365,30 @@ export class Engine {
       // A pipelined step is only a head start: its rows are still owed that token, which the
       // normal schedule computes again (and a failure that lasts ends them there). A scheduled
       // step's rows cannot continue; everyone else can.
-      if (!cur.pipelined) for (const row of cur.rows) this.finish(row.seq, 'error', (err as Error).message);
-      else this.returnDraws(cur);
+      this.dropFailedStep(cur, err);
       return false;
     } finally {
       cur.step.release(); // the step behind it, if any, is already enqueued
     }
     if (cur.discard) {
-      this.returnDraws(cur);
+      returnDraws(cur);
       return false;
     }
     // a pipelined step overlapped host work: its wait is no measure of compute
     if (!cur.pipelined) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
-    this.postprocess(cur, result);
+    this.acceptor.postprocess(cur, result);
     return true;
   }
 
-  /** Takes a step's results: computed KV (and its block hashes), then each sampling row's token. */
-  private postprocess({ rows, step, sampled }: InFlight, result: StepResult): void {
-    const V = this.model.config.vocabSize;
-    const outcomes = result.samples ? decodeDeviceSamples(result.samples, sampled.map((d) => d.row)) : [];
-    let li = 0, hi = 0, si = 0;
-    for (const row of rows) {
-      row.seq.computed += row.count;
-      if (!row.seq.finished) this.kv.commit(row.seq.kv!, row.seq.computed, (p) => row.seq.tokenAt(p));
-      if (!row.sample) continue;
-      // where this row's token comes from: its logits (when they came back), the device's greedy
-      // pick, or its sampleRows result
-      const pick = step.picks?.[li] ?? 'logits';
-      let src: TokenSource;
-      if (pick === 'logits') src = { logits: result.logits.subarray(hi * V, ++hi * V) };
-      else if (pick === 'argmax') src = { greedy: result.tokens![li]! };
-      else {
-        const d = sampled[si]!;
-        src = d.failed ? { failed: d.failed.error } : { device: outcomes[si]! };
-        si++;
-      }
-      li++;
-      if (row.seq.finished) continue;
-      try {
-        this.accept(row.seq, src);
-      } catch (err) {
-        this.finish(row.seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
-      }
-    }
-  }
-
   /**
-   * A row whose next token is the plain argmax of its logits (greedy; no penalty, bias, grammar
-   * or logprobs): the device may pick it, and its logits need not come back.
+   * A step that failed: a scheduled step's rows cannot continue and end with the error (everyone
+   * else can); a pipelined step's rows are still owed their token, and get back the uniforms it drew.
    */
-  private greedyOnly(seq: Sequence): boolean {
-    const p = seq.sampler.params;
-    return isGreedy(p) && !needsLogitProcessing(p) && !seq.grammar && seq.request.topLogprobs === undefined;
-  }
-
-  /**
-   * Grammar rows about to sample on the host need their token bitmask; computing it here, after
-   * the step was handed to the device and before its logits are awaited, takes it off the critical
-   * path (device-sampled rows computed theirs before their op was enqueued). A failure is left for
-   * accept() to report (the mask is recomputed there).
-   */
-  private prepareGrammarMasks(rows: ScheduledRow[], picks: readonly RowPick[] | undefined): void {
-    let li = 0;
-    for (const row of rows) {
-      if (!row.sample) continue;
-      if ((picks?.[li++] ?? 'logits') !== 'logits' || !row.seq.grammar || row.seq.finished) continue;
-      try {
-        row.seq.grammar.mask();
-      } catch {
-        // accept() ends the row with the error
-      }
-    }
-  }
-
-  /**
-   * Samples (or takes the device's greedy pick or sampled token), records and emits one token of
-   * `seq`, finishing it when a stop condition holds.
-   */
-  private accept(seq: Sequence, src: TokenSource): void {
-    const grammar = seq.grammar;
-    // a complete grammar that allows nothing but a stop token: end here, no token to sample
-    if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
-    let id: number;
-    let r: TokenLogprobs | undefined;
-    if ('logits' in src) {
-      id = seq.sampler.sample(src.logits, seq.history, grammar?.mask());
-      if (seq.request.topLogprobs !== undefined) r = topLogprobs(src.logits, seq.request.topLogprobs, id);
-    } else if ('device' in src) {
-      if ('error' in src.device) throw new Error(src.device.error);
-      id = src.device.tokenId;
-      r = src.device.logprobs;
-    } else if ('failed' in src) throw src.failed;
-    else if (src.greedy >= 0) id = src.greedy;
-    else throw new Error('cannot sample: every logit is -Infinity or NaN');
-    grammar?.accept(id);
-    seq.history.push(id);
-    seq.output.push(id);
-    seq.firstTokenAt ??= performance.now();
-    const lp: TokenLogprob | undefined = r && { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
-    if (seq.eos.has(id)) {
-      seq.emit({ type: 'token', tokenId: id, text: '', logprobs: lp });
-      return this.finish(seq, 'stop');
-    }
-    const fed = seq.stops.feed(seq.detok.push(id));
-    seq.emit({ type: 'token', tokenId: id, text: fed.text, logprobs: lp });
-    if (fed.stopped) return this.finish(seq, 'stop');
-    if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
-    if (grammar) this.advanceGrammar(seq, grammar);
-  }
-
-  /**
-   * After a grammar row's token: when the grammar forces the next characters, they are appended
-   * without sampling (jump-forward), and the catch-up rule computes them with the next step as one
-   * chunk. Not with logprobs: forced tokens have no logits of their own to report.
-   */
-  private advanceGrammar(seq: Sequence, grammar: RowGrammar): void {
-    if (seq.request.topLogprobs !== undefined) return;
-    const forced = grammar.jumpForward(seq.maxTokensTotal - seq.known);
-    for (const id of forced) {
-      seq.history.push(id);
-      seq.output.push(id);
-      const fed = seq.stops.feed(seq.detok.push(id));
-      seq.emit({ type: 'token', tokenId: id, text: fed.text });
-      if (fed.stopped) return this.finish(seq, 'stop');
-      if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
-    }
+  private dropFailedStep(cur: InFlight, err: unknown): void {
+    if (!cur.pipelined) for (const row of cur.rows) this.finish(row.seq, 'error', (err as Error).message);
+    else returnDraws(cur);
   }
 
   private finish(seq: Sequence, reason: FinishReason, error?: string, errorKind?: 'grammar'): void {
@@ -716,6 +397,7 @@ export class Engine {
     seq.grammar?.dispose();
     this.prefix.onFinish(seq);
     this.scheduler.retire(seq);
+    this.handles.get(seq)?.detach?.();
     this.handles.delete(seq);
     let tail = '';
     if (reason === 'stop' || reason === 'length') tail = seq.stops.stopped ? '' : seq.stops.feed(seq.detok.flush()).text + seq.stops.flush();

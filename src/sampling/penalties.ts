@@ -42,6 +42,11 @@ export function applyFrequencyPresencePenalty(
 }
 
 /** True when any of bias/penalties would change the logits (so the raw row can be used as is). */
+/** Whether a repetition, frequency or presence penalty applies (the next token depends on the history). */
+export function hasPenalties(p: Pick<SamplingParams, 'repetitionPenalty' | 'frequencyPenalty' | 'presencePenalty'>): boolean {
+  return p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0;
+}
+
 export function needsLogitProcessing(p: SamplingParams): boolean {
   return p.logitBias.size > 0 || p.repetitionPenalty !== 1 || p.presencePenalty !== 0 || p.frequencyPenalty !== 0;
 }
@@ -49,8 +54,7 @@ export function needsLogitProcessing(p: SamplingParams): boolean {
 /** Applies bias and every active penalty, in the order above, to `logits` in place. */
 export function applyBiasAndPenalties(logits: Float32Array, p: SamplingParams, history: TokenHistory | undefined): void {
   if (p.logitBias.size > 0) applyLogitBias(logits, p.logitBias);
-  const penalised = p.repetitionPenalty !== 1 || p.frequencyPenalty !== 0 || p.presencePenalty !== 0;
-  if (!penalised) return;
+  if (!hasPenalties(p)) return;
   // Silently skipping the penalties would be a wrong-output bug that no error reveals.
   if (history === undefined) throw new Error('penalties are set but no TokenHistory was passed to sample()');
   if (p.repetitionPenalty !== 1) applyRepetitionPenalty(logits, history.seen(), p.repetitionPenalty);
