@@ -72,6 +72,28 @@ test('a stream left early cancels its sequence', async () => {
   await e.close();
 });
 
+test('a signal already aborted: generate ends at once with cancelled; a finished request leaves no listener on a long-lived signal', async () => {
+  const m = await tiny();
+  const e = new Engine(m.model, m, { maxBatch: 2 });
+  const gone = new AbortController();
+  gone.abort();
+  const events = [];
+  for await (const ev of e.generate(greedy(prompt(4, 4), 50), { signal: gone.signal })) events.push(ev);
+  assert.deepEqual(events.map((ev) => ev.type === 'finish' && ev.finishReason), ['cancelled']);
+  // a signal shared by many requests (an application's shutdown signal) must not collect one
+  // listener per finished request
+  const shared = new AbortController();
+  let added = 0, removed = 0;
+  const add = shared.signal.addEventListener.bind(shared.signal), remove = shared.signal.removeEventListener.bind(shared.signal);
+  shared.signal.addEventListener = ((...a: Parameters<typeof add>) => (added++, add(...a))) as typeof add;
+  shared.signal.removeEventListener = ((...a: Parameters<typeof remove>) => (removed++, remove(...a))) as typeof remove;
+  for (let k = 0; k < 3; k++) await e.complete(greedy(prompt(5 + k, 4), 3), { signal: shared.signal });
+  assert.equal(added, 3);
+  assert.equal(removed, 3);
+  assert.equal(e.stats.running, 0);
+  await e.close();
+});
+
 test('bad requests are refused before they are queued', async () => {
   const m = await tiny({ maxPositions: 32 });
   const e = new Engine(m.model, m, { maxBatch: 1, maxQueued: 1, kvTokens: 32 });
