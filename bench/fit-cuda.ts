@@ -784,8 +784,10 @@ async function main(): Promise<void> {
   }
   save();
 
-  // per model: prefill seconds per (token^2) of the cases done, to skip what cannot finish
-  const prefillRate = new Map<string, number>();
+  // per model: prefill seconds per (token^2) of its longest case done, to skip what cannot finish.
+  // The longest, not the worst: a short prompt's prefill is mostly fixed costs (kernel loads, GEMM
+  // timing of new shapes), which extrapolated as n^2 put 32k at 340 s where it takes seconds.
+  const prefillRate = new Map<string, { tokens: number; rate: number }>();
   const loadS = new Map<string, number>();
   for (const cs of selected) {
     const spec = specs[cs.model]!;
@@ -798,7 +800,7 @@ async function main(): Promise<void> {
       record({ status: 'skipped', why: `model ${cs.model} is missing (${spec.dir})` });
       continue;
     }
-    const rate = prefillRate.get(cs.model);
+    const rate = prefillRate.get(cs.model)?.rate;
     const estimate = (loadS.get(cs.model) ?? 0) + 5 + (rate ? rate * (cs.prompt * cs.batch) ** 2 : 0);
     const budgetS = left() / 1000 - 15;
     if (budgetS < 10 || estimate > budgetS) {
@@ -815,7 +817,8 @@ async function main(): Promise<void> {
       continue;
     }
     const r = res.result!;
-    prefillRate.set(cs.model, Math.max(prefillRate.get(cs.model) ?? 0, (r.prefillMs / 1000) / (cs.prompt * cs.batch) ** 2));
+    const tokens = cs.prompt * cs.batch;
+    if (tokens >= (prefillRate.get(cs.model)?.tokens ?? 0)) prefillRate.set(cs.model, { tokens, rate: (r.prefillMs / 1000) / tokens ** 2 });
     loadS.set(cs.model, (r.createMs + r.loadMs) / 1000);
     const measured = measuredOf(r);
     const mach = DEVICE === 'cpu' ? cpuMachine(r.copyGBps ?? machine.bandwidthGBps) : machine;
