@@ -1,49 +1,20 @@
-// The decoder-only transformer graph, written once for every supported family against the
-// Backend interface. Family differences arrive as data in ModelConfig (norm placement, qk-norm,
-// multipliers, soft-caps, windows, MoE) — this file never looks at model_type.
-//
-// One forward = one flattened step batch: the tokens of every row concatenated ([T]), each row
-// at its own positions, KV read and written through the paged cache.
+// A model's steps: DecoderModel launches one step over a flattened batch, op by op or as a
+// captured decode graph's replay, with each logit row's pick (its logits read back, a device
+// argmax, or device sampling), and enqueues the reads the caller awaits. The graph of a step is
+// step-body.ts; a layer's maths is layer.ts, attention-block.ts and mlp-block.ts.
 
-import {
-  hasFusedOps, type Backend, type FusedOps, type HostStepLayout, type PagedKv, type StepLayout, type Tensor,
-} from '../contracts/backend.ts';
+import type { Backend, HostStepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
 import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } from './decode-graphs.ts';
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
-import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from '../backends/common/half.ts';
-import type { AttentionWeights, LayerWeights, ModelWeights } from './weights.ts';
+import type { KvAccess, RowSpan } from './kv-access.ts';
+import { modelParts, type ModelParts } from './model-parts.ts';
+import { enqueueStep } from './step-body.ts';
+import type { ModelWeights } from './weights.ts';
 
-/** A batch row: tokens at positions [start, start + count) of one sequence. */
-export interface RowSpan {
-  start: number;
-  count: number;
-  /**
-   * The sequence length length-dependent rope (dynamic NTK, LongRoPE) follows for this row:
-   * transformers uses the length the forward reaches, so a chunk of a longer prompt passes the
-   * whole known length to compute what a single-shot prefill computes. Default start + count.
-   */
-  ropeLength?: number;
-}
-
-/**
- * The paged KV the graph reads and writes (state/kv-cache implements it). Declared here so the
- * model layer does not import the state layer above it.
- */
-export interface KvAccess<Row extends RowSpan> {
-  kvOfLayer(layer: number): PagedKv;
-  groupIndexOfLayer(layer: number): number;
-  /** true when every row already holds the blocks its positions need */
-  isAllocated(row: Row): boolean;
-  /** uploads one layout per KV group (tensors belong to the caller's open scope) */
-  layouts(rows: readonly Row[]): StepLayout[];
-  /** the same layouts as host arrays */
-  hostLayouts(rows: readonly Row[]): HostStepLayout[];
-  /** KV groups (layouts per step) */
-  readonly groupCount: number;
-}
+export type { KvAccess, RowSpan } from './kv-access.ts';
 
 export interface StepBatch<Row extends RowSpan> {
   /** token ids of every row, concatenated in row order: i32 [T] (only its length counts with `deviceIds`) */
@@ -120,15 +91,13 @@ export class DecoderModel {
   private readonly rope: RopeTables;
   /** host milliseconds the last forward took to enqueue its ops (before waiting for the device) */
   lastEnqueueMs = 0;
-  /** the backend's fused ops, when it has them (packed weights were loaded for them) */
-  private readonly fused: (Backend & FusedOps) | undefined;
   /** why graph capture was turned off (a capture failed), if it was */
   graphsOff?: string;
   /** captured decode graphs per KV cache (its pools are baked into them) and table width */
   private readonly graphs = new Map<KvAccess<RowSpan>, DecodeGraphs>();
 
-  /** the embedding multiplier as the model applies it (gemma rounds it to the table's dtype) */
-  private readonly embeddingScale: number;
+  /** what the step body and the layers read */
+  private readonly parts: ModelParts;
 
   constructor(
     readonly backend: Backend,
@@ -136,11 +105,7 @@ export class DecoderModel {
     readonly weights: ModelWeights,
   ) {
     this.rope = new RopeTables(backend, config.layers.map((l) => l.rope));
-    this.fused = hasFusedOps(backend) ? backend : undefined;
-    const dt = weights.embed.dtype;
-    this.embeddingScale = config.embeddingScaleInWeightDtype && (dt === 'bf16' || dt === 'f16')
-      ? roundToHalf(config.embeddingScale, dt)
-      : config.embeddingScale;
+    this.parts = modelParts(backend, config, weights);
   }
 
   /** Runs one step; resolves to logits, f32 [logitTokens.length * vocabSize]. */
@@ -215,7 +180,7 @@ export class DecoderModel {
       const layouts = kv.layouts(batch.rows);
       const ids = batch.deviceIds ? gatherDeviceIds(b, batch.deviceIds) : b.upload(batch.tokens, [T]);
       const pick = b.upload(Int32Array.from(batch.logitTokens), [P]);
-      const logits = this.enqueueStep(ids, layouts, pick, ropes, kv);
+      const logits = enqueueStep(this.parts, ids, layouts, pick, ropes, kv);
       const tokens = picks?.rows.includes('argmax') ? b.argmax!(logits) : undefined;
       const samples = picks ? this.enqueueSampling(logits, P, picks) : undefined;
       result = this.collect(logits, tokens, samples, P, picks?.rows);
@@ -308,7 +273,7 @@ export class DecoderModel {
     let outputs: readonly Tensor[];
     try {
       outputs = graphs.run(batch.tokens, host, (inp) => {
-        const logits = this.enqueueStep(inp.ids, inp.layouts, inp.pick, ropes, access);
+        const logits = enqueueStep(this.parts, inp.ids, inp.layouts, inp.pick, ropes, access);
         return b.argmax ? [logits, b.argmax(logits)] : [logits];
       }, batch.deviceIds);
     } catch (err) {
@@ -347,143 +312,6 @@ export class DecoderModel {
     this.graphs.delete(kv as KvAccess<RowSpan>);
   }
 
-  /** Enqueues one step from device inputs; returns the logits [pick rows, vocab]. */
-  private enqueueStep<Row extends RowSpan>(ids: Tensor, layouts: StepLayout[], pick: Tensor, ropes: RopeTable[], kv: KvAccess<Row>): Tensor {
-    const b = this.backend, c = this.config;
-    let x = b.embedding(this.weights.embed, ids, this.embeddingScale);
-    let normed: Tensor;
-    if (this.fused && (c.normPlacement === 'pre' || c.normPlacement === 'pre_post')) {
-      // Each residual add runs inside the norm after it: the next layer's input norm, or the
-      // final norm after the last layer (row-wise, so norming every token then picking rows is
-      // what picking then norming computes).
-      let h = this.norm(x, this.weights.layers[0]?.inputNorm ?? this.weights.finalNorm);
-      for (let l = 0; l < c.numLayers; l++) {
-        const inputs = [x, h];
-        b.beginScope();
-        try {
-          [x, h] = this.layerFused(this.fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
-        } finally {
-          b.endScope([x, h]);
-        }
-        freeDeadInputs(b, inputs, [x, h]);
-      }
-      normed = b.gatherRows(h, pick);
-    } else {
-      for (let l = 0; l < c.numLayers; l++) {
-        // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
-        // layer is enqueued, so a step's peak is one layer's worth, not all of them.
-        const input = x;
-        b.beginScope();
-        try {
-          x = this.layer(l, x, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
-        } finally {
-          b.endScope([x]);
-        }
-        freeDeadInputs(b, [input], [x]);
-      }
-      normed = b.rmsnorm(b.gatherRows(x, pick), this.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
-    }
-    let logits = b.matmul(normed, this.weights.lmHead);
-    if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
-    if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
-    return logits;
-  }
-
-  private norm(x: Tensor, w: Tensor | undefined): Tensor {
-    if (!w) throw new Error('decoder: a norm weight required by the norm placement is missing');
-    return this.backend.rmsnorm(x, w, this.config.rmsNormEps, this.config.normWeightOffset);
-  }
-
-  /**
-   * A 'pre' or 'pre_post' norm layer with the residual adds fused into the norms that follow them:
-   * takes the residual stream x and h = inputNorm(x); returns the new x and the next norm of it
-   * (the next layer's input norm, or the final norm after the last layer). 'pre_post' (gemma2/3)
-   * norms each branch's output before its add, as the plain path does.
-   */
-  private layerFused(b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout, rope: RopeTable,
-    kv: KvAccess<RowSpan>): [Tensor, Tensor] {
-    const c = this.config, w = this.weights.layers[l];
-    const next = l + 1 < c.numLayers ? this.weights.layers[l + 1].inputNorm : this.weights.finalNorm;
-    const post = c.normPlacement === 'pre_post';
-    const midNorm = post ? w.preFfNorm : w.postAttnNorm;
-    if (!midNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
-    let attn = this.attention(l, h, w, layout, rope, kv);
-    if (post) attn = this.norm(attn, w.postAttnNorm);
-    const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
-    let mlp = this.mlp(a.normed, w);
-    if (post) mlp = this.norm(mlp, w.postFfNorm);
-    const m = b.addRmsnorm(a.sum, mlp, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
-    return [m.sum, m.normed];
-  }
-
-  private layer(l: number, x: Tensor, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
-    const b = this.backend, c = this.config, w = this.weights.layers[l];
-    const rs = c.residualScale;
-    switch (c.normPlacement) {
-      case 'pre': {
-        x = b.add(x, this.attention(l, this.norm(x, w.inputNorm), w, layout, rope, kv), rs);
-        return b.add(x, this.mlp(this.norm(x, w.postAttnNorm), w), rs);
-      }
-      case 'pre_post': {
-        const a = this.norm(this.attention(l, this.norm(x, w.inputNorm), w, layout, rope, kv), w.postAttnNorm);
-        x = b.add(x, a, rs);
-        const m = this.norm(this.mlp(this.norm(x, w.preFfNorm), w), w.postFfNorm);
-        return b.add(x, m, rs);
-      }
-      case 'post': {
-        x = b.add(x, this.norm(this.attention(l, x, w, layout, rope, kv), w.postAttnNorm), rs);
-        return b.add(x, this.norm(this.mlp(x, w), w.postFfNorm), rs);
-      }
-    }
-  }
-
-  private attention(l: number, h: Tensor, w: LayerWeights, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
-    const b = this.backend, c = this.config, a: AttentionWeights = w.attn;
-    const T = h.shape[0];
-    const paged = kv.kvOfLayer(l);
-    const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
-    if (this.fused && a.qkv) {
-      // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
-      const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
-      const q = this.fused.ropeQkvWriteKv(b.matmul(h, a.qkv, a.qkvBias), { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
-        layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
-      const o = b.attention(q, paged, layout, params);
-      return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
-    }
-    let q = b.matmul(h, a.q, a.qBias);
-    let k = b.matmul(h, a.k, a.kBias);
-    const v = b.matmul(h, a.v, a.vBias);
-    if (c.qkNorm === 'full') {
-      q = this.norm(q, a.qNorm);
-      k = this.norm(k, a.kNorm);
-    }
-    q = b.reshape(q, [T, c.numHeads, c.headDim]);
-    k = b.reshape(k, [T, c.numKvHeads, c.headDim]);
-    if (c.qkNorm === 'head') {
-      q = this.norm(q, a.qNorm);
-      k = this.norm(k, a.kNorm);
-    }
-    q = b.rope(q, layout.tokenPos, rope.invFreq, rope.attentionScaling);
-    k = b.rope(k, layout.tokenPos, rope.invFreq, rope.attentionScaling);
-    b.writeKv(paged, k, b.reshape(v, [T, c.numKvHeads, c.headDim]), layout);
-    const o = b.attention(q, paged, layout, params);
-    return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
-  }
-
-  private mlp(h: Tensor, w: LayerWeights): Tensor {
-    const b = this.backend, c = this.config, m = w.mlp;
-    if (m.kind === 'dense' && this.fused && m.gateUp) {
-      return b.matmul(this.fused.gluPacked(b.matmul(h, m.gateUp, m.gateUpBias), c.activation), m.down, m.downBias);
-    }
-    if (m.kind === 'dense') {
-      const g = b.matmul(h, m.gate, m.gateBias);
-      const u = b.matmul(h, m.up, m.upBias);
-      return b.matmul(b.glu(g, u, c.activation), m.down, m.downBias);
-    }
-    const routing = b.moeRoute(b.matmul(h, m.router), c.moe!.topK, c.moe!.normTopK);
-    return b.moeFfn(h, routing, m.gate, m.up, m.down, c.activation);
-  }
-
   dispose(): void {
     for (const g of this.graphs.values()) g.dispose();
     this.graphs.clear();
@@ -515,18 +343,4 @@ function deviceTokensOf(tokens: Tensor | undefined, samples: Tensor | undefined,
 /** The first P rows of t (a graph's outputs hold the whole bucket). */
 function rowsOf(b: Backend, t: Tensor, P: number): Tensor {
   return t.shape[0] === P ? t : b.rowView!(t, 0, P);
-}
-
-function roundToHalf(x: number, dtype: 'bf16' | 'f16'): number {
-  return dtype === 'bf16' ? bf16ToF32(f32ToBf16(x)) : f16ToF32(f32ToF16(x));
-}
-
-/**
- * A layer's inputs are dead once the layer is enqueued (nothing after it reads them): freeing them
- * here, rather than when the step's scope ends, keeps one layer's residual stream live instead of
- * every layer's (on the 8B, 336 MiB of a 512-token chunk). A free waits for the ops enqueued before
- * it, so the layer still reads them. An input the layer passed through unchanged stays.
- */
-function freeDeadInputs(b: Backend, inputs: readonly Tensor[], outputs: readonly Tensor[]): void {
-  for (const t of inputs) if (!outputs.includes(t)) b.free(t);
 }

@@ -1,7 +1,7 @@
 // Loads a decoder's weights onto a backend. Checkpoint naming differs between families and
 // between transformers versions (mixtral's w1/w2/w3 vs gate/up/down, per-expert tensors vs
 // fused 3-D expert tensors, phi3's fused projections); this file maps every spelling seen in
-// the wild onto one LayerWeights shape so the graph in decoder.ts has a single form.
+// the wild onto one LayerWeights shape so the graph (step-body.ts, layer.ts) has a single form.
 
 import { hasFusedOps, type Backend, type FusedOps, type Tensor, type WeightSource } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';

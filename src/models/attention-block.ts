@@ -1,0 +1,44 @@
+// A layer's attention block: q/k/v projections, qk-norm, rope, the paged KV write, attention over
+// the paged KV and the output projection. With fused ops and packed q/k/v, one GEMM and one
+// norm + rope + KV-write pass replace the separate ops.
+
+import type { StepLayout, Tensor } from '../contracts/backend.ts';
+import type { KvAccess, RowSpan } from './kv-access.ts';
+import { norm, type ModelParts } from './model-parts.ts';
+import type { RopeTable } from './rope-tables.ts';
+import type { AttentionWeights, LayerWeights } from './weights.ts';
+
+/** Attention of layer l over the normed input h [T, hidden]; returns its output [T, hidden]. */
+export function attention(model: ModelParts, l: number, h: Tensor, w: LayerWeights, layout: StepLayout, rope: RopeTable,
+  kv: KvAccess<RowSpan>): Tensor {
+  const b = model.backend, c = model.config, a: AttentionWeights = w.attn;
+  const T = h.shape[0];
+  const paged = kv.kvOfLayer(l);
+  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
+  if (model.fused && a.qkv) {
+    // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
+    const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
+    const q = model.fused.ropeQkvWriteKv(b.matmul(h, a.qkv, a.qkvBias), { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
+      layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
+    const o = b.attention(q, paged, layout, params);
+    return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+  }
+  let q = b.matmul(h, a.q, a.qBias);
+  let k = b.matmul(h, a.k, a.kBias);
+  const v = b.matmul(h, a.v, a.vBias);
+  if (c.qkNorm === 'full') {
+    q = norm(model, q, a.qNorm);
+    k = norm(model, k, a.kNorm);
+  }
+  q = b.reshape(q, [T, c.numHeads, c.headDim]);
+  k = b.reshape(k, [T, c.numKvHeads, c.headDim]);
+  if (c.qkNorm === 'head') {
+    q = norm(model, q, a.qNorm);
+    k = norm(model, k, a.kNorm);
+  }
+  q = b.rope(q, layout.tokenPos, rope.invFreq, rope.attentionScaling);
+  k = b.rope(k, layout.tokenPos, rope.invFreq, rope.attentionScaling);
+  b.writeKv(paged, k, b.reshape(v, [T, c.numKvHeads, c.headDim]), layout);
+  const o = b.attention(q, paged, layout, params);
+  return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+}

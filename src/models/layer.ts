@@ -1,0 +1,54 @@
+// One decoder layer: how its attention and MLP blocks join the residual stream for each norm
+// placement ('pre', 'pre_post', 'post'), op by op or with the residual adds fused into the norms
+// that follow them.
+
+import type { Backend, FusedOps, StepLayout, Tensor } from '../contracts/backend.ts';
+import { attention } from './attention-block.ts';
+import type { KvAccess, RowSpan } from './kv-access.ts';
+import { mlp } from './mlp-block.ts';
+import { norm, type ModelParts } from './model-parts.ts';
+import type { RopeTable } from './rope-tables.ts';
+
+/** Layer l over the residual stream x [T, hidden]; returns the new residual stream. */
+export function layer(model: ModelParts, l: number, x: Tensor, layout: StepLayout, rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
+  const b = model.backend, c = model.config, w = model.weights.layers[l];
+  const rs = c.residualScale;
+  switch (c.normPlacement) {
+    case 'pre': {
+      x = b.add(x, attention(model, l, norm(model, x, w.inputNorm), w, layout, rope, kv), rs);
+      return b.add(x, mlp(model, norm(model, x, w.postAttnNorm), w), rs);
+    }
+    case 'pre_post': {
+      const a = norm(model, attention(model, l, norm(model, x, w.inputNorm), w, layout, rope, kv), w.postAttnNorm);
+      x = b.add(x, a, rs);
+      const m = norm(model, mlp(model, norm(model, x, w.preFfNorm), w), w.postFfNorm);
+      return b.add(x, m, rs);
+    }
+    case 'post': {
+      x = b.add(x, norm(model, attention(model, l, x, w, layout, rope, kv), w.postAttnNorm), rs);
+      return b.add(x, norm(model, mlp(model, x, w), w.postFfNorm), rs);
+    }
+  }
+}
+
+/**
+ * A 'pre' or 'pre_post' norm layer with the residual adds fused into the norms that follow them:
+ * takes the residual stream x and h = inputNorm(x); returns the new x and the next norm of it
+ * (the next layer's input norm, or the final norm after the last layer). 'pre_post' (gemma2/3)
+ * norms each branch's output before its add, as the plain path does.
+ */
+export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout,
+  rope: RopeTable, kv: KvAccess<RowSpan>): [Tensor, Tensor] {
+  const c = model.config, w = model.weights.layers[l];
+  const next = l + 1 < c.numLayers ? model.weights.layers[l + 1].inputNorm : model.weights.finalNorm;
+  const post = c.normPlacement === 'pre_post';
+  const midNorm = post ? w.preFfNorm : w.postAttnNorm;
+  if (!midNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
+  let attn = attention(model, l, h, w, layout, rope, kv);
+  if (post) attn = norm(model, attn, w.postAttnNorm);
+  const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
+  let ffn = mlp(model, a.normed, w);
+  if (post) ffn = norm(model, ffn, w.postFfNorm);
+  const m = b.addRmsnorm(a.sum, ffn, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
+  return [m.sum, m.normed];
+}
