@@ -11,6 +11,7 @@ import { UsageError } from './errors.ts';
 import { openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel } from '../execution/load-model.ts';
 import { Engine } from '../execution/engine.ts';
+import { warmUp } from '../execution/warmup.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import type { Backend } from '../contracts/backend.ts';
@@ -36,6 +37,7 @@ const OPTIONS: Options = {
   'cache-dir-size': { type: 'string' },
   'gpu-memory-utilization': { type: 'string' },
   'tool-call-format': { type: 'string' },
+  warmup: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -69,6 +71,9 @@ const HELP = `usage: llmts serve --model DIR [options]
   --tool-call-format F        auto|hermes|llama3|mistral: how the model writes tool calls (the
                               syntax parsed, forced and shown in prompts); auto (default) detects it
                               from the chat template and vocabulary
+  --warmup                    before listening, run every decode batch size once (CUDA: captures
+                              each batch size's graph and times its GEMMs, so the first requests
+                              do not pay for it; default off)
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
@@ -223,6 +228,11 @@ export async function runServe(argv: string[]): Promise<void> {
     log(`prefix cache: up to ${mib(pc.ramCapacityBytes)} of finished prompts kept in the KV pool` +
       (pc.ssd ? `; SSD tier ${cacheDir} (${pc.ssd.files} prefixes, ${mib(pc.ssd.bytes)} of ${mib(pc.ssd.maxBytes)})` : '') +
       (pc.ssdOff ? `; SSD tier off (${pc.ssdOff})` : ''));
+  }
+
+  if (v.warmup) {
+    const w = await warmUp(engine);
+    log(`warm-up: decode batch sizes ${w.rowCounts.join(', ')} in ${(w.ms / 1000).toFixed(1)} s`);
   }
 
   let addr;

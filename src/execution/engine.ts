@@ -164,6 +164,11 @@ export class Engine {
     this.acceptor = new TokenAcceptor(this.kv, cfg, (seq, reason, error, errorKind) => this.finish(seq, reason, error, errorKind));
   }
 
+  /** rows decoding together at most (EngineOptions.maxBatch) */
+  get maxBatch(): number {
+    return this.opts.maxBatch;
+  }
+
   get stats(): EngineStats {
     return {
       running: this.scheduler.running.length,

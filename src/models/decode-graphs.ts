@@ -34,6 +34,18 @@ export function bucketFor(rows: number): number {
   return rows <= 8 ? rows : Math.ceil(rows / 16) * 16;
 }
 
+/**
+ * One row count per graph bucket a batch of at most `maxRows` rows can use: 1..8, then the
+ * largest count each bucket of 16 holds (capped at maxRows), so running each once captures every
+ * graph the engine can replay.
+ */
+export function bucketRowCounts(maxRows: number): number[] {
+  const out: number[] = [];
+  for (let r = 1; r <= Math.min(8, maxRows); r++) out.push(r);
+  for (let b = 16; b < maxRows + 16 && maxRows > 8; b += 16) out.push(Math.min(b, maxRows));
+  return out;
+}
+
 /** Where each input sits in a bucket's packed buffer (element offsets). */
 interface PackedLayout {
   ids: number;

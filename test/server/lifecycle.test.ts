@@ -6,7 +6,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
-import { spawnServer, runServeCli, postJson, parseSse } from './helpers.ts';
+import { spawnServer, runServeCli, postJson, parseSse, scrape } from './helpers.ts';
 import { runServe } from '../../src/cli/serve.ts';
 import { UsageError } from '../../src/cli/errors.ts';
 
@@ -160,4 +160,20 @@ test('SIGTERM with a short grace: what is still running ends with finish_reason 
   const frames = parseSse(text);
   assert.equal(frames[frames.length - 1].data, '[DONE]');
   assert.equal(JSON.parse(frames[frames.length - 2].data).choices[0].finish_reason, 'abort');
+});
+
+test('--warmup runs every decode batch size before listening, and the server then answers as usual', async () => {
+  const srv = await spawnServer({ args: ['--warmup', '--max-batch', '3'] });
+  try {
+    assert.match(srv.stderr(), /warm-up: decode batch sizes 1, 2, 3 in [0-9.]+ s/);
+    // it ran before the listening line
+    assert.ok(srv.stderr().includes('warm-up') && srv.stdout().includes('listening on'));
+    const r = await postJson(`${srv.url}/v1/completions`, { prompt: 'hello', max_tokens: 4, temperature: 0, ignore_eos: true });
+    assert.equal(r.status, 200);
+    assert.equal(r.body.usage.completion_tokens, 4);
+    const m = await scrape(srv.url);
+    assert.equal(m.get('llmts_kv_blocks_cached'), 0, 'warm-up left nothing in the prefix cache');
+  } finally {
+    await srv.stop();
+  }
 });
