@@ -6,7 +6,9 @@
 //   4. /health latency while a long prefill runs (is the event loop ever blocked?).
 //
 //   node --import tsx bench/serve.ts [--model models/demo] [--tokens 128] [--device cpu|cuda]
-//        [--prompt-tokens 64] [--long-prompt 1900] [--max-model-len N] [--json out.json]
+//        [--prompt-tokens 64] [--long-prompt 1900] [--max-model-len N] [--warmup] [--json out.json]
+// --warmup starts the server with `serve --warmup` (every decode batch size run once before it
+// listens), so the concurrency levels' TTFT no longer include first-use graph captures.
 
 import { parseArgs } from 'node:util';
 import { spawn } from 'node:child_process';
@@ -28,6 +30,7 @@ const { values } = parseArgs({
     device: { type: 'string', default: 'cpu' },
     'prompt-tokens': { type: 'string', default: '64' },
     'long-prompt': { type: 'string', default: '1900' },
+    warmup: { type: 'boolean', default: false },
     'max-model-len': { type: 'string', default: '4096' },
     json: { type: 'string' },
   },
@@ -115,7 +118,8 @@ await backend.close();
 
 // ---- 2, 3, 4 through HTTP ------------------------------------------------------------------
 const server = spawn(resolve(ROOT, 'bin/llmts'), ['serve', '--model', MODEL, '--port', '0', '--max-batch', '64', '--served-model-name', 'bench',
-  '--prompt-cache', '0', '--device', DEVICE, '--max-model-len', String(MAX_MODEL_LEN)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  '--prompt-cache', '0', '--device', DEVICE, '--max-model-len', String(MAX_MODEL_LEN), ...(values.warmup ? ['--warmup'] : [])],
+  { stdio: ['ignore', 'pipe', 'inherit'] });
 const base: string = await new Promise((ok, fail) => {
   let buf = '';
   server.stdout!.on('data', (d) => {
