@@ -3,13 +3,16 @@
 // draw needs nothing of the token in flight are pipelined. On the reference backend (whose
 // sampleRows is exact in float64) seeded outputs must be IDENTICAL whether rows are sampled on the
 // host, on the device, or on the device with the pipeline (tokens, text, finish reasons, usage;
-// logprobs within 1e-5: the device reports f32). Every test checks the device path really ran
+// logprobs within 1e-5: the device reports f32); on the CPU backend (native/sampling.c, the same
+// float64 maths) host and device sampling must agree the same way. Every test checks the device path really ran
 // (sampleRows calls, pipelined steps), so none passes with it silently off.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { CpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
+import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import type { Tensor } from '../../src/contracts/backend.ts';
 import type { DeviceSampleRow } from '../../src/contracts/device-sampling.ts';
@@ -372,4 +375,64 @@ test('deviceSampling: on by default with sampleRows; off by option, by LLMTS_DEV
   assert.equal(out.completionTokens, 6);
   assert.equal(e.stats.pipelinedSteps, 0);
   await e.close(0);
+});
+
+/** The CPU backend, counting its sampleRows calls (native/sampling.c). */
+class CountingCpu extends CpuBackend {
+  calls = 0;
+  override sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
+    this.calls++;
+    return super.sampleRows(logits, rows);
+  }
+}
+
+test('CPU backend: LLMTS_DEVICE_SAMPLING=off and on give identical seeded outputs; on, temperature rows are pipelined', async () => {
+  const requests: EngineRequest[] = [
+    { sampling: { temperature: 0.9, seed: 121 } },
+    { sampling: { temperature: 1.1, topK: 30, seed: 122 } },
+    { sampling: { temperature: 0.8, topP: 0.85, seed: 123 } },
+    { sampling: { temperature: 1.3, minP: 0.1, seed: 124 } },
+    { sampling: { temperature: 1, seed: 125, logitBias: { 223: -5, 270: 2 } } },
+    { sampling: { temperature: 1, seed: 126 }, topLogprobs: 5 },
+    { sampling: { temperature: 0.7, topK: 50, topP: 0.9, minP: 0.02, seed: 127 }, topLogprobs: 0 },
+    { sampling: { temperature: 0 } },
+  ].map((r, k) => ({ promptIds: cases[k % cases.length]!.prompt_token_ids, maxTokens: 20 + 3 * k, ignoreEos: true, ...r }));
+  const penalised: EngineRequest = {
+    promptIds: cases[0]!.prompt_token_ids, maxTokens: 16, ignoreEos: true,
+    sampling: { temperature: 0.8, repetitionPenalty: 1.3, frequencyPenalty: 0.4, presencePenalty: 0.2, seed: 128 },
+  };
+  const run = async (off: boolean) => {
+    const backend = new CountingCpu(loadNativeLib());
+    const before = process.env.LLMTS_DEVICE_SAMPLING;
+    try {
+      const m = await loadModel(backend, LLAMA, { maxModelLen: 4096 });
+      if (off) process.env.LLMTS_DEVICE_SAMPLING = 'off';
+      else delete process.env.LLMTS_DEVICE_SAMPLING;
+      const e = new Engine(m.model, m, { maxModelLen: m.maxContext, maxBatch: 8 });
+      if (before === undefined) delete process.env.LLMTS_DEVICE_SAMPLING;
+      else process.env.LLMTS_DEVICE_SAMPLING = before;
+      assert.equal(e.deviceSampling, !off);
+      // alone first (pipelined from its first decode to its last), then all together
+      const alone = await record(e, requests[0]!);
+      const pipelinedAlone = e.stats.pipelinedSteps;
+      const together = await Promise.all([...requests, penalised].map((r) => record(e, r)));
+      const stats = e.stats;
+      await e.close(0);
+      assert.equal(stats.kvBlocksUsed, 0);
+      return { out: [alone, ...together], stats, pipelinedAlone, calls: backend.calls };
+    } finally {
+      if (before === undefined) delete process.env.LLMTS_DEVICE_SAMPLING;
+      else process.env.LLMTS_DEVICE_SAMPLING = before;
+      await backend.close();
+    }
+  };
+  const host = await run(true);
+  const device = await run(false);
+  assertSameEvents(device.out, host.out, 'CPU device vs host');
+  assert.equal(host.calls, 0, 'host sampling never calls sampleRows');
+  assert.equal(host.pipelinedAlone, 0, 'a host-sampled temperature row is never pipelined');
+  assert.ok(device.calls > 0, 'the CPU sampleRows ran');
+  assert.ok(device.pipelinedAlone > 10, `a seeded temperature row alone: ${device.pipelinedAlone} steps pipelined`);
+  assert.ok(device.stats.pipelinedSteps > device.pipelinedAlone);
+  assert.ok(new Set(tokensOf(host.out[0]!)).size > 5, 'the sequences are random');
 });

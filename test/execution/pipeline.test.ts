@@ -206,7 +206,8 @@ test('cancellation mid-pipeline: the row ends at a step boundary, no rows left, 
 test('greedy rows beside seeded sampled rows: same tokens; a sampled row keeps every step unpipelined', async () => {
   const cases = casesOf('llama');
   await withFixture('llama', async (m) => {
-    const { on, off } = await onAndOff(m, { maxBatch: 6 }, async (e) => {
+    // host-sampled rows (the CPU backend samples on its worker thread otherwise, and those steps pipeline)
+    const { on, off } = await onAndOff(m, { maxBatch: 6, deviceSampling: false }, async (e) => {
       const during: [number, number][] = [];
       const jobs = cases.flatMap((c, k) => [
         record(e, greedy(c.prompt_token_ids, 32)),

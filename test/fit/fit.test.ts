@@ -341,7 +341,10 @@ test('the dry-run graph allocates what the CPU backend allocates, step for step'
     const backend = await createCpuBackend();
     try {
       const loaded = await loadModel(backend, dir, { maxModelLen: 120 });
-      const engine = new Engine(loaded.model, loaded, { maxBatch: 3, tokenBudget: 40, maxModelLen: 120, kvTokens: 3 * 128 });
+      // deviceSampling off: sampled rows read their logits back (the step the planner replays)
+      const engine = new Engine(loaded.model, loaded, {
+        maxBatch: 3, tokenBudget: 40, maxModelLen: 120, kvTokens: 3 * 128, deviceSampling: false,
+      });
       const steps: StepShape[] = [];
       const launch = loaded.model.launch.bind(loaded.model); // the engine hands every step to launch
       loaded.model.launch = ((b, kv, want, keep) => {

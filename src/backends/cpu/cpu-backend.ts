@@ -7,6 +7,7 @@ import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
+import { type DeviceSampleRow, packSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { decodeHalf } from '../common/half.ts';
 import { ScopeStack } from '../common/scopes.ts';
 import { BlockPool } from './block-pool.ts';
@@ -485,6 +486,27 @@ export class CpuBackend implements Backend {
     const [R, V] = a.shape as [number, number];
     const y = this.out([R], 'i32');
     this.lib.opArgmax(a.addr, y.addr, R, V);
+    return y;
+  }
+
+  /**
+   * On-device sampling (contracts/device-sampling.ts): the rows travel packed, and the native op
+   * samples on the worker thread in stream order (native/sampling.c), exactly as the reference
+   * backend does in float64.
+   */
+  sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
+    const op = 'sampleRows';
+    this.assertOpen(op);
+    const a = this.arg(op, 'logits', logits, WEIGHT, 2);
+    const [P, V] = a.shape as [number, number];
+    if (rows.length !== P) throw opError(op, `${rows.length} rows for logits ${describe(a)}`);
+    const { words, k } = packSampleRows(rows, V); // RangeError on a bad row, as the reference's
+    const W = sampleResultWidth(k);
+    const y = this.out([P, W], 'i32');
+    if (P === 0) return y;
+    if (this.lib.opSampleRows(a.addr, DT_CODE[a.dtype], words, words.length, y.addr, P, V, W) !== 0) {
+      throw opError(op, `out of memory staging ${words.byteLength} bytes of rows`);
+    }
     return y;
   }
 

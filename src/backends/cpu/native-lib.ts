@@ -61,6 +61,12 @@ export interface NativeLib {
   opGatherRows(x: Addr, idx: Addr, out: Addr, R: number, T: number, rowBytes: number): void;
   /** out[r] = index of the largest value of row r of x [R, V] (f32), lowest on ties, -1 when none is above -Infinity */
   opArgmax(x: Addr, out: Addr, R: number, V: number): void;
+  /**
+   * Copies the packed rows (contracts/device-sampling.ts, `nwords` int32) now and enqueues the
+   * sampling of logits [P, V] (dtype code) into out i32 [P, W]; returns 0 or -1 (out of memory)
+   */
+  opSampleRows(logits: Addr, dtype: number, packed: Int32Array, nwords: number, out: Addr, P: number, V: number,
+    W: number): number;
   opMoeRoute(logits: Addr, weights: Addr, experts: Addr, T: number, E: number, topK: number, renorm: number): void;
   opMoeFfn(x: Addr, weights: Addr, experts: Addr, gate: Addr, up: Addr, down: Addr, out: Addr, T: number,
     K: number, D: number, I: number, E: number, gateDt: number, upDt: number, downDt: number, act: number): void;
@@ -121,6 +127,7 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
     opAttention: f(`void llm_op_attention(${Array(16).fill(i64).join(', ')}, double, double)`),
     opGatherRows: f(`void llm_op_gather_rows(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
     opArgmax: f(`void llm_op_argmax(${i64}, ${i64}, ${i64}, ${i64})`),
+    opSampleRows: f(`int llm_op_sample_rows(${i64}, int, const void *packed, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
     opMoeRoute: f(`void llm_op_moe_route(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int)`),
     opMoeFfn: f(`void llm_op_moe_ffn(${Array(12).fill(i64).join(', ')}, int, int, int, int)`),
   };
