@@ -120,6 +120,16 @@ export function topPSelect(x: Float32Array, w: Float64Array, ids: Int32Array, n:
     if (before >= target) return lt;
     lo = lt;
   }
+  if (hi === n) return n;
+  // A partition's sum (another order, another rounding) reached the target, but adding the tokens
+  // below it one by one fell short: the rule goes on past them, in value order (rare: the mass is
+  // within rounding of the target).
+  const rest = Array.from(ids.subarray(hi, n)).sort((a, b) => x[b]! - x[a]! || a - b);
+  ids.set(rest, hi);
+  for (let j = hi; j < n; j++) {
+    if (before >= target) return j;
+    before += w[ids[j]!]!;
+  }
   return n;
 }
 

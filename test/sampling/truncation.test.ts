@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { samplingDistribution, type TruncationParams } from '../../src/sampling/sample-row.ts';
 import { assertClose } from './reference.ts';
+import { topPSelect } from '../../src/sampling/truncation.ts';
 
 const off: TruncationParams = { temperature: 1, topK: 0, topP: 1, minP: 0 };
 const ln = Math.log;
@@ -71,3 +72,15 @@ function distOf(x: number[]): Record<number, number> {
   const z = e.reduce((a, b) => a + b, 0);
   return Object.fromEntries(e.map((v, i) => [i, v / z]));
 }
+
+test('topPSelect: a partition sum reaching the target where the one-by-one sum falls short continues the rule past the partition', () => {
+  // ids a..e = 0..4. The first partition (pivot 1) sums a + b + c = 1 + 1 + 1e16 = 1e16 + 2 and
+  // narrows to them; one by one, 1e16 + 1 + 1 rounds to 1e16 (< target), so the rule must go on to
+  // d (kept: the mass before it is still short) and stop before e. It used to keep the whole row.
+  const x = Float32Array.from([2, 2, 3, 1, 0]);
+  const w = Float64Array.from([1, 1, 1e16, 1e16, 1]);
+  const ids = Int32Array.from([3, 0, 1, 2, 4]);
+  const n = topPSelect(x, w, ids, 5, 1e16 + 2);
+  assert.equal(n, 4);
+  assert.deepEqual([...ids.subarray(0, n)].sort(), [0, 1, 2, 3]);
+});
