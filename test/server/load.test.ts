@@ -101,6 +101,44 @@ test('load: 40 concurrent streams x 5 rounds match the non-streamed greedy resul
   assert.ok(delta('llmts_http_requests_total{route="/v1/completions",method="POST",status="200"}') >= (N / 2) * (ROUNDS + 1));
 });
 
+test('seeded sampling under load: 40 concurrent sampled streams reproduce their non-streamed results', async () => {
+  // temperature, top-p and a seed per request: the rows sample on the backend (sampleRows) and
+  // their steps pipeline; a seed must give the same tokens whatever the batch around it
+  const N = 40, MAX = 12;
+  const sampled = (k: number, stream: boolean) => ({
+    ...body(k, stream, MAX), temperature: 0.9, top_p: 0.95, seed: 1000 + k,
+  });
+  const one = async (k: number, stream: boolean): Promise<string[]> => {
+    if (!stream) {
+      const r = await postJson(srv.url + route(k), sampled(k, false));
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      const c = r.body.choices[0];
+      return k % 2 === 0 ? c.logprobs.tokens : c.logprobs.content.map((e: { token: string }) => e.token);
+    }
+    const res = await fetch(srv.url + route(k), {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(sampled(k, true)),
+    });
+    const tokens: string[] = [];
+    for (const f of parseSse(await res.text()).slice(0, -1)) {
+      for (const c of JSON.parse(f.data).choices) {
+        if (c.logprobs) tokens.push(...(k % 2 === 0 ? c.logprobs.tokens : c.logprobs.content.map((e: { token: string }) => e.token)));
+      }
+    }
+    return tokens;
+  };
+  const alone: string[][] = [];
+  for (let k = 0; k < N; k += 10) alone.push(...await Promise.all(Array.from({ length: 10 }, (_, j) => one(k + j, false))));
+  const together = await Promise.all(Array.from({ length: N }, (_, k) => one(k, true)));
+  together.forEach((t, k) => {
+    assert.equal(t.length, MAX, `stream ${k}`);
+    assert.deepEqual(t, alone[k], `stream ${k}: seeded tokens`);
+  });
+  // it really sampled: most requests differ from their greedy output (else this proves nothing)
+  const greedy = await Promise.all(Array.from({ length: 10 }, (_, k) => nonStreamed(k, MAX)));
+  assert.ok(greedy.filter((g, k) => g.tokens.join('\u0000') !== alone[k]!.join('\u0000')).length >= 5, 'sampled like greedy');
+  await eventually('the engine to be idle', () => scrape(srv.url), engineIdle);
+});
+
 test('cancellation storm: clients leaving mid-stream leave 0 running rows and 0 KV blocks', async () => {
   const before = await scrape(srv.url);
   const STREAMS = 40, PLAIN = 8, MAX = 1500;
