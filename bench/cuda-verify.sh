@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The checks a session's CUDA changes need on the GPU machine, in one command with a time budget
+# (device time is scarce: one call, everything under OUTDIR as it goes). In the repository root:
+#
+#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-verify.sh $OUT
+#
+# 1. every CUDA test (ops, fused, modules with the real NVRTC, sampling, engine sampling, fixtures,
+#    block copy, prefix cache), on a cold kernel cache: the time to build every module is printed
+# 2. bench/cuda-generate.ts on Llama-3.1-8B shapes (made by bench/make_random_llama.py while the
+#    tests run): launch to ready with the kernels cached, B=1 decode, the GEMM tuning table
+# 3. bench/serve.ts with and without --warmup: lone/dedicated, HTTP/engine, concurrency TTFT,
+#    /health and the server's own longest event-loop stall during an 8k-token prefill
+# 4. bench/cuda-throughput.ts with seeded temperature sampling, device sampling on and off
+#    (LLMTS_DEVICE_SAMPLING=off): 64 requests x 512/256
+# Environment: BUDGET_S (default 540), MODEL_DIR (default /tmp/llmts-llama8b-random),
+# LLMTS_COMMIT (recorded by the benches when the tree has no .git).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-out/cuda-verify}
+MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+BUDGET_S=${BUDGET_S:-540}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+START=$(date +%s)
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
+step() { echo; echo "== $1 ($(left) s of the budget left)"; }
+
+# the model, in the background (a file marks it done: waiting on a process name would match this
+# script's own command line)
+rm -f "$MODEL_DIR.done"
+if [ -f "$MODEL_DIR/config.json" ]; then touch "$MODEL_DIR.done"; else
+  (python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json > "$OUT/make-model.log" 2>&1
+   touch "$MODEL_DIR.done") &
+fi
+
+step "CUDA tests, cold kernel cache"
+CACHE=$(mktemp -d)
+LLMTS_CACHE_DIR=$CACHE timeout "$(cap 200 300)" node --import tsx --test --test-concurrency=1 \
+  test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts \
+  test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts \
+  test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts > "$OUT/cuda-tests.txt" 2>&1
+echo "exit $?"
+grep -E '^# (tests|pass|fail|skipped)|^not ok|^ +not ok|NVRTC .*: attention|ms/step|agree' "$OUT/cuda-tests.txt" | head -30
+
+for _ in $(seq 1 180); do [ -f "$MODEL_DIR.done" ] && break; sleep 1; done
+[ -f "$MODEL_DIR/config.json" ] || { echo "no model at $MODEL_DIR (see $OUT/make-model.log)"; exit 1; }
+
+step "B=1 decode and the GEMM tuning table"
+timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --model "$MODEL_DIR" --prompt-tokens 512 \
+  --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
+
+for warm in no yes; do
+  step "serve bench, warm-up $warm"
+  flag=(); [ "$warm" = yes ] && flag=(--warmup)
+  timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device cuda --model "$MODEL_DIR" --tokens 128 \
+    --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
+    > "$OUT/serve-warmup-$warm.txt" 2>&1
+  grep -E 'warm-up|lone/dedicated|HTTP/engine|streams:|/health' "$OUT/serve-warmup-$warm.txt"
+done
+
+for ds in on off; do
+  step "throughput, seeded temperature sampling, device sampling $ds"
+  env_ds=(); [ "$ds" = off ] && env_ds=(LLMTS_DEVICE_SAMPLING=off)
+  env "${env_ds[@]}" timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --model "$MODEL_DIR" \
+    --temperature 0.8 --top-p 0.95 --requests 64 --max-batch 64 --input-tokens 512 --output-tokens 256 \
+    --json "$OUT/throughput-sampling-$ds.json" 2>&1 | grep -iE 'output|steps' | head -4
+done
+echo; echo "done in $(($(date +%s) - START)) s"
