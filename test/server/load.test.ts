@@ -67,8 +67,8 @@ async function streamed(k: number, maxTokens: number): Promise<Outcome> {
   return out;
 }
 
-test('load: 40 concurrent streams x 5 rounds match the non-streamed greedy results, memory flat', async () => {
-  const N = 40, ROUNDS = 5, MAX = 16;
+test('load: 40 concurrent streams x 10 rounds match the non-streamed greedy results, memory flat', async () => {
+  const N = 40, ROUNDS = 10, MAX = 16;
   const rss: number[] = [];
   const before = await scrape(srv.url);
   // the non-streamed results, 8 at a time (a different batching from the rounds below)
@@ -88,10 +88,18 @@ test('load: 40 concurrent streams x 5 rounds match the non-streamed greedy resul
     });
     rss.push((await scrape(srv.url)).get('llmts_process_resident_memory_bytes') ?? NaN);
   }
-  // after the first round has warmed allocators and caches, more rounds must not keep growing
-  const growth = rss[rss.length - 1] - rss[0];
+  // A leak grows the resident set every round; allocators and V8 grow it in steps (one jump of
+  // 7-17 MiB somewhere in rounds 3-8, measured over 40 rounds, at this commit and before it). So:
+  // the median growth per round, which a one-time step does not move, and a gross bound.
+  // Measured (40 rounds): the median is 0.5-1 MiB a round with the JS heap flat: a slow native
+  // creep, not yet explained, that this bound would catch at 50 KB a request.
+  const steps = rss.slice(1).map((b, i) => b - rss[i]!).slice(1).sort((a, b) => a - b);
+  const median = steps[steps.length >> 1]!;
+  const growth = rss[rss.length - 1]! - rss[0]!;
+  const seen = `${rss.map((b) => (b / 2 ** 20).toFixed(0)).join(', ')} MiB`;
   assert.ok(Number.isFinite(growth), 'resident memory is reported');
-  assert.ok(growth < 16 * 2 ** 20, `resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over ${ROUNDS - 1} rounds (${rss.map((b) => (b / 2 ** 20).toFixed(0)).join(', ')} MiB)`);
+  assert.ok(median < 2 * 2 ** 20, `resident memory grew ${(median / 2 ** 20).toFixed(1)} MiB a round (median; ${seen})`);
+  assert.ok(growth < 48 * 2 ** 20, `resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over ${ROUNDS - 1} rounds (${seen})`);
   const after = await eventually('the engine to be idle', () => scrape(srv.url), engineIdle);
   const delta = (name: string) => (after.get(name) ?? 0) - (before.get(name) ?? 0);
   assert.equal(delta('llmts_generation_tokens_total'), N * MAX * (ROUNDS + 1));
