@@ -91,8 +91,8 @@ test('load: 40 concurrent streams x 10 rounds match the non-streamed greedy resu
   // A leak grows the resident set every round; allocators and V8 grow it in steps (one jump of
   // 7-17 MiB somewhere in rounds 3-8, measured over 40 rounds, at this commit and before it). So:
   // the median growth per round, which a one-time step does not move, and a gross bound.
-  // Measured (40 rounds): the median is 0.5-1 MiB a round with the JS heap flat: a slow native
-  // creep, not yet explained, that this bound would catch at 50 KB a request.
+  // Measured (40 rounds): the median is 0.5-1 MiB a round while V8 defers major collections (with a
+  // forced GC every round, RSS and the heap stay flat: no leak); this bound catches 50 KB a request.
   const steps = rss.slice(1).map((b, i) => b - rss[i]!).slice(1).sort((a, b) => a - b);
   const median = steps[steps.length >> 1]!;
   const growth = rss[rss.length - 1]! - rss[0]!;
