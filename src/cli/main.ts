@@ -8,6 +8,7 @@ commands:
   generate --model DIR (--prompt TEXT | --messages JSON) [options]   generate text
   serve --model DIR [options]                                        OpenAI/Anthropic-compatible HTTP server
   fit --model DIR --ctx N [options]                                  memory plan: does it fit, max context, decode tok/s
+  bench --model DIR [options]                                        serving performance, engine-direct and through HTTP
   help                                                               this text
 
 Run "llmts <command> --help" for a command's options.`;
@@ -27,6 +28,11 @@ async function main(argv: string[]): Promise<void> {
       const { runFit } = await import('./fit.ts');
       return runFit(rest);
     }
+    case 'bench': {
+      const { runBench } = await import('./bench.ts');
+      await runBench(rest);
+      return;
+    }
     case undefined:
     case 'help':
     case '--help':
@@ -34,7 +40,7 @@ async function main(argv: string[]): Promise<void> {
       process.stdout.write(`${USAGE}\n`);
       return;
     default:
-      throw new UsageError(`unknown command "${command}" (commands: generate, serve, fit, help)`);
+      throw new UsageError(`unknown command "${command}" (commands: generate, serve, fit, bench, help)`);
   }
 }
 
