@@ -13,12 +13,14 @@
 # 4. bench/cuda-throughput.ts with seeded temperature sampling, device sampling on and off
 #    (LLMTS_DEVICE_SAMPLING=off): 64 requests x 512/256
 # Environment: BUDGET_S (default 540), MODEL_DIR (default /tmp/llmts-llama8b-random),
-# LLMTS_COMMIT (recorded by the benches when the tree has no .git).
+# LLMTS_COMMIT (recorded by the benches when the tree has no .git); DEVICE=cpu with
+# MODEL_DIR=models/demo only tests the plumbing off the GPU machine (the CUDA tests skip there).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-verify}
 MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
 BUDGET_S=${BUDGET_S:-540}
+DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 START=$(date +%s)
@@ -47,13 +49,13 @@ for _ in $(seq 1 180); do [ -f "$MODEL_DIR.done" ] && break; sleep 1; done
 [ -f "$MODEL_DIR/config.json" ] || { echo "no model at $MODEL_DIR (see $OUT/make-model.log)"; exit 1; }
 
 step "B=1 decode and the GEMM tuning table"
-timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --model "$MODEL_DIR" --prompt-tokens 512 \
+timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
   --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
 
 for warm in no yes; do
   step "serve bench, warm-up $warm"
   flag=(); [ "$warm" = yes ] && flag=(--warmup)
-  timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device cuda --model "$MODEL_DIR" --tokens 128 \
+  timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" --tokens 128 \
     --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
     > "$OUT/serve-warmup-$warm.txt" 2>&1
   grep -E 'warm-up|lone/dedicated|HTTP/engine|streams:|/health' "$OUT/serve-warmup-$warm.txt"
@@ -62,7 +64,7 @@ done
 for ds in on off; do
   step "throughput, seeded temperature sampling, device sampling $ds"
   env_ds=(); [ "$ds" = off ] && env_ds=(LLMTS_DEVICE_SAMPLING=off)
-  env "${env_ds[@]}" timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --model "$MODEL_DIR" \
+  env "${env_ds[@]}" timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" \
     --temperature 0.8 --top-p 0.95 --requests 64 --max-batch 64 --input-tokens 512 --output-tokens 256 \
     --json "$OUT/throughput-sampling-$ds.json" 2>&1 | grep -iE 'output|steps' | head -4
 done
