@@ -88,18 +88,14 @@ test('load: 40 concurrent streams x 10 rounds match the non-streamed greedy resu
     });
     rss.push((await scrape(srv.url)).get('llmts_process_resident_memory_bytes') ?? NaN);
   }
-  // A leak grows the resident set every round; allocators and V8 grow it in steps (one jump of
-  // 7-17 MiB somewhere in rounds 3-8, measured over 40 rounds, at this commit and before it). So:
-  // the median growth per round, which a one-time step does not move, and a gross bound.
-  // Measured (40 rounds): the median is 0.5-1 MiB a round while V8 defers major collections (with a
-  // forced GC every round, RSS and the heap stay flat: no leak); this bound catches 50 KB a request.
-  const steps = rss.slice(1).map((b, i) => b - rss[i]!).slice(1).sort((a, b) => a - b);
-  const median = steps[steps.length >> 1]!;
+  // V8 grows its heap in steps before it collects (here up to ~21 MiB over the first rounds, at
+  // this commit and before it; with a forced GC every round RSS and the heap stay flat, measured),
+  // so only a gross bound holds reliably: it catches a leak of ~150 KB a request (checked with an
+  // injected 200 KB one).
   const growth = rss[rss.length - 1]! - rss[0]!;
-  const seen = `${rss.map((b) => (b / 2 ** 20).toFixed(0)).join(', ')} MiB`;
   assert.ok(Number.isFinite(growth), 'resident memory is reported');
-  assert.ok(median < 2 * 2 ** 20, `resident memory grew ${(median / 2 ** 20).toFixed(1)} MiB a round (median; ${seen})`);
-  assert.ok(growth < 48 * 2 ** 20, `resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over ${ROUNDS - 1} rounds (${seen})`);
+  assert.ok(growth < 40 * 2 ** 20, `resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over ${ROUNDS - 1} rounds ` +
+    `(${rss.map((b) => (b / 2 ** 20).toFixed(0)).join(', ')} MiB)`);
   const after = await eventually('the engine to be idle', () => scrape(srv.url), engineIdle);
   const delta = (name: string) => (after.get(name) ?? 0) - (before.get(name) ?? 0);
   assert.equal(delta('llmts_generation_tokens_total'), N * MAX * (ROUNDS + 1));
