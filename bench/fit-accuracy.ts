@@ -37,6 +37,7 @@ import * as K from '../src/execution/fit/constants.ts';
 import { fitDecodeConstants, meanTerms, type DecodeSample } from '../src/execution/fit/calibrate.ts';
 import type { DecodeTerm } from '../src/execution/fit/decode-model.ts';
 import { tensorsFor, writeCheckpoint } from '../test/fit/checkpoints.ts';
+import { recordStepShapes } from '../src/execution/fit/step-recorder.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const SELF = path.join(ROOT, 'bench', 'fit-accuracy.ts');
@@ -293,15 +294,7 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   // the KV pools serve sizes from the plan: every sequence can hold ctx tokens
   const kvTokens = a.batch * Math.ceil(ctx / 16) * 16;
   const engine = new Engine(m.model, m, { maxBatch: a.batch, tokenBudget: a.chunk, maxModelLen: ctx, kvTokens });
-  const steps: StepShape[] = [];
-  const launch = m.model.launch.bind(m.model); // the engine hands every step to launch
-  m.model.launch = ((batch, kv, want, keep) => {
-    steps.push({
-      tokens: batch.tokens.length, rows: batch.rows.length, sampled: batch.logitTokens.length,
-      tableBlocks: Math.max(...batch.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
-    });
-    return launch(batch, kv, want, keep);
-  }) as typeof m.model.launch;
+  const steps = recordStepShapes(m.model, 16);
   const V = m.config.vocabSize;
   const promptOf = (n: number, seed: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + seed * 101) % Math.min(V, 5000));
   let decodeTps = 0, meanTps = 0;

@@ -57,6 +57,7 @@ import { fitDecodeConstants, meanTerms, type DecodeFit, type DecodeSample } from
 import type { DecodeTerm } from '../src/execution/fit/decode-model.ts';
 import { bucketFor } from '../src/models/decode-graphs.ts';
 import { writeCheckpoint } from '../test/fit/checkpoints.ts';
+import { recordStepShapes } from '../src/execution/fit/step-recorder.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const SELF = path.join(ROOT, 'bench', 'fit-cuda.ts');
@@ -343,18 +344,11 @@ async function child(a: ChildArgs): Promise<ChildResult> {
   // the pool's high-water marks from here on are the steps' (loading made its own)
   peak.live = engineSnap.live;
   peak.pool = engineSnap.live + engineSnap.idle + engineSnap.graph;
-  const steps: StepShape[] = [];
-  const launch = m.model.launch.bind(m.model); // the engine hands every step to launch
-  m.model.launch = ((batch, kv, want, keep) => {
-    steps.push({
-      tokens: batch.tokens.length, rows: batch.rows.length, sampled: batch.logitTokens.length,
-      tableBlocks: Math.max(...batch.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
-    });
-    const out = launch(batch, kv, want, keep);
-    snap(); // every op of the step is enqueued (and allocated) by now
+  // every op of a step is enqueued (and allocated) when launch returns; its results come later
+  const steps = recordStepShapes(m.model, 16, (out) => {
+    snap();
     out.result.then(() => snap(), () => undefined);
-    return out;
-  }) as typeof m.model.launch;
+  });
   const V = m.config.vocabSize;
   const promptOf = (n: number, seed: number) => Array.from({ length: n }, (_, k) => (k * 7919 + 13 + seed * 101) % Math.min(V, 5000));
   const times: number[][] = [];

@@ -10,7 +10,7 @@ import {
   tensorsFor, writeCheckpoint, tempModelDir, numel, bytesOf,
   LLAMA_3_1_8B, LLAMA_3_1_8B_PARAMS, GEMMA_2_9B, GEMMA_2_9B_PARAMS, QWEN3_30B_A3B, QWEN3_30B_A3B_PARAMS,
 } from './checkpoints.ts';
-import { FitPlanner, type StepShape } from '../../src/execution/fit/plan.ts';
+import { FitPlanner } from '../../src/execution/fit/plan.ts';
 import { gpuMachine, customMachine, cpuMachine, GPU_NAMES, MachineError } from '../../src/execution/fit/machines.ts';
 import { cudaSizeClass, PoolModel, CPU_POOL } from '../../src/execution/fit/allocator.ts';
 import { CUDA_L2_FLUSH_BYTES } from '../../src/execution/fit/dry-run-backend.ts';
@@ -21,6 +21,7 @@ import { UsageError } from '../../src/cli/errors.ts';
 import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 import { Engine } from '../../src/execution/engine.ts';
+import { recordStepShapes } from '../../src/execution/fit/step-recorder.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
 const BIN = path.join(ROOT, 'bin/llmts');
@@ -345,15 +346,7 @@ test('the dry-run graph allocates what the CPU backend allocates, step for step'
       const engine = new Engine(loaded.model, loaded, {
         maxBatch: 3, tokenBudget: 40, maxModelLen: 120, kvTokens: 3 * 128, deviceSampling: false,
       });
-      const steps: StepShape[] = [];
-      const launch = loaded.model.launch.bind(loaded.model); // the engine hands every step to launch
-      loaded.model.launch = ((b, kv, want, keep) => {
-        steps.push({
-          tokens: b.tokens.length, rows: b.rows.length, sampled: b.logitTokens.length,
-          tableBlocks: Math.max(...b.rows.map((r) => Math.ceil((r.start + r.count) / 16))),
-        });
-        return launch(b, kv, want, keep);
-      }) as typeof loaded.model.launch;
+      const steps = recordStepShapes(loaded.model, 16);
       const idleBefore = backend.memoryStats().idleBytes;
       await Promise.all([90, 37, 5].map((n, i) => engine.complete({
         // sampled rows read their logits back, the step the planner replays (greedy rows would take
