@@ -15,6 +15,7 @@ import type { SamplingParamsInput } from '../../src/sampling/params.ts';
 import { Sampler } from '../../src/sampling/sampler.ts';
 import {
   boundaryMargin, type Case, casesFor, compareWithHost, deviceRow, logitRows, NEAR_ENDS, normalLogits, randomMask, toBf16,
+  SEEDED_REQUESTS,
 } from '../sampling/device-sampling-cases.ts';
 
 const probe = probeCuda();
@@ -97,13 +98,7 @@ describe('sampleRows on CUDA = the host sampler', { skip: SKIP }, () => {
 
   it('seeded requests sampled on the device follow the host sequence', async (t) => {
     const V = 32000;
-    const inputs: SamplingParamsInput[] = [
-      { temperature: 0.9, topP: 0.95, seed: 11 },
-      { topK: 20, repetitionPenalty: 1.2, frequencyPenalty: 0.3, seed: 5 },
-      { temperature: 0, presencePenalty: 0.5, seed: 1 },
-      { minP: 0.1, temperature: 1.4, logitBias: { 3: 2, 10: -5 }, seed: 99 },
-      { topK: 3, topP: 0.6, minP: 0.2, seed: -7 },
-    ];
+    const inputs = SEEDED_REQUESTS;
     const prompt = Array.from({ length: 50 }, (_, i) => (i * 37) % V);
     const host = inputs.map((p) => new Sampler(p, { vocabSize: V }));
     const dev = inputs.map((p) => new Sampler(p, { vocabSize: V }));

@@ -22,6 +22,7 @@ import type { EngineRequest, SequenceEvent } from '../../src/execution/sequence.
 import { GrammarCompiler, grammarVocabFrom } from '../../src/sampling/grammar/index.ts';
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
+import { FailingAhead } from '../helpers/failing-ahead.ts';
 
 const LLAMA = resolve(import.meta.dirname, '../fixtures/llama');
 const cases: { prompt_token_ids: number[] }[] = JSON.parse(readFileSync(join(LLAMA, 'reference.json'), 'utf8')).cases;
@@ -262,29 +263,11 @@ test('cancellation while device-sampled steps are pipelined: the row ends at a s
   assert.ok(runs.pipelined.stats.pipelinedSteps > 0);
 });
 
-/** A reference backend whose reads fail once, right after the k-th device-id gather. */
-class FailingAhead extends CountingReference {
-  gathers = 0;
-  private armed = false;
-  constructor(private readonly failAt: number) {
-    super();
-  }
-  override gatherRows(x: Tensor, idx: Tensor): Tensor {
-    if (x.dtype === 'i32' && ++this.gathers === this.failAt) this.armed = true;
-    return super.gatherRows(x, idx);
-  }
-  override read(t: Tensor): Promise<Float32Array | Int32Array> {
-    if (!this.armed) return super.read(t);
-    this.armed = false;
-    return Promise.reject(new Error('device fault (test)'));
-  }
-}
-
 test('a pipelined sampled step that fails: its rows recompute with the uniforms it drew, same tokens', async () => {
   const dir = writeTinyLlama();
   const requests: EngineRequest[] = [[1, 2, 3, 4, 5], [9, 8, 7], [40, 41, 42, 43]]
     .map((p, k) => ({ promptIds: p, maxTokens: 24, ignoreEos: true, sampling: { temperature: 1, topK: 40, seed: 60 + k } }));
-  const run = async (backend: CountingReference, opts: EngineOptions) => {
+  const run = async (backend: ReferenceBackend, opts: EngineOptions) => {
     const m = await loadModel(backend, dir);
     const e = new Engine(m.model, m, { maxBatch: 4, ...opts });
     const out = await Promise.all(requests.map((r) => e.complete(r)));

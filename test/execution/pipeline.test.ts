@@ -17,6 +17,7 @@ import { Engine, type EngineOptions, type TextCodec } from '../../src/execution/
 import type { EngineRequest, SequenceEvent } from '../../src/execution/sequence.ts';
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
+import { FailingAhead } from '../helpers/failing-ahead.ts';
 
 const FIXTURES = resolve(import.meta.dirname, '../fixtures');
 
@@ -313,24 +314,6 @@ test('graph-replayed pipelined steps take their ids from the device: same tokens
   viaGraphs.out.forEach((got, k) => assert.deepEqual(got, cases[k]!.generated_token_ids.slice(0, 20)));
   assert.equal(viaGraphs.kvBlocksUsed, 0);
 });
-
-/** A reference backend whose reads fail once, right after the k-th device-id gather. */
-class FailingAhead extends ReferenceBackend {
-  gathers = 0;
-  private armed = false;
-  constructor(private readonly failAt: number) {
-    super();
-  }
-  override gatherRows(x: Tensor, idx: Tensor): Tensor {
-    if (x.dtype === 'i32' && ++this.gathers === this.failAt) this.armed = true;
-    return super.gatherRows(x, idx);
-  }
-  override read(t: Tensor): Promise<Float32Array | Int32Array> {
-    if (!this.armed) return super.read(t);
-    this.armed = false;
-    return Promise.reject(new Error('device fault (test)'));
-  }
-}
 
 test('a pipelined step that fails is only a head start lost: its rows recompute normally, same tokens', async () => {
   const dir = writeTinyLlama();

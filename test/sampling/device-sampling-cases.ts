@@ -271,3 +271,12 @@ export function compareWithHost(cases: Case[], got: DeviceSample[], tol: number)
 export function logitRows(V: number, seed: number): Float32Array[] {
   return [normalLogits(V, seed, 3), normalLogits(V, seed + 1, 2, 0.25), toBf16(normalLogits(V, seed + 2, 4))];
 }
+
+/** Seeded requests covering each sampling stage, for whole-sequence comparisons against the host sampler. */
+export const SEEDED_REQUESTS: readonly SamplingParamsInput[] = [
+  { temperature: 0.9, topP: 0.95, seed: 11 },
+  { topK: 20, repetitionPenalty: 1.2, frequencyPenalty: 0.3, seed: 5 },
+  { temperature: 0, presencePenalty: 0.5, seed: 1 },
+  { minP: 0.1, temperature: 1.4, logitBias: { 3: 2, 10: -5 }, seed: 99 },
+  { topK: 3, topP: 0.6, minP: 0.2, seed: -7 },
+];

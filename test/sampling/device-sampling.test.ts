@@ -15,6 +15,7 @@ import { sortIdsAscending } from '../../src/sampling/sample-row.ts';
 import type { SamplingParamsInput } from '../../src/sampling/params.ts';
 import {
   type Case, casesFor, compareWithHost, logitRows, normalLogits, randomHistory, randomMask, sampleCases,
+  SEEDED_REQUESTS,
 } from './device-sampling-cases.ts';
 import { testRandom } from './reference.ts';
 
@@ -46,13 +47,7 @@ test('the device draw walks ascending ids: every u lands where the host lands, i
 
 test('seeded requests sampled on the device reproduce the host sequence (one RNG draw per token)', async () => {
   const V = 1000;
-  const inputs: SamplingParamsInput[] = [
-    { temperature: 0.9, topP: 0.95, seed: 11 },
-    { topK: 20, repetitionPenalty: 1.2, frequencyPenalty: 0.3, seed: 5 },
-    { temperature: 0, presencePenalty: 0.5, seed: 1 },
-    { minP: 0.1, temperature: 1.4, logitBias: { 3: 2, 10: -5 }, seed: 99 },
-    { topK: 3, topP: 0.6, minP: 0.2, seed: -7 },
-  ];
+  const inputs = SEEDED_REQUESTS;
   const prompt = Array.from({ length: 12 }, (_, i) => (i * 37) % V);
   const host = inputs.map((p) => new Sampler(p, { vocabSize: V }));
   const dev = inputs.map((p) => new Sampler(p, { vocabSize: V }));
