@@ -9,8 +9,7 @@
 // first, so the two never share a device). Prints a table on stdout, progress on stderr, and with
 // --json writes every figure.
 
-import { spawn } from 'node:child_process';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
