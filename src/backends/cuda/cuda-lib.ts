@@ -170,9 +170,34 @@ export interface CublasLt {
 
 const u64 = 'uint64_t';
 
+/**
+ * LLMTS_CUDA_SLOW_CALL_MS=N: every synchronous driver / cuBLASLt call that holds the calling thread
+ * N ms or more is reported on stderr with the JS stack that made it. A diagnostic for event-loop
+ * stalls: a call that waits for the device (cuMemFree, cuStreamSynchronize, a full launch queue)
+ * blocks the whole server while the GPU finishes what is queued.
+ */
+const SLOW_CALL_MS = Number(process.env.LLMTS_CUDA_SLOW_CALL_MS ?? '') || 0;
+
+function traced(name: string, f: (...args: unknown[]) => unknown): (...args: unknown[]) => unknown {
+  const g = (...args: unknown[]): unknown => {
+    const t0 = performance.now();
+    const r = f(...args);
+    const ms = performance.now() - t0;
+    if (ms >= SLOW_CALL_MS) {
+      const stack = (new Error().stack ?? '').split('\n').slice(2, 9).join('\n');
+      process.stderr.write(`[llmts] slow CUDA call ${name}: ${ms.toFixed(1)} ms\n${stack}\n`);
+    }
+    return r;
+  };
+  return Object.assign(g, { async: (f as { async?: unknown }).async });
+}
+
 function bind<T>(lib: LibraryHandle, path: string, decls: Record<string, string>): T {
   const out: Record<string, unknown> = { path };
-  for (const [name, decl] of Object.entries(decls)) out[name] = lib.func(decl);
+  for (const [name, decl] of Object.entries(decls)) {
+    const f = lib.func(decl) as (...args: unknown[]) => unknown;
+    out[name] = SLOW_CALL_MS > 0 ? traced(name, f) : f;
+  }
   return out as T;
 }
 
