@@ -54,7 +54,7 @@ timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVI
 
 for warm in no yes; do
   step "serve bench, warm-up $warm"
-  flag=(); [ "$warm" = yes ] && flag=(--warmup)
+  flag=(--no-warmup); [ "$warm" = yes ] && flag=(--warmup)
   timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" --tokens 128 \
     --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
     > "$OUT/serve-warmup-$warm.txt" 2>&1

@@ -32,6 +32,7 @@ const OPTIONS: Options = {
   repeats: { type: 'string' },
   'max-model-len': { type: 'string' },
   warmup: { type: 'boolean' },
+  'no-warmup': { type: 'boolean' },
   json: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 };
@@ -49,7 +50,7 @@ Serving performance, engine-direct and through HTTP, on one model; a table on st
   --repeats N             single-stream runs per path, the median reported (default 5)
   --long-prompt N         prompt tokens prefilled while /health is probed (default 1900; 0 skips)
   --max-model-len N       longest sequence (default 4096, at most the model's)
-  --warmup                start the server with "serve --warmup"
+  --warmup, --no-warmup   passed to "serve" (its default: warm-up on CUDA, not on the CPU)
   --json FILE             write every figure to FILE
 `;
 
@@ -128,7 +129,7 @@ export async function runBench(argv: string[]): Promise<BenchResult | undefined>
   const bin = path.resolve(import.meta.dirname, '../../bin/llmts');
   const server = spawn(bin, ['serve', '--model', dir, '--port', '0', '--max-batch', String(Math.max(MIN_SERVER_BATCH, ...levels)),
     '--served-model-name', served, '--prompt-cache', '0', '--device', device, '--max-model-len', String(maxModelLen),
-    ...(v.warmup ? ['--warmup'] : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
+    ...(v.warmup ? ['--warmup'] : []), ...(v['no-warmup'] ? ['--no-warmup'] : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
   try {
     const base = await new Promise<string>((ok, fail) => {
       let buf = '';

@@ -38,6 +38,7 @@ const OPTIONS: Options = {
   'gpu-memory-utilization': { type: 'string' },
   'tool-call-format': { type: 'string' },
   warmup: { type: 'boolean' },
+  'no-warmup': { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -71,9 +72,10 @@ const HELP = `usage: llmts serve --model DIR [options]
   --tool-call-format F        auto|hermes|llama3|mistral: how the model writes tool calls (the
                               syntax parsed, forced and shown in prompts); auto (default) detects it
                               from the chat template and vocabulary
-  --warmup                    before listening, run every decode batch size once (CUDA: captures
+  --warmup, --no-warmup       before listening, run every decode batch size once (CUDA: captures
                               each batch size's graph and times its GEMMs, so the first requests
-                              do not pay for it; default off)
+                              do not pay for it, nor stall the server while they do; default: on
+                              for CUDA, off for the CPU)
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
@@ -146,6 +148,7 @@ export async function runServe(argv: string[]): Promise<void> {
     if (v[flag] !== undefined) throw new UsageError(`--${flag} is not supported yet (${why})`);
   const dir = requiredString(v, 'model');
   const host = stringFlag(v, 'host') ?? '127.0.0.1';
+  if (v.warmup && v['no-warmup']) throw new UsageError('--warmup and --no-warmup contradict each other');
   const port = numberFlag(v, 'port', { integer: true, min: 0, max: 65535 }) ?? 8000;
   const servedName = stringFlag(v, 'served-model-name') ?? path.basename(path.resolve(dir));
   if (servedName.trim() === '') throw new UsageError('--served-model-name must not be empty');
@@ -230,7 +233,7 @@ export async function runServe(argv: string[]): Promise<void> {
       (pc.ssdOff ? `; SSD tier off (${pc.ssdOff})` : ''));
   }
 
-  if (v.warmup) {
+  if (v.warmup ?? (!v['no-warmup'] && backend.name === 'cuda')) {
     const w = await warmUp(engine);
     log(`warm-up: decode batch sizes ${w.rowCounts.join(', ')} in ${(w.ms / 1000).toFixed(1)} s`);
   }

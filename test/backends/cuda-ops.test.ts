@@ -244,6 +244,20 @@ describe('matmul', { skip: SKIP }, () => {
     }
   });
 
+  it('GEMM shapes of one tuning class share one timing; the others adopt its winner and stay exact', async () => {
+    const r = rng(13);
+    const N = 96, K = 136; // a shape no other test uses
+    const w = randomF32(r, N * K);
+    const tunedHere = () => cuda.gemmTuning.filter((t) => t.shape.endsWith(`x${N}x${K}`)).map((t) => t.shape);
+    // 20 times class 32; 17, 25, 31 and 32 adopt it (the first while its timing may still run);
+    // 3 is its own class; 100 rows is above the tuned range
+    for (const M of [20, 17, 25, 31, 32, 3, 100]) {
+      const x = randomF32(r, M * K);
+      await compare(`tuning class M=${M} N=${N} K=${K}`, async (b) => [b.matmul(act(b, x, [M, K]), act(b, w, [N, K]))], GEMM);
+    }
+    assert.deepEqual(tunedHere().sort(), [`20x${N}x${K}`, `3x${N}x${K}`].sort());
+  });
+
   it('handles M = 0 and K = 0 (empty sum = bias)', async () => {
     const y0 = cuda.matmul(cuda.upload(new Float32Array(0), [0, 8]), cuda.upload(randomF32(rng(1), 24), [3, 8]));
     const yk = cuda.matmul(cuda.upload(new Float32Array(0), [2, 0]), cuda.upload(new Float32Array(0), [3, 0]),

@@ -24,6 +24,7 @@ test('flags not supported yet are refused with one clear line; bad values too', 
     ['--shutdown-grace', 'soon', /--shutdown-grace must be a number/],
     ['--device', 'tpu', /--device must be one of/],
     ['--bogus', 'x', /Unknown option '--bogus'/],
+    ['--warmup', '--no-warmup', /--warmup and --no-warmup contradict each other/],
   ] as const) await assert.rejects(runServe(['--model', '/nonexistent', flag, value]), (e: Error) => (e instanceof UsageError || flag === '--device') && why.test(e.message), flag);
   // through the process: one line on stderr, nothing on stdout, exit 2
   const dir = writeTinyLlama();
@@ -173,6 +174,15 @@ test('--warmup runs every decode batch size before listening, and the server the
     assert.equal(r.body.usage.completion_tokens, 4);
     const m = await scrape(srv.url);
     assert.equal(m.get('llmts_kv_blocks_cached'), 0, 'warm-up left nothing in the prefix cache');
+  } finally {
+    await srv.stop();
+  }
+});
+
+test('without --warmup the CPU backend does not warm up (it is the default on CUDA only)', async () => {
+  const srv = await spawnServer({ args: ['--device', 'cpu', '--max-batch', '3'] });
+  try {
+    assert.doesNotMatch(srv.stderr(), /warm-up/);
   } finally {
     await srv.stop();
   }

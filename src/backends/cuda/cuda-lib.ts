@@ -164,6 +164,7 @@ export interface CublasLt {
   cublasLtMatmulPreferenceSetAttribute(p: P, attr: number, buf: ArrayBufferView, size: number): number;
   cublasLtMatmulAlgoGetHeuristic(h: P, op: P, a: P, b: P, c: P, d: P, pref: P, requested: number, results: Uint8Array,
     count: Int32Array): number;
+  cublasLtMatmulAlgoCheck(h: P, op: P, a: P, b: P, c: P, d: P, algo: Uint8Array, result: Uint8Array): number;
   cublasLtMatmul(h: P, op: P, alpha: Float32Array, a: P, aDesc: P, b: P, bDesc: P, beta: Float32Array, c: P, cDesc: P,
     d: P, dDesc: P, algo: Uint8Array, ws: P, wsBytes: number, stream: P): number;
 }
@@ -301,6 +302,7 @@ export function loadCublasLt(): CublasLt {
     cublasLtMatmulPreferenceSetAttribute: `int cublasLtMatmulPreferenceSetAttribute(${u64}, int, const void *, size_t)`,
     cublasLtMatmulAlgoGetHeuristic: `int cublasLtMatmulAlgoGetHeuristic(${u64}, ${u64}, ${u64}, ${u64}, ${u64}, ` +
       `${u64}, ${u64}, int, void *, void *)`,
+    cublasLtMatmulAlgoCheck: `int cublasLtMatmulAlgoCheck(${u64}, ${u64}, ${u64}, ${u64}, ${u64}, ${u64}, const void *, void *)`,
     cublasLtMatmul: `int cublasLtMatmul(${u64}, ${u64}, const void *, ${u64}, ${u64}, ${u64}, ${u64}, const void *, ` +
       `${u64}, ${u64}, ${u64}, ${u64}, const void *, ${u64}, size_t, ${u64})`,
   });

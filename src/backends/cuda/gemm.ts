@@ -23,10 +23,13 @@ const WORKSPACE_BYTES = 32 * 1024 * 1024;
 const MAX_PLANS = 4096;
 
 interface Plan {
+  M: number;
+  K: number;
   op: number;
   a: number;
   b: number;
   d: number;
+  /** the algorithm this shape runs: the heuristic's first, then its tuning class's winner */
   algo: Uint8Array;
   /** the heuristic's valid algorithms, best guess first; emptied once timed */
   candidates: Uint8Array[];
@@ -34,6 +37,23 @@ interface Plan {
   gemvCandidates: GemvChoice[];
   /** set when a GEMV launch timed faster than every cuBLASLt algorithm */
   gemv?: GemvChoice;
+  /** the tuning class this shape belongs to (undefined: not tuned) */
+  tuneClass?: TuneClass;
+}
+
+/**
+ * The shapes that share one tuning: same types, N and K, and rows in one class (exact up to 8,
+ * then by 16, like the decode graph buckets). The first shape of a class to run is timed; every
+ * shape of the class then takes the winner where cuBLASLt accepts it for its own rows
+ * (cublasLtMatmulAlgoCheck). Timing is costly on the host (~0.4 ms a call: about 0.1 s for a
+ * layer's four GEMM shapes on the H200), so a mixed step's ever-new row count must not each pay it.
+ */
+interface TuneClass {
+  state: 'untuned' | 'pending' | 'done';
+  algo?: Uint8Array;
+  gemv?: GemvChoice;
+  /** shapes planned while the class was being timed: they adopt the winner when it settles */
+  waiting: Plan[];
 }
 
 /** A tuning enqueued on the stream whose timings are not read yet (LtGemm.settleTuning). */
@@ -51,14 +71,25 @@ export interface TuneRecord {
   shape: string;
   /** the fastest cuBLASLt algorithm's time, and each GEMV kernel's, ms per call */
   cublasLtMs: number;
+  /** the heuristic's first algorithm's time (what runs untuned), ms per call */
+  firstMs: number;
   /** by gemvLabel (kernel/warps per row) */
   gemvMs: Record<string, number>;
   chosen: string;
 }
 
-/** GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
- * first pick read 4096 x 4096 bf16 weights at 2.0 TB/s on the H200, the best of its list faster) */
-const TUNE_MAX_M = 1024;
+/**
+ * GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
+ * first pick read 4096 x 4096 bf16 weights at 2.0 TB/s on the H200, the best of its list faster).
+ * Larger ones (prefill chunks) keep the heuristic's choice: timing them held the event loop ~0.1 s
+ * per new chunk size while a long prompt prefilled. $LLMTS_CUDA_GEMM_TUNE_MAX_M overrides it.
+ */
+export const TUNE_MAX_M = 64;
+
+/** The tuning class of a GEMM with M rows (see TuneClass). */
+export function tuneClassOf(M: number): number {
+  return M <= 8 ? M : Math.ceil(M / 16) * 16;
+}
 const TUNE_CANDIDATES = 16;
 const TUNE_REPEATS = 3;
 /**
@@ -73,6 +104,8 @@ export class LtGemm {
   private readonly pref: number;
   private readonly workspace: number;
   private readonly plans = new Map<string, Plan | null>();
+  private readonly classes = new Map<string, TuneClass>();
+  private readonly tuneMaxM = Number(process.env.LLMTS_CUDA_GEMM_TUNE_MAX_M ?? '') || TUNE_MAX_M;
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
   readonly version: number;
@@ -108,7 +141,9 @@ export class LtGemm {
     const aligned = (w % 16) === 0 && (x % 16) === 0;
     const gemv = (c: GemvChoice) => this.rt.launch(c.kernel, [gemvGrid(N, c.warpsPerRow), 1, 1], GEMV_THREADS, 0, [
       ['p', w], ['p', x], ['p', d], ['i', M], ['i', N], ['i', K], ['i', c.warpsPerRow]]);
-    if ((plan.candidates.length > 1 || (plan.gemvCandidates.length > 0 && aligned)) && !this.rt.capturing) {
+    // the shape that times its class does so on its first run outside a capture (a class must
+    // settle: shapes of it planned meanwhile wait for the winner)
+    if ((plan.candidates.length > 0 || plan.gemvCandidates.length > 0) && !this.rt.capturing) {
       this.tune(plan, `${M}x${N}x${K}`, call, aligned ? gemv : undefined);
       plan.candidates.length = 0;
       plan.gemvCandidates.length = 0;
@@ -135,9 +170,9 @@ export class LtGemm {
   private tune(plan: Plan, shape: string, call: (algo: Uint8Array) => number,
     gemv: ((c: GemvChoice) => void) | undefined): void {
     const d = this.rt.d;
-    const flush = this.pool.alloc(L2_FLUSH_BYTES, true).addr;
+    const flush = this.pool.alloc(L2_FLUSH_BYTES).addr; // pooled: freeing an exact block (cuMemFree) waits for the device
     const events: number[] = [];
-    const pending: PendingTune = { plan, record: { shape, cublasLtMs: Infinity, gemvMs: {}, chosen: 'cublaslt' }, runs: [], events };
+    const pending: PendingTune = { plan, record: { shape, cublasLtMs: Infinity, firstMs: NaN, gemvMs: {}, chosen: 'cublaslt' }, runs: [], events };
     /** enqueues one candidate's warm-up and timed calls; false when a call could not be enqueued */
     const time = (run: () => boolean): [number, number][] | null => {
       if (!run()) return null; // warm-up; a candidate that fails here is skipped
@@ -204,6 +239,7 @@ export class LtGemm {
         for (const r of p.runs) {
           if (!r.algo) continue;
           const t = total(r.pairs) / TUNE_REPEATS;
+          if (Number.isNaN(record.firstMs)) record.firstMs = t;
           if (t < record.cublasLtMs) {
             record.cublasLtMs = t;
             plan.algo = r.algo;
@@ -226,9 +262,30 @@ export class LtGemm {
       } finally {
         for (const e of p.events) d.cuEventDestroy_v2(e);
       }
+      const cls = plan.tuneClass;
+      if (cls) {
+        cls.state = 'done';
+        cls.algo = plan.algo;
+        cls.gemv = plan.gemv;
+        for (const member of cls.waiting) this.adopt(member, cls);
+        cls.waiting.length = 0;
+      }
       this.tuned.push(record);
       return false;
     });
+  }
+
+  /** A shape of a timed class takes its winner: the same GEMV kernel, or the algorithm where cuBLASLt accepts it. */
+  private adopt(plan: Plan, cls: TuneClass): void {
+    if (cls.gemv && gemvCandidates(plan.M, plan.K).some((g) => g.kernel === cls.gemv!.kernel && g.warpsPerRow === cls.gemv!.warpsPerRow)) {
+      plan.gemv = cls.gemv;
+      return;
+    }
+    if (!cls.algo) return;
+    const result = new Uint8Array(HEURISTIC_BYTES);
+    const rc = this.lt.cublasLtMatmulAlgoCheck(this.handle, plan.op, plan.a, plan.b, plan.d, plan.d, cls.algo, result);
+    const view = new DataView(result.buffer);
+    if (rc === 0 && view.getInt32(72, true) === 0 && Number(view.getBigUint64(64, true)) <= WORKSPACE_BYTES) plan.algo = cls.algo;
   }
 
   private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
@@ -249,7 +306,7 @@ export class LtGemm {
     const a = layout(wt, K, N, K);
     const b = layout(xt, K, M, K);
     const d = layout(dt, N, M, N);
-    const tune = M <= TUNE_MAX_M && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
+    const tune = M <= this.tuneMaxM && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
     const requested = TUNE_CANDIDATES;
     const results = new Uint8Array(HEURISTIC_BYTES * requested);
     const count = new Int32Array(1);
@@ -267,7 +324,23 @@ export class LtGemm {
       const gemvMode = process.env.LLMTS_CUDA_GEMV ?? 'auto';
       const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
       if (candidates.length > 0) {
-        plan = { op, a, b, d, algo: candidates[0]!, candidates: tune ? candidates : [], gemvCandidates: tune ? gemv : [] };
+        plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
+        if (tune) {
+          const classKey = `${wt}.${xt}.${dt}.${tuneClassOf(M)}.${N}.${K}`;
+          let cls = this.classes.get(classKey);
+          if (!cls) this.classes.set(classKey, (cls = { state: 'untuned', waiting: [] }));
+          if (cls.state === 'untuned' && candidates.length < 2 && gemv.length === 0) {
+            cls.state = 'done'; // nothing to choose between
+            cls.algo = plan.algo;
+          } else if (cls.state === 'untuned') {
+            // this shape times the class (on its first run outside a capture)
+            cls.state = 'pending';
+            plan.tuneClass = cls;
+            plan.candidates = candidates;
+            plan.gemvCandidates = gemv;
+          } else if (cls.state === 'pending') cls.waiting.push(plan);
+          else this.adopt(plan, cls);
+        }
         // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies, untimed (tests, A/B runs)
         const forced = gemv.find((g) => g.kernel === gemvMode);
         if (forced) {
@@ -288,6 +361,13 @@ export class LtGemm {
   }
 
   private clearPlans(): void {
+    // a class whose timing never started is timed again by its next shape; nothing may adopt
+    // through a dropped plan's descriptors
+    const timing = new Set(this.pending.map((p) => p.plan.tuneClass));
+    for (const c of this.classes.values()) {
+      c.waiting.length = 0;
+      if (c.state === 'pending' && !timing.has(c)) c.state = 'untuned';
+    }
     for (const p of this.plans.values()) {
       if (!p) continue;
       this.lt.cublasLtMatrixLayoutDestroy(p.a);

@@ -28,13 +28,14 @@ const PACK_WIDTH = 32;
 /** native/gemm_impl.h: per-thread weight and output blocks of the packed path, (6 x 8) x 128 floats each */
 const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
 /**
- * backends/cuda/gemm.ts: a GEMM shape of at most TUNE_MAX_M rows has its algorithm timed the first
- * time it runs outside a graph capture, and the timing writes an exact-size L2-flush buffer of
+ * backends/cuda/gemm.ts: the first GEMM shape of a tuning class (same N, K and types; at most
+ * TUNE_MAX_M rows, exact up to 8, then by 16) has its algorithm timed the first time it runs
+ * outside a graph capture, and the timing writes an exact-size L2-flush buffer of
  * L2_FLUSH_BYTES between calls: live for that op on top of everything the step holds then (on
  * the H200 it was the step's live high-water mark in most runs: the lm_head of a prefill chunk's
  * last step is a new shape once every layer's residual is live). $LLMTS_CUDA_GEMM_TUNE=off skips it.
  */
-export const CUDA_TUNE_MAX_M = 1024;
+export const CUDA_TUNE_MAX_M = 64;
 export const CUDA_L2_FLUSH_BYTES = 128 * 1024 * 1024;
 
 
@@ -86,6 +87,17 @@ export interface DryRunOptions {
    * plan: a long-running server meets new shapes at any time); 'off' never. Default 'always'.
    */
   gemmTune?: 'once' | 'always' | 'off';
+  /**
+   * Which GEMMs the CUDA tuner times (default: gemm.ts's, TUNE_MAX_M rows by class); a replay of
+   * a run recorded before gemm.ts tuned by class passes what that run's tuner did.
+   */
+  cudaTuning?: CudaTuning;
+}
+
+export interface CudaTuning {
+  maxM: number;
+  /** shapes share a timing by row class (exact up to 8, then by 16), else each row count apart */
+  byClass: boolean;
 }
 
 export class DryRunBackend implements Backend {
@@ -109,6 +121,7 @@ export class DryRunBackend implements Backend {
   kernels = 0;
   private readonly gemmTune: 'once' | 'always' | 'off';
   private readonly tuned = new Set<string>();
+  private readonly cudaTuning: CudaTuning;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -121,6 +134,7 @@ export class DryRunBackend implements Backend {
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
     this.gemmTune = process.env.LLMTS_CUDA_GEMM_TUNE === 'off' ? 'off' : opts.gemmTune ?? 'always';
+    this.cudaTuning = opts.cudaTuning ?? { maxM: CUDA_TUNE_MAX_M, byClass: true };
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
     if (opts.fused || opts.graphs) {
       this.rowView = (t, _start, rows) => {
@@ -311,8 +325,9 @@ export class DryRunBackend implements Backend {
       const acc = !(w.dtype === 'bf16' && bias === undefined);
       if (acc) sizes.push(M * N * 4);
       // gemm.ts tunes inside run(), after the converted x and the accumulator exist
-      const key = `${w.dtype}.${acc ? 'f32' : 'bf16'}.${M}.${N}.${K}`;
-      const tune = this.gemmTune !== 'off' && M <= CUDA_TUNE_MAX_M && this.arena === null &&
+      const rows = this.cudaTuning.byClass && M > 8 ? Math.ceil(M / 16) * 16 : M;
+      const key = `${w.dtype}.${acc ? 'f32' : 'bf16'}.${rows}.${N}.${K}`;
+      const tune = this.gemmTune !== 'off' && M <= this.cudaTuning.maxM && this.arena === null &&
         (this.gemmTune === 'always' || !this.tuned.has(key));
       if (tune) this.tuned.add(key);
       this.transient(sizes, tune ? CUDA_L2_FLUSH_BYTES : 0);

@@ -37,7 +37,7 @@ import { DecoderModel, type KvAccess, type RowSpan } from '../../models/decoder.
 import { blocksPerSequence, kvGroupsOf } from '../../state/kv-cache.ts';
 import { bucketFor } from '../../models/decode-graphs.ts';
 import { CPU_POOL, CUDA_POOL, ExactModel, PoolModel, pooledBytes } from './allocator.ts';
-import { DryRunBackend, DryTensor } from './dry-run-backend.ts';
+import { type CudaTuning, DryRunBackend, DryTensor } from './dry-run-backend.ts';
 import type { Machine } from './machines.ts';
 import * as K from './constants.ts';
 import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFeatures, type DecodeTerm, type DecodeWeights } from './decode-model.ts';
@@ -382,7 +382,7 @@ export class FitPlanner {
    * acts) but not the CUDA pool's (device-pool.ts gives its cache back when an allocation fails,
    * so a step can only count on its own live blocks).
    */
-  private newSimulation(kind: BackendKind, pool: PoolMode): Promise<Simulation> {
+  private newSimulation(kind: BackendKind, pool: PoolMode, cudaTuning?: CudaTuning): Promise<Simulation> {
     return (async () => {
       const params = kind === 'cpu' ? CPU_POOL : pool === 'plan' ? { ...CUDA_POOL, cacheLimit: 0 } : CUDA_POOL;
       const backend = new DryRunBackend({
@@ -392,6 +392,7 @@ export class FitPlanner {
         ...(await realBackendCaps(kind)),
         // a run tunes each GEMM shape once; a plan counts the tuner's flush buffer at any GEMM
         gemmTune: pool === 'real' ? 'once' : 'always',
+        ...(cudaTuning ? { cudaTuning } : {}),
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
@@ -469,10 +470,10 @@ export class FitPlanner {
    * live blocks only), the highest live class bytes above the weights, and the pool's own
    * class-byte accounting at the end (what the backend's memoryStats() reports).
    */
-  async simulatePool(kind: BackendKind, steps: readonly StepShape[], opts: { cache?: boolean } = {}): Promise<{
+  async simulatePool(kind: BackendKind, steps: readonly StepShape[], opts: { cache?: boolean; cudaTuning?: CudaTuning } = {}): Promise<{
     peak: number; livePeak: number; liveClassBytes: number; idleClassBytes: number;
   }> {
-    const sim = await this.newSimulation(kind, opts.cache === false ? 'plan' : 'real');
+    const sim = await this.newSimulation(kind, opts.cache === false ? 'plan' : 'real', opts.cudaTuning);
     const pool = sim.backend.allocator as PoolModel;
     const liveBase = pool.liveClassBytes;
     let livePeak = 0;
