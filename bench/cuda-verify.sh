@@ -8,10 +8,12 @@
 #    block copy, prefix cache), on a cold kernel cache: the time to build every module is printed
 # 2. bench/cuda-generate.ts on Llama-3.1-8B shapes (made by bench/make_random_llama.py while the
 #    tests run): launch to ready with the kernels cached, B=1 decode, the GEMM tuning table
-# 3. bench/serve.ts with and without --warmup: lone/dedicated, HTTP/engine, concurrency TTFT,
-#    /health and the server's own longest event-loop stall during an 8k-token prefill
-# 4. bench/cuda-throughput.ts with seeded temperature sampling, device sampling on and off
-#    (LLMTS_DEVICE_SAMPLING=off): 64 requests x 512/256
+# 3. bench/serve.ts with the server's default warm-up and with --no-warmup: lone/dedicated,
+#    HTTP/engine, concurrency TTFT, /health and the server's own longest event-loop stall during an
+#    8k-token prefill (every driver / cuBLASLt call that held the thread 8 ms or more is listed)
+# 4. bench/cuda-attention.ts: decode attention alone at 256 rows (1k and 2k context)
+# 5. bench/cuda-throughput.ts: 256 requests x 1k/1k greedy (llmts only; bench/cuda-throughput.sh
+#    runs the peer), then, when SAMPLING=1, 64 x 512/256 with seeded temperature sampling
 # Environment: BUDGET_S (default 540), MODEL_DIR (default /tmp/llmts-llama8b-random),
 # LLMTS_COMMIT (recorded by the benches when the tree has no .git); DEVICE=cpu with
 # MODEL_DIR=models/demo only tests the plumbing off the GPU machine (the CUDA tests skip there).
@@ -52,20 +54,28 @@ step "B=1 decode and the GEMM tuning table"
 timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
   --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
 
-for warm in no yes; do
+for warm in default no; do
   step "serve bench, warm-up $warm"
-  flag=(--no-warmup); [ "$warm" = yes ] && flag=(--warmup)
-  timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" --tokens 128 \
-    --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
+  flag=(); [ "$warm" = no ] && flag=(--no-warmup)
+  LLMTS_CUDA_SLOW_CALL_MS=8 timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" \
+    --tokens 128 --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
     > "$OUT/serve-warmup-$warm.txt" 2>&1
-  grep -E 'warm-up|lone/dedicated|HTTP/engine|streams:|/health' "$OUT/serve-warmup-$warm.txt"
+  grep -E 'warm-up|lone/dedicated|HTTP/engine|streams:|/health|slow CUDA call' "$OUT/serve-warmup-$warm.txt" | sort | uniq -c | sort -rn | head -20
 done
 
-for ds in on off; do
-  step "throughput, seeded temperature sampling, device sampling $ds"
-  env_ds=(); [ "$ds" = off ] && env_ds=(LLMTS_DEVICE_SAMPLING=off)
-  env "${env_ds[@]}" timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" \
+step "decode attention alone, 256 rows"
+timeout "$(cap 60 100)" node --import tsx bench/cuda-attention.ts --decode 1024,2048 --prefill 1024 --batch 256 \
+  --json "$OUT/attention-b256.json" 2>&1 | tail -8
+
+step "throughput, 256 x 1k/1k greedy"
+timeout "$(cap 150 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" --requests 256 \
+  --input-tokens 1024 --output-tokens 1024 --max-batch 256 --token-budget 8192 --budget-s "$(cap 140 15)" \
+  --json "$OUT/throughput-256.json" 2>&1 | grep -vE '^\[llmts\] [0-9.]+ s:' | tail -12
+
+if [ "${SAMPLING:-0}" = 1 ]; then
+  step "throughput, seeded temperature sampling on the device"
+  timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" \
     --temperature 0.8 --top-p 0.95 --requests 64 --max-batch 64 --input-tokens 512 --output-tokens 256 \
-    --json "$OUT/throughput-sampling-$ds.json" 2>&1 | grep -iE 'output|steps' | head -4
-done
+    --json "$OUT/throughput-sampling.json" 2>&1 | grep -iE 'output|steps' | head -4
+fi
 echo; echo "done in $(($(date +%s) - START)) s"
