@@ -205,6 +205,21 @@ __device__ __forceinline__ float att_score(float x, float softcap) {
 }
 
 // ---- decode: split-KV over the keys of one token, all query heads of a GQA group -----------
+// Tuning macros (defaults below; LLMTS_CUDA_ATT_DEFINES sets others for experiments, see
+// attention.ts): keys per stream per step for 4- and 8-head blocks, and ATT_DEC_PF = 1 loads the
+// next step's keys and values before computing the current one (software pipelining).
+#ifndef ATT_DEC_U4
+#define ATT_DEC_U4 4
+#endif
+#ifndef ATT_DEC_U8
+#define ATT_DEC_U8 2
+#endif
+#ifndef ATT_DEC_PF
+#define ATT_DEC_PF 0
+#endif
+#ifndef ATT_DEC_MINB
+#define ATT_DEC_MINB 1
+#endif
 // grid (W, KVH * ceil(G / GC)), 128 threads.
 // part: f32 [W, H, D] un-normalised accumulators; partml: f32 [W, H, 2] (max (log2 domain), sum).
 // plan: int [1 + T]; planReady: 1 when k_attn_plan filled it, else it is filled here.
@@ -217,7 +232,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
     LPK = NCH <= 8 ? 8 : (NCH <= 16 ? 16 : 32),   // lanes per key
     KPI = 32 / LPK,                               // key streams per warp
     NSTR = 4 * KPI,                               // key streams per block
-    U = GC <= 4 ? 4 : 2                           // keys per stream per step
+    U = GC <= 4 ? ATT_DEC_U4 : ATT_DEC_U8         // keys per stream per step
   };
   ATT_STATIC_ASSERT(D % 8 == 0 && NCH <= 32, att_decode_head_dim);
   __shared__ int s_list[ATT_DEC_INLINE_T];
@@ -293,10 +308,8 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
       for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
     }
 
-    // warp-uniform loop: the warp's KPI streams take keys jw + ks + u * NSTR
-    for (int jw = k0 + warp * KPI; jw < k1; jw += NSTR * U) {
-      uint4 kv[U], vv[U];
-      bool ok[U];
+    // the keys and values of one step: the warp's KPI streams take keys jw + ks + u * NSTR
+    auto load = [&](int jw, uint4* kv, uint4* vv, bool* ok) {
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int j = jw + ks + u * NSTR;
@@ -318,6 +331,23 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           }
         }
       }
+    };
+#if ATT_DEC_PF
+    uint4 kv[U], vv[U];
+    bool ok[U];
+    load(k0 + warp * KPI, kv, vv, ok);
+#endif
+    // warp-uniform loop
+    for (int jw = k0 + warp * KPI; jw < k1; jw += NSTR * U) {
+#if ATT_DEC_PF
+      uint4 kn[U], vn[U];
+      bool okn[U];
+      load(jw + NSTR * U, kn, vn, okn); // in flight while this step computes
+#else
+      uint4 kv[U], vv[U];
+      bool ok[U];
+      load(jw, kv, vv, ok);
+#endif
       float sc[U][GC];
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -363,6 +393,14 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           }
         }
       }
+#if ATT_DEC_PF
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        kv[u] = kn[u];
+        vv[u] = vn[u];
+        ok[u] = okn[u];
+      }
+#endif
     }
 
     // merge the warp's KPI streams (lanes dc, dc + LPK, ...)
@@ -430,7 +468,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
 }
 
 #define ATT_DECODE_KERNEL(D, GC) \
-extern "C" __global__ void __launch_bounds__(128) k_attn_decode_d##D##_g##GC(const u16* q, const u16* kpool, \
+extern "C" __global__ void __launch_bounds__(128, ATT_DEC_MINB) k_attn_decode_d##D##_g##GC(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err) { \

@@ -17,8 +17,11 @@ import { DT_CODE } from './cuda-tensor.ts';
 import { ATT_THREADS, type KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
 
-/** decode blocks aimed for per SM (about two waves at the decode kernels' 3-4 resident blocks) */
-const DECODE_BLOCKS_PER_SM = 8;
+/**
+ * decode blocks aimed for per SM (about two waves at the decode kernels' 3-4 resident blocks);
+ * $LLMTS_CUDA_ATT_DECODE_BLOCKS overrides it, for experiments
+ */
+const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? '') || 8;
 const MAX_GRID_Y = 65535;
 
 /** What the launch code needs of the runtime (CudaRuntime; a simulator in tools). */

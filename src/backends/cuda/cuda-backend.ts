@@ -24,7 +24,7 @@ import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm, type TuneRecord } from './gemm.ts';
 import { enqueueAttention } from './attention.ts';
-import { ATT_MAX_HEAD_DIM } from './kernels.ts';
+import { ATT_MAX_HEAD_DIM, type KernelName } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
@@ -233,6 +233,18 @@ export class CudaBackend implements Backend {
     const rows = p.collect();
     p.close();
     return rows;
+  }
+
+  /** A kernel's resources as compiled for this device (registers per thread, local and static shared bytes). */
+  kernelResources(name: KernelName): { registers: number; localBytes: number; sharedBytes: number } {
+    const f = this.rt.kernel(name);
+    const v = new Int32Array(1);
+    const get = (attr: number) => {
+      check(this.rt.d.cuFuncGetAttribute(v, attr, f), 'cuFuncGetAttribute');
+      return v[0]!;
+    };
+    // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1, LOCAL_SIZE_BYTES = 3, NUM_REGS = 4
+    return { registers: get(4), localBytes: get(3), sharedBytes: get(1) };
   }
 
   /** Kernel launches (cuBLASLt calls included) so far. */

@@ -112,6 +112,7 @@ export interface Driver {
   cuGraphExecDestroy(exec: P): number;
   cuGraphDestroy(graph: P): number;
   cuFuncSetAttribute(f: P, attr: number, value: number): number;
+  cuFuncGetAttribute(out: Int32Array, attr: number, f: P): number;
   cuMemAlloc_v2(out: BigUint64Array, bytes: number): number;
   cuMemFree_v2(p: P): number;
   cuMemGetInfo_v2(free: BigUint64Array, total: BigUint64Array): number;
@@ -238,6 +239,7 @@ export function loadDriver(): Driver {
       cuGraphExecDestroy: `int cuGraphExecDestroy(${u64})`,
       cuGraphDestroy: `int cuGraphDestroy(${u64})`,
       cuFuncSetAttribute: `int cuFuncSetAttribute(${u64}, int, int)`,
+      cuFuncGetAttribute: `int cuFuncGetAttribute(void *, int, ${u64})`,
       cuMemAlloc_v2: 'int cuMemAlloc_v2(void *, size_t)',
       cuMemFree_v2: `int cuMemFree_v2(${u64})`,
       cuMemGetInfo_v2: 'int cuMemGetInfo_v2(void *, void *)',

@@ -435,6 +435,20 @@ export interface KernelModule<K extends string = string> {
   readonly kernels: readonly K[];
 }
 
+/**
+ * $LLMTS_CUDA_ATT_DEFINES="NAME=VALUE,...": macros put before the attention module's source, for
+ * experiments with the decode kernel's tuning macros (attention-kernels.ts); the module's cache key
+ * is its source, so each setting is compiled and cached apart.
+ */
+function attentionDefines(): string {
+  const spec = process.env.LLMTS_CUDA_ATT_DEFINES ?? '';
+  return spec.split(',').filter((d) => d.trim() !== '').map((d) => {
+    const m = /^\s*([A-Z_][A-Z0-9_]*)=(-?\d+)\s*$/.exec(d);
+    if (!m) throw new Error(`LLMTS_CUDA_ATT_DEFINES: "${d}" is not NAME=INTEGER`);
+    return `#define ${m[1]} ${m[2]}\n`;
+  }).join('');
+}
+
 function kernelModule<K extends string>(name: string, body: string, kernels: readonly K[]): KernelModule<K> {
   return { name, source: KERNEL_PRELUDE + body, kernels };
 }
@@ -445,7 +459,7 @@ function kernelModule<K extends string>(name: string, body: string, kernels: rea
  * few at a time (nvrtc.ts): heaviest first.
  */
 export const KERNEL_MODULES = [
-  kernelModule('attention', ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
+  kernelModule('attention', attentionDefines() + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
   kernelModule('gemv', GEMV_KERNEL_SOURCE, GEMV_KERNEL_NAMES),

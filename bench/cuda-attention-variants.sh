@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Decode attention kernel variants side by side (attention-kernels.ts tuning macros through
+# $LLMTS_CUDA_ATT_DEFINES, slots per SM through $LLMTS_CUDA_ATT_DECODE_BLOCKS): bench/cuda-attention.ts
+# for each at 256 rows (1k, 2k context; the 256 x 1k/1k throughput run's range) and one row (4k),
+# then the CUDA attention tests with each variant that compiled. One command on the GPU machine:
+#
+#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-attention-variants.sh $OUT
+#
+# VARIANTS: space-separated "BLOCKS:DEFINES" (BLOCKS empty = the default; DEFINES comma-separated).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-out/cuda-attention-variants}
+mkdir -p "$OUT"
+VARIANTS=${VARIANTS:-": :ATT_DEC_PF=1 :ATT_DEC_U4=8 :ATT_DEC_PF=1,ATT_DEC_U4=2 :ATT_DEC_MINB=4 :ATT_DEC_PF=1,ATT_DEC_MINB=3 16: 16:ATT_DEC_PF=1"}
+i=0
+for v in $VARIANTS; do
+  blocks=${v%%:*}; defines=${v#*:}
+  echo "== variant $i: blocks ${blocks:-default}, defines ${defines:-none}"
+  LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 120 node --import tsx bench/cuda-attention.ts \
+    --decode 1024,2048 --prefill '' --batch 256 --json "$OUT/variant-$i-b256.json" 2>&1 | grep -E '^decode|registers|rror'
+  LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 60 node --import tsx bench/cuda-attention.ts \
+    --decode 4096 --prefill '' --batch 1 --json "$OUT/variant-$i-b1.json" 2>&1 | grep -E '^decode|rror'
+  if [ "${TESTS:-1}" = 1 ]; then
+    LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 120 node --import tsx --test \
+      --test-name-pattern 'attention' test/backends/cuda-ops.test.ts > "$OUT/variant-$i-tests.txt" 2>&1
+    echo "   tests: $(grep -E '^# (pass|fail)' "$OUT/variant-$i-tests.txt" | tr '\n' ' ')"
+  fi
+  i=$((i + 1))
+done
