@@ -217,8 +217,16 @@ __device__ __forceinline__ float att_score(float x, float softcap) {
 #ifndef ATT_DEC_PF
 #define ATT_DEC_PF 0
 #endif
-#ifndef ATT_DEC_MINB
-#define ATT_DEC_MINB 1
+// Resident blocks per SM each decode kernel is compiled for (__launch_bounds__' second argument;
+// ATT_DEC_MINB overrides all of them). The kernel is latency-bound and its occupancy is set by its
+// registers: d128_g4 took 159 registers (3 blocks an SM); held to 128 (4 blocks, 32 bytes spilled)
+// it read 41% of the H200's copy bandwidth at 256 rows and 2k context instead of 30%, 1.35x
+// faster; 5 blocks (more spills) and prefetching the next step (more registers) were slower
+// (bench/cuda-attention-variants.sh). The others keep 1 until measured.
+#ifdef ATT_DEC_MINB
+#define ATT_DEC_MINB_OF(D, GC) ATT_DEC_MINB
+#else
+#define ATT_DEC_MINB_OF(D, GC) ((D) == 128 && (GC) == 4 ? 4 : 1)
 #endif
 // grid (W, KVH * ceil(G / GC)), 128 threads.
 // part: f32 [W, H, D] un-normalised accumulators; partml: f32 [W, H, 2] (max (log2 domain), sum).
@@ -468,7 +476,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
 }
 
 #define ATT_DECODE_KERNEL(D, GC) \
-extern "C" __global__ void __launch_bounds__(128, ATT_DEC_MINB) k_attn_decode_d##D##_g##GC(const u16* q, const u16* kpool, \
+extern "C" __global__ void __launch_bounds__(128, ATT_DEC_MINB_OF(D, GC)) k_attn_decode_d##D##_g##GC(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err) { \
