@@ -217,6 +217,9 @@ __device__ __forceinline__ float att_score(float x, float softcap) {
 #ifndef ATT_DEC_PF
 #define ATT_DEC_PF 0
 #endif
+#ifndef ATT_DEC_LOWREG
+#define ATT_DEC_LOWREG 0
+#endif
 // Resident blocks per SM each decode kernel is compiled for (__launch_bounds__' second argument;
 // ATT_DEC_MINB overrides all of them). The kernel is latency-bound and its occupancy is set by its
 // registers: d128_g4 took 159 registers (3 blocks an SM); held to 128 (4 blocks, 32 bytes spilled)
@@ -373,6 +376,43 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           sc[u][g] = ok[u] ? att_score(d, softcap) : NEG_INF;
         }
       }
+#if ATT_DEC_LOWREG
+      // the scores become p = 2^(score - new max) in place; each head's accumulator is rescaled,
+      // then each key's values are unpacked once and added to every head (8 floats of V live at a
+      // time instead of U * 8: the same sums in the same order, in fewer registers)
+#pragma unroll
+      for (int g = 0; g < GC; g++) {
+        if (g < gc) {
+          float mx = m[g];
+#pragma unroll
+          for (int u = 0; u < U; u++) mx = fmaxf(mx, sc[u][g]);
+          const float mu = mx == NEG_INF ? 0.0f : mx;
+          const float corr = exp2f(m[g] - mu);
+          float lsum = 0.0f;
+#pragma unroll
+          for (int u = 0; u < U; u++) {
+            sc[u][g] = exp2f(sc[u][g] - mu);
+            lsum += sc[u][g];
+          }
+          l[g] = l[g] * corr + lsum;
+          m[g] = mx;
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[g][e] *= corr;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        float vf[8];
+        att_unpack8(vv[u], vf);
+#pragma unroll
+        for (int g = 0; g < GC; g++) {
+          if (g < gc) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] += sc[u][g] * vf[e];
+          }
+        }
+      }
+#else
       float vf[U][8];
 #pragma unroll
       for (int u = 0; u < U; u++) att_unpack8(vv[u], vf[u]);
@@ -401,6 +441,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           }
         }
       }
+#endif
 #if ATT_DEC_PF
 #pragma unroll
       for (int u = 0; u < U; u++) {
