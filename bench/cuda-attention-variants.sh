@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-attention-variants}
 mkdir -p "$OUT"
-VARIANTS=${VARIANTS:-": :ATT_DEC_PF=1 :ATT_DEC_U4=8 :ATT_DEC_PF=1,ATT_DEC_U4=2 :ATT_DEC_MINB=4 :ATT_DEC_PF=1,ATT_DEC_MINB=3 16: 16:ATT_DEC_PF=1"}
+VARIANTS=${VARIANTS:-": :ATT_DEC_MINB=1 :ATT_DEC_MINB=5 :ATT_DEC_U4=8 :ATT_DEC_U4=2,ATT_DEC_MINB=4 16:"}
 i=0
 for v in $VARIANTS; do
   blocks=${v%%:*}; defines=${v#*:}

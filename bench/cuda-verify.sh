@@ -15,6 +15,7 @@
 # 5. bench/cuda-throughput.ts: 256 requests x 1k/1k greedy (llmts only; bench/cuda-throughput.sh
 #    runs the peer), then, when SAMPLING=1, 64 x 512/256 with seeded temperature sampling
 # Environment: BUDGET_S (default 540), MODEL_DIR (default /tmp/llmts-llama8b-random),
+# SERVE_WARMUP ("default no": the serve runs), SAMPLING (1: step 5's sampling run),
 # LLMTS_COMMIT (recorded by the benches when the tree has no .git); DEVICE=cpu with
 # MODEL_DIR=models/demo only tests the plumbing off the GPU machine (the CUDA tests skip there).
 set -u
@@ -54,7 +55,7 @@ step "B=1 decode and the GEMM tuning table"
 timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
   --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
 
-for warm in default no; do
+for warm in ${SERVE_WARMUP:-default no}; do
   step "serve bench, warm-up $warm"
   flag=(); [ "$warm" = no ] && flag=(--no-warmup)
   LLMTS_CUDA_SLOW_CALL_MS=8 timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" \

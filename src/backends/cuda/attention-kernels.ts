@@ -205,27 +205,22 @@ __device__ __forceinline__ float att_score(float x, float softcap) {
 }
 
 // ---- decode: split-KV over the keys of one token, all query heads of a GQA group -----------
-// Tuning macros (defaults below; LLMTS_CUDA_ATT_DEFINES sets others for experiments, see
-// attention.ts): keys per stream per step for 4- and 8-head blocks, and ATT_DEC_PF = 1 loads the
-// next step's keys and values before computing the current one (software pipelining).
+// Tuning macros (defaults below; $LLMTS_CUDA_ATT_DEFINES sets others for experiments, see
+// kernels.ts and bench/cuda-attention-variants.sh): keys per stream per step for 4- and 8-head
+// blocks, and the resident blocks per SM each kernel is compiled for.
 #ifndef ATT_DEC_U4
 #define ATT_DEC_U4 4
 #endif
 #ifndef ATT_DEC_U8
 #define ATT_DEC_U8 2
 #endif
-#ifndef ATT_DEC_PF
-#define ATT_DEC_PF 0
-#endif
-#ifndef ATT_DEC_LOWREG
-#define ATT_DEC_LOWREG 0
-#endif
 // Resident blocks per SM each decode kernel is compiled for (__launch_bounds__' second argument;
 // ATT_DEC_MINB overrides all of them). The kernel is latency-bound and its occupancy is set by its
 // registers: d128_g4 took 159 registers (3 blocks an SM); held to 128 (4 blocks, 32 bytes spilled)
 // it read 41% of the H200's copy bandwidth at 256 rows and 2k context instead of 30%, 1.35x
-// faster; 5 blocks (more spills) and prefetching the next step (more registers) were slower
-// (bench/cuda-attention-variants.sh). The others keep 1 until measured.
+// faster. Slower: 5 or more blocks (spills), 8 keys a step, loading the next step's keys before
+// computing the current one (199 registers), unpacking values key by key (no change); measured
+// with bench/cuda-attention-variants.sh (results in BENCHMARKS.md). The others keep 1 until measured.
 #ifdef ATT_DEC_MINB
 #define ATT_DEC_MINB_OF(D, GC) ATT_DEC_MINB
 #else
@@ -343,22 +338,11 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
         }
       }
     };
-#if ATT_DEC_PF
-    uint4 kv[U], vv[U];
-    bool ok[U];
-    load(k0 + warp * KPI, kv, vv, ok);
-#endif
     // warp-uniform loop
     for (int jw = k0 + warp * KPI; jw < k1; jw += NSTR * U) {
-#if ATT_DEC_PF
-      uint4 kn[U], vn[U];
-      bool okn[U];
-      load(jw + NSTR * U, kn, vn, okn); // in flight while this step computes
-#else
       uint4 kv[U], vv[U];
       bool ok[U];
       load(jw, kv, vv, ok);
-#endif
       float sc[U][GC];
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -376,43 +360,6 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           sc[u][g] = ok[u] ? att_score(d, softcap) : NEG_INF;
         }
       }
-#if ATT_DEC_LOWREG
-      // the scores become p = 2^(score - new max) in place; each head's accumulator is rescaled,
-      // then each key's values are unpacked once and added to every head (8 floats of V live at a
-      // time instead of U * 8: the same sums in the same order, in fewer registers)
-#pragma unroll
-      for (int g = 0; g < GC; g++) {
-        if (g < gc) {
-          float mx = m[g];
-#pragma unroll
-          for (int u = 0; u < U; u++) mx = fmaxf(mx, sc[u][g]);
-          const float mu = mx == NEG_INF ? 0.0f : mx;
-          const float corr = exp2f(m[g] - mu);
-          float lsum = 0.0f;
-#pragma unroll
-          for (int u = 0; u < U; u++) {
-            sc[u][g] = exp2f(sc[u][g] - mu);
-            lsum += sc[u][g];
-          }
-          l[g] = l[g] * corr + lsum;
-          m[g] = mx;
-#pragma unroll
-          for (int e = 0; e < 8; e++) acc[g][e] *= corr;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        float vf[8];
-        att_unpack8(vv[u], vf);
-#pragma unroll
-        for (int g = 0; g < GC; g++) {
-          if (g < gc) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] += sc[u][g] * vf[e];
-          }
-        }
-      }
-#else
       float vf[U][8];
 #pragma unroll
       for (int u = 0; u < U; u++) att_unpack8(vv[u], vf[u]);
@@ -441,15 +388,6 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           }
         }
       }
-#endif
-#if ATT_DEC_PF
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        kv[u] = kn[u];
-        vv[u] = vn[u];
-        ok[u] = okn[u];
-      }
-#endif
     }
 
     // merge the warp's KPI streams (lanes dc, dc + LPK, ...)
