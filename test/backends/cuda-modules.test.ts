@@ -37,11 +37,11 @@ const free = libc.func('void free(uint64_t)');
 /** Kernels a CUDA source defines: `extern "C" __global__` functions, macro-made ones expanded. */
 function definedKernels(source: string): string[] {
   const out: string[] = [];
-  for (const m of source.matchAll(/extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?([\w#]+)\s*\(/g)) {
+  for (const m of source.matchAll(/extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s+)?([\w#]+)\s*\(/g)) {
     if (!m[1]!.includes('#')) out.push(m[1]!);
   }
   for (const m of source.matchAll(/^#define\s+(\w+)\(([^)]*)\)((?:.*\\\n)+.*)$/gm)) {
-    const tpl = /__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?([\w#]+)\s*\(/.exec(m[3]!)?.[1];
+    const tpl = /__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s+)?([\w#]+)\s*\(/.exec(m[3]!)?.[1];
     if (!tpl) continue;
     const params = m[2]!.split(',').map((p) => p.trim());
     for (const inst of source.matchAll(new RegExp(`^${m[1]}\\(([^)]*)\\)\\s*$`, 'gm'))) {

@@ -314,8 +314,10 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
       for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
     }
 
-    // the keys and values of one step: the warp's KPI streams take keys jw + ks + u * NSTR
-    auto load = [&](int jw, uint4* kv, uint4* vv, bool* ok) {
+    // warp-uniform loop: the warp's KPI streams take keys jw + ks + u * NSTR
+    for (int jw = k0 + warp * KPI; jw < k1; jw += NSTR * U) {
+      uint4 kv[U], vv[U];
+      bool ok[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int j = jw + ks + u * NSTR;
@@ -337,12 +339,6 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
           }
         }
       }
-    };
-    // warp-uniform loop
-    for (int jw = k0 + warp * KPI; jw < k1; jw += NSTR * U) {
-      uint4 kv[U], vv[U];
-      bool ok[U];
-      load(jw, kv, vv, ok);
       float sc[U][GC];
 #pragma unroll
       for (int u = 0; u < U; u++) {
