@@ -30,6 +30,8 @@ START=$(date +%s)
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
 cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
 step() { echo; echo "== $1 ($(left) s of the budget left)"; }
+# timeout that skips a step the budget left no time for (a smaller BUDGET_S than the reserves assume)
+run_for() { local t=$1; shift; if [ "$t" -le 0 ]; then echo "skipped: no time left in BUDGET_S"; return 125; fi; timeout "$t" "$@"; }
 
 # the model, in the background (a file marks it done: waiting on a process name would match this
 # script's own command line)
@@ -41,7 +43,7 @@ fi
 
 step "CUDA tests, cold kernel cache"
 CACHE=$(mktemp -d)
-LLMTS_CACHE_DIR=$CACHE timeout "$(cap 200 300)" node --import tsx --test --test-concurrency=1 \
+LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 300)" node --import tsx --test --test-concurrency=1 \
   test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts \
   test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts \
   test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts > "$OUT/cuda-tests.txt" 2>&1
@@ -52,30 +54,30 @@ for _ in $(seq 1 180); do [ -f "$MODEL_DIR.done" ] && break; sleep 1; done
 [ -f "$MODEL_DIR/config.json" ] || { echo "no model at $MODEL_DIR (see $OUT/make-model.log)"; exit 1; }
 
 step "B=1 decode and the GEMM tuning table"
-timeout "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
+run_for "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
   --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
 
 for warm in ${SERVE_WARMUP:-default no}; do
   step "serve bench, warm-up $warm"
   flag=(); [ "$warm" = no ] && flag=(--no-warmup)
-  LLMTS_CUDA_SLOW_CALL_MS=8 timeout "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" \
+  LLMTS_CUDA_SLOW_CALL_MS=8 run_for "$(cap 150 60)" node --import tsx bench/serve.ts --device "$DEVICE" --model "$MODEL_DIR" \
     --tokens 128 --prompt-tokens 512 --long-prompt 8000 --max-model-len 16384 "${flag[@]}" --json "$OUT/serve-warmup-$warm.json" \
     > "$OUT/serve-warmup-$warm.txt" 2>&1
   grep -E 'warm-up|lone/dedicated|HTTP/engine|streams:|/health|slow CUDA call' "$OUT/serve-warmup-$warm.txt" | sort | uniq -c | sort -rn | head -20
 done
 
 step "decode attention alone, 256 rows"
-timeout "$(cap 60 100)" node --import tsx bench/cuda-attention.ts --decode 1024,2048 --prefill 1024 --batch 256 \
+run_for "$(cap 60 100)" node --import tsx bench/cuda-attention.ts --decode 1024,2048 --prefill 1024 --batch 256 \
   --json "$OUT/attention-b256.json" 2>&1 | tail -8
 
 step "throughput, 256 x 1k/1k greedy"
-timeout "$(cap 150 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" --requests 256 \
+run_for "$(cap 150 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" --requests 256 \
   --input-tokens 1024 --output-tokens 1024 --max-batch 256 --token-budget 8192 --budget-s "$(cap 140 15)" \
   --json "$OUT/throughput-256.json" 2>&1 | grep -vE '^\[llmts\] [0-9.]+ s:' | tail -12
 
 if [ "${SAMPLING:-0}" = 1 ]; then
   step "throughput, seeded temperature sampling on the device"
-  timeout "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" \
+  run_for "$(cap 90 5)" node --import tsx bench/cuda-throughput.ts --device "$DEVICE" --model "$MODEL_DIR" \
     --temperature 0.8 --top-p 0.95 --requests 64 --max-batch 64 --input-tokens 512 --output-tokens 256 \
     --json "$OUT/throughput-sampling.json" 2>&1 | grep -iE 'output|steps' | head -4
 fi
