@@ -121,6 +121,7 @@ export class DryRunBackend implements Backend {
   kernels = 0;
   private readonly gemmTune: 'once' | 'always' | 'off';
   private readonly tuned = new Set<string>();
+  private reads = new ArrayBuffer(0);
   private readonly cudaTuning: CudaTuning;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
@@ -287,7 +288,17 @@ export class DryRunBackend implements Backend {
     // widens a 16-bit tensor into an f32 pool block, copied to pinned host memory
     if (this.name === 'cpu') this.current.scratch(2 * n * 4);
     else if ((x.dtype === 'bf16' || x.dtype === 'f16') && n > 0) this.transient([n * 4]);
-    return x.dtype === 'i32' ? new Int32Array(n) : new Float32Array(n);
+    return x.dtype === 'i32' ? new Int32Array(this.readBuffer(n * 4), 0, n) : new Float32Array(this.readBuffer(n * 4), 0, n);
+  }
+
+  /**
+   * The dry run computes nothing, so what a read returns is never looked at: every read shares one
+   * buffer (zeros, unless a caller wrote into an earlier read's array). A fresh array per read cost
+   * most of a plan's time: a 128k-vocabulary model's logits are 0.5 MB a row, read at every step.
+   */
+  private readBuffer(bytes: number): ArrayBuffer {
+    if (this.reads.byteLength < bytes) this.reads = new ArrayBuffer(Math.max(bytes, 2 * this.reads.byteLength));
+    return this.reads;
   }
 
   free(t: Tensor): void {
