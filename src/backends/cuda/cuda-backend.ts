@@ -30,6 +30,7 @@ import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
 import { cudaCacheDir } from './nvrtc.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
+import { StagingChunks, uploadFileRange } from './weight-staging.ts';
 import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
 
 const I32: readonly DType[] = ['i32'];
@@ -38,9 +39,6 @@ const ACTS: readonly DType[] = ['bf16', 'f32'];
 const FLOAT: readonly DType[] = ['f32', 'f16', 'bf16'];
 const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
 
-/** pinned chunks that weight bytes travel through (file -> pinned -> device, asynchronously) */
-const LOAD_CHUNK_BYTES = 16 * 1024 * 1024;
-const LOAD_CHUNKS = 4;
 /** idle pinned read buffers kept for reuse, in bytes */
 const READ_PIN_CACHE = 256 * 1024 * 1024;
 
@@ -97,49 +95,6 @@ export interface CudaBackendInfo {
   kernelModules: CudaKernelModuleInfo[];
   /** 'cublaslt <version>' or 'simple (<why>)' */
   gemm: string;
-}
-
-interface Chunk {
-  buf: PinnedBuffer;
-  /** event recorded after the last copy out of this chunk, or null */
-  ev: number | null;
-}
-
-/** A few pinned chunks shared by concurrent weight loads. */
-class StagingChunks {
-  private readonly all: Chunk[] = [];
-  private readonly free: Chunk[] = [];
-  private readonly waiters: ((c: Chunk) => void)[] = [];
-
-  constructor(private readonly rt: CudaRuntime, count: number, bytes: number) {
-    for (let i = 0; i < count; i++) {
-      const c = { buf: rt.hostAlloc(bytes), ev: null };
-      this.all.push(c);
-      this.free.push(c);
-    }
-  }
-
-  async acquire(): Promise<Chunk> {
-    const c = this.free.pop() ?? await new Promise<Chunk>((r) => this.waiters.push(r));
-    if (c.ev !== null) {
-      const ev = c.ev;
-      c.ev = null;
-      await this.rt.wait(ev); // the previous copy out of this chunk has run
-    }
-    return c;
-  }
-
-  release(c: Chunk, ev: number | null): void {
-    c.ev = ev;
-    const w = this.waiters.shift();
-    if (w) w(c);
-    else this.free.push(c);
-  }
-
-  /** After the stream is idle. */
-  close(): void {
-    for (const c of this.all) this.rt.hostFree(c.buf);
-  }
 }
 
 const KERNEL_ERRORS: Record<number, (a: number, b: number, c: number) => string> = {
@@ -514,31 +469,11 @@ export class CudaBackend implements Backend {
   /** File bytes -> pinned chunks (positioned reads) -> device, copies overlapping the next read. */
   private async copyFile(src: WeightSource, fileOffset: number, nbytes: number, dst: number): Promise<void> {
     if (nbytes === 0) return;
-    this.chunks ??= new StagingChunks(this.rt, LOAD_CHUNKS, LOAD_CHUNK_BYTES);
-    const chunks = this.chunks;
+    this.chunks ??= new StagingChunks(this.rt);
     const fh = await open(src.path, 'r');
     try {
-      for (let off = 0; off < nbytes;) {
-        const n = Math.min(LOAD_CHUNK_BYTES, nbytes - off);
-        const c = await chunks.acquire();
-        let ev: number | null = null;
-        try {
-          for (let got = 0; got < n;) {
-            const { bytesRead } = await fh.read(c.buf.view, got, n - got, fileOffset + off + got);
-            if (bytesRead === 0) {
-              throw new Error(`loading weight ${src.name} (${src.dtype}[${src.shape.join(', ')}]) from ${src.path}: ` +
-                `the file ends before the tensor does (wanted bytes ${fileOffset} .. ${fileOffset + nbytes})`);
-            }
-            got += bytesRead;
-          }
-          this.assertOpen('loadWeight');
-          check(this.rt.d.cuMemcpyHtoDAsyncPinned(dst + off, c.buf.addr, n, this.rt.stream), 'weight upload copy');
-          ev = this.rt.record();
-        } finally {
-          chunks.release(c, ev);
-        }
-        off += n;
-      }
+      await uploadFileRange(this.rt, this.chunks, fh, fileOffset, nbytes, dst,
+        `${src.name} (${src.dtype}[${src.shape.join(', ')}]) from ${src.path}`, () => this.assertOpen('loadWeight'));
     } finally {
       await fh.close();
     }
