@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Decode attention kernel variants side by side (attention-kernels.ts tuning macros through
-# $LLMTS_CUDA_ATT_DEFINES, slots per SM through $LLMTS_CUDA_ATT_DECODE_BLOCKS): bench/cuda-attention.ts
+# $LLMTS_CUDA_ATT_DEFINES, slots per SM through $LLMTS_CUDA_ATT_DECODE_BLOCKS, the kernel kind
+# through $LLMTS_CUDA_ATT_DECODE: cuda-core or tc, attention.ts): bench/cuda-attention.ts
 # for each at 256 rows (1k, 2k context; the 256 x 1k/1k throughput run's range) and one row (4k),
 # then the CUDA attention tests with each variant that compiled. One command on the GPU machine:
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-attention-variants.sh $OUT
 #
-# VARIANTS: space-separated "BLOCKS:DEFINES" (BLOCKS empty = the default; DEFINES comma-separated).
+# VARIANTS: space-separated "BLOCKS:DEFINES[:KIND]" (BLOCKS empty = the default; DEFINES
+# comma-separated; KIND cuda-core (default) or tc), e.g. VARIANTS=": ::tc 12::tc".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-attention-variants}
@@ -14,8 +16,9 @@ mkdir -p "$OUT"
 VARIANTS=${VARIANTS:-": :ATT_DEC_MINB=1 :ATT_DEC_MINB=5 :ATT_DEC_U4=8 :ATT_DEC_U4=2,ATT_DEC_MINB=4 16:"}
 i=0
 for v in $VARIANTS; do
-  blocks=${v%%:*}; defines=${v#*:}
-  echo "== variant $i: blocks ${blocks:-default}, defines ${defines:-none}"
+  IFS=: read -r blocks defines kind <<< "$v"
+  echo "== variant $i: blocks ${blocks:-default}, defines ${defines:-none}, kernel ${kind:-cuda-core}"
+  export LLMTS_CUDA_ATT_DECODE=${kind:-cuda-core}
   LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 120 node --import tsx bench/cuda-attention.ts \
     --decode 1024,2048 --prefill '' --batch 256 --json "$OUT/variant-$i-b256.json" 2>&1 | grep -E '^decode|registers|rror'
   LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 60 node --import tsx bench/cuda-attention.ts \

@@ -21,7 +21,7 @@ import type { Backend, StepLayout, Tensor } from '../../src/contracts/backend.ts
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setAttentionMode } from '../../src/backends/cuda/attention.ts';
+import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import { GEMV_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -628,6 +628,37 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
     for (const [c, params] of cases) {
       const s = build(c);
       await compare(`decode ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
+    }
+  });
+
+  it('decode on tensor cores (k_attn_decode_tc, $LLMTS_CUDA_ATT_DECODE=tc): GQA 1-16, head dims 64/128, windows, soft-capping, block sizes, many rows', async () => {
+    const old = setDecodeKernelKind('tc');
+    try {
+      const many = Array.from({ length: 150 }, (_, i) => ({ start: (i * 37) % 900, count: 1 })); // T > 128: the plan kernel
+      const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
+        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [4100, 1, 17, 300, 1000, 64, 65, 2048].map((n) => ({ start: n - 1, count: 1 })) },
+          [{ scale: peaky(128), window: 0, softcap: 0 }]],
+        [{ D: 128, H: 32, KVH: 8, BS: 16, rows: many }, [{ scale: peaky(128), window: 0, softcap: 0 }]],
+        [{ D: 64, H: 4, KVH: 4, BS: 16, rows: [{ start: 4099, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+        [{ D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 299, count: 1 }, { start: 16, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+        [{ D: 128, H: 16, KVH: 2, BS: 16, rows: [{ start: 999, count: 1 }, { start: 40, count: 1 }, { start: 4099, count: 1 }], releaseWindow: 100 },
+          [{ scale: peaky(128), window: 100, softcap: 0 }]],
+        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 777, count: 1 }, { start: 3, count: 1 }], padCols: 7 },
+          [{ scale: 0.35, window: 0, softcap: 5 }, { scale: peaky(128), window: 1, softcap: 0 }, { scale: peaky(128), window: 5000, softcap: 30 }]],
+        [{ D: 64, H: 8, KVH: 1, BS: 1, rows: [{ start: 300, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+        [{ D: 128, H: 12, KVH: 4, BS: 12, rows: [{ start: 500, count: 1 }, { start: 11, count: 1 }, { start: 12, count: 1 }] },
+          [{ scale: peaky(128), window: 37, softcap: 0 }]],
+        [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
+          [{ scale: 0.5, window: 0, softcap: 50 }]],
+        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
+          [{ scale: peaky(128), window: 0, softcap: 0 }]],
+      ];
+      for (const [i, [c, params]] of cases.entries()) {
+        const s = build({ ...c, seed: 300 + i });
+        await compare(`decode tc ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
+      }
+    } finally {
+      setDecodeKernelKind(old);
     }
   });
 

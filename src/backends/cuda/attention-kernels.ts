@@ -39,6 +39,8 @@
 // zeros; an attended key without a block (-1, >= numBlocks, or past maxBlocksPerRow) reports code 4
 // (row, position, entry) and is left out of the softmax.
 
+import { ATTENTION_DECODE_TC_KERNELS } from './attention-decode-tc.ts';
+
 /** runs of at most this many tokens of one row take the decode (split-KV) path */
 export const ATT_DEC_MAX_RUN = 4;
 /** up to this many tokens the decode kernels list the decode tokens themselves (no plan kernel) */
@@ -54,7 +56,7 @@ export const ATT_FAST_HEAD_DIMS = [64, 128, 256] as const;
 export const ATTENTION_KERNEL_NAMES = [
   'k_attn_plan', 'k_attn_combine',
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
-  'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
+  'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8', 'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
   'k_attn_prefill_d64', 'k_attn_prefill_d128', 'k_attn_prefill_d256',
 ] as const;
 
@@ -812,4 +814,4 @@ ATT_PREFILL_KERNEL(256, 32)
 `;
 
 /** Everything above: the attention module's kernels (KERNEL_MODULES in kernels.ts). */
-export const ATTENTION_KERNEL_SOURCE = ATTENTION_PRIMITIVES + ATTENTION_KERNELS;
+export const ATTENTION_KERNEL_SOURCE = ATTENTION_PRIMITIVES + ATTENTION_KERNELS + ATTENTION_DECODE_TC_KERNELS;

@@ -82,6 +82,21 @@ export function setAttentionMode(m: AttentionMode): AttentionMode {
   return old;
 }
 
+/**
+ * The decode kernel: 'cuda-core' (k_attn_decode_d<D>_g<GC>, the default) or 'tc'
+ * (k_attn_decode_tc_d<D>, tensor cores, attention-decode-tc.ts; head dims 64 and 128, GQA groups
+ * of up to 16 heads; opt-in through $LLMTS_CUDA_ATT_DECODE=tc until it is measured on the GPU).
+ */
+export type DecodeKernelKind = 'cuda-core' | 'tc';
+let decodeKind: DecodeKernelKind = process.env.LLMTS_CUDA_ATT_DECODE === 'tc' ? 'tc' : 'cuda-core';
+
+/** Sets the decode kernel kind for later calls (tests, benchmarks); returns the old one. */
+export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {
+  const old = decodeKind;
+  decodeKind = k;
+  return old;
+}
+
 export interface AttentionPlan {
   path: 'fast' | 'generic';
   /** fast path: the decode kernel, its query heads per block and blocks per kv head */
@@ -106,7 +121,10 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, prefillTiles: 0 };
   const G = s.H / s.KVH;
-  const headChunk = G <= 4 ? 4 : 8; // the decode kernels are instantiated for 4 and 8 heads per block
+  const tc = decodeKind === 'tc' && (s.D === 64 || s.D === 128) && G <= 16;
+  // the CUDA-core decode kernels are instantiated for 4 and 8 heads per block; the tensor-core one
+  // takes the whole group
+  const headChunk = tc ? G : G <= 4 ? 4 : 8;
   const headChunks = Math.ceil(G / headChunk);
   // most keys a query can see: the table's capacity, or the window
   const maxKeys = Math.max(1, s.window > 0 ? Math.min(s.window, s.maxBlocksPerRow * s.blockSize)
@@ -117,7 +135,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const prefill = s.T > ATT_DEC_MAX_RUN;
   return {
     path: 'fast',
-    decodeKernel: `k_attn_decode_d${s.D}_g${headChunk}` as KernelName,
+    decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
     headChunk,
     headChunks,
     slots,

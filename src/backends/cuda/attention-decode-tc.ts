@@ -1,0 +1,270 @@
+// CUDA source of the tensor-core split-KV decode kernel, part of the attention module (appended to
+// attention-kernels.ts' source, whose helpers it uses: att_plan, att_seff, att_splits, att_range,
+// att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). Opt-in ($LLMTS_CUDA_ATT_DECODE=tc, see
+// attention.ts) until measured against k_attn_decode_d<D>_g<GC> on the GPU.
+//
+// Why: the CUDA-core decode kernel holds each lane's share of q, the group's accumulators and the
+// keys in flight in registers (159 of them at d128 / 4 heads); that caps it at 3-4 blocks an SM and
+// ~40% of copy bandwidth at 256 rows. Here keys and values travel by cp.async into shared memory
+// (bytes in flight cost no registers) and the dot products run on tensor cores.
+//
+//   k_attn_decode_tc_d<D>  grid (W, KVH), 128 threads; same slots, splits, partials and combine as
+//       k_attn_decode_d<D>_g<GC> (it is a drop-in replacement when the GQA group G <= 16). The
+//       group's G query heads are the rows of one m16 tile (rows >= G are zeros, never written).
+//       Keys go in tiles of BK = 32, double-buffered: while tile it is used, tile it+1 loads.
+//       Per tile: warp w computes the scores of keys [8w, 8w + 8) (S = Q K^T, mma m16n8k16) into
+//       shared memory; then every warp reads the whole tile's scores and runs the same online
+//       softmax (so all warps hold identical max and sum), and computes O[:, D/4 * w ..) += P V for
+//       its quarter of the head dims. No cross-warp merge at the end: each warp writes its dims.
+//       Registers: the Q fragments (D/16 x 4), a quarter of O (D/32 x 4) and a few scores.
+export const ATTENTION_DECODE_TC_KERNELS = String.raw`
+template <int D>
+__device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, const u16* vpool, const int* rows,
+    const int* poss, const int* tables, int* plan, int planReady, u16* out, float* part, float* partml, int T, int H,
+    int KVH, int NB, int BS, int R, int MBR, int window, float scale, float softcap, int W, int* err) {
+  enum {
+    BK = 32,          // keys per tile
+    NTH = 128,
+    LDS = D + 8,      // shared row stride (elements): 16 B of padding keeps ldmatrix conflict-free
+    NCH = D / 8,      // 16-byte chunks per row
+    KST = D / 16,     // k-steps of Q.K^T
+    DW = D / 4,       // head dims per warp in P.V
+    DWT = DW / 8,     // n-tiles of O per warp
+    TILE = BK * LDS   // elements of one K or V tile
+  };
+  ATT_STATIC_ASSERT(D % 64 == 0 && D <= 128 && 16 * LDS <= 2 * TILE, att_decode_tc_tile);
+  __shared__ uint4 s_kv4[2 * 2 * TILE / 8]; // [stage][K tile, V tile]; Q staging before the key loop
+  __shared__ float s_sc[16][BK + 1];        // the tile's scores (log2 domain), rows = heads of the group
+  __shared__ int s_slot[2][BK];              // KV slot of each key of a stage's tile, -1: none
+  __shared__ int s_list[ATT_DEC_INLINE_T];
+  __shared__ int s_wsum[32];
+  u16* const s_kv = (u16*)s_kv4;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c4 = lane & 3; // mma fragment coordinates: rows g, g + 8; columns 2 c4, 2 c4 + 1
+  const int G = H / KVH;
+  const int kh = blockIdx.y, h0 = kh * G;
+  const int w = blockIdx.x;
+
+  int n;
+  const int* list;
+  if (planReady) {
+    n = plan[0];
+    list = plan + 1;
+  } else {
+    n = att_plan(rows, T, s_list, s_wsum);
+    list = s_list;
+    if (w == 0 && blockIdx.y == 0) {
+      for (int i = tid; i < n; i += blockDim.x) plan[1 + i] = s_list[i];
+      if (tid == 0) plan[0] = n;
+    }
+  }
+  const int seff = att_seff(n, W);
+  const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
+  const i64 rs = (i64)KVH * D;
+  const u16* kbase = kpool + (i64)kh * D;
+  const u16* vbase = vpool + (i64)kh * D;
+  const int bsShift = att_bs_shift(BS);
+  const int s = seff > 1 ? w % seff : 0;
+  for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
+    const int t = list[i];
+    const int r = rows[t];
+    int p = poss[t];
+    const bool rowOk = r >= 0 && r < R;
+    if (!rowOk) {
+      if (s == 0 && tid == 0 && blockIdx.y == 0) report(err, 3, t, r, R);
+      p = -1;
+    }
+    int start, len, chunk;
+    att_range(p, window, start, len);
+    const int ns = att_splits(len, seff, chunk);
+    if (s >= ns) continue;
+    const int k0 = start + s * chunk;
+    const int k1 = att_min(k0 + chunk, start + len);
+    const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
+    const int* tab = tables + (i64)(rowOk ? r : 0) * MBR;
+
+    // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the K buffers
+    for (int c = tid; c < 16 * NCH; c += NTH) {
+      const int qi = c / NCH, ch = c - qi * NCH;
+      const bool ok = qi < G;
+      att_cp16(s_kv + qi * LDS + ch * 8, ok ? (const void*)(q + ((i64)t * H + h0 + qi) * D + ch * 8) : (const void*)q, ok);
+    }
+    att_cp_commit();
+    att_cp_wait<0>();
+    __syncthreads();
+    unsigned qa[KST][4];
+#pragma unroll
+    for (int k = 0; k < KST; k++) att_ldsm4(qa[k], s_kv + (lane & 15) * LDS + k * 16 + (lane >> 4) * 8);
+    __syncthreads(); // the staging area becomes the key tiles
+
+    float o[DWT][4];
+#pragma unroll
+    for (int k = 0; k < DWT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g and g + 8
+
+    // slots of tile it into stage (it & 1), then its K and V copies (one commit group)
+#define ATT_TC_ISSUE(it) do { \
+      const int st_ = (it) & 1, j_ = k0 + (it) * BK + tid; \
+      if (tid < BK) { \
+        int slot_ = -1; \
+        if (j_ < k1) { \
+          const int lb_ = att_block_of(j_, BS, bsShift); \
+          const int blk_ = lb_ < MBR ? tab[lb_] : -1; \
+          if (blk_ >= 0 && blk_ < NB) slot_ = blk_ * BS + (j_ - lb_ * BS); \
+          else report(err, 4, r, j_, blk_); \
+        } \
+        s_slot[st_][tid] = slot_; \
+      } \
+      __syncthreads(); \
+      u16* kd_ = s_kv + st_ * 2 * TILE; \
+      for (int c_ = tid; c_ < BK * NCH; c_ += NTH) { \
+        const int kr_ = c_ / NCH, ch_ = c_ - kr_ * NCH, sl_ = s_slot[st_][kr_]; \
+        const i64 off_ = (i64)(sl_ >= 0 ? sl_ : 0) * rs + ch_ * 8; \
+        att_cp16(kd_ + kr_ * LDS + ch_ * 8, kbase + off_, sl_ >= 0); \
+        att_cp16(kd_ + TILE + kr_ * LDS + ch_ * 8, vbase + off_, sl_ >= 0); \
+      } \
+      att_cp_commit(); \
+    } while (0)
+
+    if (ntiles > 0) ATT_TC_ISSUE(0);
+    for (int it = 0; it < ntiles; it++) {
+      const int st = it & 1;
+      if (it + 1 < ntiles) {
+        ATT_TC_ISSUE(it + 1);
+        att_cp_wait<1>(); // tile it has landed (it + 1 may still be in flight)
+      } else {
+        att_cp_wait<0>();
+      }
+      __syncthreads();
+      const u16* sK = s_kv + st * 2 * TILE;
+      const u16* sV = sK + TILE;
+
+      // scores of this warp's 8 keys, all 16 rows
+      float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kp = 0; kp < KST / 2; kp++) {
+        unsigned b[4];
+        att_ldsm4(b, sK + (warp * 8 + (lane & 7)) * LDS + kp * 32 + (lane >> 3) * 8);
+        att_mma(sc, qa[2 * kp], b[0], b[1]);
+        att_mma(sc, qa[2 * kp + 1], b[2], b[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = warp * 8 + 2 * c4 + (e & 1);
+        const float x = s_slot[st][col] >= 0 ? att_score(sc[e] * qmul, softcap) : NEG_INF;
+        s_sc[e < 2 ? g : g + 8][col] = x;
+      }
+      __syncthreads();
+
+      // the online softmax over the tile, identical in every warp: this thread's 8 keys of rows
+      // g and g + 8 are the columns its P fragments hold (2 c4, 2 c4 + 1, 2 c4 + 8, 2 c4 + 9,
+      // and the same + 16)
+      float x0[8], x1[8];
+#pragma unroll
+      for (int kk = 0; kk < 2; kk++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int col = kk * 16 + 2 * c4 + (e & 1) + (e >> 1) * 8;
+          x0[kk * 4 + e] = s_sc[g][col];
+          x1[kk * 4 + e] = s_sc[g + 8][col];
+        }
+      }
+      float mx0 = m0, mx1 = m1;
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        mx0 = fmaxf(mx0, x0[e]);
+        mx1 = fmaxf(mx1, x1[e]);
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(ATT_FULL, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(ATT_FULL, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(ATT_FULL, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(ATT_FULL, mx1, 2));
+      const float mu0 = mx0 == NEG_INF ? 0.0f : mx0, mu1 = mx1 == NEG_INF ? 0.0f : mx1;
+      const float cr0 = exp2f(m0 - mu0), cr1 = exp2f(m1 - mu1);
+      m0 = mx0;
+      m1 = mx1;
+      float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        x0[e] = exp2f(x0[e] - mu0);
+        x1[e] = exp2f(x1[e] - mu1);
+        ls0 += x0[e];
+        ls1 += x1[e];
+      }
+      ls0 += __shfl_xor_sync(ATT_FULL, ls0, 1);
+      ls0 += __shfl_xor_sync(ATT_FULL, ls0, 2);
+      ls1 += __shfl_xor_sync(ATT_FULL, ls1, 1);
+      ls1 += __shfl_xor_sync(ATT_FULL, ls1, 2);
+      l0 = l0 * cr0 + ls0;
+      l1 = l1 * cr1 + ls1;
+#pragma unroll
+      for (int k = 0; k < DWT; k++) {
+        o[k][0] *= cr0;
+        o[k][1] *= cr0;
+        o[k][2] *= cr1;
+        o[k][3] *= cr1;
+      }
+
+      // O[:, warp's dims] += P V
+#pragma unroll
+      for (int kk = 0; kk < 2; kk++) {
+        unsigned pa[4];
+        pa[0] = att_pack2(x0[kk * 4 + 0], x0[kk * 4 + 1]);
+        pa[1] = att_pack2(x1[kk * 4 + 0], x1[kk * 4 + 1]);
+        pa[2] = att_pack2(x0[kk * 4 + 2], x0[kk * 4 + 3]);
+        pa[3] = att_pack2(x1[kk * 4 + 2], x1[kk * 4 + 3]);
+#pragma unroll
+        for (int dp = 0; dp < DWT / 2; dp++) {
+          unsigned b[4];
+          att_ldsm4t(b, sV + (kk * 16 + (lane & 15)) * LDS + warp * DW + dp * 16 + (lane >> 4) * 8);
+          att_mma(o[2 * dp], pa, b[0], b[1]);
+          att_mma(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+      }
+      __syncthreads(); // the stage and the scores are free for the next tile
+    }
+#undef ATT_TC_ISSUE
+
+    // rows g (and g + 8) of the group: this warp's dims; one split: the output, else a partial
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      const int row = g + half * 8;
+      if (row >= G) continue;
+      const int h = h0 + row;
+      const float L = half ? l1 : l0, M = half ? m1 : m0;
+      if (ns == 1) {
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        u16* dst = out + ((i64)t * H + h) * D + warp * DW + 2 * c4;
+#pragma unroll
+        for (int k = 0; k < DWT; k++) *(unsigned*)(dst + k * 8) = att_pack2(o[k][2 * half] * inv, o[k][2 * half + 1] * inv);
+      } else {
+        const i64 ph = ((i64)i * seff + s) * H + h;
+        float* dst = part + ph * D + warp * DW + 2 * c4;
+#pragma unroll
+        for (int k = 0; k < DWT; k++) {
+          dst[k * 8] = o[k][2 * half];
+          dst[k * 8 + 1] = o[k][2 * half + 1];
+        }
+        if (warp == 0 && c4 == 0) {
+          partml[ph * 2] = M;
+          partml[ph * 2 + 1] = L;
+        }
+      }
+    }
+    __syncthreads(); // the Q staging of the next token reuses the tiles
+  }
+}
+
+#define ATT_DECODE_TC_KERNEL(D) \
+extern "C" __global__ void __launch_bounds__(128) k_attn_decode_tc_d##D(const u16* q, const u16* kpool, \
+    const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
+    float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
+    float softcap, int W, int* err) { \
+  PDL_ENTRY(); \
+  att_decode_tc<D>(q, kpool, vpool, rows, poss, tables, plan, planReady, out, part, partml, T, H, KVH, NB, BS, R, \
+    MBR, window, scale, softcap, W, err); \
+}
+ATT_DECODE_TC_KERNEL(64)
+ATT_DECODE_TC_KERNEL(128)
+`;
