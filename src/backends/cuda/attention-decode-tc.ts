@@ -1,7 +1,8 @@
 // CUDA source of the tensor-core split-KV decode kernel, part of the attention module (appended to
 // attention-kernels.ts' source, whose helpers it uses: att_plan, att_seff, att_splits, att_range,
 // att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). Opt-in ($LLMTS_CUDA_ATT_DECODE=tc, see
-// attention.ts) until measured against k_attn_decode_d<D>_g<GC> on the GPU.
+// attention.ts) until measured against k_attn_decode_d<D>_g<GC> on the GPU. Its logic is checked
+// without one by test/backends/cuda-attention-sim.test.ts (the warp simulator, cuda-sim/).
 //
 // Why: the CUDA-core decode kernel holds each lane's share of q, the group's accumulators and the
 // keys in flight in registers (159 of them at d128 / 4 heads); that caps it at 3-4 blocks an SM and

@@ -1,0 +1,153 @@
+// The CUDA decode attention kernels, run on the CPU by the warp simulator (cuda-sim/), against a
+// plain float64 attention on the same bf16 inputs. The CUDA-core kernels are verified on the
+// H200 (cuda-ops.test.ts); their passing here is the simulator's own check. The tensor-core kernel
+// (attention-decode-tc.ts) is checked here before any GPU has run it.
+// Tolerance as cuda-ops.test.ts' bf16 fast paths: |sim - ref| <= 4e-3 + 1e-2 |ref|.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+
+import { decodeHalf } from '../../src/backends/common/half.ts';
+import { planAttention, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
+import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
+import { randomF32, rng } from './helpers.ts';
+
+const SKIP = simUnavailable();
+if (SKIP) console.log(`# cuda-attention-sim: skipping: ${SKIP}`);
+/** a small simulated GPU: few slots, so splits, strides over tokens and the combine all happen */
+const SIM_SMS = 2;
+
+function toBf16Bits(x: Float32Array): Uint16Array {
+  const u = new Uint32Array(x.buffer.slice(x.byteOffset, x.byteOffset + x.byteLength));
+  const out = new Uint16Array(x.length);
+  for (let i = 0; i < x.length; i++) {
+    const v = u[i]!;
+    out[i] = (v + 0x7fff + ((v >>> 16) & 1)) >>> 16;
+  }
+  return out;
+}
+const bf = (b: number) => new Float32Array(new Uint32Array([b << 16]).buffer)[0]!;
+
+interface Case {
+  D: number; H: number; KVH: number; BS: number;
+  /** per row: its first query token's position and how many tokens it has (one: decode) */
+  rows: { start: number; count?: number }[];
+  window?: number; softcap?: number; scale?: number; seed?: number;
+  /** table entries to knock out (row, block): attending them reports error 4 */
+  holes?: [number, number][];
+}
+
+function build(c: Case): SimCall {
+  const r = rng(c.seed ?? 7);
+  const R = c.rows.length;
+  const tokens = c.rows.flatMap((row, i) => Array.from({ length: row.count ?? 1 }, (_, k) => [i, row.start + k]));
+  const T = tokens.length;
+  const need = c.rows.map((row) => Math.floor((row.start + (row.count ?? 1) - 1) / c.BS) + 1);
+  const MBR = Math.max(...need) + 1;
+  const NB = need.reduce((a, b) => a + b, 0) + 2;
+  const perm = Array.from({ length: NB }, (_, i) => i);
+  for (let i = NB - 1; i > 0; i--) {
+    const j = Math.floor(r() * (i + 1));
+    [perm[i], perm[j]] = [perm[j]!, perm[i]!];
+  }
+  const tables = new Int32Array(R * MBR).fill(-1);
+  let next = 0;
+  need.forEach((n, row) => {
+    for (let b = 0; b < n; b++) tables[row * MBR + b] = perm[next++]!;
+  });
+  for (const [row, b] of c.holes ?? []) tables[row * MBR + b] = -1;
+  return {
+    T, H: c.H, KVH: c.KVH, D: c.D, NB, BS: c.BS, R, MBR, window: c.window ?? 0,
+    scale: c.scale ?? 4 / Math.sqrt(c.D), softcap: c.softcap ?? 0,
+    q: toBf16Bits(randomF32(r, T * c.H * c.D, 2)),
+    k: toBf16Bits(randomF32(r, NB * c.BS * c.KVH * c.D)), v: toBf16Bits(randomF32(r, NB * c.BS * c.KVH * c.D)),
+    rows: Int32Array.from(tokens, (t) => t[0]!), poss: Int32Array.from(tokens, (t) => t[1]!), tables,
+  };
+}
+
+/** float64 attention of every token, keys read through the block tables (a hole: left out) */
+function reference(s: SimCall): Float64Array {
+  const out = new Float64Array(s.T * s.H * s.D);
+  const G = s.H / s.KVH;
+  for (let t = 0; t < s.T; t++) {
+    const r = s.rows[t]!, p = s.poss[t]!;
+    const start = s.window > 0 ? Math.max(0, p - s.window + 1) : 0;
+    for (let h = 0; h < s.H; h++) {
+      const kh = Math.floor(h / G);
+      const scores: number[] = [], slots: number[] = [];
+      for (let j = start; j <= p; j++) {
+        const blk = s.tables[r * s.MBR + Math.floor(j / s.BS)]!;
+        if (blk < 0) continue;
+        const slot = blk * s.BS + (j % s.BS);
+        let d = 0;
+        for (let e = 0; e < s.D; e++) d += bf(s.q[(t * s.H + h) * s.D + e]!) * bf(s.k[(slot * s.KVH + kh) * s.D + e]!);
+        let x = d * s.scale;
+        if (s.softcap > 0) x = s.softcap * Math.tanh(x / s.softcap);
+        scores.push(x);
+        slots.push(slot);
+      }
+      const m = Math.max(...scores);
+      const w = scores.map((x) => Math.exp(x - m));
+      const L = w.reduce((a, b) => a + b, 0);
+      for (let e = 0; e < s.D; e++) {
+        let acc = 0;
+        slots.forEach((slot, i) => (acc += w[i]! * bf(s.v[(slot * s.KVH + kh) * s.D + e]!)));
+        out[(t * s.H + h) * s.D + e] = L > 0 ? acc / L : 0;
+      }
+    }
+  }
+  return out;
+}
+
+function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number): void {
+  const s = build(c);
+  const old = setDecodeKernelKind(kind);
+  let plan;
+  try {
+    plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, SIM_SMS);
+  } finally {
+    setDecodeKernelKind(old);
+  }
+  assert.equal(plan.decodeKernel!.includes('_tc_'), kind === 'tc', `${label}: the plan picked ${plan.decodeKernel}`);
+  const { out, err } = runAttentionSim(s, plan);
+  assert.equal(err[0], expectErr ?? 0, `${label}: error word ${[...err].join(', ')}`);
+  const want = reference(s);
+  const got = decodeHalf(out, 'bf16');
+  let worst = 0, at = -1;
+  for (let i = 0; i < want.length; i++) {
+    const excess = Math.abs(got[i]! - want[i]!) - (4e-3 + 1e-2 * Math.abs(want[i]!));
+    if (excess > worst) [worst, at] = [excess, i];
+  }
+  assert.ok(at < 0, `${label} (${plan.decodeKernel}, ${plan.slots} slots): element ${at} (token ${Math.floor(at / (s.H * s.D))}, ` +
+    `head ${Math.floor(at / s.D) % s.H}, dim ${at % s.D}) is ${got[at]}, want ${want[at]}`);
+}
+
+describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? false }, () => {
+  const cases: [string, Case][] = [
+    ['GQA 4, head dim 128, contexts 1..300', { D: 128, H: 8, KVH: 2, BS: 16, rows: [0, 16, 299, 64, 65].map((start) => ({ start })) }],
+    ['GQA 8, head dim 64, block size 12, a window', { D: 64, H: 8, KVH: 1, BS: 12, rows: [200, 11, 12].map((start) => ({ start })), window: 37, seed: 3 }],
+    ['GQA 2, head dim 128, soft-capping', { D: 128, H: 4, KVH: 2, BS: 16, rows: [150, 3].map((start) => ({ start })), softcap: 5, scale: 0.35, seed: 4 }],
+    ['GQA 16, head dim 64, one row', { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 96 }], seed: 5 }],
+    ['MHA (GQA 1), head dim 64, block size 1', { D: 64, H: 2, KVH: 2, BS: 1, rows: [40, 0].map((start) => ({ start })), seed: 6 }],
+  ];
+  for (const kind of ['cuda-core', 'tc'] as const) {
+    it(`${kind}: ${cases.map(([l]) => l).join('; ')}`, () => {
+      for (const [label, c] of cases) check(`${kind} ${label}`, c, kind);
+    });
+  }
+
+  it('prefill on tensor cores beside decode rows (the GPU-verified prefill kernel: the simulator\'s own check of ldmatrix and mma)', () => {
+    for (const kind of ['cuda-core', 'tc'] as const) {
+      check(`${kind} mixed`, { D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 0, count: 70 }, { start: 90 }, { start: 40, count: 30 }, { start: 5 }], seed: 10 }, kind);
+      check(`${kind} prefill d64 window`, { D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 20, count: 50 }, { start: 7 }], window: 24, seed: 11 }, kind);
+    }
+  });
+
+  it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {
+    const many: Case = { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })), seed: 8 };
+    for (const kind of ['cuda-core', 'tc'] as const) {
+      check(`${kind} 40 rows`, many, kind);
+      check(`${kind} hole`, { D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }, kind, 4);
+    }
+  });
+});

@@ -1,0 +1,155 @@
+// Runs the CUDA attention module's decode kernels on the CPU through warp-sim.h: the kernels'
+// own source (attention-kernels.ts, attention-decode-tc.ts) compiled with g++ against emulated
+// primitives, driven by the launch plan attention.ts makes for a small simulated GPU. CI has no
+// GPU; this checks the kernels' index and fragment logic there (not their speed, nor anything
+// the emulation itself gets wrong: warp-sim.h follows the PTX ISA's fragment layouts).
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+import { ATTENTION_KERNELS } from '../../../src/backends/cuda/attention-kernels.ts';
+import { ATTENTION_DECODE_TC_KERNELS } from '../../../src/backends/cuda/attention-decode-tc.ts';
+import { type AttentionPlan } from '../../../src/backends/cuda/attention.ts';
+
+const DECODE_KERNELS = [
+  'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
+  'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8', 'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
+];
+
+const DRIVER = String.raw`
+typedef void (*DecodeFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, int*, int, u16*,
+  float*, float*, int, int, int, int, int, int, int, int, float, float, int, int*);
+struct Named { const char* name; DecodeFn fn; };
+static const Named DECODE[] = { ${DECODE_KERNELS.map((k) => `{"${k}", ${k}}`).join(', ')} };
+
+template <class T> static std::vector<T> take(FILE* f, size_t n) {
+  std::vector<T> v(n);
+  if (n && fread(v.data(), sizeof(T), n, f) != n) { fprintf(stderr, "short input\n"); exit(2); }
+  return v;
+}
+
+// argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
+// ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles; f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
+// poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4].
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  FILE* f = fopen(argv[1], "rb");
+  if (!f) return 2;
+  char name[64], prefill[64];
+  if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
+  std::vector<int> hd = take<int>(f, 14);
+  const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
+  const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
+  std::vector<float> fl = take<float>(f, 2);
+  std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
+  std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
+  std::vector<int> rows = take<int>(f, T), poss = take<int>(f, T), tables = take<int>(f, (size_t)R * MBR);
+  fclose(f);
+  DecodeFn fn = 0;
+  for (const Named& n : DECODE) if (!strcmp(n.name, name)) fn = n.fn;
+  if (!fn) { fprintf(stderr, "unknown kernel %s\n", name); return 2; }
+  std::vector<u16> out((size_t)T * H * D, 0);
+  std::vector<int> plan(T + 1, 0), err(4, 0);
+  std::vector<float> part((size_t)W * H * D + 1), partml((size_t)W * H * 2 + 1);
+  const float scale = fl[0], softcap = fl[1];
+  if (planKernel) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
+  sim::launch(dim3{(unsigned)W, (unsigned)gridY, 1}, 128, [&] {
+    fn(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
+       part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data());
+  });
+  if (combine) {
+    sim::launch(dim3{(unsigned)((W + 1) / 2), (unsigned)H, 1}, 128, [&] {
+      k_attn_combine(rows.data(), poss.data(), plan.data(), part.data(), partml.data(), out.data(), T, H, D, R, window, W);
+    });
+  }
+  if (prefill[0]) {
+    typedef void (*PrefillFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, u16*, int, int, int,
+      int, int, int, int, int, float, float, int*);
+    PrefillFn pf = !strcmp(prefill, "k_attn_prefill_d64") ? k_attn_prefill_d64 : !strcmp(prefill, "k_attn_prefill_d128")
+      ? k_attn_prefill_d128 : !strcmp(prefill, "k_attn_prefill_d256") ? k_attn_prefill_d256 : 0;
+    if (!pf) { fprintf(stderr, "unknown kernel %s\n", prefill); return 2; }
+    sim::launch(dim3{(unsigned)H, (unsigned)tiles, 1}, 128, [&] {
+      pf(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), out.data(), T, H, KVH, NB, BS, R, MBR,
+         window, scale, softcap, err.data());
+    });
+  }
+  FILE* o = fopen(argv[2], "wb");
+  fwrite(out.data(), 2, out.size(), o);
+  fwrite(err.data(), 4, 4, o);
+  fclose(o);
+  return 0;
+}
+`;
+
+/** Why the simulator cannot be built here (no g++), or null. */
+export function simUnavailable(): string | null {
+  try {
+    execFileSync('g++', ['--version'], { stdio: 'ignore' });
+    return null;
+  } catch {
+    return 'g++ is not installed';
+  }
+}
+
+let built: string | null = null;
+
+/** Compiles the simulator (cached by source hash in the OS temp directory); returns the binary's path. */
+export function buildAttentionSim(): string {
+  if (built) return built;
+  const header = readFileSync(path.join(import.meta.dirname, 'warp-sim.h'), 'utf8');
+  const source = `${header}\n${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`;
+  const hash = createHash('sha256').update(source).digest('hex').slice(0, 16);
+  const dir = path.join(os.tmpdir(), 'llmts-cuda-sim');
+  const bin = path.join(dir, `attention-${hash}`);
+  if (!existsSync(bin)) {
+    mkdirSync(dir, { recursive: true });
+    const src = path.join(dir, `attention-${hash}-${process.pid}.cpp`);
+    writeFileSync(src, source);
+    const tmp = `${bin}.${process.pid}`;
+    try {
+      execFileSync('g++', ['-O2', '-std=c++17', '-w', '-o', tmp, src], { stdio: ['ignore', 'ignore', 'pipe'] });
+      renameSync(tmp, bin); // atomic: concurrent test processes never run a half-written binary
+    } finally {
+      rmSync(src, { force: true });
+    }
+  }
+  return (built = bin);
+}
+
+export interface SimCall {
+  T: number; H: number; KVH: number; D: number; NB: number; BS: number; R: number; MBR: number; window: number;
+  scale: number; softcap: number;
+  /** bf16 bits */
+  q: Uint16Array; k: Uint16Array; v: Uint16Array;
+  rows: Int32Array; poss: Int32Array; tables: Int32Array;
+}
+
+/** Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns the bf16 output bits and the error word. */
+export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint16Array; err: Int32Array } {
+  if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
+  const bin = buildAttentionSim();
+  const dir = path.join(os.tmpdir(), 'llmts-cuda-sim');
+  const inp = path.join(dir, `in-${process.pid}-${Math.random().toString(36).slice(2)}.bin`);
+  const outp = `${inp}.out`;
+  const name = Buffer.alloc(128);
+  name.write(plan.decodeKernel);
+  if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
+  const c = call;
+  const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
+    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles]);
+  const bytes = (a: ArrayBufferView) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+  writeFileSync(inp, Buffer.concat([name, bytes(ints), bytes(Float32Array.from([c.scale, c.softcap])), bytes(c.q),
+    bytes(c.k), bytes(c.v), bytes(c.rows), bytes(c.poss), bytes(c.tables)]));
+  try {
+    execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000 });
+    const raw = readFileSync(outp);
+    const n = c.T * c.H * c.D;
+    const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
+    return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4) };
+  } finally {
+    rmSync(inp, { force: true });
+    rmSync(outp, { force: true });
+  }
+}

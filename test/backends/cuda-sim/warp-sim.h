@@ -1,0 +1,264 @@
+// A host emulation of the CUDA execution model, enough to run the attention kernels' source on a
+// CPU (cuda-sim.ts compiles it with g++): the threads of a block are fibers (ucontext) on one OS
+// thread, switched only at barriers, so every run is deterministic. Blocks run one after another,
+// which makes `__shared__` a function-static array. Warp collectives (shuffles, ballots, ldmatrix,
+// mma.sync m16n8k16) exchange through per-warp scratch between two warp barriers, in the register
+// layouts of the PTX ISA. A barrier some threads never reach (divergence) aborts with a message
+// instead of hanging. cp.async copies at once (commit and wait are no-ops): a kernel that reads a
+// buffer it is still filling fails here as it would on a GPU, only more reliably.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+#include <ucontext.h>
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct uint4 { unsigned x, y, z, w; };
+
+namespace sim {
+
+enum State { RUNNABLE, WAIT_WARP, WAIT_BLOCK, DONE };
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  State state = RUNNABLE;
+  unsigned tid = 0;
+};
+
+struct WarpScratch {
+  float f[32];
+  int i[32];
+  const void* p[32];
+  unsigned a[32][4], b[32][2];
+  float c[32][4];
+};
+
+inline ucontext_t schedCtx;
+inline std::vector<Fiber> fibers;
+inline std::vector<WarpScratch> warps;
+inline int current = -1;
+inline std::function<void()> body;
+inline int blockOr = 0, blockOrResult = 0;
+
+inline dim3 threadIdx_, blockIdx_, blockDim_, gridDim_;
+
+inline void yield(State s) {
+  Fiber& f = fibers[current];
+  f.state = s;
+  swapcontext(&f.ctx, &schedCtx);
+}
+
+inline void entry() {
+  body();
+  fibers[current].state = DONE;
+  swapcontext(&fibers[current].ctx, &schedCtx);
+}
+
+// Runs `kernel` for every block of the grid, one block at a time.
+inline void launch(dim3 grid, unsigned threads, const std::function<void()>& kernel) {
+  body = kernel;
+  gridDim_ = grid;
+  blockDim_ = dim3{threads, 1, 1};
+  const unsigned nw = (threads + 31) / 32;
+  warps.assign(nw, WarpScratch{});
+  for (unsigned by = 0; by < grid.y; by++) {
+    for (unsigned bx = 0; bx < grid.x; bx++) {
+      blockIdx_ = dim3{bx, by, 0};
+      fibers.assign(threads, Fiber{});
+      for (unsigned t = 0; t < threads; t++) {
+        Fiber& f = fibers[t];
+        f.tid = t;
+        f.stack.resize(256 * 1024);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, entry, 0);
+      }
+      blockOr = 0;
+      for (;;) {
+        bool ran = false;
+        for (unsigned t = 0; t < threads; t++) {
+          if (fibers[t].state != RUNNABLE) continue;
+          current = (int)t;
+          threadIdx_ = dim3{t, 0, 0};
+          swapcontext(&schedCtx, &fibers[t].ctx);
+          ran = true;
+        }
+        (void)ran;
+        unsigned done = 0, atBlock = 0;
+        for (const Fiber& f : fibers) {
+          done += f.state == DONE;
+          atBlock += f.state == WAIT_BLOCK;
+        }
+        if (done == threads) break;
+        bool released = false;
+        if (atBlock == threads) {
+          blockOrResult = blockOr;
+          blockOr = 0;
+          for (Fiber& f : fibers) f.state = RUNNABLE;
+          released = true;
+        } else {
+          for (unsigned w = 0; w < nw; w++) {
+            unsigned n = 0, lanes = 0;
+            for (unsigned t = w * 32; t < threads && t < w * 32 + 32; t++, lanes++) n += fibers[t].state == WAIT_WARP;
+            if (n == lanes) {
+              for (unsigned t = w * 32; t < w * 32 + lanes; t++) fibers[t].state = RUNNABLE;
+              released = true;
+            }
+          }
+        }
+        if (!released) {
+          std::fprintf(stderr, "warp-sim: deadlock in block (%u, %u): %u of %u threads done, %u at __syncthreads, "
+            "the rest at a warp collective (a barrier some threads skip)\n", bx, by, done, threads, atBlock);
+          std::exit(3);
+        }
+      }
+    }
+  }
+}
+
+inline unsigned lane() { return threadIdx_.x & 31; }
+inline WarpScratch& warp() { return warps[threadIdx_.x >> 5]; }
+inline void warpBarrier() { yield(WAIT_WARP); }
+
+}  // namespace sim
+
+#define threadIdx (sim::threadIdx_)
+#define blockIdx (sim::blockIdx_)
+#define blockDim (sim::blockDim_)
+#define gridDim (sim::gridDim_)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+
+inline void __syncthreads() { sim::yield(sim::WAIT_BLOCK); }
+inline int __syncthreads_or(int p) {
+  sim::blockOr |= p != 0;
+  sim::yield(sim::WAIT_BLOCK);
+  return sim::blockOrResult;
+}
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  sim::WarpScratch& w = sim::warp();
+  w.f[sim::lane()] = v;
+  sim::warpBarrier();
+  const float r = w.f[sim::lane() ^ o];
+  sim::warpBarrier();
+  return r;
+}
+inline int __shfl_xor_sync(unsigned, int v, int o) {
+  sim::WarpScratch& w = sim::warp();
+  w.i[sim::lane()] = v;
+  sim::warpBarrier();
+  const int r = w.i[sim::lane() ^ o];
+  sim::warpBarrier();
+  return r;
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+  sim::WarpScratch& w = sim::warp();
+  w.i[sim::lane()] = p != 0;
+  sim::warpBarrier();
+  unsigned r = 0;
+  for (int l = 0; l < 32; l++) r |= (unsigned)w.i[l] << l;
+  sim::warpBarrier();
+  return r;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
+
+// ---- the attention module's primitives (attention-kernels.ts ATTENTION_PRIMITIVES) ----------------
+inline void att_cp16(void* dst, const void* src, bool pred) {
+  if (pred) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void att_cp_commit() {}
+template <int N> inline void att_cp_wait() {}
+inline unsigned short sim_at(const void* row, int col) { return ((const unsigned short*)row)[col]; }
+// ldmatrix .x4: matrix m's row r is at the address of lane 8 m + r; lane l receives, of each
+// matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of the transposed matrix)
+inline void sim_ldsm4(unsigned* r, const void* p, bool trans) {
+  sim::WarpScratch& w = sim::warp();
+  const unsigned l = sim::lane();
+  w.p[l] = p;
+  sim::warpBarrier();
+  for (int m = 0; m < 4; m++) {
+    unsigned lo, hi;
+    if (!trans) {
+      const void* row = w.p[8 * m + l / 4];
+      lo = sim_at(row, 2 * (l % 4));
+      hi = sim_at(row, 2 * (l % 4) + 1);
+    } else {
+      lo = sim_at(w.p[8 * m + 2 * (l % 4)], l / 4);
+      hi = sim_at(w.p[8 * m + 2 * (l % 4) + 1], l / 4);
+    }
+    r[m] = lo | (hi << 16);
+  }
+  sim::warpBarrier();
+}
+inline void att_ldsm4(unsigned* r, const void* p) { sim_ldsm4(r, p, false); }
+inline void att_ldsm4t(unsigned* r, const void* p) { sim_ldsm4(r, p, true); }
+inline float sim_bf(unsigned bits16) { return __uint_as_float((bits16 & 0xffffu) << 16); }
+// mma.sync.m16n8k16.row.col f32 += bf16 x bf16. Fragments (g = lane / 4, c = lane % 4):
+// A a0 (g, 2c..2c+1) a1 (g+8, 2c..) a2 (g, 2c+8..) a3 (g+8, 2c+8..); B b0 (k 2c..2c+1, n g)
+// b1 (k 2c+8.., n g); C/D d0 (g, 2c) d1 (g, 2c+1) d2 (g+8, 2c) d3 (g+8, 2c+1)
+inline void att_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  sim::WarpScratch& w = sim::warp();
+  const unsigned l = sim::lane();
+  for (int k = 0; k < 4; k++) w.a[l][k] = a[k];
+  w.b[l][0] = b0;
+  w.b[l][1] = b1;
+  for (int k = 0; k < 4; k++) w.c[l][k] = d[k];
+  sim::warpBarrier();
+  auto A = [&](int row, int k) {
+    const int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), ln = 4 * (row % 8) + (k % 8) / 2;
+    return sim_bf(w.a[ln][reg] >> (16 * (k % 2)));
+  };
+  auto B = [&](int k, int n) {
+    const int reg = k >= 8 ? 1 : 0, ln = 4 * n + (k % 8) / 2;
+    return sim_bf(w.b[ln][reg] >> (16 * (k % 2)));
+  };
+  const int g = l / 4, c = l % 4;
+  float out[4];
+  for (int e = 0; e < 4; e++) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * c + (e & 1);
+    double s = w.c[l][e];
+    for (int k = 0; k < 16; k++) s += (double)A(row, k) * B(k, col);
+    out[e] = (float)s;
+  }
+  sim::warpBarrier();
+  for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+inline unsigned att_pack2(float lo, float hi) {
+  auto rn = [](float f) {
+    unsigned u = __float_as_uint(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+  };
+  return rn(lo) | (rn(hi) << 16);
+}
+inline uint4 att_ldg16(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
+
+// ---- the kernels.ts prelude, as far as the attention module uses it -----------------------------
+#define NEG_INF (-INFINITY)
+typedef unsigned short u16;
+typedef long long i64;
+inline float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+inline u16 f2bf(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+#define PDL_ENTRY() do { } while (0)
+inline void report(int* err, int code, int a, int b, int c) {
+  if (atomicCAS(err, 0, code) == 0) { err[1] = a; err[2] = b; err[3] = c; }
+}
