@@ -194,12 +194,13 @@ if (profileSteps > 0 && prof.startProfile && prof.stopProfile) {
 }
 
 // ---- what the GEMM tuner chose per decode shape (cuBLASLt vs our GEMV kernels) ----
-const tuning = (backend as Backend & { gemmTuning?: readonly { shape: string; cublasLtMs: number; gemvMs: Record<string, number>; chosen: string }[] }).gemmTuning ?? [];
+const tuning = (backend as Backend & { gemmTuning?: readonly { shape: string; cublasLtMs: number; firstMs: number; gemvMs: Record<string, number>; chosen: string }[] }).gemmTuning ?? [];
 (result as Record<string, unknown>).gemmTuning = tuning;
 for (const t of tuning.filter((r) => Number(r.shape.split('x')[0]) <= 8)) {
   const [M, N, K] = t.shape.split('x').map(Number) as [number, number, number];
   const gbs = (ms: number) => ((N * K * 2) / (ms / 1000) / 1e9).toFixed(0);
-  log(`gemm     ${t.shape.padEnd(18)} cublasLt ${(1000 * t.cublasLtMs).toFixed(1)} us (${gbs(t.cublasLtMs)} GB/s)` +
+  log(`gemm     ${t.shape.padEnd(18)} cublasLt ${(1000 * t.cublasLtMs).toFixed(1)} us (${gbs(t.cublasLtMs)} GB/s; ` +
+    `heuristic's first ${(1000 * t.firstMs).toFixed(1)} us)` +
     Object.entries(t.gemvMs).map(([k, ms]) => `  ${k} ${(1000 * ms).toFixed(1)} us (${gbs(ms)} GB/s)`).join('') + `  -> ${t.chosen}`);
   void M;
 }

@@ -30,8 +30,8 @@ const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
 /**
  * backends/cuda/gemm.ts: the first GEMM shape of a tuning class (same N, K and types; at most
  * TUNE_MAX_M rows, exact up to 8, then by 16) has its algorithm timed the first time it runs
- * outside a graph capture, and the timing writes an exact-size L2-flush buffer of
- * L2_FLUSH_BYTES between calls: live for that op on top of everything the step holds then (on
+ * outside a graph capture, and the timing writes an L2-flush buffer of L2_FLUSH_BYTES (a pool
+ * block of its own size class) between calls: live for that op on top of everything the step holds then (on
  * the H200 it was the step's live high-water mark in most runs: the lm_head of a prefill chunk's
  * last step is a new shape once every layer's residual is live). $LLMTS_CUDA_GEMM_TUNE=off skips it.
  */
@@ -341,7 +341,7 @@ export class DryRunBackend implements Backend {
       const tune = this.gemmTune !== 'off' && M <= this.cudaTuning.maxM && this.arena === null &&
         (this.gemmTune === 'always' || !this.tuned.has(key));
       if (tune) this.tuned.add(key);
-      this.transient(sizes, tune ? CUDA_L2_FLUSH_BYTES : 0);
+      this.transient(tune ? [...sizes, CUDA_L2_FLUSH_BYTES] : sizes);
     }
     return y;
   }
