@@ -109,8 +109,10 @@ function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: num
     setDecodeKernelKind(old);
   }
   assert.equal(plan.decodeKernel!.includes('_tc_'), kind === 'tc', `${label}: the plan picked ${plan.decodeKernel}`);
-  const { out, err } = runAttentionSim(s, plan);
+  const { out, err, countersLeft } = runAttentionSim(s, plan);
   assert.equal(err[0], expectErr ?? 0, `${label}: error word ${[...err].join(', ')}`);
+  assert.equal(plan.fusedCombine, kind === 'tc' && plan.slots >= 2, `${label}: the tensor-core kernel merges its own splits`);
+  assert.equal(countersLeft, 0, `${label}: every split counter is back to 0`);
   const want = reference(s);
   const got = decodeHalf(out, 'bf16');
   let worst = 0, at = -1;

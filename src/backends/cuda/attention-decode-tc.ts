@@ -18,11 +18,16 @@
 //       softmax (so all warps hold identical max and sum), and computes O[:, D/4 * w ..) += P V for
 //       its quarter of the head dims. No cross-warp merge at the end: each warp writes its dims.
 //       Registers: the Q fragments (D/16 x 4), a quarter of O (D/32 x 4) and a few scores.
+//       With `counters` (attention.ts: always, up to ATT_COUNTERS tokens x kv heads) a split token
+//       needs no k_attn_combine: each split writes its partial, fences, and counts itself in
+//       counters[token, kv head]; the split that counts last merges the partials of the group's
+//       heads and writes the output, and sets the counter back to 0 for the next call (a graph
+//       replays the same buffer). At one row that saves a dependent launch per layer.
 export const ATTENTION_DECODE_TC_KERNELS = String.raw`
 template <int D>
 __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, const u16* vpool, const int* rows,
     const int* poss, const int* tables, int* plan, int planReady, u16* out, float* part, float* partml, int T, int H,
-    int KVH, int NB, int BS, int R, int MBR, int window, float scale, float softcap, int W, int* err) {
+    int KVH, int NB, int BS, int R, int MBR, int window, float scale, float softcap, int W, int* err, int* counters) {
   enum {
     BK = 32,          // keys per tile
     NTH = 128,
@@ -39,6 +44,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   __shared__ int s_slot[2][BK];              // KV slot of each key of a stage's tile, -1: none
   __shared__ int s_list[ATT_DEC_INLINE_T];
   __shared__ int s_wsum[32];
+  __shared__ int s_last;
   u16* const s_kv = (u16*)s_kv4;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -253,6 +259,36 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         }
       }
     }
+    if (ns > 1 && counters) {
+      // the last split of (token, kv head) to arrive merges them all
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        const int idx = i * KVH + kh;
+        const int prev = atomicAdd(counters + idx, 1);
+        s_last = prev == ns - 1;
+        if (s_last) counters[idx] = 0;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        for (int e = tid; e < G * D; e += NTH) {
+          const int row = e / D, d = e - row * D, h = h0 + row;
+          const i64 base = (i64)i * seff * H + h;
+          float mx = NEG_INF;
+          for (int sp = 0; sp < ns; sp++) mx = fmaxf(mx, att_ldcg(partml + (base + (i64)sp * H) * 2));
+          const float mu = mx == NEG_INF ? 0.0f : mx;
+          float L = 0.0f, O = 0.0f;
+          for (int sp = 0; sp < ns; sp++) {
+            const i64 ph = base + (i64)sp * H;
+            const float f = exp2f(att_ldcg(partml + ph * 2) - mu);
+            L += att_ldcg(partml + ph * 2 + 1) * f;
+            O += att_ldcg(part + ph * D + d) * f;
+          }
+          out[((i64)t * H + h) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        }
+      }
+    }
     __syncthreads(); // the Q staging of the next token reuses the tiles
   }
 }
@@ -261,10 +297,10 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 extern "C" __global__ void __launch_bounds__(128) k_attn_decode_tc_d##D(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
-    float softcap, int W, int* err) { \
+    float softcap, int W, int* err, int* counters) { \
   PDL_ENTRY(); \
   att_decode_tc<D>(q, kpool, vpool, rows, poss, tables, plan, planReady, out, part, partml, T, H, KVH, NB, BS, R, \
-    MBR, window, scale, softcap, W, err); \
+    MBR, window, scale, softcap, W, err, counters); \
 }
 ATT_DECODE_TC_KERNEL(64)
 ATT_DECODE_TC_KERNEL(128)

@@ -100,6 +100,12 @@ __device__ __forceinline__ unsigned att_pack2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// f32 global load cached in L2 only (data other blocks of this kernel wrote, behind a fence)
+__device__ __forceinline__ float att_ldcg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
 // 16-byte read-only global load
 __device__ __forceinline__ uint4 att_ldg16(const void* p) {
   uint4 v;

@@ -23,6 +23,11 @@ import type { KernelArg } from './runtime.ts';
  */
 const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? '') || 8;
 const MAX_GRID_Y = 65535;
+/**
+ * Ints in the backend's buffer of split counters (AttentionCall.counters: zeroed once, every
+ * counter set back to 0 by the kernel that used it): one per (decode token, kv head) of a call.
+ */
+export const ATT_COUNTERS = 1 << 20;
 
 /** What the launch code needs of the runtime (CudaRuntime; a simulator in tools). */
 export interface AttentionDevice {
@@ -64,6 +69,8 @@ export interface AttentionCall extends AttentionShape {
   out: number;
   /** the backend's error word (int[4]) */
   err: number;
+  /** ATT_COUNTERS zeroed ints that the tensor-core decode kernel merges its splits with (AttentionPlan.fusedCombine) */
+  counters?: number;
   scale: number;
   softcap: number;
 }
@@ -109,6 +116,8 @@ export interface AttentionPlan {
   planKernel: boolean;
   /** slots >= 2: some token may be split, k_attn_combine merges the splits */
   combine: boolean;
+  /** slots >= 2 on the tensor-core decode kernel: the last split of a token merges them itself */
+  fusedCombine: boolean;
   /** T > ATT_DEC_MAX_RUN: some token may be a prefill token */
   prefillKernel?: KernelName;
   prefillTiles: number;
@@ -119,7 +128,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const tiles = Math.ceil(s.T / ATT_BQ);
   const fast = mode === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
-  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, prefillTiles: 0 };
+  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0 };
   const G = s.H / s.KVH;
   const tc = decodeKind === 'tc' && (s.D === 64 || s.D === 128) && G <= 16;
   // the CUDA-core decode kernels are instantiated for 4 and 8 heads per block; the tensor-core one
@@ -133,6 +142,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const fill = Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks));
   const slots = Math.max(1, Math.min(fill, s.T * maxSplits));
   const prefill = s.T > ATT_DEC_MAX_RUN;
+  const fused = tc && slots >= 2 && s.T * s.KVH <= ATT_COUNTERS;
   return {
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
@@ -140,7 +150,8 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     headChunks,
     slots,
     planKernel: s.T > ATT_DEC_INLINE_T,
-    combine: slots >= 2,
+    combine: slots >= 2 && !fused,
+    fusedCombine: fused,
     prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
     prefillTiles: prefill ? tiles : 0,
   };
@@ -160,8 +171,10 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
   }
   const W = p.slots;
   const planBytes = (c.T + 1) * 4;
-  const partBytes = p.combine ? W * c.H * c.D * 4 : 0;
-  const mlBytes = p.combine ? W * c.H * 2 * 4 : 0;
+  const split = p.combine || p.fusedCombine;
+  const partBytes = split ? W * c.H * c.D * 4 : 0;
+  const mlBytes = split ? W * c.H * 2 * 4 : 0;
+  if (p.decodeKernel?.includes('_tc_') && c.counters === undefined) throw new Error('attention: the tensor-core decode kernel needs the split counters');
   const plan = scratch.alloc(planBytes).addr;
   const part = partBytes ? scratch.alloc(partBytes).addr : 0;
   const partml = mlBytes ? scratch.alloc(mlBytes).addr : 0;
@@ -171,7 +184,8 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
       ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', plan],
       ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],
-      ['f', c.softcap], ['i', W], ['p', c.err]]);
+      ['f', c.softcap], ['i', W], ['p', c.err],
+      ...(p.decodeKernel!.includes('_tc_') ? [['p', p.fusedCombine ? c.counters! : 0] as KernelArg] : [])]);
     if (p.combine) {
       dev.launch('k_attn_combine', [Math.ceil(W / 2), c.H, 1], 128, 0, [
         ['p', c.tokenRow], ['p', c.tokenPos], ['p', plan], ['p', part], ['p', partml], ['p', c.out], ['i', c.T],

@@ -23,7 +23,7 @@ import { numel } from '../../contracts/backend.ts';
 import { DevicePool, sizeClass } from './device-pool.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm, type TuneRecord } from './gemm.ts';
-import { enqueueAttention } from './attention.ts';
+import { ATT_COUNTERS, enqueueAttention } from './attention.ts';
 import { ATT_MAX_HEAD_DIM, type KernelName } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
@@ -115,6 +115,8 @@ export class CudaBackend implements Backend {
   private readonly scopes: ScopeStack<CudaTensor>;
   /** device int[4]: first kernel error (code, a, b, c); 0 = none */
   private readonly errWord: number;
+  /** attention.ts ATT_COUNTERS split counters of the tensor-core decode kernel (zero between calls) */
+  private readonly attCounters: number;
   private chunks: StagingChunks | null = null;
   private readonly readPins = new Map<number, PinnedBuffer[]>();
   private readPinBytes = 0;
@@ -127,6 +129,8 @@ export class CudaBackend implements Backend {
     this.scopes = new ScopeStack<CudaTensor>((t) => this.release(t), (t) => t.owner);
     this.errWord = pool.alloc(16, true).addr;
     check(rt.d.cuMemsetD32Async(this.errWord, 0, 4, rt.stream), 'clearing the error word');
+    this.attCounters = pool.alloc(ATT_COUNTERS * 4, true).addr;
+    check(rt.d.cuMemsetD32Async(this.attCounters, 0, ATT_COUNTERS, rt.stream), 'clearing the attention split counters');
   }
 
   /** Device, kernel modules (as they are now: they may still be compiling) and GEMM engine. */
@@ -907,7 +911,7 @@ export class CudaBackend implements Backend {
     // split-KV decode + tensor-core prefill for bf16, k_attention otherwise (see attention.ts)
     enqueueAttention(this.rt, this.pool, {
       q: qq.addr, k: kp.addr, v: vp.addr, tokenRow: row.addr, tokenPos: pos.addr, blockTables: bt.addr, out: y.addr,
-      err: this.errWord, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
+      err: this.errWord, counters: this.attCounters, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
       qDtype: qq.dtype, poolDtype: kp.dtype,
     });
     return y;

@@ -15,14 +15,20 @@ import { type AttentionPlan } from '../../../src/backends/cuda/attention.ts';
 
 const DECODE_KERNELS = [
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
-  'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8', 'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
+  'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
 ];
+/** the tensor-core decode kernels take the split counters as a last argument */
+const TC_KERNELS = ['k_attn_decode_tc_d64', 'k_attn_decode_tc_d128'];
 
 const DRIVER = String.raw`
 typedef void (*DecodeFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, int*, int, u16*,
   float*, float*, int, int, int, int, int, int, int, int, float, float, int, int*);
 struct Named { const char* name; DecodeFn fn; };
 static const Named DECODE[] = { ${DECODE_KERNELS.map((k) => `{"${k}", ${k}}`).join(', ')} };
+typedef void (*DecodeTcFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, int*, int, u16*,
+  float*, float*, int, int, int, int, int, int, int, int, float, float, int, int*, int*);
+struct NamedTc { const char* name; DecodeTcFn fn; };
+static const NamedTc DECODE_TC[] = { ${TC_KERNELS.map((k) => `{"${k}", ${k}}`).join(', ')} };
 
 template <class T> static std::vector<T> take(FILE* f, size_t n) {
   std::vector<T> v(n);
@@ -31,33 +37,44 @@ template <class T> static std::vector<T> take(FILE* f, size_t n) {
 }
 
 // argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
-// ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles; f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
-// poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4].
+// ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine;
+// f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
+// poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4]; i32 the split counters' sum afterwards.
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
   FILE* f = fopen(argv[1], "rb");
   if (!f) return 2;
   char name[64], prefill[64];
   if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
-  std::vector<int> hd = take<int>(f, 14);
+  std::vector<int> hd = take<int>(f, 15);
   const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
   const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
+  const int fused = hd[14];
   std::vector<float> fl = take<float>(f, 2);
   std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
   std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
   std::vector<int> rows = take<int>(f, T), poss = take<int>(f, T), tables = take<int>(f, (size_t)R * MBR);
   fclose(f);
   DecodeFn fn = 0;
+  DecodeTcFn tc = 0;
   for (const Named& n : DECODE) if (!strcmp(n.name, name)) fn = n.fn;
-  if (!fn) { fprintf(stderr, "unknown kernel %s\n", name); return 2; }
+  for (const NamedTc& n : DECODE_TC) if (!strcmp(n.name, name)) tc = n.fn;
+  if (!fn && !tc) { fprintf(stderr, "unknown kernel %s\n", name); return 2; }
+  std::vector<int> counters((size_t)T * KVH + 1, 0);
   std::vector<u16> out((size_t)T * H * D, 0);
   std::vector<int> plan(T + 1, 0), err(4, 0);
   std::vector<float> part((size_t)W * H * D + 1), partml((size_t)W * H * 2 + 1);
   const float scale = fl[0], softcap = fl[1];
   if (planKernel) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
   sim::launch(dim3{(unsigned)W, (unsigned)gridY, 1}, 128, [&] {
-    fn(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
-       part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data());
+    if (tc) {
+      tc(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
+         part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data(),
+         fused ? counters.data() : 0);
+    } else {
+      fn(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
+         part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data());
+    }
   });
   if (combine) {
     sim::launch(dim3{(unsigned)((W + 1) / 2), (unsigned)H, 1}, 128, [&] {
@@ -78,6 +95,9 @@ int main(int argc, char** argv) {
   FILE* o = fopen(argv[2], "wb");
   fwrite(out.data(), 2, out.size(), o);
   fwrite(err.data(), 4, 4, o);
+  int left = 0;
+  for (int c : counters) left += c;
+  fwrite(&left, 4, 1, o);
   fclose(o);
   return 0;
 }
@@ -127,7 +147,7 @@ export interface SimCall {
 }
 
 /** Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns the bf16 output bits and the error word. */
-export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint16Array; err: Int32Array } {
+export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
   const bin = buildAttentionSim();
   const dir = path.join(os.tmpdir(), 'llmts-cuda-sim');
@@ -138,7 +158,7 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint
   if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
-    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles]);
+    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0]);
   const bytes = (a: ArrayBufferView) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
   writeFileSync(inp, Buffer.concat([name, bytes(ints), bytes(Float32Array.from([c.scale, c.softcap])), bytes(c.q),
     bytes(c.k), bytes(c.v), bytes(c.rows), bytes(c.poss), bytes(c.tables)]));
@@ -147,7 +167,7 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint
     const raw = readFileSync(outp);
     const n = c.T * c.H * c.D;
     const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
-    return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4) };
+    return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
   } finally {
     rmSync(inp, { force: true });
     rmSync(outp, { force: true });

@@ -174,6 +174,8 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
+inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
+inline void __threadfence() {}
 
 // ---- the attention module's primitives (attention-kernels.ts ATTENTION_PRIMITIVES) ----------------
 inline void att_cp16(void* dst, const void* src, bool pred) {
@@ -246,6 +248,7 @@ inline unsigned att_pack2(float lo, float hi) {
   return rn(lo) | (rn(hi) << 16);
 }
 inline uint4 att_ldg16(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
+inline float att_ldcg(const float* p) { return *p; }
 
 // ---- the kernels.ts prelude, as far as the attention module uses it -----------------------------
 #define NEG_INF (-INFINITY)
