@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { ATT_COUNTERS } from '../../src/backends/cuda/attention.ts';
 import {
   tensorsFor, writeCheckpoint, tempModelDir, numel, bytesOf,
   LLAMA_3_1_8B, LLAMA_3_1_8B_PARAMS, GEMMA_2_9B, GEMMA_2_9B_PARAMS, QWEN3_30B_A3B, QWEN3_30B_A3B_PARAMS,
@@ -194,6 +195,9 @@ test('plan fields: fits, usable memory, reserve and what is not yet measured', a
   assert.deepEqual(plan.unmeasured, Object.entries(K.CUDA_CONSTANTS).filter(([, c]) => !c.measured).map(([n]) => n));
   assert.deepEqual(plan.reserve.map((r) => r.measured), [K.CUDA_CONTEXT_BYTES, K.CUDA_CUBLASLT_WORKSPACE_BYTES, K.CUDA_RUNTIME_GROWTH_BYTES].map((c) => c.measured));
   assert.equal(plan.reserveBytes, K.CUDA_CONTEXT_BYTES.value + K.CUDA_CUBLASLT_WORKSPACE_BYTES.value + K.CUDA_RUNTIME_GROWTH_BYTES.value);
+  // the pool at creation: cuBLASLt's 32 MiB workspace, the 16-byte error word (a 256-byte block)
+  // and the attention split counters; a change to any of them must change the constant
+  assert.equal(K.CUDA_CUBLASLT_WORKSPACE_BYTES.value, 32 * 2 ** 20 + 256 + ATT_COUNTERS * 4);
   const cpuPlan = await p.plan(CPU, { ctx: 64, chunk: 64 });
   assert.deepEqual(cpuPlan.unmeasured, Object.entries(K.CPU_CONSTANTS).filter(([, c]) => !c.measured).map(([n]) => n));
   // the 8B model in bf16 does not fit a 16 GB card at all
