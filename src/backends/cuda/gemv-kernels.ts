@@ -14,18 +14,27 @@
 // warp, so it stays in L1/L2). Requirements (checked by gemm.ts): K % 8 == 0 and w, x 16-byte
 // aligned. Rows of x beyond M are never read; M <= MMAX.
 export const GEMV_KERNEL_SOURCE = String.raw`
+// (without __CUDA_ARCH__: plain loads, for the host warp simulator of test/backends/cuda-sim)
 __device__ __forceinline__ uint4 gemv_ld_stream(const uint4* p) {
+#ifdef __CUDA_ARCH__
   uint4 v;
   // volatile: kept in program order before PDL_ENTRY's volatile wait (a plain asm may be sunk past it)
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
+#else
+  return *p;
+#endif
 }
 
 __device__ __forceinline__ uint4 gemv_ld_cached(const uint4* p) {
+#ifdef __CUDA_ARCH__
   uint4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
+#else
+  return *p;
+#endif
 }
 
 __device__ __forceinline__ float gemv_dot8(const uint4& a, const uint4& b) {

@@ -3,15 +3,12 @@
 // primitives, driven by the launch plan attention.ts makes for a small simulated GPU. CI has no
 // GPU; this checks the kernels' index and fragment logic there (not their speed, nor anything
 // the emulation itself gets wrong: warp-sim.h follows the PTX ISA's fragment layouts).
-import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-
+import { buildSim, bytesOf, runSim } from './build.ts';
 import { ATTENTION_KERNELS } from '../../../src/backends/cuda/attention-kernels.ts';
 import { ATTENTION_DECODE_TC_KERNELS } from '../../../src/backends/cuda/attention-decode-tc.ts';
 import { type AttentionPlan } from '../../../src/backends/cuda/attention.ts';
+
+export { simUnavailable } from './build.ts';
 
 const DECODE_KERNELS = [
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
@@ -103,39 +100,9 @@ int main(int argc, char** argv) {
 }
 `;
 
-/** Why the simulator cannot be built here (no g++), or null. */
-export function simUnavailable(): string | null {
-  try {
-    execFileSync('g++', ['--version'], { stdio: 'ignore' });
-    return null;
-  } catch {
-    return 'g++ is not installed';
-  }
-}
-
-let built: string | null = null;
-
-/** Compiles the simulator (cached by source hash in the OS temp directory); returns the binary's path. */
-export function buildAttentionSim(): string {
-  if (built) return built;
-  const header = readFileSync(path.join(import.meta.dirname, 'warp-sim.h'), 'utf8');
-  const source = `${header}\n${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`;
-  const hash = createHash('sha256').update(source).digest('hex').slice(0, 16);
-  const dir = path.join(os.tmpdir(), 'llmts-cuda-sim');
-  const bin = path.join(dir, `attention-${hash}`);
-  if (!existsSync(bin)) {
-    mkdirSync(dir, { recursive: true });
-    const src = path.join(dir, `attention-${hash}-${process.pid}.cpp`);
-    writeFileSync(src, source);
-    const tmp = `${bin}.${process.pid}`;
-    try {
-      execFileSync('g++', ['-O2', '-std=c++17', '-w', '-o', tmp, src], { stdio: ['ignore', 'ignore', 'pipe'] });
-      renameSync(tmp, bin); // atomic: concurrent test processes never run a half-written binary
-    } finally {
-      rmSync(src, { force: true });
-    }
-  }
-  return (built = bin);
+/** The attention module's kernels and the driver, built once per process (cached on disk). */
+function attentionSim(): string {
+  return buildSim('attention', `${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`);
 }
 
 export interface SimCall {
@@ -149,27 +116,15 @@ export interface SimCall {
 /** Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns the bf16 output bits and the error word. */
 export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
-  const bin = buildAttentionSim();
-  const dir = path.join(os.tmpdir(), 'llmts-cuda-sim');
-  const inp = path.join(dir, `in-${process.pid}-${Math.random().toString(36).slice(2)}.bin`);
-  const outp = `${inp}.out`;
   const name = Buffer.alloc(128);
   name.write(plan.decodeKernel);
   if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0]);
-  const bytes = (a: ArrayBufferView) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
-  writeFileSync(inp, Buffer.concat([name, bytes(ints), bytes(Float32Array.from([c.scale, c.softcap])), bytes(c.q),
-    bytes(c.k), bytes(c.v), bytes(c.rows), bytes(c.poss), bytes(c.tables)]));
-  try {
-    execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000 });
-    const raw = readFileSync(outp);
-    const n = c.T * c.H * c.D;
-    const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
-    return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
-  } finally {
-    rmSync(inp, { force: true });
-    rmSync(outp, { force: true });
-  }
+  const raw = runSim(attentionSim(), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+    c.rows, c.poss, c.tables)]));
+  const n = c.T * c.H * c.D;
+  const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
+  return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
 }

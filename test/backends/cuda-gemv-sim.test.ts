@@ -1,0 +1,49 @@
+// The CUDA GEMV kernels (gemv-kernels.ts), run on the CPU by the warp simulator (cuda-sim/),
+// against a float64 product of the same bf16 inputs; their GPU twin is cuda-ops.test.ts' GEMV
+// test. Every kernel, 1-8 warps per output row, ragged K (not a multiple of a pass) and N (not a
+// multiple of the rows a block takes), each kernel at fewer rows than it is built for.
+// Tolerance as cuda-ops.test.ts' GEMMs: |sim - ref| <= 2e-3 + 8e-3 |ref| (bf16 output).
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+
+import { decodeHalf } from '../../src/backends/common/half.ts';
+import { GEMV_KERNEL_NAMES, type GemvKernelName } from '../../src/backends/cuda/gemv-kernels.ts';
+import { simUnavailable } from './cuda-sim/build.ts';
+import { runGemvSim } from './cuda-sim/gemv-sim.ts';
+import { randomF32, rng } from './helpers.ts';
+
+const SKIP = simUnavailable();
+if (SKIP) console.log(`# cuda-gemv-sim: skipping: ${SKIP}`);
+
+function bf16(x: Float32Array): Uint16Array {
+  const u = new Uint32Array(x.buffer.slice(x.byteOffset, x.byteOffset + x.byteLength));
+  return Uint16Array.from(u, (v) => (v + 0x7fff + ((v >>> 16) & 1)) >>> 16);
+}
+const f = (b: number) => new Float32Array(new Uint32Array([b << 16]).buffer)[0]!;
+const MMAX: Record<GemvKernelName, number> = { k_gemv_m1_u16: 1, k_gemv_m2_u16: 2, k_gemv_m4_u8: 4, k_gemv_m8_u4: 8 };
+
+describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () => {
+  it(`${GEMV_KERNEL_NAMES.join(', ')}: rows 1..MMAX, 1-8 warps per row, ragged K and N`, () => {
+    const r = rng(31);
+    let cases = 0;
+    for (const kernel of GEMV_KERNEL_NAMES) {
+      for (const [M, N, K, wpr] of [[1, 13, 8, 1], [1, 21, 1032, 2], [2, 9, 4104, 8], [3, 17, 264, 4], [4, 5, 2056, 1],
+        [5, 11, 520, 2], [8, 7, 136, 1], [MMAX[kernel], 19, 776, 4]] as [number, number, number, number][]) {
+        if (M > MMAX[kernel]) continue;
+        const w = bf16(randomF32(r, N * K)), x = bf16(randomF32(r, M * K));
+        const got = decodeHalf(runGemvSim(kernel, wpr, M, N, K, w, x), 'bf16');
+        for (let m = 0; m < M; m++) {
+          for (let n = 0; n < N; n++) {
+            let want = 0;
+            for (let k = 0; k < K; k++) want += f(x[m * K + k]!) * f(w[n * K + k]!);
+            const y = got[m * N + n]!;
+            assert.ok(Math.abs(y - want) <= 2e-3 + 8e-3 * Math.abs(want),
+              `${kernel} M=${M} N=${N} K=${K} warps/row ${wpr}: y[${m}, ${n}] = ${y}, want ${want}`);
+          }
+        }
+        cases++;
+      }
+    }
+    assert.ok(cases >= 12, `${cases} cases ran`);
+  });
+});

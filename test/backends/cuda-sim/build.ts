@@ -1,0 +1,65 @@
+// Builds and runs warp-simulator programs (warp-sim.h + a CUDA module's own source + a driver
+// main()) with the system g++, cached by source hash in the OS temp directory.
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const DIR = path.join(os.tmpdir(), 'llmts-cuda-sim');
+
+/** Why the simulator cannot be built here (no g++), or null. */
+export function simUnavailable(): string | null {
+  try {
+    execFileSync('g++', ['--version'], { stdio: 'ignore' });
+    return null;
+  } catch {
+    return 'g++ is not installed';
+  }
+}
+
+const built = new Map<string, string>();
+
+/** Compiles warp-sim.h + `source` (kernels and a driver main()); returns the binary's path. */
+export function buildSim(name: string, source: string): string {
+  const header = readFileSync(path.join(import.meta.dirname, 'warp-sim.h'), 'utf8');
+  const full = `${header}\n${source}`;
+  const hash = createHash('sha256').update(full).digest('hex').slice(0, 16);
+  const bin = path.join(DIR, `${name}-${hash}`);
+  const known = built.get(bin);
+  if (known) return known;
+  if (!existsSync(bin)) {
+    mkdirSync(DIR, { recursive: true });
+    const src = path.join(DIR, `${name}-${hash}-${process.pid}.cpp`);
+    writeFileSync(src, full);
+    const tmp = `${bin}.${process.pid}`;
+    try {
+      execFileSync('g++', ['-O2', '-std=c++17', '-w', '-o', tmp, src], { stdio: ['ignore', 'ignore', 'pipe'] });
+      renameSync(tmp, bin); // atomic: concurrent test processes never run a half-written binary
+    } finally {
+      rmSync(src, { force: true });
+    }
+  }
+  built.set(bin, bin);
+  return bin;
+}
+
+/** Runs a simulator binary on one input file; returns its output file's bytes. */
+export function runSim(bin: string, input: Buffer): Buffer {
+  mkdirSync(DIR, { recursive: true });
+  const inp = path.join(DIR, `in-${process.pid}-${Math.random().toString(36).slice(2)}.bin`);
+  const outp = `${inp}.out`;
+  writeFileSync(inp, input);
+  try {
+    execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000 });
+    return readFileSync(outp);
+  } finally {
+    rmSync(inp, { force: true });
+    rmSync(outp, { force: true });
+  }
+}
+
+/** The bytes of typed arrays, back to back. */
+export function bytesOf(...arrays: ArrayBufferView[]): Buffer {
+  return Buffer.concat(arrays.map((a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength)));
+}
