@@ -41,8 +41,13 @@ __device__ __forceinline__ u16 f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
   return (u16)(u >> 16);
 }
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else // the host warp simulator (test/backends/cuda-sim): the compiler's own half type
+inline float h2f(u16 h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+inline u16 f2h(float f) { _Float16 v = (_Float16)f; u16 h; memcpy(&h, &v, 2); return h; }
+#endif
 
 __device__ __forceinline__ float ld(const void* p, int dt, i64 i) {
   if (dt == DT_BF16) return bf2f(((const u16*)p)[i]);

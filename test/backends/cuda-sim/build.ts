@@ -1,10 +1,12 @@
-// Builds and runs warp-simulator programs (warp-sim.h + a CUDA module's own source + a driver
-// main()) with the system g++, cached by source hash in the OS temp directory.
+// Builds and runs warp-simulator programs (warp-sim.h + kernels.ts' prelude + a CUDA module's own
+// source + a driver main()) with the system g++, cached by source hash in the OS temp directory.
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+
+import { KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
 
 const DIR = path.join(os.tmpdir(), 'llmts-cuda-sim');
 
@@ -20,10 +22,10 @@ export function simUnavailable(): string | null {
 
 const built = new Map<string, string>();
 
-/** Compiles warp-sim.h + `source` (kernels and a driver main()); returns the binary's path. */
+/** Compiles warp-sim.h + the kernels' prelude + `source` (a module's kernels and a driver main()); returns the binary's path. */
 export function buildSim(name: string, source: string): string {
   const header = readFileSync(path.join(import.meta.dirname, 'warp-sim.h'), 'utf8');
-  const full = `${header}\n${source}`;
+  const full = `${header}\n${KERNEL_PRELUDE}\n${source}`;
   const hash = createHash('sha256').update(full).digest('hex').slice(0, 16);
   const bin = path.join(DIR, `${name}-${hash}`);
   const known = built.get(bin);

@@ -253,18 +253,6 @@ inline unsigned att_pack2(float lo, float hi) {
 inline uint4 att_ldg16(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
 inline float att_ldcg(const float* p) { return *p; }
 
-// ---- the kernels.ts prelude, as far as the attention module uses it -----------------------------
-#define NEG_INF (-INFINITY)
-typedef unsigned short u16;
-typedef long long i64;
-inline float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
-inline u16 f2bf(float f) {
-  unsigned u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (u16)(u >> 16);
-}
-#define PDL_ENTRY() do { } while (0)
-inline void report(int* err, int code, int a, int b, int c) {
-  if (atomicCAS(err, 0, code) == 0) { err[1] = a; err[2] = b; err[3] = c; }
-}
+// The kernels.ts prelude (KERNEL_PRELUDE) follows this header in every simulator program: it
+// defines u16, i64, bf2f, f2bf, report, PDL_ENTRY (empty without __CUDA_ARCH__), activate and
+// the warp/block reductions over the functions above.
