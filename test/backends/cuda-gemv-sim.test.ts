@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { decodeHalf } from '../../src/backends/common/half.ts';
+import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { GEMV_KERNEL_NAMES, type GemvKernelName } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { runGemvSim } from './cuda-sim/gemv-sim.ts';
@@ -45,5 +46,38 @@ describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () 
       }
     }
     assert.ok(cases >= 12, `${cases} cases ran`);
+  });
+
+  it('the GLU twins (gluMatmul: x = bf16(act(gate) * up) from packed gate/up rows) equal the unfused GEMV on the glu output, bit for bit', () => {
+    const r = rng(32);
+    const acts: [string, number, (x: number) => number][] = [
+      ['silu', ACT_CODE.silu!, (x) => x / (1 + Math.exp(-x))],
+      ['gelu_tanh', ACT_CODE.gelu_tanh!, (x) => 0.5 * x * (1 + Math.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))],
+    ];
+    for (const kernel of GEMV_KERNEL_NAMES) {
+      for (const [M, N, K, wpr] of [[1, 11, 1032, 2], [MMAX[kernel], 9, 520, 1], [Math.min(3, MMAX[kernel]), 13, 2056, 4]] as [number, number, number, number][]) {
+        for (const [name, code, act] of acts) {
+          const w = bf16(randomF32(r, N * K)), gu = bf16(randomF32(r, M * 2 * K, 3));
+          // k_glu_packed's output: each element rounded to bf16 (in float32, as the kernel does)
+          const x = new Uint16Array(M * K);
+          for (let m = 0; m < M; m++) {
+            for (let k = 0; k < K; k++) {
+              const v = Math.fround(Math.fround(act(f(gu[m * 2 * K + k]!))) * f(gu[m * 2 * K + K + k]!));
+              x[m * K + k] = bf16(Float32Array.of(v))[0]!;
+            }
+          }
+          const fused = runGemvSim(kernel, wpr, M, N, K, w, gu, code);
+          const plain = runGemvSim(kernel, wpr, M, N, K, w, x);
+          let differ = 0;
+          for (let i = 0; i < fused.length; i++) differ += fused[i] !== plain[i] ? 1 : 0;
+          // the activation's float32 maths may round a few glu values differently from float64
+          assert.ok(differ <= fused.length / 20, `${kernel} ${name} M=${M} N=${N} K=${K}: ${differ} of ${fused.length} outputs differ`);
+          const a = decodeHalf(fused, 'bf16'), b = decodeHalf(plain, 'bf16');
+          for (let i = 0; i < a.length; i++) {
+            assert.ok(Math.abs(a[i]! - b[i]!) <= 2e-3 + 8e-3 * Math.abs(b[i]!), `${kernel} ${name}: y[${i}] = ${a[i]}, unfused ${b[i]}`);
+          }
+        }
+      }
+    }
   });
 });

@@ -41,12 +41,11 @@ function definedKernels(source: string): string[] {
     if (!m[1]!.includes('#')) out.push(m[1]!);
   }
   for (const m of source.matchAll(/^#define\s+(\w+)\(([^)]*)\)((?:.*\\\n)+.*)$/gm)) {
-    const tpl = /__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s+)?([\w#]+)\s*\(/.exec(m[3]!)?.[1];
-    if (!tpl) continue;
+    const tpls = [...m[3]!.matchAll(/__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s+)?([\w#]+)\s*\(/g)].map((t) => t[1]!);
     const params = m[2]!.split(',').map((p) => p.trim());
     for (const inst of source.matchAll(new RegExp(`^${m[1]}\\(([^)]*)\\)\\s*$`, 'gm'))) {
       const args = inst[1]!.split(',').map((a) => a.trim());
-      out.push(tpl.split('##').map((tok) => (params.includes(tok) ? args[params.indexOf(tok)]! : tok)).join(''));
+      for (const tpl of tpls) out.push(tpl.split('##').map((tok) => (params.includes(tok) ? args[params.indexOf(tok)]! : tok)).join(''));
     }
   }
   return out;

@@ -53,9 +53,29 @@ __device__ __forceinline__ float gemv_dot8(const uint4& a, const uint4& b) {
 // their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
 // all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
 // kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail.
-template <int MMAX, int UNR>
+// x's chunk c of row m: read (GLU = 0), or (GLU = 1) made from the packed gate/up rows gu [M, 2K]
+// as k_glu_packed makes it: bf16(activate(gate) * up), so the fused path multiplies the same
+// bf16 activations the unfused one reads.
+template <int GLU>
+__device__ __forceinline__ uint4 gemv_x(const uint4* xr, int nch, int m, int c, int act) {
+  if (!GLU) return gemv_ld_cached(xr + (i64)m * nch + c);
+  const uint4 gv = gemv_ld_cached(xr + (i64)m * 2 * nch + c), uv = gemv_ld_cached(xr + (i64)m * 2 * nch + nch + c);
+  const unsigned* g2 = (const unsigned*)&gv;
+  const unsigned* u2 = (const unsigned*)&uv;
+  uint4 o;
+  unsigned* o2 = (unsigned*)&o;
+  #pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const float lo = activate(__uint_as_float(g2[k] << 16), act) * __uint_as_float(u2[k] << 16);
+    const float hi = activate(__uint_as_float(g2[k] & 0xffff0000u), act) * __uint_as_float(u2[k] & 0xffff0000u);
+    o2[k] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+  }
+  return o;
+}
+
+template <int MMAX, int UNR, int GLU>
 __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* __restrict__ x, u16* __restrict__ y,
-                                          int M, int N, int K, int WPR) {
+                                          int M, int N, int K, int WPR, int act) {
   __shared__ float red[8][MMAX];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = blockIdx.x * (8 / WPR) + warp / WPR;
@@ -88,7 +108,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
       if (c < cEnd) {
         #pragma unroll
         for (int m = 0; m < MMAX; m++) {
-          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_ld_cached(xr + (i64)m * nch + c));
+          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_x<GLU>(xr, nch, m, c, act));
         }
       }
     }
@@ -127,7 +147,11 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
 #define GEMV_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
-  gemv_rows<MMAX, UNR>(w, x, y, M, N, K, WPR); \
+  gemv_rows<MMAX, UNR, 0>(w, x, y, M, N, K, WPR, 0); \
+} \
+extern "C" __global__ void __launch_bounds__(256) k_gemv_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
+    int M, int N, int K, int WPR, int act) { \
+  gemv_rows<MMAX, UNR, 1>(w, gu, y, M, N, K, WPR, act); \
 }
 GEMV_KERNEL(1, 16)
 GEMV_KERNEL(2, 16)
@@ -136,6 +160,8 @@ GEMV_KERNEL(8, 4)
 `;
 
 export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
+/** the same kernels with the GLU of packed gate/up rows fused into their x (gluMatmul) */
+export const GEMV_GLU_KERNEL_NAMES = ['k_gemv_glu_m1_u16', 'k_gemv_glu_m2_u16', 'k_gemv_glu_m4_u8', 'k_gemv_glu_m8_u4'] as const;
 
 export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number];
 
