@@ -219,6 +219,12 @@ export interface Backend {
   /** glu(gu[:, 0:I], gu[:, I:2I], act) for gu [T, 2I] -> [T, I] */
   gluPacked?(gu: Tensor, act: Activation): Tensor;
   /**
+   * matmul(gluPacked(gu, act), w, bias): the dense MLP's down projection of packed gate/up rows. A
+   * backend may fuse the GLU into the GEMM (CUDA: into its decode GEMV kernels); not part of
+   * FusedOps, the model uses it where a backend has it.
+   */
+  gluMatmul?(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor;
+  /**
    * qkv [T, (H + 2 KVH) * D]: each token's q heads, then k heads, then v heads. Per-head rmsnorm
    * of q and k (when `qkNorm` is given), rope of q and k, k and v written to `kv` at layout.slots;
    * returns q [T, H, D]. Equals reshape + rmsnorm + rope + writeKv of the plain ops.

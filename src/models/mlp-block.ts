@@ -9,7 +9,9 @@ import type { LayerWeights } from './weights.ts';
 export function mlp(model: ModelParts, h: Tensor, w: LayerWeights): Tensor {
   const b = model.backend, c = model.config, m = w.mlp;
   if (m.kind === 'dense' && model.fused && m.gateUp) {
-    return b.matmul(model.fused.gluPacked(b.matmul(h, m.gateUp, m.gateUpBias), c.activation), m.down, m.downBias);
+    const gu = b.matmul(h, m.gateUp, m.gateUpBias);
+    if (b.gluMatmul) return b.gluMatmul(gu, c.activation, m.down, m.downBias);
+    return b.matmul(model.fused.gluPacked(gu, c.activation), m.down, m.downBias);
   }
   if (m.kind === 'dense') {
     const g = b.matmul(h, m.gate, m.gateBias);

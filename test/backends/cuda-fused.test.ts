@@ -14,6 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
+import { setCudaFuseGlu } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -99,6 +100,28 @@ describe('fused ops', { skip: SKIP }, () => {
       const gu = randomF32(r, T * 2 * I, 4);
       for (const a of ['silu', 'gelu_tanh', 'gelu'] as const)
         await compare(`gluPacked ${T}x${I} ${a}`, (b) => [fused(b).gluPacked!(act(b, gu, [T, 2 * I]), a)], NORM);
+    }
+  });
+
+  it('gluMatmul: the two ops, and fused into the decode GEMV ($LLMTS_CUDA_FUSE_GLU=on) for 1-8 rows, each activation', async () => {
+    const r = rng(14);
+    const old = setCudaFuseGlu(false);
+    try {
+      for (const fuse of [false, true]) {
+        setCudaFuseGlu(fuse);
+        for (const [T, I, N] of [[1, 1024, 40], [3, 520, 17], [8, 264, 9], [12, 136, 5]] as const) {
+          const gu = randomF32(r, T * 2 * I, 3), w = randomF32(r, N * I);
+          for (const a of ['silu', 'gelu_tanh'] as const) {
+            // the reference composes the two ops (it has no gluMatmul)
+            await compare(`gluMatmul ${T}x${I} -> ${N} ${a} fused ${fuse}`, (b) => {
+              const g = act(b, gu, [T, 2 * I]), ww = act(b, w, [N, I]);
+              return [b.gluMatmul ? b.gluMatmul(g, a, ww) : b.matmul(b.gluPacked!(g, a), ww)];
+            }, { atol: 2e-3, rtol: 1.2e-2 });
+          }
+        }
+      }
+    } finally {
+      setCudaFuseGlu(old);
     }
   });
 

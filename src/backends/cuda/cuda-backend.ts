@@ -28,6 +28,7 @@ import { ATT_MAX_HEAD_DIM, type KernelName } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
+import { GEMV_THREADS, gemvCandidates, gemvGrid } from './gemv-kernels.ts';
 import { cudaCacheDir } from './nvrtc.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { StagingChunks, uploadFileRange } from './weight-staging.ts';
@@ -39,6 +40,15 @@ const ACTS: readonly DType[] = ['bf16', 'f32'];
 const FLOAT: readonly DType[] = ['f32', 'f16', 'bf16'];
 const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
 
+/** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (opt-in until measured) */
+let FUSE_GLU = process.env.LLMTS_CUDA_FUSE_GLU === 'on';
+
+/** Turns the GLU-into-GEMV fusion of gluMatmul on or off (tests, benchmarks); returns the old setting. */
+export function setCudaFuseGlu(on: boolean): boolean {
+  const old = FUSE_GLU;
+  FUSE_GLU = on;
+  return old;
+}
 /** idle pinned read buffers kept for reuse, in bytes */
 const READ_PIN_CACHE = 256 * 1024 * 1024;
 
@@ -1000,6 +1010,37 @@ export class CudaBackend implements Backend {
     const n = g.dtype === 'bf16' && I % 8 === 0 ? (T * I) / 8 : T * I;
     this.rt.launch('k_glu_packed', this.elementwiseGrid(n), ELEMWISE_THREADS, 0, [
       ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', y.addr], ['p', T], ['p', I], ['i', code]]);
+    return y;
+  }
+
+  /**
+   * matmul(gluPacked(gu, act), w, bias). With $LLMTS_CUDA_FUSE_GLU=on, a decode shape (at most
+   * GEMV_MAX_M rows, bf16 gu and w, no bias, 16-byte aligned) runs one GEMV kernel that makes the
+   * GLU of each chunk as it reads it (gemv-kernels.ts k_gemv_glu_*): a kernel and the [T, I] glu
+   * output less per layer. Opt-in until measured on the GPU; otherwise the two ops.
+   */
+  gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
+    const op = 'gluMatmul';
+    this.assertOpen(op);
+    const g = this.arg(op, 'gu', gu, ACTS, 2);
+    const b = this.arg(op, 'w', w, FLOAT, 2);
+    const [T, I2] = g.shape as [number, number];
+    const [N, I] = b.shape as [number, number];
+    if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
+    const code = ACT_CODE[act];
+    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && N > 0 &&
+      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvCandidates(T, I)[0] : undefined;
+    if (!gemv) {
+      const h = this.gluPacked(g, act);
+      const y = this.matmul(h, b, bias);
+      this.free(h); // stream-ordered: the matmul enqueued above reads it first
+      return y;
+    }
+    const y = this.out([T, N]);
+    this.rt.launch(gemv.kernel.replace('k_gemv_', 'k_gemv_glu_') as KernelName, [gemvGrid(N, gemv.warpsPerRow), 1, 1],
+      GEMV_THREADS, 0, [['p', b.addr], ['p', g.addr], ['p', y.addr], ['i', T], ['i', N], ['i', I], ['i', gemv.warpsPerRow],
+        ['i', code]]);
     return y;
   }
 
