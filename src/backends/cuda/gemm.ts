@@ -7,7 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { GEMV_THREADS, type GemvChoice, gemvCandidates, gemvGrid, gemvLabel } from './gemv-kernels.ts';
+import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvGrid, gemvLabel } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
@@ -90,6 +90,8 @@ export const TUNE_MAX_M = 64;
 export function tuneClassOf(M: number): number {
   return M <= 8 ? M : Math.ceil(M / 16) * 16;
 }
+/** rows per bucket of untuned shapes that share the heuristic's pick ($LLMTS_CUDA_GEMM_PICK_BUCKET=1: none share) */
+const PICK_BUCKET_ROWS = Math.max(1, Number(process.env.LLMTS_CUDA_GEMM_PICK_BUCKET ?? '') || 64);
 const TUNE_CANDIDATES = 16;
 const TUNE_REPEATS = 3;
 /**
@@ -105,6 +107,8 @@ export class LtGemm {
   private readonly workspace: number;
   private readonly plans = new Map<string, Plan | null>();
   private readonly classes = new Map<string, TuneClass>();
+  /** untuned shapes: the heuristic's pick per row bucket (PICK_BUCKET_ROWS) */
+  private readonly picks = new Map<string, Uint8Array>();
   private readonly tuneMaxM = Number(process.env.LLMTS_CUDA_GEMM_TUNE_MAX_M ?? '') || TUNE_MAX_M;
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
@@ -281,11 +285,15 @@ export class LtGemm {
       plan.gemv = cls.gemv;
       return;
     }
-    if (!cls.algo) return;
+    if (cls.algo && this.algoFits(plan.op, plan.a, plan.b, plan.d, cls.algo)) plan.algo = cls.algo;
+  }
+
+  /** Whether cuBLASLt accepts `algo` for these descriptors within our workspace. */
+  private algoFits(op: number, a: number, b: number, d: number, algo: Uint8Array): boolean {
     const result = new Uint8Array(HEURISTIC_BYTES);
-    const rc = this.lt.cublasLtMatmulAlgoCheck(this.handle, plan.op, plan.a, plan.b, plan.d, plan.d, cls.algo, result);
+    const rc = this.lt.cublasLtMatmulAlgoCheck(this.handle, op, a, b, d, d, algo, result);
     const view = new DataView(result.buffer);
-    if (rc === 0 && view.getInt32(72, true) === 0 && Number(view.getBigUint64(64, true)) <= WORKSPACE_BYTES) plan.algo = cls.algo;
+    return rc === 0 && view.getInt32(72, true) === 0 && Number(view.getBigUint64(64, true)) <= WORKSPACE_BYTES;
   }
 
   private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
@@ -307,6 +315,20 @@ export class LtGemm {
     const b = layout(xt, K, M, K);
     const d = layout(dt, N, M, N);
     const tune = M <= this.tuneMaxM && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
+    // an untuned shape takes the heuristic's pick of the first shape in its row bucket where
+    // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the
+    // first query of a process took 70-190 ms on the H200, later ones ~1 ms by the profiles), and
+    // mixed steps bring new row counts all the time; suspected of most of the ~9 ms event-loop
+    // stall left during a long prefill (not yet measured)
+    const shared = M > Math.max(this.tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
+    const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / PICK_BUCKET_ROWS)}.${N}.${K}` : '';
+    const known = shared ? this.picks.get(bucketKey) : undefined;
+    if (known && this.algoFits(op, a, b, d, known)) {
+      const plan: Plan = { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] };
+      if (this.plans.size >= MAX_PLANS) this.clearPlans();
+      this.plans.set(key, plan);
+      return plan;
+    }
     const requested = TUNE_CANDIDATES;
     const results = new Uint8Array(HEURISTIC_BYTES * requested);
     const count = new Int32Array(1);
@@ -325,6 +347,7 @@ export class LtGemm {
       const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
       if (candidates.length > 0) {
         plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
+        if (shared && !known) this.picks.set(bucketKey, candidates[0]!);
         if (tune) {
           const classKey = `${wt}.${xt}.${dt}.${tuneClassOf(M)}.${N}.${K}`;
           let cls = this.classes.get(classKey);
