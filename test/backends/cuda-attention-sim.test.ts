@@ -9,7 +9,7 @@ import { describe, it } from 'node:test';
 import { decodeHalf } from '../../src/backends/common/half.ts';
 import { planAttention, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
-import { randomF32, rng } from './helpers.ts';
+import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
 
 const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-attention-sim: skipping: ${SKIP}`);
@@ -44,16 +44,7 @@ function build(c: Case): SimCall {
   const need = c.rows.map((row) => Math.floor((row.start + (row.count ?? 1) - 1) / c.BS) + 1);
   const MBR = Math.max(...need) + 1;
   const NB = need.reduce((a, b) => a + b, 0) + 2;
-  const perm = Array.from({ length: NB }, (_, i) => i);
-  for (let i = NB - 1; i > 0; i--) {
-    const j = Math.floor(r() * (i + 1));
-    [perm[i], perm[j]] = [perm[j]!, perm[i]!];
-  }
-  const tables = new Int32Array(R * MBR).fill(-1);
-  let next = 0;
-  need.forEach((n, row) => {
-    for (let b = 0; b < n; b++) tables[row * MBR + b] = perm[next++]!;
-  });
+  const tables = scatteredBlockTables(r, need, MBR, NB);
   for (const [row, b] of c.holes ?? []) tables[row * MBR + b] = -1;
   return {
     T, H: c.H, KVH: c.KVH, D: c.D, NB, BS: c.BS, R, MBR, window: c.window ?? 0,

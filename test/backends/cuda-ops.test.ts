@@ -23,7 +23,7 @@ import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import { GEMV_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
-import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
+import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
 const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
@@ -557,15 +557,8 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
     const need = c.rows.map((row) => Math.ceil((row.start + row.count) / BS));
     const MBR = Math.max(1, ...need) + (c.padCols ?? 0);
     const NB = need.reduce((a, b) => a + b, 0) + 3;
-    const perm = Array.from({ length: NB }, (_, i) => i);
-    for (let i = NB - 1; i > 0; i--) {
-      const j = Math.floor(r() * (i + 1));
-      [perm[i], perm[j]] = [perm[j]!, perm[i]!];
-    }
-    const tables = new Int32Array(R * MBR).fill(-1);
-    let next = 0;
+    const tables = scatteredBlockTables(r, need, MBR, NB);
     c.rows.forEach((row, i) => {
-      for (let b = 0; b < need[i]!; b++) tables[i * MBR + b] = perm[next++]!;
       const w = c.releaseWindow ?? 0;
       if (w > 0) { // blocks wholly before the first query's window
         const first = Math.max(0, row.start - w + 1);

@@ -33,6 +33,25 @@ export interface Tolerance {
 }
 
 /** Asserts |got - want| <= atol + rtol * |want| everywhere (NaN only where want is NaN). */
+/**
+ * Block tables for rows holding need[i] blocks each, scattered over a pool of `numBlocks` in a
+ * random order (paging bugs hide when a row's blocks are consecutive); width `width`, -1 past a
+ * row's blocks.
+ */
+export function scatteredBlockTables(r: () => number, need: readonly number[], width: number, numBlocks: number): Int32Array {
+  const perm = Array.from({ length: numBlocks }, (_, i) => i);
+  for (let i = numBlocks - 1; i > 0; i--) {
+    const j = Math.floor(r() * (i + 1));
+    [perm[i], perm[j]] = [perm[j]!, perm[i]!];
+  }
+  const tables = new Int32Array(need.length * width).fill(-1);
+  let next = 0;
+  need.forEach((n, row) => {
+    for (let b = 0; b < n; b++) tables[row * width + b] = perm[next++]!;
+  });
+  return tables;
+}
+
 export function assertClose(label: string, got: ArrayLike<number>, want: ArrayLike<number>, tol: Tolerance): void {
   assert.equal(got.length, want.length, `${label}: length ${got.length} != ${want.length}`);
   let worst = -1;
