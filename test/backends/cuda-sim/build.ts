@@ -22,11 +22,17 @@ export function simUnavailable(): string | null {
 
 const built = new Map<string, string>();
 
+/**
+ * -fno-strict-aliasing: the kernels write 16-byte vectors through u16 pointers (as CUDA code
+ * does); g++'s type-based alias analysis drops those writes. Part of the cache key.
+ */
+const GXX_FLAGS = ['-O2', '-std=c++17', '-fno-strict-aliasing', '-w'];
+
 /** Compiles warp-sim.h + the kernels' prelude + `source` (a module's kernels and a driver main()); returns the binary's path. */
 export function buildSim(name: string, source: string): string {
   const header = readFileSync(path.join(import.meta.dirname, 'warp-sim.h'), 'utf8');
   const full = `${header}\n${KERNEL_PRELUDE}\n${source}`;
-  const hash = createHash('sha256').update(full).digest('hex').slice(0, 16);
+  const hash = createHash('sha256').update(GXX_FLAGS.join(' ')).update(full).digest('hex').slice(0, 16);
   const bin = path.join(DIR, `${name}-${hash}`);
   const known = built.get(bin);
   if (known) return known;
@@ -36,7 +42,7 @@ export function buildSim(name: string, source: string): string {
     writeFileSync(src, full);
     const tmp = `${bin}.${process.pid}`;
     try {
-      execFileSync('g++', ['-O2', '-std=c++17', '-w', '-o', tmp, src], { stdio: ['ignore', 'ignore', 'pipe'] });
+      execFileSync('g++', [...GXX_FLAGS, '-o', tmp, src], { stdio: ['ignore', 'ignore', 'pipe'] });
       renameSync(tmp, bin); // atomic: concurrent test processes never run a half-written binary
     } finally {
       rmSync(src, { force: true });

@@ -96,17 +96,22 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
         }
         if (done == threads) break;
         bool released = false;
-        if (atBlock == threads) {
+        // exited threads count as arrived (as on the hardware: a block whose early warps returned
+        // still passes __syncthreads)
+        if (atBlock > 0 && atBlock + done == threads) {
           blockOrResult = blockOr;
           blockOr = 0;
-          for (Fiber& f : fibers) f.state = RUNNABLE;
+          for (Fiber& f : fibers) if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
           released = true;
         } else {
           for (unsigned w = 0; w < nw; w++) {
-            unsigned n = 0, lanes = 0;
-            for (unsigned t = w * 32; t < threads && t < w * 32 + 32; t++, lanes++) n += fibers[t].state == WAIT_WARP;
-            if (n == lanes) {
-              for (unsigned t = w * 32; t < w * 32 + lanes; t++) fibers[t].state = RUNNABLE;
+            unsigned n = 0, lanes = 0, exited = 0;
+            for (unsigned t = w * 32; t < threads && t < w * 32 + 32; t++, lanes++) {
+              n += fibers[t].state == WAIT_WARP;
+              exited += fibers[t].state == DONE;
+            }
+            if (n > 0 && n + exited == lanes) {
+              for (unsigned t = w * 32; t < w * 32 + lanes; t++) if (fibers[t].state == WAIT_WARP) fibers[t].state = RUNNABLE;
               released = true;
             }
           }
@@ -176,6 +181,12 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// round-to-nearest intrinsics: the host's IEEE operations round to nearest (no contraction under -std=c++17)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
 inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
 inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
 inline void __threadfence() {}

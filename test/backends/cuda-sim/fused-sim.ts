@@ -1,0 +1,65 @@
+// Runs kernels of the CUDA fused module (fused-kernels.ts: add + rmsnorm, argmax) on the CPU
+// through warp-sim.h, launched as cuda-backend.ts launches them.
+import { FUSED_KERNEL_SOURCE } from '../../../src/backends/cuda/fused-kernels.ts';
+import { buildSim, bytesOf, runSim } from './build.ts';
+
+const DRIVER = String.raw`
+// argv: input, output. Input: i32 which (0: add_rmsnorm, 1: argmax), then
+//   add_rmsnorm: i32 rows D threads; f32 rScale eps off; u16 a[rows D], b[rows D], w[D] -> u16 sum, normed
+//   argmax:      i32 R V S chunk;    f32 x[R V]                                      -> i32 out[R]
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  FILE* f = fopen(argv[1], "rb");
+  int which;
+  if (!f || fread(&which, 4, 1, f) != 1) return 2;
+  FILE* o = fopen(argv[2], "wb");
+  if (which == 0) {
+    int hd[3]; float fl[3];
+    if (fread(hd, 4, 3, f) != 3 || fread(fl, 4, 3, f) != 3) return 2;
+    const int rows = hd[0], D = hd[1], threads = hd[2];
+    std::vector<u16> a((size_t)rows * D), b((size_t)rows * D), w(D), sum((size_t)rows * D), normed((size_t)rows * D);
+    if (fread(a.data(), 2, a.size(), f) != a.size() || fread(b.data(), 2, b.size(), f) != b.size() ||
+        fread(w.data(), 2, w.size(), f) != w.size()) return 2;
+    sim::launch(dim3{(unsigned)rows, 1, 1}, threads, [&] {
+      k_add_rmsnorm(a.data(), DT_BF16, b.data(), DT_BF16, fl[0], w.data(), DT_BF16, sum.data(), normed.data(), rows, D,
+                    fl[1], fl[2]);
+    });
+    fwrite(sum.data(), 2, sum.size(), o);
+    fwrite(normed.data(), 2, normed.size(), o);
+  } else {
+    int hd[4];
+    if (fread(hd, 4, 4, f) != 4) return 2;
+    const int R = hd[0], V = hd[1], S = hd[2], chunk = hd[3];
+    std::vector<float> x((size_t)R * V), pv((size_t)R * S);
+    std::vector<int> pi((size_t)R * S), out(R, -7);
+    if (fread(x.data(), 4, x.size(), f) != x.size()) return 2;
+    sim::launch(dim3{(unsigned)((V + chunk - 1) / chunk), (unsigned)R, 1}, 256, [&] {
+      k_argmax_part(x.data(), DT_F32, pv.data(), pi.data(), V, chunk);
+    });
+    sim::launch(dim3{(unsigned)((R + 7) / 8), 1, 1}, 256, [&] { k_argmax_final(pv.data(), pi.data(), out.data(), R, (V + chunk - 1) / chunk); });
+    fwrite(out.data(), 4, out.size(), o);
+  }
+  fclose(f);
+  fclose(o);
+  return 0;
+}
+`;
+
+const sim = () => buildSim('fused', `${FUSED_KERNEL_SOURCE}\n${DRIVER}`);
+
+/** k_add_rmsnorm over bf16 rows (threads as cuda-backend.ts picks them); returns the bf16 bits of sum and normed. */
+export function runAddRmsnormSim(rows: number, D: number, a: Uint16Array, b: Uint16Array, w: Uint16Array, rScale: number,
+  eps: number, off: number): { sum: Uint16Array; normed: Uint16Array } {
+  const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
+  const raw = runSim(sim(), bytesOf(Int32Array.of(0, rows, D, threads), Float32Array.of(rScale, eps, off), a, b, w));
+  const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
+  return { sum: new Uint16Array(buf, 0, rows * D), normed: new Uint16Array(buf, rows * D * 2, rows * D) };
+}
+
+/** k_argmax_part + k_argmax_final over f32 rows, split as cuda-backend.ts splits them. */
+export function runArgmaxSim(R: number, V: number, x: Float32Array): Int32Array {
+  const S = Math.max(1, Math.min(64, Math.ceil(V / 4096)));
+  const chunk = Math.ceil(V / S / 8) * 8;
+  const raw = runSim(sim(), bytesOf(Int32Array.of(1, R, V, S, chunk), x));
+  return new Int32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+}
