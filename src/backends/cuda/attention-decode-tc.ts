@@ -1,5 +1,5 @@
 // CUDA source of the tensor-core split-KV decode kernel, part of the attention module (appended to
-// attention-kernels.ts' source, whose helpers it uses: att_plan, att_seff, att_splits, att_range,
+// attention-kernels.ts' source, whose helpers it uses: att_decode_tokens, att_decode_item, att_seff,
 // att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). Opt-in ($LLMTS_CUDA_ATT_DECODE=tc, see
 // attention.ts) until measured against k_attn_decode_d<D>_g<GC> on the GPU. Its logic is checked
 // without one by test/backends/cuda-attention-sim.test.ts (the warp simulator, cuda-sim/).
@@ -53,19 +53,8 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const int kh = blockIdx.y, h0 = kh * G;
   const int w = blockIdx.x;
 
-  int n;
   const int* list;
-  if (planReady) {
-    n = plan[0];
-    list = plan + 1;
-  } else {
-    n = att_plan(rows, T, s_list, s_wsum);
-    list = s_list;
-    if (w == 0 && blockIdx.y == 0) {
-      for (int i = tid; i < n; i += blockDim.x) plan[1 + i] = s_list[i];
-      if (tid == 0) plan[0] = n;
-    }
-  }
+  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list);
   const int seff = att_seff(n, W);
   const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
   const i64 rs = (i64)KVH * D;
@@ -75,21 +64,11 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const int s = seff > 1 ? w % seff : 0;
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list[i];
-    const int r = rows[t];
-    int p = poss[t];
-    const bool rowOk = r >= 0 && r < R;
-    if (!rowOk) {
-      if (s == 0 && tid == 0 && blockIdx.y == 0) report(err, 3, t, r, R);
-      p = -1;
-    }
-    int start, len, chunk;
-    att_range(p, window, start, len);
-    const int ns = att_splits(len, seff, chunk);
-    if (s >= ns) continue;
-    const int k0 = start + s * chunk;
-    const int k1 = att_min(k0 + chunk, start + len);
+    AttDecodeItem item;
+    if (!att_decode_item(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
+    const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
-    const int* tab = tables + (i64)(rowOk ? r : 0) * MBR;
+    const int* tab = item.tab;
 
     // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the K buffers
     for (int c = tid; c < 16 * NCH; c += NTH) {

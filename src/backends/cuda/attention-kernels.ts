@@ -199,6 +199,51 @@ extern "C" __global__ void __launch_bounds__(1024) k_attn_plan(const int* rows, 
   if (threadIdx.x == 0) plan[0] = n;
 }
 
+// The decode tokens of a call, for every block of a decode kernel: k_attn_plan's list (planReady),
+// or listed here in shared memory (s_list, s_wsum), block (0, 0) storing it for k_attn_combine.
+// Returns how many; *list points at them.
+__device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* plan, int planReady, int* s_list,
+    int* s_wsum, const int** list) {
+  if (planReady) {
+    *list = plan + 1;
+    return plan[0];
+  }
+  const int n = att_plan(rows, T, s_list, s_wsum);
+  *list = s_list;
+  if (blockIdx.x == 0 && blockIdx.y == 0) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) plan[1 + i] = s_list[i];
+    if (threadIdx.x == 0) plan[0] = n;
+  }
+  return n;
+}
+
+// Split s of decode token t (whose row is reported, code 3, and attends to nothing when outside
+// [0, R)): its row's keys [k0, k1), the token's number of splits ns and its row's block table.
+// False when the token has fewer than s + 1 splits (block-uniform).
+struct AttDecodeItem {
+  int r, k0, k1, ns;
+  const int* tab;
+};
+__device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const int* rows, const int* poss,
+    const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it) {
+  const int r = rows[t];
+  int p = poss[t];
+  const bool rowOk = r >= 0 && r < R;
+  if (!rowOk) {
+    if (s == 0 && threadIdx.x == 0 && blockIdx.y == 0) report(err, 3, t, r, R);
+    p = -1; // attends to nothing: zeros
+  }
+  int start, len, chunk;
+  att_range(p, window, start, len);
+  it.ns = att_splits(len, seff, chunk);
+  if (s >= it.ns) return false;
+  it.r = r;
+  it.k0 = start + s * chunk;
+  it.k1 = att_min(it.k0 + chunk, start + len);
+  it.tab = tables + (i64)(rowOk ? r : 0) * MBR;
+  return true;
+}
+
 __device__ __forceinline__ void att_unpack8(const uint4& v, float* f) {
   f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
   f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
@@ -264,19 +309,8 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
   const int gc = att_min(GC, G - hc * GC);
   const int w = blockIdx.x;
 
-  int n;
   const int* list;
-  if (planReady) {
-    n = plan[0];
-    list = plan + 1;
-  } else {
-    n = att_plan(rows, T, s_list, s_wsum);
-    list = s_list;
-    if (w == 0 && blockIdx.y == 0) {
-      for (int i = tid; i < n; i += blockDim.x) plan[1 + i] = s_list[i];
-      if (tid == 0) plan[0] = n;
-    }
-  }
+  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list);
   const int seff = att_seff(n, W);
   const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
   const i64 rs = (i64)KVH * D; // elements from one slot to the next
@@ -287,20 +321,10 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
   const int s = seff > 1 ? w % seff : 0;
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list[i];
-    const int r = rows[t];
-    int p = poss[t];
-    const bool rowOk = r >= 0 && r < R;
-    if (!rowOk) {
-      if (s == 0 && tid == 0 && blockIdx.y == 0) report(err, 3, t, r, R);
-      p = -1; // attends to nothing: zeros
-    }
-    int start, len, chunk;
-    att_range(p, window, start, len);
-    const int ns = att_splits(len, seff, chunk);
-    if (s >= ns) continue;
-    const int k0 = start + s * chunk;
-    const int k1 = att_min(k0 + chunk, start + len);
-    const int* tab = tables + (i64)(rowOk ? r : 0) * MBR;
+    AttDecodeItem item;
+    if (!att_decode_item(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
+    const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
+    const int* tab = item.tab;
 
     float qf[GC][8];
 #pragma unroll
