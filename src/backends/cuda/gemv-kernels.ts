@@ -49,33 +49,105 @@ __device__ __forceinline__ float gemv_dot8(const uint4& a, const uint4& b) {
   return s;
 }
 
-// WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
-// their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
-// all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
-// kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail.
-// x's chunk c of row m: read (GLU = 0), or (GLU = 1) made from the packed gate/up rows gu [M, 2K]
-// as k_glu_packed makes it: bf16(activate(gate) * up), so the fused path multiplies the same
-// bf16 activations the unfused one reads.
-template <int GLU>
-__device__ __forceinline__ uint4 gemv_x(const uint4* xr, int nch, int m, int c, int act) {
-  if (!GLU) return gemv_ld_cached(xr + (i64)m * nch + c);
-  const uint4 gv = gemv_ld_cached(xr + (i64)m * 2 * nch + c), uv = gemv_ld_cached(xr + (i64)m * 2 * nch + nch + c);
-  const unsigned* g2 = (const unsigned*)&gv;
-  const unsigned* u2 = (const unsigned*)&uv;
+// What the GEMV multiplies by w (MODE 0: x itself; 1: the GLU of packed gate/up rows, as
+// k_glu_packed makes it; 2: add + rmsnorm of x and r, as k_add_rmsnorm makes it), so a fused path
+// multiplies the same bf16 values the unfused one reads.
+struct GemvIn {
+  const u16* x;     // [M, K]; MODE 1: packed gate/up rows [M, 2K]
+  int act;          // MODE 1: ACT_* of the gate
+  const u16* r;     // MODE 2: the residual branch [M, K], added as x + rScale r
+  const void* nw;   // MODE 2: the norm weight [K] (nwdt), applied as (off + nw)
+  int nwdt;
+  float rScale, eps, off;
+  u16* sum;         // MODE 2: where block 0 stores bf16(x + rScale r) [M, K] (the new residual)
+};
+
+// chunk c (8 values) of row m of what the GEMV multiplies; inv: MODE 2's 1 / rms of row m
+template <int MODE>
+__device__ __forceinline__ uint4 gemv_x(const GemvIn& in, int nch, int m, int c, float inv) {
+  const uint4* xr = (const uint4*)in.x;
+  if (MODE == 0) return gemv_ld_cached(xr + (i64)m * nch + c);
   uint4 o;
   unsigned* o2 = (unsigned*)&o;
+  if (MODE == 1) {
+    const uint4 gv = gemv_ld_cached(xr + (i64)m * 2 * nch + c), uv = gemv_ld_cached(xr + (i64)m * 2 * nch + nch + c);
+    const unsigned* g2 = (const unsigned*)&gv;
+    const unsigned* u2 = (const unsigned*)&uv;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const float lo = activate(__uint_as_float(g2[k] << 16), in.act) * __uint_as_float(u2[k] << 16);
+      const float hi = activate(__uint_as_float(g2[k] & 0xffff0000u), in.act) * __uint_as_float(u2[k] & 0xffff0000u);
+      o2[k] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+    }
+    return o;
+  }
+  const uint4 xv = gemv_ld_cached(xr + (i64)m * nch + c), rv = gemv_ld_cached((const uint4*)in.r + (i64)m * nch + c);
+  const unsigned* x2 = (const unsigned*)&xv;
+  const unsigned* r2 = (const unsigned*)&rv;
   #pragma unroll
   for (int k = 0; k < 4; k++) {
-    const float lo = activate(__uint_as_float(g2[k] << 16), act) * __uint_as_float(u2[k] << 16);
-    const float hi = activate(__uint_as_float(g2[k] & 0xffff0000u), act) * __uint_as_float(u2[k] & 0xffff0000u);
+    const float slo = bf2f(f2bf(__uint_as_float(x2[k] << 16) + in.rScale * __uint_as_float(r2[k] << 16)));
+    const float shi = bf2f(f2bf(__uint_as_float(x2[k] & 0xffff0000u) + in.rScale * __uint_as_float(r2[k] & 0xffff0000u)));
+    const float lo = slo * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k));
+    const float hi = shi * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k + 1));
     o2[k] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
   }
   return o;
 }
 
-template <int MMAX, int UNR, int GLU>
-__device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* __restrict__ x, u16* __restrict__ y,
-                                          int M, int N, int K, int WPR, int act) {
+// MODE 2, by the whole block once its weight loads are in flight: every row's 1 / rms (each block
+// recomputes it from x and r, which stay in L2), block 0 storing the new residual.
+template <int MMAX>
+__device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch, int K, float* inv) {
+  __shared__ float part[8][MMAX];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float ss[MMAX];
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) ss[m] = 0.0f;
+  for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+    #pragma unroll
+    for (int m = 0; m < MMAX; m++) {
+      if (m >= M) continue;
+      const uint4 xv = gemv_ld_cached((const uint4*)in.x + (i64)m * nch + c);
+      const uint4 rv = gemv_ld_cached((const uint4*)in.r + (i64)m * nch + c);
+      const unsigned* x2 = (const unsigned*)&xv;
+      const unsigned* r2 = (const unsigned*)&rv;
+      uint4 o;
+      unsigned* o2 = (unsigned*)&o;
+      #pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const u16 lo = f2bf(__uint_as_float(x2[k] << 16) + in.rScale * __uint_as_float(r2[k] << 16));
+        const u16 hi = f2bf(__uint_as_float(x2[k] & 0xffff0000u) + in.rScale * __uint_as_float(r2[k] & 0xffff0000u));
+        ss[m] += bf2f(lo) * bf2f(lo) + bf2f(hi) * bf2f(hi);
+        o2[k] = (unsigned)lo | ((unsigned)hi << 16);
+      }
+      if (blockIdx.x == 0) ((uint4*)in.sum)[(i64)m * nch + c] = o;
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    float v = ss[m];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) part[warp][m] = v;
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    float v = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) v += part[w][m];
+    inv[m] = rsqrtf(v / (float)K + in.eps);
+  }
+}
+
+// WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
+// their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
+// all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
+// kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail
+// (and MODE 2's norm pass).
+template <int MMAX, int UNR, int MODE>
+__device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y,
+                                          int M, int N, int K, int WPR) {
   __shared__ float red[8][MMAX];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = blockIdx.x * (8 / WPR) + warp / WPR;
@@ -85,10 +157,12 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
   const int cBegin = part * per;
   const int cEnd = n < N ? min(nch, cBegin + per) : cBegin; // rows past N: no chunks, same barriers
   const uint4* wr = (const uint4*)(w + (i64)(n < N ? n : 0) * K);
-  const uint4* xr = (const uint4*)x;
-  float acc[MMAX];
+  float acc[MMAX], inv[MMAX];
   #pragma unroll
-  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+  for (int m = 0; m < MMAX; m++) {
+    acc[m] = 0.0f;
+    inv[m] = 1.0f;
+  }
   bool waited = false;
   for (int c0 = cBegin; c0 < cEnd || !waited; c0 += 32 * UNR) {
     uint4 wv[UNR];
@@ -101,6 +175,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
     if (!waited) {
       PDL_ENTRY();
       waited = true;
+      if (MODE == 2) gemv_norm_rows<MMAX>(in, M, nch, K, inv);
     }
     #pragma unroll
     for (int u = 0; u < UNR; u++) {
@@ -108,7 +183,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
       if (c < cEnd) {
         #pragma unroll
         for (int m = 0; m < MMAX; m++) {
-          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_x<GLU>(xr, nch, m, c, act));
+          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_x<MODE>(in, nch, m, c, inv[m]));
         }
       }
     }
@@ -147,11 +222,30 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const u16* 
 #define GEMV_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
-  gemv_rows<MMAX, UNR, 0>(w, x, y, M, N, K, WPR, 0); \
+  GemvIn in; \
+  in.x = x; \
+  gemv_rows<MMAX, UNR, 0>(w, in, y, M, N, K, WPR); \
 } \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
     int M, int N, int K, int WPR, int act) { \
-  gemv_rows<MMAX, UNR, 1>(w, gu, y, M, N, K, WPR, act); \
+  GemvIn in; \
+  in.x = gu; \
+  in.act = act; \
+  gemv_rows<MMAX, UNR, 1>(w, in, y, M, N, K, WPR); \
+} \
+extern "C" __global__ void __launch_bounds__(256) k_gemv_norm_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+    const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
+    int WPR) { \
+  GemvIn in; \
+  in.x = x; \
+  in.r = r; \
+  in.rScale = rScale; \
+  in.nw = nw; \
+  in.nwdt = nwdt; \
+  in.eps = eps; \
+  in.off = off; \
+  in.sum = sum; \
+  gemv_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
 }
 GEMV_KERNEL(1, 16)
 GEMV_KERNEL(2, 16)
@@ -162,6 +256,8 @@ GEMV_KERNEL(8, 4)
 export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
 /** the same kernels with the GLU of packed gate/up rows fused into their x (gluMatmul) */
 export const GEMV_GLU_KERNEL_NAMES = ['k_gemv_glu_m1_u16', 'k_gemv_glu_m2_u16', 'k_gemv_glu_m4_u8', 'k_gemv_glu_m8_u4'] as const;
+/** the same kernels with add + rmsnorm fused into their x (addRmsnormMatmul) */
+export const GEMV_NORM_KERNEL_NAMES = ['k_gemv_norm_m1_u16', 'k_gemv_norm_m2_u16', 'k_gemv_norm_m4_u8', 'k_gemv_norm_m8_u4'] as const;
 
 export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number];
 
