@@ -10,7 +10,7 @@ import { decodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { GEMV_KERNEL_NAMES, type GemvKernelName } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
-import { runGemvSim } from './cuda-sim/gemv-sim.ts';
+import { runGemvNormSim, runGemvSim } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -46,6 +46,38 @@ describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () 
       }
     }
     assert.ok(cases >= 12, `${cases} cases ran`);
+  });
+
+  it('the add + rmsnorm twins (addRmsnormMatmul): y = rmsnorm(x + s r) · w^T and the new residual, 1-8 rows, 1-8 warps a row', () => {
+    const r = rng(33);
+    for (const kernel of GEMV_KERNEL_NAMES) {
+      for (const [M, N, K, wpr, rScale, off] of [[1, 13, 4096, 8, 1, 0], [MMAX[kernel], 9, 520, 1, 0.5, 1],
+        [Math.min(3, MMAX[kernel]), 21, 1032, 2, 1, 0]] as [number, number, number, number, number, number][]) {
+        const w = bf16(randomF32(r, N * K)), x = bf16(randomF32(r, M * K, 2)), res = bf16(randomF32(r, M * K, 2));
+        const nw = bf16(randomF32(r, K)), eps = 1e-5;
+        const got = runGemvNormSim(kernel, wpr, M, N, K, w, x, res, nw, rScale, eps, off);
+        const y = decodeHalf(got.y, 'bf16');
+        for (let m = 0; m < M; m++) {
+          const sum = new Float64Array(K);
+          let ss = 0;
+          for (let k = 0; k < K; k++) {
+            const bits = bf16(Float32Array.of(Math.fround(f(x[m * K + k]!) + Math.fround(rScale * f(res[m * K + k]!)))))[0]!;
+            assert.equal(got.sum[m * K + k], bits, `${kernel} M=${M} K=${K}: sum[${m}, ${k}]`);
+            sum[k] = f(bits);
+            ss += sum[k]! * sum[k]!;
+          }
+          const inv = 1 / Math.sqrt(ss / K + eps);
+          // the normed row as k_add_rmsnorm stores it: rounded to bf16 (which the GEMV then reads)
+          const normed = decodeHalf(bf16(Float32Array.from(sum, (v, k) => v * inv * (off + f(nw[k]!)))), 'bf16');
+          for (let n = 0; n < N; n++) {
+            let want = 0;
+            for (let k = 0; k < K; k++) want += normed[k]! * f(w[n * K + k]!);
+            const v = y[m * N + n]!;
+            assert.ok(Math.abs(v - want) <= 4e-3 + 1e-2 * Math.abs(want), `${kernel} M=${M} N=${N} K=${K} warps/row ${wpr}: y[${m}, ${n}] = ${v}, want ${want}`);
+          }
+        }
+      }
+    }
   });
 
   it('the GLU twins (gluMatmul: x = bf16(act(gate) * up) from packed gate/up rows) equal the unfused GEMV on the glu output, bit for bit', () => {
