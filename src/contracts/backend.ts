@@ -225,6 +225,13 @@ export interface Backend {
    */
   gluMatmul?(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor;
   /**
+   * addRmsnorm(x, r, rScale, normW, eps, weightOffset), then y = matmul(normed, w, bias): the norm
+   * whose only reader is a GEMM (the MLP's gate/up after attention). A backend may fuse the norm
+   * into the GEMM (CUDA: into its decode GEMV kernels); not part of FusedOps.
+   */
+  addRmsnormMatmul?(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
+    bias?: Tensor): { sum: Tensor; y: Tensor };
+  /**
    * qkv [T, (H + 2 KVH) * D]: each token's q heads, then k heads, then v heads. Per-head rmsnorm
    * of q and k (when `qkNorm` is given), rope of q and k, k and v written to `kv` at layout.slots;
    * returns q [T, H, D]. Equals reshape + rmsnorm + rope + writeKv of the plain ops.

@@ -5,7 +5,7 @@
 import type { Backend, FusedOps, StepLayout, Tensor } from '../contracts/backend.ts';
 import { attention } from './attention-block.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
-import { mlp } from './mlp-block.ts';
+import { hasPackedGateUp, mlp, mlpFromGateUp } from './mlp-block.ts';
 import { norm, type ModelParts } from './model-parts.ts';
 import type { RopeTable } from './rope-tables.ts';
 
@@ -46,9 +46,18 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
   if (!midNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
   let attn = attention(model, l, h, w, layout, rope, kv);
   if (post) attn = norm(model, attn, w.postAttnNorm);
-  const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
-  let ffn = mlp(model, a.normed, w);
+  let sum: Tensor, ffn: Tensor;
+  if (b.addRmsnormMatmul && hasPackedGateUp(model, w) && w.mlp.kind === 'dense') {
+    // the mid norm's only reader is the gate/up GEMM: a backend may fuse the two
+    const f = b.addRmsnormMatmul(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, w.mlp.gateUp!, w.mlp.gateUpBias);
+    sum = f.sum;
+    ffn = mlpFromGateUp(model, f.y, w);
+  } else {
+    const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
+    sum = a.sum;
+    ffn = mlp(model, a.normed, w);
+  }
   if (post) ffn = norm(model, ffn, w.postFfNorm);
-  const m = b.addRmsnorm(a.sum, ffn, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
+  const m = b.addRmsnorm(sum, ffn, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
   return [m.sum, m.normed];
 }

@@ -8,11 +8,7 @@ import type { LayerWeights } from './weights.ts';
 /** The MLP over the normed input h [T, hidden]; returns its output [T, hidden]. */
 export function mlp(model: ModelParts, h: Tensor, w: LayerWeights): Tensor {
   const b = model.backend, c = model.config, m = w.mlp;
-  if (m.kind === 'dense' && model.fused && m.gateUp) {
-    const gu = b.matmul(h, m.gateUp, m.gateUpBias);
-    if (b.gluMatmul) return b.gluMatmul(gu, c.activation, m.down, m.downBias);
-    return b.matmul(model.fused.gluPacked(gu, c.activation), m.down, m.downBias);
-  }
+  if (m.kind === 'dense' && model.fused && m.gateUp) return mlpFromGateUp(model, b.matmul(h, m.gateUp, m.gateUpBias), w);
   if (m.kind === 'dense') {
     const g = b.matmul(h, m.gate, m.gateBias);
     const u = b.matmul(h, m.up, m.upBias);
@@ -20,4 +16,17 @@ export function mlp(model: ModelParts, h: Tensor, w: LayerWeights): Tensor {
   }
   const routing = b.moeRoute(b.matmul(h, m.router), c.moe!.topK, c.moe!.normTopK);
   return b.moeFfn(h, routing, m.gate, m.up, m.down, c.activation);
+}
+
+/** Whether the MLP starts with one packed gate/up GEMM (mlpFromGateUp continues from its output). */
+export function hasPackedGateUp(model: ModelParts, w: LayerWeights): boolean {
+  return w.mlp.kind === 'dense' && !!model.fused && !!w.mlp.gateUp;
+}
+
+/** A dense MLP with packed gate/up rows, from that GEMM's output gu [T, 2 intermediate]. */
+export function mlpFromGateUp(model: ModelParts, gu: Tensor, w: LayerWeights): Tensor {
+  const b = model.backend, c = model.config, m = w.mlp;
+  if (m.kind !== 'dense' || !model.fused) throw new Error('mlpFromGateUp: the MLP is not a dense one with packed gate/up');
+  if (b.gluMatmul) return b.gluMatmul(gu, c.activation, m.down, m.downBias);
+  return b.matmul(model.fused.gluPacked(gu, c.activation), m.down, m.downBias);
 }

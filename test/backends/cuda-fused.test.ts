@@ -14,7 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu } from '../../src/backends/cuda/cuda-backend.ts';
+import { setCudaFuseGlu, setCudaFuseNorm } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -44,6 +44,10 @@ const bf = (x: Float32Array) => decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
 function act(b: Backend, data: Float32Array, shape: number[]): Tensor {
   const t = b.upload(bf(data), shape);
   return b.name === 'cuda' ? b.scale(t, 1) : t;
+}
+/** t with its values rounded to bf16 (the reference backend's stand-in for a stored bf16 activation) */
+async function roundedBf16(b: Backend, t: Tensor): Promise<Tensor> {
+  return b.upload(bf(Float32Array.from(await b.read(t))), [...t.shape]);
 }
 const fused = (b: Backend) => {
   assert.ok(hasFusedOps(b), `${b.name} lacks fused ops`);
@@ -109,19 +113,48 @@ describe('fused ops', { skip: SKIP }, () => {
     try {
       for (const fuse of [false, true]) {
         setCudaFuseGlu(fuse);
-        for (const [T, I, N] of [[1, 1024, 40], [3, 520, 17], [8, 264, 9], [12, 136, 5]] as const) {
+        for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5]] as const) {
           const gu = randomF32(r, T * 2 * I, 3), w = randomF32(r, N * I);
           for (const a of ['silu', 'gelu_tanh'] as const) {
-            // the reference composes the two ops (it has no gluMatmul)
-            await compare(`gluMatmul ${T}x${I} -> ${N} ${a} fused ${fuse}`, (b) => {
+            // the reference composes the two ops (it has no gluMatmul), its glu output rounded to
+            // bf16 as the CUDA activations are
+            await compare(`gluMatmul ${T}x${I} -> ${N} ${a} fused ${fuse}`, async (b) => {
               const g = act(b, gu, [T, 2 * I]), ww = act(b, w, [N, I]);
-              return [b.gluMatmul ? b.gluMatmul(g, a, ww) : b.matmul(b.gluPacked!(g, a), ww)];
-            }, { atol: 2e-3, rtol: 1.2e-2 });
+              if (b.gluMatmul) return [b.gluMatmul(g, a, ww)];
+              return [b.matmul(await roundedBf16(b, b.gluPacked!(g, a)), ww)];
+            }, { atol: 4e-3, rtol: 1.2e-2 });
           }
         }
       }
     } finally {
       setCudaFuseGlu(old);
+    }
+  });
+
+  it('addRmsnormMatmul: the two ops, and fused into the decode GEMV ($LLMTS_CUDA_FUSE_NORM=on) for 1-8 rows', async () => {
+    const r = rng(15);
+    const old = setCudaFuseNorm(false);
+    try {
+      for (const fuse of [false, true]) {
+        setCudaFuseNorm(fuse);
+        for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0]] as const) {
+          const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
+          // the reference composes the ops (it has no addRmsnormMatmul), rounding the sum and the
+          // normed rows to bf16 where the CUDA kernels store them
+          await compare(`addRmsnormMatmul ${T}x${D} -> ${N} fused ${fuse}`, async (b) => {
+            const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [N, D]);
+            if (b.addRmsnormMatmul) {
+              const f = b.addRmsnormMatmul(xx, rr, rScale, g, 1e-5, off, ww);
+              return [f.sum, f.y];
+            }
+            const sum = await roundedBf16(b, b.add(xx, rr, rScale));
+            const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
+            return [sum, b.matmul(normed, ww)];
+          }, { atol: 4e-3, rtol: 1.2e-2 });
+        }
+      }
+    } finally {
+      setCudaFuseNorm(old);
     }
   });
 

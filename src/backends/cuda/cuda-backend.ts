@@ -49,6 +49,16 @@ export function setCudaFuseGlu(on: boolean): boolean {
   FUSE_GLU = on;
   return old;
 }
+
+/** $LLMTS_CUDA_FUSE_NORM=on: addRmsnormMatmul fuses the norm into the decode GEMV (opt-in until measured) */
+let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM === 'on';
+
+/** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
+export function setCudaFuseNorm(on: boolean): boolean {
+  const old = FUSE_NORM;
+  FUSE_NORM = on;
+  return old;
+}
 /** idle pinned read buffers kept for reuse, in bytes */
 const READ_PIN_CACHE = 256 * 1024 * 1024;
 
@@ -948,6 +958,41 @@ export class CudaBackend implements Backend {
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', b.addr], ['i', DT_CODE[b.dtype]], ['f', rScale], ['p', g.addr],
       ['i', DT_CODE[g.dtype]], ['p', sum.addr], ['p', normed.addr], ['p', rows], ['i', D], ['f', eps], ['f', weightOffset]]);
     return { sum, normed };
+  }
+
+  /**
+   * addRmsnorm, then matmul(normed, w, bias). With $LLMTS_CUDA_FUSE_NORM=on, a decode shape (at
+   * most GEMV_MAX_M rows, bf16 x, r and w, no bias, 16-byte aligned) runs one GEMV kernel that
+   * recomputes the norm while its weights stream (gemv-kernels.ts k_gemv_norm_*), writing the new
+   * residual too: a kernel and the normed copy less. Opt-in until measured; otherwise the two ops.
+   */
+  addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
+    bias?: Tensor): { sum: Tensor; y: Tensor } {
+    const op = 'addRmsnormMatmul';
+    this.assertOpen(op);
+    const a = this.arg(op, 'x', x, ACTS, 2);
+    const rr = this.arg(op, 'r', r, ACTS, 2);
+    const g = this.arg(op, 'normW', normW, FLOAT, 1);
+    const m = this.arg(op, 'w', w, FLOAT, 2);
+    const [T, D] = a.shape as [number, number];
+    const N = m.shape[0]!;
+    if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
+    expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
+    const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
+      g.shape[0] === D && T >= 1 && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvCandidates(T, D)[0] : undefined;
+    if (!gemv) {
+      const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
+      const y = this.matmul(normed, m, bias);
+      this.free(normed); // stream-ordered: the matmul enqueued above reads it first
+      return { sum, y };
+    }
+    const sum = this.out([T, D]);
+    const y = this.out([T, N]);
+    this.rt.launch(gemv.kernel.replace('k_gemv_', 'k_gemv_norm_') as KernelName, [gemvGrid(N, gemv.warpsPerRow), 1, 1],
+      GEMV_THREADS, 0, [['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]],
+        ['f', eps], ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', N], ['i', D], ['i', gemv.warpsPerRow]]);
+    return { sum, y };
   }
 
   argmax(x: Tensor): Tensor {
