@@ -400,6 +400,16 @@ export class ReferenceBackend implements Backend {
     const sum = this.add(x, r, rScale);
     return { sum, normed: this.rmsnorm(sum, w, eps, weightOffset) };
   }
+  /** matmul(gluPacked(gu, act), w, bias): the reference of the op a backend may fuse */
+  gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
+    return this.matmul(this.gluPacked(gu, act), w, bias);
+  }
+  /** addRmsnorm, then matmul(normed, w, bias): the reference of the op a backend may fuse */
+  addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
+    bias?: Tensor): { sum: Tensor; y: Tensor } {
+    const { sum, normed } = this.addRmsnorm(x, r, rScale, normW, eps, weightOffset);
+    return { sum, y: this.matmul(normed, w, bias) };
+  }
   gluPacked(gu: Tensor, act: Activation): Tensor {
     const [T, I2] = gu.shape;
     const I = I2 / 2;
