@@ -5,7 +5,7 @@
 import type { Backend, FusedOps, StepLayout, Tensor } from '../contracts/backend.ts';
 import { attention } from './attention-block.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
-import { hasPackedGateUp, mlp, mlpFromGateUp } from './mlp-block.ts';
+import { mlp, mlpFromGateUp } from './mlp-block.ts';
 import { norm, type ModelParts } from './model-parts.ts';
 import type { RopeTable } from './rope-tables.ts';
 
@@ -47,9 +47,10 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
   let attn = attention(model, l, h, w, layout, rope, kv);
   if (post) attn = norm(model, attn, w.postAttnNorm);
   let sum: Tensor, ffn: Tensor;
-  if (b.addRmsnormMatmul && hasPackedGateUp(model, w) && w.mlp.kind === 'dense') {
-    // the mid norm's only reader is the gate/up GEMM: a backend may fuse the two
-    const f = b.addRmsnormMatmul(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, w.mlp.gateUp!, w.mlp.gateUpBias);
+  const m0 = w.mlp;
+  if (b.addRmsnormMatmul && m0.kind === 'dense' && m0.gateUp) {
+    // the mid norm's only reader is the packed gate/up GEMM: a backend may fuse the two
+    const f = b.addRmsnormMatmul(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, m0.gateUp, m0.gateUpBias);
     sum = f.sum;
     ffn = mlpFromGateUp(model, f.y, w);
   } else {

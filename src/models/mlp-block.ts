@@ -18,11 +18,6 @@ export function mlp(model: ModelParts, h: Tensor, w: LayerWeights): Tensor {
   return b.moeFfn(h, routing, m.gate, m.up, m.down, c.activation);
 }
 
-/** Whether the MLP starts with one packed gate/up GEMM (mlpFromGateUp continues from its output). */
-export function hasPackedGateUp(model: ModelParts, w: LayerWeights): boolean {
-  return w.mlp.kind === 'dense' && !!model.fused && !!w.mlp.gateUp;
-}
-
 /** A dense MLP with packed gate/up rows, from that GEMM's output gu [T, 2 intermediate]. */
 export function mlpFromGateUp(model: ModelParts, gu: Tensor, w: LayerWeights): Tensor {
   const b = model.backend, c = model.config, m = w.mlp;
