@@ -23,6 +23,7 @@ import { GrammarCompiler, grammarVocabFrom } from '../../src/sampling/grammar/in
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
 import { FailingAhead } from '../helpers/failing-ahead.ts';
+import { record, tokensOf } from '../helpers/engine-events.ts';
 
 const LLAMA = resolve(import.meta.dirname, '../fixtures/llama');
 const cases: { prompt_token_ids: number[] }[] = JSON.parse(readFileSync(join(LLAMA, 'reference.json'), 'utf8')).cases;
@@ -88,19 +89,6 @@ async function inEveryMode<T>(opts: EngineOptions, work: (e: Engine, m: LoadedMo
   return runs;
 }
 
-/** Every event of a request, up to its finish. */
-function record(e: Engine, req: EngineRequest, signal?: AbortSignal, onEvent?: (ev: SequenceEvent) => void): Promise<SequenceEvent[]> {
-  return new Promise((resolve) => {
-    const events: SequenceEvent[] = [];
-    e.submit(req, (ev) => {
-      events.push(ev);
-      onEvent?.(ev);
-      if (ev.type === 'finish') resolve(events);
-    }, signal);
-  });
-}
-
-const tokensOf = (events: SequenceEvent[]) => events.flatMap((ev) => (ev.type === 'token' ? [ev.tokenId] : []));
 
 /**
  * Asserts two runs' events are the same: everything exactly, logprobs' token ids exactly and

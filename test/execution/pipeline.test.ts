@@ -18,6 +18,7 @@ import type { EngineRequest, SequenceEvent } from '../../src/execution/sequence.
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
 import { FailingAhead } from '../helpers/failing-ahead.ts';
+import { record, tokensOf } from '../helpers/engine-events.ts';
 
 const FIXTURES = resolve(import.meta.dirname, '../fixtures');
 
@@ -40,19 +41,6 @@ async function withFixture<T>(name: string, body: (m: LoadedModel) => Promise<T>
   }
 }
 
-/** Every event of a request, up to its finish. */
-function record(e: Engine, req: EngineRequest, signal?: AbortSignal, onEvent?: (ev: SequenceEvent) => void): Promise<SequenceEvent[]> {
-  return new Promise((resolve) => {
-    const events: SequenceEvent[] = [];
-    e.submit(req, (ev) => {
-      events.push(ev);
-      onEvent?.(ev);
-      if (ev.type === 'finish') resolve(events);
-    }, signal);
-  });
-}
-
-const tokensOf = (events: SequenceEvent[]) => events.flatMap((ev) => (ev.type === 'token' ? [ev.tokenId] : []));
 
 /** Runs `work` on a fresh engine with the pipeline on and off; returns both results and the stats. */
 async function onAndOff<T>(m: LoadedModel, opts: EngineOptions, work: (e: Engine) => Promise<T>, codec: TextCodec = m) {
