@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { decodeHalf } from '../../src/backends/common/half.ts';
+import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { planAttention, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
@@ -16,16 +16,6 @@ if (SKIP) console.log(`# cuda-attention-sim: skipping: ${SKIP}`);
 /** a small simulated GPU: few slots, so splits, strides over tokens and the combine all happen */
 const SIM_SMS = 2;
 
-function toBf16Bits(x: Float32Array): Uint16Array {
-  const u = new Uint32Array(x.buffer.slice(x.byteOffset, x.byteOffset + x.byteLength));
-  const out = new Uint16Array(x.length);
-  for (let i = 0; i < x.length; i++) {
-    const v = u[i]!;
-    out[i] = (v + 0x7fff + ((v >>> 16) & 1)) >>> 16;
-  }
-  return out;
-}
-const bf = (b: number) => new Float32Array(new Uint32Array([b << 16]).buffer)[0]!;
 
 interface Case {
   D: number; H: number; KVH: number; BS: number;
@@ -49,8 +39,8 @@ function build(c: Case): SimCall {
   return {
     T, H: c.H, KVH: c.KVH, D: c.D, NB, BS: c.BS, R, MBR, window: c.window ?? 0,
     scale: c.scale ?? 4 / Math.sqrt(c.D), softcap: c.softcap ?? 0,
-    q: toBf16Bits(randomF32(r, T * c.H * c.D, 2)),
-    k: toBf16Bits(randomF32(r, NB * c.BS * c.KVH * c.D)), v: toBf16Bits(randomF32(r, NB * c.BS * c.KVH * c.D)),
+    q: encodeHalf(randomF32(r, T * c.H * c.D, 2), 'bf16'),
+    k: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D), 'bf16'), v: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D), 'bf16'),
     rows: Int32Array.from(tokens, (t) => t[0]!), poss: Int32Array.from(tokens, (t) => t[1]!), tables,
   };
 }
@@ -70,7 +60,7 @@ function reference(s: SimCall): Float64Array {
         if (blk < 0) continue;
         const slot = blk * s.BS + (j % s.BS);
         let d = 0;
-        for (let e = 0; e < s.D; e++) d += bf(s.q[(t * s.H + h) * s.D + e]!) * bf(s.k[(slot * s.KVH + kh) * s.D + e]!);
+        for (let e = 0; e < s.D; e++) d += bf16ToF32(s.q[(t * s.H + h) * s.D + e]!) * bf16ToF32(s.k[(slot * s.KVH + kh) * s.D + e]!);
         let x = d * s.scale;
         if (s.softcap > 0) x = s.softcap * Math.tanh(x / s.softcap);
         scores.push(x);
@@ -81,7 +71,7 @@ function reference(s: SimCall): Float64Array {
       const L = w.reduce((a, b) => a + b, 0);
       for (let e = 0; e < s.D; e++) {
         let acc = 0;
-        slots.forEach((slot, i) => (acc += w[i]! * bf(s.v[(slot * s.KVH + kh) * s.D + e]!)));
+        slots.forEach((slot, i) => (acc += w[i]! * bf16ToF32(s.v[(slot * s.KVH + kh) * s.D + e]!)));
         out[(t * s.H + h) * s.D + e] = L > 0 ? acc / L : 0;
       }
     }

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { decodeHalf } from '../../src/backends/common/half.ts';
+import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { runAddRmsnormSim, runArgmaxSim } from './cuda-sim/fused-sim.ts';
 import { randomF32, rng } from './helpers.ts';
@@ -12,31 +12,27 @@ import { randomF32, rng } from './helpers.ts';
 const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-fused-sim: skipping: ${SKIP}`);
 
-function bf16(x: Float32Array): Uint16Array {
-  const u = new Uint32Array(x.buffer.slice(x.byteOffset, x.byteOffset + x.byteLength));
-  return Uint16Array.from(u, (v) => (v + 0x7fff + ((v >>> 16) & 1)) >>> 16);
-}
-const f = (b: number) => new Float32Array(new Uint32Array([b << 16]).buffer)[0]!;
 
 describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, () => {
   it('k_add_rmsnorm: sum = bf16(a + s b), normed = bf16(sum / rms * (off + w)); 8-wide and scalar paths, several rows', () => {
     const r = rng(41);
     for (const [rows, D, rScale, off] of [[1, 4096, 1, 0], [3, 64, 0.5, 1], [2, 21, 1, 0], [5, 1000, 2, 0]] as const) {
-      const a = bf16(randomF32(r, rows * D, 2)), b = bf16(randomF32(r, rows * D, 2)), w = bf16(randomF32(r, D));
+      const a = encodeHalf(randomF32(r, rows * D, 2), 'bf16'), b = encodeHalf(randomF32(r, rows * D, 2), 'bf16');
+      const w = encodeHalf(randomF32(r, D), 'bf16');
       const eps = 1e-6;
       const got = runAddRmsnormSim(rows, D, a, b, w, rScale, eps, off);
       const sum = decodeHalf(got.sum, 'bf16'), normed = decodeHalf(got.normed, 'bf16');
       for (let i = 0; i < rows; i++) {
         let ss = 0;
         for (let d = 0; d < D; d++) {
-          const want = f(a[i * D + d]!) + rScale * f(b[i * D + d]!);
+          const want = bf16ToF32(a[i * D + d]!) + rScale * bf16ToF32(b[i * D + d]!);
           const s = sum[i * D + d]!;
           assert.ok(Math.abs(s - want) <= 4e-3 * Math.abs(want) + 1e-6, `rows ${rows} D ${D}: sum[${i}, ${d}] = ${s}, want ${want}`);
           ss += s * s;
         }
         const inv = 1 / Math.sqrt(ss / D + eps);
         for (let d = 0; d < D; d++) {
-          const want = sum[i * D + d]! * inv * (off + f(w[d]!));
+          const want = sum[i * D + d]! * inv * (off + bf16ToF32(w[d]!));
           const n = normed[i * D + d]!;
           assert.ok(Math.abs(n - want) <= 8e-3 * Math.abs(want) + 1e-5, `rows ${rows} D ${D}: normed[${i}, ${d}] = ${n}, want ${want}`);
         }

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { decodeHalf } from '../../src/backends/common/half.ts';
+import { bf16ToF32, decodeHalf, encodeHalf, f32ToBf16 } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { GEMV_KERNEL_NAMES, type GemvKernelName } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
@@ -16,11 +16,6 @@ import { randomF32, rng } from './helpers.ts';
 const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-gemv-sim: skipping: ${SKIP}`);
 
-function bf16(x: Float32Array): Uint16Array {
-  const u = new Uint32Array(x.buffer.slice(x.byteOffset, x.byteOffset + x.byteLength));
-  return Uint16Array.from(u, (v) => (v + 0x7fff + ((v >>> 16) & 1)) >>> 16);
-}
-const f = (b: number) => new Float32Array(new Uint32Array([b << 16]).buffer)[0]!;
 const MMAX: Record<GemvKernelName, number> = { k_gemv_m1_u16: 1, k_gemv_m2_u16: 2, k_gemv_m4_u8: 4, k_gemv_m8_u4: 8 };
 
 describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () => {
@@ -31,12 +26,12 @@ describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () 
       for (const [M, N, K, wpr] of [[1, 13, 8, 1], [1, 21, 1032, 2], [2, 9, 4104, 8], [3, 17, 264, 4], [4, 5, 2056, 1],
         [5, 11, 520, 2], [8, 7, 136, 1], [MMAX[kernel], 19, 776, 4]] as [number, number, number, number][]) {
         if (M > MMAX[kernel]) continue;
-        const w = bf16(randomF32(r, N * K)), x = bf16(randomF32(r, M * K));
+        const w = encodeHalf(randomF32(r, N * K), 'bf16'), x = encodeHalf(randomF32(r, M * K), 'bf16');
         const got = decodeHalf(runGemvSim(kernel, wpr, M, N, K, w, x), 'bf16');
         for (let m = 0; m < M; m++) {
           for (let n = 0; n < N; n++) {
             let want = 0;
-            for (let k = 0; k < K; k++) want += f(x[m * K + k]!) * f(w[n * K + k]!);
+            for (let k = 0; k < K; k++) want += bf16ToF32(x[m * K + k]!) * bf16ToF32(w[n * K + k]!);
             const y = got[m * N + n]!;
             assert.ok(Math.abs(y - want) <= 2e-3 + 8e-3 * Math.abs(want),
               `${kernel} M=${M} N=${N} K=${K} warps/row ${wpr}: y[${m}, ${n}] = ${y}, want ${want}`);
@@ -53,25 +48,25 @@ describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () 
     for (const kernel of GEMV_KERNEL_NAMES) {
       for (const [M, N, K, wpr, rScale, off] of [[1, 13, 4096, 8, 1, 0], [MMAX[kernel], 9, 520, 1, 0.5, 1],
         [Math.min(3, MMAX[kernel]), 21, 1032, 2, 1, 0]] as [number, number, number, number, number, number][]) {
-        const w = bf16(randomF32(r, N * K)), x = bf16(randomF32(r, M * K, 2)), res = bf16(randomF32(r, M * K, 2));
-        const nw = bf16(randomF32(r, K)), eps = 1e-5;
+        const w = encodeHalf(randomF32(r, N * K), 'bf16'), nw = encodeHalf(randomF32(r, K), 'bf16'), eps = 1e-5;
+        const x = encodeHalf(randomF32(r, M * K, 2), 'bf16'), res = encodeHalf(randomF32(r, M * K, 2), 'bf16');
         const got = runGemvNormSim(kernel, wpr, M, N, K, w, x, res, nw, rScale, eps, off);
         const y = decodeHalf(got.y, 'bf16');
         for (let m = 0; m < M; m++) {
           const sum = new Float64Array(K);
           let ss = 0;
           for (let k = 0; k < K; k++) {
-            const bits = bf16(Float32Array.of(Math.fround(f(x[m * K + k]!) + Math.fround(rScale * f(res[m * K + k]!)))))[0]!;
+            const bits = f32ToBf16(Math.fround(bf16ToF32(x[m * K + k]!) + Math.fround(rScale * bf16ToF32(res[m * K + k]!))));
             assert.equal(got.sum[m * K + k], bits, `${kernel} M=${M} K=${K}: sum[${m}, ${k}]`);
-            sum[k] = f(bits);
+            sum[k] = bf16ToF32(bits);
             ss += sum[k]! * sum[k]!;
           }
           const inv = 1 / Math.sqrt(ss / K + eps);
           // the normed row as k_add_rmsnorm stores it: rounded to bf16 (which the GEMV then reads)
-          const normed = decodeHalf(bf16(Float32Array.from(sum, (v, k) => v * inv * (off + f(nw[k]!)))), 'bf16');
+          const normed = decodeHalf(encodeHalf(Float32Array.from(sum, (v, k) => v * inv * (off + bf16ToF32(nw[k]!))), 'bf16'), 'bf16');
           for (let n = 0; n < N; n++) {
             let want = 0;
-            for (let k = 0; k < K; k++) want += normed[k]! * f(w[n * K + k]!);
+            for (let k = 0; k < K; k++) want += normed[k]! * bf16ToF32(w[n * K + k]!);
             const v = y[m * N + n]!;
             assert.ok(Math.abs(v - want) <= 4e-3 + 1e-2 * Math.abs(want), `${kernel} M=${M} N=${N} K=${K} warps/row ${wpr}: y[${m}, ${n}] = ${v}, want ${want}`);
           }
@@ -89,13 +84,13 @@ describe('CUDA GEMV kernels on the warp simulator', { skip: SKIP ?? false }, () 
     for (const kernel of GEMV_KERNEL_NAMES) {
       for (const [M, N, K, wpr] of [[1, 11, 1032, 2], [MMAX[kernel], 9, 520, 1], [Math.min(3, MMAX[kernel]), 13, 2056, 4]] as [number, number, number, number][]) {
         for (const [name, code, act] of acts) {
-          const w = bf16(randomF32(r, N * K)), gu = bf16(randomF32(r, M * 2 * K, 3));
+          const w = encodeHalf(randomF32(r, N * K), 'bf16'), gu = encodeHalf(randomF32(r, M * 2 * K, 3), 'bf16');
           // k_glu_packed's output: each element rounded to bf16 (in float32, as the kernel does)
           const x = new Uint16Array(M * K);
           for (let m = 0; m < M; m++) {
             for (let k = 0; k < K; k++) {
-              const v = Math.fround(Math.fround(act(f(gu[m * 2 * K + k]!))) * f(gu[m * 2 * K + K + k]!));
-              x[m * K + k] = bf16(Float32Array.of(v))[0]!;
+              const v = Math.fround(Math.fround(act(bf16ToF32(gu[m * 2 * K + k]!))) * bf16ToF32(gu[m * 2 * K + K + k]!));
+              x[m * K + k] = f32ToBf16(v);
             }
           }
           const fused = runGemvSim(kernel, wpr, M, N, K, w, gu, code);

@@ -122,9 +122,8 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0]);
-  const raw = runSim(attentionSim(), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+  const buf = runSim(attentionSim(), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
     c.rows, c.poss, c.tables)]));
   const n = c.T * c.H * c.D;
-  const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
 }

@@ -52,15 +52,16 @@ export function buildSim(name: string, source: string): string {
   return bin;
 }
 
-/** Runs a simulator binary on one input file; returns its output file's bytes. */
-export function runSim(bin: string, input: Buffer): Buffer {
+/** Runs a simulator binary on one input file; returns its output file's bytes (a buffer of their own). */
+export function runSim(bin: string, input: Buffer): ArrayBuffer {
   mkdirSync(DIR, { recursive: true });
   const inp = path.join(DIR, `in-${process.pid}-${Math.random().toString(36).slice(2)}.bin`);
   const outp = `${inp}.out`;
   writeFileSync(inp, input);
   try {
     execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000 });
-    return readFileSync(outp);
+    const raw = readFileSync(outp);
+    return raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
   } finally {
     rmSync(inp, { force: true });
     rmSync(outp, { force: true });

@@ -51,8 +51,7 @@ const sim = () => buildSim('fused', `${FUSED_KERNEL_SOURCE}\n${DRIVER}`);
 export function runAddRmsnormSim(rows: number, D: number, a: Uint16Array, b: Uint16Array, w: Uint16Array, rScale: number,
   eps: number, off: number): { sum: Uint16Array; normed: Uint16Array } {
   const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
-  const raw = runSim(sim(), bytesOf(Int32Array.of(0, rows, D, threads), Float32Array.of(rScale, eps, off), a, b, w));
-  const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
+  const buf = runSim(sim(), bytesOf(Int32Array.of(0, rows, D, threads), Float32Array.of(rScale, eps, off), a, b, w));
   return { sum: new Uint16Array(buf, 0, rows * D), normed: new Uint16Array(buf, rows * D * 2, rows * D) };
 }
 
@@ -60,6 +59,6 @@ export function runAddRmsnormSim(rows: number, D: number, a: Uint16Array, b: Uin
 export function runArgmaxSim(R: number, V: number, x: Float32Array): Int32Array {
   const S = Math.max(1, Math.min(64, Math.ceil(V / 4096)));
   const chunk = Math.ceil(V / S / 8) * 8;
-  const raw = runSim(sim(), bytesOf(Int32Array.of(1, R, V, S, chunk), x));
-  return new Int32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+  const buf = runSim(sim(), bytesOf(Int32Array.of(1, R, V, S, chunk), x));
+  return new Int32Array(buf);
 }

@@ -79,9 +79,9 @@ export function runGemvSim(kernel: GemvKernelName, warpsPerRow: number, M: numbe
   const bin = buildSim('gemv', `${GEMV_KERNEL_SOURCE}\n${DRIVER}`);
   const name = Buffer.alloc(32);
   name.write(act === undefined ? kernel : kernel.replace('k_gemv_', 'k_gemv_glu_'));
-  const raw = runSim(bin, Buffer.concat([name, bytesOf(Int32Array.from([M, N, K, warpsPerRow, gemvGrid(N, warpsPerRow), GEMV_THREADS,
+  const buf = runSim(bin, Buffer.concat([name, bytesOf(Int32Array.from([M, N, K, warpsPerRow, gemvGrid(N, warpsPerRow), GEMV_THREADS,
     act ?? -1]), w, x)]));
-  return new Uint16Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+  return new Uint16Array(buf);
 }
 
 /**
@@ -93,8 +93,7 @@ export function runGemvNormSim(kernel: GemvKernelName, warpsPerRow: number, M: n
   const bin = buildSim('gemv', `${GEMV_KERNEL_SOURCE}\n${DRIVER}`);
   const name = Buffer.alloc(32);
   name.write(kernel.replace('k_gemv_', 'k_gemv_norm_'));
-  const raw = runSim(bin, Buffer.concat([name, bytesOf(Int32Array.from([M, N, K, warpsPerRow, gemvGrid(N, warpsPerRow), GEMV_THREADS]),
+  const buf = runSim(bin, Buffer.concat([name, bytesOf(Int32Array.from([M, N, K, warpsPerRow, gemvGrid(N, warpsPerRow), GEMV_THREADS]),
     Float32Array.from([rScale, eps, off]), w, x, r, nw)]));
-  const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
   return { y: new Uint16Array(buf, 0, M * N), sum: new Uint16Array(buf, M * N * 2, M * K) };
 }
