@@ -323,12 +323,7 @@ export class LtGemm {
     const shared = M > Math.max(this.tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
     const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / PICK_BUCKET_ROWS)}.${N}.${K}` : '';
     const known = shared ? this.picks.get(bucketKey) : undefined;
-    if (known && this.algoFits(op, a, b, d, known)) {
-      const plan: Plan = { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] };
-      if (this.plans.size >= MAX_PLANS) this.clearPlans();
-      this.plans.set(key, plan);
-      return plan;
-    }
+    if (known && this.algoFits(op, a, b, d, known)) return this.remember(key, { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] });
     const requested = TUNE_CANDIDATES;
     const results = new Uint8Array(HEURISTIC_BYTES * requested);
     const count = new Int32Array(1);
@@ -378,6 +373,11 @@ export class LtGemm {
       lt.cublasLtMatrixLayoutDestroy(d);
       lt.cublasLtMatmulDescDestroy(op);
     }
+    return this.remember(key, plan);
+  }
+
+  /** Caches a shape's plan (null: cuBLASLt has none), dropping every plan once MAX_PLANS are held. */
+  private remember(key: string, plan: Plan | null): Plan | null {
     if (this.plans.size >= MAX_PLANS) this.clearPlans();
     this.plans.set(key, plan);
     return plan;
