@@ -323,7 +323,9 @@ export class LtGemm {
     const shared = M > Math.max(this.tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
     const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / PICK_BUCKET_ROWS)}.${N}.${K}` : '';
     const known = shared ? this.picks.get(bucketKey) : undefined;
-    if (known && this.algoFits(op, a, b, d, known)) return this.remember(key, { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] });
+    if (known && this.algoFits(op, a, b, d, known)) {
+      return this.remember(key, { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] });
+    }
     const requested = TUNE_CANDIDATES;
     const results = new Uint8Array(HEURISTIC_BYTES * requested);
     const count = new Int32Array(1);
