@@ -7,6 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
+import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvGrid, gemvLabel } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
@@ -78,28 +79,10 @@ export interface TuneRecord {
   chosen: string;
 }
 
-/**
- * GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
- * first pick read 4096 x 4096 bf16 weights at 2.0 TB/s on the H200, the best of its list faster).
- * Larger ones (prefill chunks) keep the heuristic's choice: timing them held the event loop ~0.1 s
- * per new chunk size while a long prompt prefilled. $LLMTS_CUDA_GEMM_TUNE_MAX_M overrides it.
- */
-export const TUNE_MAX_M = 64;
-
-/** The tuning class of a GEMM with M rows (see TuneClass). */
-export function tuneClassOf(M: number): number {
-  return M <= 8 ? M : Math.ceil(M / 16) * 16;
-}
 /** rows per bucket of untuned shapes that share the heuristic's pick ($LLMTS_CUDA_GEMM_PICK_BUCKET=1: none share) */
 const PICK_BUCKET_ROWS = Math.max(1, Number(process.env.LLMTS_CUDA_GEMM_PICK_BUCKET ?? '') || 64);
 const TUNE_CANDIDATES = 16;
 const TUNE_REPEATS = 3;
-/**
- * Written between timed calls so each reads its weights from HBM, as it will in a step: larger
- * than the H200's 50 MB L2 (a 4096 x 4096 bf16 weight fits in it, and timed back to back it
- * favoured algorithms that are slower when the weight streams from memory).
- */
-const L2_FLUSH_BYTES = 128 * 1024 * 1024;
 
 export class LtGemm {
   private readonly handle: number;

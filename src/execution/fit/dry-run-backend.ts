@@ -17,6 +17,7 @@ import type {
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
+import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -35,8 +36,8 @@ const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
  * the H200 it was the step's live high-water mark in most runs: the lm_head of a prefill chunk's
  * last step is a new shape once every layer's residual is live). $LLMTS_CUDA_GEMM_TUNE=off skips it.
  */
-export const CUDA_TUNE_MAX_M = 64;
-export const CUDA_L2_FLUSH_BYTES = 128 * 1024 * 1024;
+export const CUDA_TUNE_MAX_M = TUNE_MAX_M;
+export const CUDA_L2_FLUSH_BYTES = L2_FLUSH_BYTES;
 
 
 export class DryTensor implements Tensor {
@@ -336,7 +337,7 @@ export class DryRunBackend implements Backend {
       const acc = !(w.dtype === 'bf16' && bias === undefined);
       if (acc) sizes.push(M * N * 4);
       // gemm.ts tunes inside run(), after the converted x and the accumulator exist
-      const rows = this.cudaTuning.byClass && M > 8 ? Math.ceil(M / 16) * 16 : M;
+      const rows = this.cudaTuning.byClass ? tuneClassOf(M) : M;
       const key = `${w.dtype}.${acc ? 'f32' : 'bf16'}.${rows}.${N}.${K}`;
       const tune = this.gemmTune !== 'off' && M <= this.cudaTuning.maxM && this.arena === null &&
         (this.gemmTune === 'always' || !this.tuned.has(key));
