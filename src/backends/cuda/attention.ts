@@ -108,6 +108,8 @@ export interface AttentionPlan {
   path: 'fast' | 'generic';
   /** fast path: the decode kernel, its query heads per block and blocks per kv head */
   decodeKernel?: KernelName;
+  /** the decode kernel is the tensor-core one (it takes the split counters as a last argument) */
+  tensorCores?: boolean;
   headChunk?: number;
   headChunks?: number;
   /** decode slots (grid x of the decode kernel): the decode tokens share them on the device */
@@ -146,6 +148,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   return {
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
+    tensorCores: tc,
     headChunk,
     headChunks,
     slots,
@@ -174,7 +177,7 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
   const split = p.combine || p.fusedCombine;
   const partBytes = split ? W * c.H * c.D * 4 : 0;
   const mlBytes = split ? W * c.H * 2 * 4 : 0;
-  if (p.decodeKernel?.includes('_tc_') && c.counters === undefined) throw new Error('attention: the tensor-core decode kernel needs the split counters');
+  if (p.fusedCombine && c.counters === undefined) throw new Error('attention: the tensor-core decode kernel needs the split counters');
   const plan = scratch.alloc(planBytes).addr;
   const part = partBytes ? scratch.alloc(partBytes).addr : 0;
   const partml = mlBytes ? scratch.alloc(mlBytes).addr : 0;
@@ -185,7 +188,7 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
       ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],
       ['f', c.softcap], ['i', W], ['p', c.err],
-      ...(p.decodeKernel!.includes('_tc_') ? [['p', p.fusedCombine ? c.counters! : 0] as KernelArg] : [])]);
+      ...(p.tensorCores ? [['p', p.fusedCombine ? c.counters! : 0] as KernelArg] : [])]);
     if (p.combine) {
       dev.launch('k_attn_combine', [Math.ceil(W / 2), c.H, 1], 128, 0, [
         ['p', c.tokenRow], ['p', c.tokenPos], ['p', plan], ['p', part], ['p', partml], ['p', c.out], ['i', c.T],
