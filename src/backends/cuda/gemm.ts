@@ -299,11 +299,10 @@ export class LtGemm {
     const d = layout(dt, N, M, N);
     const tune = M <= this.tuneMaxM && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
     // an untuned shape takes the heuristic's pick of the first shape in its row bucket where
-    // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the
-    // first query of a process took 70-190 ms on the H200; later ones were under the 8 ms the slow-call
-    // tracer reports, not timed one by one), and
-    // mixed steps bring new row counts all the time; suspected of most of the ~9 ms event-loop
-    // stall left during a long prefill (not yet measured)
+    // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the first
+    // query of a process took 70-190 ms on the H200; later ones stayed under the slow-call tracer's
+    // 8 ms, not timed one by one), and mixed steps bring new row counts all the time; suspected of
+    // most of the ~9 ms event-loop stall left during a long prefill (not yet measured)
     const shared = M > Math.max(this.tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
     const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / PICK_BUCKET_ROWS)}.${N}.${K}` : '';
     const known = shared ? this.picks.get(bucketKey) : undefined;
