@@ -65,7 +65,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list[i];
     AttDecodeItem item;
-    if (!att_decode_item(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
+    if (!att_decode_item(t, s, seff, ATT_TC_MIN_CHUNK, rows, poss, tables, R, MBR, window, err, item)) continue;
     const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
     const int* tab = item.tab;

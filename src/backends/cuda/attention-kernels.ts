@@ -47,6 +47,12 @@ export const ATT_DEC_MAX_RUN = 4;
 export const ATT_DEC_INLINE_T = 128;
 /** fewest keys a decode split gets */
 export const ATT_MIN_CHUNK = 64;
+/**
+ * The same for the tensor-core decode kernel (attention-decode-tc.ts), whose splits merge in the
+ * kernel (the last split reads every partial of its token: fewer, longer splits shorten that tail);
+ * a macro default, so $LLMTS_CUDA_ATT_DEFINES=ATT_TC_MIN_CHUNK=N tries others.
+ */
+export const ATT_TC_MIN_CHUNK = 64;
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
 /** head dims with fast kernels */
@@ -119,6 +125,9 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_DEC_MAX_RUN ${ATT_DEC_MAX_RUN}
 #define ATT_DEC_INLINE_T ${ATT_DEC_INLINE_T}
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
+#ifndef ATT_TC_MIN_CHUNK
+#define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
+#endif
 #define ATT_BQ ${ATT_BQ}
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
@@ -157,10 +166,10 @@ __device__ __forceinline__ void att_range(int p, int window, int& start, int& le
 // Splits each of n decode tokens may use when they share W slots.
 __device__ __forceinline__ int att_seff(int n, int W) { return (n <= 0 || n >= W) ? 1 : W / n; }
 
-// Splits of a decode token with len keys (at most seff, at least ATT_MIN_CHUNK keys each) and
-// the keys per split (a multiple of 16).
-__device__ __forceinline__ int att_splits(int len, int seff, int& chunk) {
-  int ns = (len + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+// Splits of a decode token with len keys (at most seff, at least minChunk keys each: ATT_MIN_CHUNK,
+// or ATT_TC_MIN_CHUNK for the tensor-core kernel) and the keys per split (a multiple of 16).
+__device__ __forceinline__ int att_splits(int len, int seff, int minChunk, int& chunk) {
+  int ns = (len + minChunk - 1) / minChunk;
   if (ns > seff) ns = seff;
   if (ns < 1) ns = 1;
   chunk = (((len + ns - 1) / ns) + 15) & ~15;
@@ -224,8 +233,8 @@ struct AttDecodeItem {
   int r, k0, k1, ns;
   const int* tab;
 };
-__device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const int* rows, const int* poss,
-    const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it) {
+__device__ __forceinline__ bool att_decode_item(int t, int s, int seff, int minChunk, const int* rows,
+    const int* poss, const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it) {
   const int r = rows[t];
   int p = poss[t];
   const bool rowOk = r >= 0 && r < R;
@@ -235,7 +244,7 @@ __device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const in
   }
   int start, len, chunk;
   att_range(p, window, start, len);
-  it.ns = att_splits(len, seff, chunk);
+  it.ns = att_splits(len, seff, minChunk, chunk);
   if (s >= it.ns) return false;
   it.r = r;
   it.k0 = start + s * chunk;
@@ -322,7 +331,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list[i];
     AttDecodeItem item;
-    if (!att_decode_item(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
+    if (!att_decode_item(t, s, seff, ATT_MIN_CHUNK, rows, poss, tables, R, MBR, window, err, item)) continue;
     const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
     const int* tab = item.tab;
 
@@ -513,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_combine(const int* rows
     if (r < 0 || r >= R) p = -1;
     int start, len, chunk;
     att_range(p, window, start, len);
-    const int ns = att_splits(len, seff, chunk);
+    const int ns = att_splits(len, seff, ATT_MIN_CHUNK, chunk); // the CUDA-core kernels' splits
     if (ns == 1) continue; // written by the decode kernel
     const i64 base = (i64)i * seff;
     float mx = NEG_INF;

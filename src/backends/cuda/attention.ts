@@ -11,7 +11,7 @@
 // short enough to be decode).
 import type { DType } from '../../contracts/backend.ts';
 import {
-  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK,
+  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_MIN_CHUNK,
 } from './attention-kernels.ts';
 import { DT_CODE } from './cuda-tensor.ts';
 import { ATT_THREADS, type KernelName } from './kernels.ts';
@@ -132,7 +132,8 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0 };
   const G = s.H / s.KVH;
-  const tc = decodeKind === 'tc' && (s.D === 64 || s.D === 128) && G <= 16;
+  // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
+  const tc = decodeKind === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
   // the CUDA-core decode kernels are instantiated for 4 and 8 heads per block; the tensor-core one
   // takes the whole group
   const headChunk = tc ? G : G <= 4 ? 4 : 8;
@@ -140,11 +141,11 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   // most keys a query can see: the table's capacity, or the window
   const maxKeys = Math.max(1, s.window > 0 ? Math.min(s.window, s.maxBlocksPerRow * s.blockSize)
     : s.maxBlocksPerRow * s.blockSize);
-  const maxSplits = Math.ceil(maxKeys / ATT_MIN_CHUNK);
+  const maxSplits = Math.ceil(maxKeys / (tc ? ATT_TC_MIN_CHUNK : ATT_MIN_CHUNK));
   const fill = Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks));
   const slots = Math.max(1, Math.min(fill, s.T * maxSplits));
   const prefill = s.T > ATT_DEC_MAX_RUN;
-  const fused = tc && slots >= 2 && s.T * s.KVH <= ATT_COUNTERS;
+  const fused = tc && slots >= 2;
   return {
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
