@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
-import { planAttention, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
+import { planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
 import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
 
@@ -132,5 +132,24 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       check(`${kind} 40 rows`, many, kind);
       check(`${kind} hole`, { D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }, kind, 4);
     }
+  });
+});
+
+describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blocks an SM)', () => {
+  // the H200's 132 SMs, Llama-3.1-8B's 8 kv heads: a wave is 396 blocks
+  const slots = (T: number, maxSplits: number) => tcDecodeSlots(T, 8, maxSplits, 132);
+  it('one row: enough splits to fill a wave to 90%, no more than its keys allow', () => {
+    assert.equal(slots(1, 128), 45); // 360 blocks: 0.91 of a wave
+    assert.equal(slots(1, 32), 32); // a 4k table at 128 keys a split
+    assert.equal(slots(1, 1), 1);
+  });
+  it('8 rows: one wave; 32 rows: two full waves rather than 0.65 of one', () => {
+    assert.equal(slots(8, 128), 48); // 6 splits: 384 blocks
+    assert.equal(slots(32, 128), 96); // 3 splits: 768 blocks, 1.94 waves
+  });
+  it('many rows: a slot a token, capped at 8 waves of slots', () => {
+    assert.equal(slots(128, 128), 128);
+    assert.equal(slots(256, 128), 256);
+    assert.equal(slots(8192, 128), 400);
   });
 });

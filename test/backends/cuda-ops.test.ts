@@ -624,8 +624,8 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
     }
   });
 
-  it('decode on tensor cores (k_attn_decode_tc, $LLMTS_CUDA_ATT_DECODE=tc): GQA 1-16, head dims 64/128, windows, soft-capping, block sizes, many rows', async () => {
-    const old = setDecodeKernelKind('tc');
+  for (const kind of ['tc', 'cuda-core'] as const) it(`decode on ${kind === 'tc' ? 'tensor cores (k_attn_decode_tc, the default)' : 'CUDA cores (k_attn_decode_d<D>_g<GC>, $LLMTS_CUDA_ATT_DECODE=cuda-core)'}: GQA 1-16, head dims 64/128, windows, soft-capping, block sizes, many rows`, async () => {
+    const old = setDecodeKernelKind(kind);
     try {
       const many = Array.from({ length: 150 }, (_, i) => ({ start: (i * 37) % 900, count: 1 })); // T > 128: the plan kernel
       const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
@@ -648,7 +648,7 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
       ];
       for (const [i, [c, params]] of cases.entries()) {
         const s = build({ ...c, seed: 300 + i });
-        await compare(`decode tc ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
+        await compare(`decode ${kind} ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
       }
     } finally {
       setDecodeKernelKind(old);

@@ -1,7 +1,7 @@
 // CUDA source of the tensor-core split-KV decode kernel, part of the attention module (appended to
 // attention-kernels.ts' source, whose helpers it uses: att_decode_tokens, att_decode_item, att_seff,
-// att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). Opt-in ($LLMTS_CUDA_ATT_DECODE=tc, see
-// attention.ts) until measured against k_attn_decode_d<D>_g<GC> on the GPU. Its logic is checked
+// att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). The default decode kernel where it applies
+// (attention.ts; $LLMTS_CUDA_ATT_DECODE=cuda-core for k_attn_decode_d<D>_g<GC>). Its logic is checked
 // without one by test/backends/cuda-attention-sim.test.ts (the warp simulator, cuda-sim/).
 //
 // Why: the CUDA-core decode kernel holds each lane's share of q, the group's accumulators and the

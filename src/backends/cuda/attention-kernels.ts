@@ -52,7 +52,7 @@ export const ATT_MIN_CHUNK = 64;
  * kernel (the last split reads every partial of its token: fewer, longer splits shorten that tail);
  * a macro default, so $LLMTS_CUDA_ATT_DEFINES=ATT_TC_MIN_CHUNK=N tries others.
  */
-export const ATT_TC_MIN_CHUNK = 64;
+export const ATT_TC_MIN_CHUNK = 128;
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
 /** head dims with fast kernels */

@@ -22,6 +22,11 @@ import type { KernelArg } from './runtime.ts';
  * $LLMTS_CUDA_ATT_DECODE_BLOCKS overrides it, for experiments
  */
 const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? '') || 8;
+/**
+ * Blocks of the tensor-core decode kernel resident per SM (registers: 154 at d128, 128 threads, on
+ * the H200), the wave size its slots are planned in; $LLMTS_CUDA_ATT_TC_RESIDENT overrides it
+ */
+const TC_DECODE_RESIDENT = Number(process.env.LLMTS_CUDA_ATT_TC_RESIDENT ?? '') || 3;
 const MAX_GRID_Y = 65535;
 /**
  * Ints in the backend's buffer of split counters (AttentionCall.counters: zeroed once, every
@@ -90,12 +95,13 @@ export function setAttentionMode(m: AttentionMode): AttentionMode {
 }
 
 /**
- * The decode kernel: 'cuda-core' (k_attn_decode_d<D>_g<GC>, the default) or 'tc'
- * (k_attn_decode_tc_d<D>, tensor cores, attention-decode-tc.ts; head dims 64 and 128, GQA groups
- * of up to 16 heads; opt-in through $LLMTS_CUDA_ATT_DECODE=tc until it is measured on the GPU).
+ * The decode kernel: 'tc' (k_attn_decode_tc_d<D>, tensor cores, attention-decode-tc.ts; the
+ * default, for head dims 64 and 128 and GQA groups of up to 16 heads; on the H200 1.9x the
+ * CUDA-core kernel's bandwidth at 256 rows, 1.2-1.9x at 1-32 rows) or 'cuda-core'
+ * (k_attn_decode_d<D>_g<GC>: every other shape, and everywhere with $LLMTS_CUDA_ATT_DECODE=cuda-core).
  */
 export type DecodeKernelKind = 'cuda-core' | 'tc';
-let decodeKind: DecodeKernelKind = process.env.LLMTS_CUDA_ATT_DECODE === 'tc' ? 'tc' : 'cuda-core';
+let decodeKind: DecodeKernelKind = process.env.LLMTS_CUDA_ATT_DECODE === 'cuda-core' ? 'cuda-core' : 'tc';
 
 /** Sets the decode kernel kind for later calls (tests, benchmarks); returns the old one. */
 export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {
@@ -125,6 +131,29 @@ export interface AttentionPlan {
   prefillTiles: number;
 }
 
+/**
+ * Slots of the tensor-core decode kernel for T tokens (all of them decode tokens, as in a decode
+ * step): T x s, s splits per token, s the fewest that fill the resident blocks' waves to 90% (the
+ * kernel's blocks are alike, so a partly filled last wave costs a whole block's time, and every
+ * split costs a partial to merge). Many tokens: one slot each. Measured on the H200 (8B shapes,
+ * BENCHMARKS.md): at 1 and 8 rows one full wave beat two or more; at 32 rows, 3 splits (two full
+ * waves) beat 1 (0.65 of a wave) by 1.45x at 16k context. Capped at 8 waves of slots: a prefill
+ * step's T counts its prompt tokens too, whose slots have nothing to do.
+ */
+export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount: number): number {
+  const cap = smCount * TC_DECODE_RESIDENT;
+  const items = T * KVH;
+  let s = 1;
+  if (items < 2 * cap) {
+    const most = Math.max(1, Math.min(maxSplits, Math.ceil((2 * cap) / items)));
+    for (s = 1; s < most; s++) {
+      const waves = (items * s) / cap;
+      if (waves / Math.ceil(waves) >= 0.9) break;
+    }
+  }
+  return Math.max(1, Math.min(T * s, 8 * Math.ceil(cap / KVH)));
+}
+
 /** The launch plan of a call: a function of shapes only (see the top of this file). */
 export function planAttention(s: AttentionShape, smCount: number): AttentionPlan {
   const tiles = Math.ceil(s.T / ATT_BQ);
@@ -142,8 +171,8 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const maxKeys = Math.max(1, s.window > 0 ? Math.min(s.window, s.maxBlocksPerRow * s.blockSize)
     : s.maxBlocksPerRow * s.blockSize);
   const maxSplits = Math.ceil(maxKeys / (tc ? ATT_TC_MIN_CHUNK : ATT_MIN_CHUNK));
-  const fill = Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks));
-  const slots = Math.max(1, Math.min(fill, s.T * maxSplits));
+  const slots = tc ? tcDecodeSlots(s.T, s.KVH, maxSplits, smCount)
+    : Math.max(1, Math.min(Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks)), s.T * maxSplits));
   const prefill = s.T > ATT_DEC_MAX_RUN;
   const fused = tc && slots >= 2;
   return {
