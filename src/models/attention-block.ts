@@ -15,14 +15,8 @@ export function attention(model: ModelParts, l: number, h: Tensor, w: LayerWeigh
   const T = h.shape[0];
   const paged = kv.kvOfLayer(l);
   const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
-  if (model.fused && a.qkv) {
-    // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
-    const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
-    const q = model.fused.ropeQkvWriteKv(b.matmul(h, a.qkv, a.qkvBias), { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
-      layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
-    const o = b.attention(q, paged, layout, params);
-    return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
-  }
+  // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
+  if (model.fused && a.qkv) return attentionFromQkv(model, l, b.matmul(h, a.qkv, a.qkvBias), w, layout, rope, kv);
   let q = b.matmul(h, a.q, a.qBias);
   let k = b.matmul(h, a.k, a.kBias);
   const v = b.matmul(h, a.v, a.vBias);
@@ -39,6 +33,24 @@ export function attention(model: ModelParts, l: number, h: Tensor, w: LayerWeigh
   q = b.rope(q, layout.tokenPos, rope.invFreq, rope.attentionScaling);
   k = b.rope(k, layout.tokenPos, rope.invFreq, rope.attentionScaling);
   b.writeKv(paged, k, b.reshape(v, [T, c.numKvHeads, c.headDim]), layout);
+  const o = b.attention(q, paged, layout, params);
+  return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+}
+
+/**
+ * The rest of a fused attention block with packed q/k/v, from that GEMM's output qkv
+ * [T, (H + 2 KVH) * D] (which the caller may have fused with the norm before it).
+ */
+export function attentionFromQkv(model: ModelParts, l: number, qkv: Tensor, w: LayerWeights, layout: StepLayout,
+  rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
+  const b = model.backend, c = model.config, a: AttentionWeights = w.attn;
+  if (!model.fused) throw new Error('attentionFromQkv: the backend has no fused ops');
+  const T = qkv.shape[0];
+  const paged = kv.kvOfLayer(l);
+  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
+  const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
+  const q = model.fused.ropeQkvWriteKv(qkv, { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
+    layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
   const o = b.attention(q, paged, layout, params);
   return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
 }

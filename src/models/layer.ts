@@ -3,7 +3,7 @@
 // that follow them.
 
 import type { Backend, FusedOps, StepLayout, Tensor } from '../contracts/backend.ts';
-import { attention } from './attention-block.ts';
+import { attention, attentionFromQkv } from './attention-block.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
 import { mlp, mlpFromGateUp } from './mlp-block.ts';
 import { norm, type ModelParts } from './model-parts.ts';
@@ -32,19 +32,40 @@ export function layer(model: ModelParts, l: number, x: Tensor, layout: StepLayou
 }
 
 /**
- * A 'pre' or 'pre_post' norm layer with the residual adds fused into the norms that follow them:
- * takes the residual stream x and h = inputNorm(x); returns the new x and the next norm of it
- * (the next layer's input norm, or the final norm after the last layer). 'pre_post' (gemma2/3)
- * norms each branch's output before its add, as the plain path does.
+ * The residual stream between fused layers: x and the next norm of it, either computed (h) or
+ * pending (h = norm(x + residualScale r), left to the one GEMM that reads it: a backend with
+ * addRmsnormMatmul may fuse that norm into its decode GEMV).
  */
-export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, x: Tensor, h: Tensor, layout: StepLayout,
-  rope: RopeTable, kv: KvAccess<RowSpan>): [Tensor, Tensor] {
+export type FusedStream = { x: Tensor; h: Tensor; r?: undefined } | { x: Tensor; r: Tensor; h?: undefined };
+
+/**
+ * A 'pre' or 'pre_post' norm layer with the residual adds fused into the norms that follow them:
+ * takes the residual stream (x and its input norm, maybe pending); returns the new stream, whose
+ * norm (the next layer's input norm, or the final norm after the last layer) is left pending when
+ * the backend fuses norms into GEMMs and the next reader is one GEMM (packed q/k/v, or lm_head).
+ * 'pre_post' (gemma2/3) norms each branch's output before its add, as the plain path does.
+ */
+export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, s: FusedStream, layout: StepLayout,
+  rope: RopeTable, kv: KvAccess<RowSpan>): FusedStream {
   const c = model.config, w = model.weights.layers[l];
-  const next = l + 1 < c.numLayers ? model.weights.layers[l + 1].inputNorm : model.weights.finalNorm;
+  const last = l + 1 >= c.numLayers;
+  const next = last ? model.weights.finalNorm : model.weights.layers[l + 1].inputNorm;
   const post = c.normPlacement === 'pre_post';
   const midNorm = post ? w.preFfNorm : w.postAttnNorm;
-  if (!midNorm || !next) throw new Error('decoder: a norm weight required by the norm placement is missing');
-  let attn = attention(model, l, h, w, layout, rope, kv);
+  if (!midNorm || !next || (s.r && !w.inputNorm)) throw new Error('decoder: a norm weight required by the norm placement is missing');
+  let x: Tensor, attn: Tensor;
+  if (!s.r) {
+    x = s.x;
+    attn = attention(model, l, s.h, w, layout, rope, kv);
+  } else if (b.addRmsnormMatmul && w.attn.qkv) {
+    const f = b.addRmsnormMatmul(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset, w.attn.qkv, w.attn.qkvBias);
+    x = f.sum;
+    attn = attentionFromQkv(model, l, f.y, w, layout, rope, kv);
+  } else {
+    const n = b.addRmsnorm(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset);
+    x = n.sum;
+    attn = attention(model, l, n.normed, w, layout, rope, kv);
+  }
   if (post) attn = norm(model, attn, w.postAttnNorm);
   let sum: Tensor, ffn: Tensor;
   const m0 = w.mlp;
@@ -59,6 +80,8 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
     ffn = mlp(model, a.normed, w);
   }
   if (post) ffn = norm(model, ffn, w.postFfNorm);
+  // the next norm's reader: lm_head (one GEMM, step-body.ts) or the next layer's packed q/k/v
+  if (b.addRmsnormMatmul && (last || model.weights.layers[l + 1].attn.qkv)) return { x: sum, r: ffn };
   const m = b.addRmsnorm(sum, ffn, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
-  return [m.sum, m.normed];
+  return { x: m.sum, h: m.normed };
 }

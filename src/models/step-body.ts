@@ -8,7 +8,7 @@
 
 import type { Backend, StepLayout, Tensor } from '../contracts/backend.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
-import { layer, layerFused } from './layer.ts';
+import { type FusedStream, layer, layerFused } from './layer.ts';
 import { norm, type ModelParts } from './model-parts.ts';
 import type { RopeTable } from './rope-tables.ts';
 
@@ -17,23 +17,29 @@ export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor,
   ropes: RopeTable[], kv: KvAccess<Row>): Tensor {
   const b = model.backend, c = model.config, fused = model.fused;
   let x = b.embedding(model.weights.embed, ids, model.embeddingScale);
-  let normed: Tensor;
+  let logits: Tensor;
   if (fused && (c.normPlacement === 'pre' || c.normPlacement === 'pre_post')) {
     // Each residual add runs inside the norm after it: the next layer's input norm, or the
     // final norm after the last layer (row-wise, so norming every token then picking rows is
-    // what picking then norming computes).
-    let h = norm(model, x, model.weights.layers[0]?.inputNorm ?? model.weights.finalNorm);
+    // what picking then norming computes), maybe inside the GEMM that reads that norm.
+    let s: FusedStream = { x, h: norm(model, x, model.weights.layers[0]?.inputNorm ?? model.weights.finalNorm) };
     for (let l = 0; l < c.numLayers; l++) {
-      const inputs = [x, h];
+      const inputs = streamTensors(s);
       b.beginScope();
       try {
-        [x, h] = layerFused(model, fused, l, x, h, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
+        s = layerFused(model, fused, l, s, layouts[kv.groupIndexOfLayer(l)], ropes[l], kv);
       } finally {
-        b.endScope([x, h]);
+        b.endScope(streamTensors(s));
       }
-      freeDeadInputs(b, inputs, [x, h]);
+      freeDeadInputs(b, inputs, streamTensors(s));
     }
-    normed = b.gatherRows(h, pick);
+    if (s.r && fused.addRmsnormMatmul) {
+      const f = fused.addRmsnormMatmul(b.gatherRows(s.x, pick), b.gatherRows(s.r, pick), c.residualScale,
+        model.weights.finalNorm, c.rmsNormEps, c.normWeightOffset, model.weights.lmHead);
+      logits = f.y;
+    } else {
+      logits = b.matmul(b.gatherRows(s.h!, pick), model.weights.lmHead);
+    }
   } else {
     for (let l = 0; l < c.numLayers; l++) {
       // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
@@ -47,12 +53,16 @@ export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor,
       }
       freeDeadInputs(b, [input], [x]);
     }
-    normed = b.rmsnorm(b.gatherRows(x, pick), model.weights.finalNorm, c.rmsNormEps, c.normWeightOffset);
+    logits = b.matmul(b.rmsnorm(b.gatherRows(x, pick), model.weights.finalNorm, c.rmsNormEps, c.normWeightOffset),
+      model.weights.lmHead);
   }
-  let logits = b.matmul(normed, model.weights.lmHead);
   if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
   if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
   return logits;
+}
+
+function streamTensors(s: FusedStream): Tensor[] {
+  return [s.x, s.r ?? s.h!];
 }
 
 /**
