@@ -1,12 +1,17 @@
 // Kernels of the CUDA fused module run on the CPU by the warp simulator (cuda-sim/): add +
 // rmsnorm (vector and generic paths) against float64, and the two-pass device argmax (ties to the
-// lowest index, -Infinity rows to -1). Their GPU twins are in cuda-fused.test.ts.
+// lowest index, -Infinity rows to -1). Their GPU twins are in cuda-fused.test.ts. Also the fused
+// GEMV paths (gluMatmul, addRmsnormMatmul: gemv-kernels.ts' persistent twins, launched as
+// gemvFusedChoice says) against the two kernels they replace.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
+import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
+import { gemvFusedChoice } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
-import { runAddRmsnormSim, runArgmaxSim } from './cuda-sim/fused-sim.ts';
+import { runAddRmsnormSim, runArgmaxSim, runGluPackedSim } from './cuda-sim/fused-sim.ts';
+import { runGemvLaunchSim, runGemvNormLaunchSim } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -57,6 +62,36 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
         want[R - 1] = -1;
       }
       assert.deepEqual([...runArgmaxSim(R, V, x)], [...want], `R ${R} V ${V}`);
+    }
+  });
+  it('the fused GEMV launches (gemvFusedChoice) give what their two unfused kernels give: k_glu_packed / k_add_rmsnorm, then the GEMV', () => {
+    const r = rng(43);
+    // SMs 1-2: the persistent blocks loop over several row groups; K 4104 = 4096 + 8 (a ragged pass)
+    for (const [T, K, N, sms] of [[1, 4104, 37, 1], [3, 520, 29, 2], [8, 3072, 11, 1], [5, 24, 19, 2]] as const) {
+      const f = gemvFusedChoice(T, N, K)!;
+      assert.ok(f, `T=${T} K=${K} fits shared memory`);
+      const w = encodeHalf(randomF32(r, N * K), 'bf16');
+      for (const act of ['silu', 'gelu_tanh'] as const) {
+        const gu = encodeHalf(randomF32(r, T * 2 * K, 3), 'bf16');
+        const fused = runGemvLaunchSim({ choice: f.choice, smCount: sms, kernel: f.glu, sharedBytes: f.sharedBytes }, T, N, K, w, gu, ACT_CODE[act]!);
+        const h = runGluPackedSim(T, K, gu, ACT_CODE[act]!);
+        const plain = runGemvLaunchSim({ choice: f.choice, smCount: sms }, T, N, K, w, h);
+        // the same activation maths on the same bits: the same bf16 glu, so the same products
+        assert.deepEqual([...fused], [...plain], `gluMatmul T=${T} K=${K} N=${N} ${act}`);
+      }
+      const x = encodeHalf(randomF32(r, T * K, 2), 'bf16'), res = encodeHalf(randomF32(r, T * K, 2), 'bf16');
+      const nw = encodeHalf(randomF32(r, K), 'bf16');
+      const got = runGemvNormLaunchSim({ choice: f.choice, smCount: sms, kernel: f.norm, sharedBytes: f.sharedBytes }, T, N, K, w, x, res, nw,
+        0.5, 1e-5, 1);
+      const { sum, normed } = runAddRmsnormSim(T, K, x, res, nw, 0.5, 1e-5, 1);
+      assert.deepEqual([...got.sum], [...sum], `addRmsnormMatmul T=${T} K=${K}: the new residual`);
+      // the sum of squares is reduced in another order (another 1 / rms in its last bit, at most
+      // a rare normed value one bf16 step off): close, not bit-equal
+      const want = decodeHalf(runGemvLaunchSim({ choice: f.choice, smCount: sms }, T, N, K, w, normed), 'bf16');
+      const y = decodeHalf(got.y, 'bf16');
+      for (let i = 0; i < y.length; i++) {
+        assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 8e-3 * Math.abs(want[i]!), `addRmsnormMatmul T=${T} K=${K} N=${N}: y[${i}] = ${y[i]}, unfused ${want[i]}`);
+      }
     }
   });
 });

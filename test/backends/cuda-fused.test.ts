@@ -113,7 +113,7 @@ describe('fused ops', { skip: SKIP }, () => {
     try {
       for (const fuse of [false, true]) {
         setCudaFuseGlu(fuse);
-        for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5]] as const) {
+        for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5], [2, 136, 3000], [1, 4096, 700]] as const) {
           const gu = randomF32(r, T * 2 * I, 3), w = randomF32(r, N * I);
           for (const a of ['silu', 'gelu_tanh'] as const) {
             // the reference composes the two ops, its glu output rounded to bf16 as the CUDA
@@ -131,13 +131,14 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 
-  it('addRmsnormMatmul: the two ops, and fused into the decode GEMV ($LLMTS_CUDA_FUSE_NORM=on) for 1-8 rows', async () => {
+  it('addRmsnormMatmul: the two ops, and fused into the decode GEMV (the default; $LLMTS_CUDA_FUSE_NORM=off unfuses) for 1-8 rows', async () => {
     const r = rng(15);
     const old = setCudaFuseNorm(false);
     try {
       for (const fuse of [false, true]) {
         setCudaFuseNorm(fuse);
-        for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0]] as const) {
+        for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0],
+          [1, 264, 3000, 1, 0], [2, 4096, 900, 1, 0]] as const) {
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
           // the reference composes the ops, rounding the sum and the normed rows to bf16 where the
           // CUDA kernels store them

@@ -22,7 +22,7 @@ import { ReferenceBackend } from '../../src/backends/reference/reference-backend
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
-import { GEMV_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
+import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -220,9 +220,11 @@ describe('matmul', { skip: SKIP }, () => {
   it('each GEMV kernel (bf16 decode shapes, forced through $LLMTS_CUDA_GEMV) matches the reference', async () => {
     const r = rng(12);
     // K: one pass, a ragged tail, 2-8 warps per row (4104, 20488) and more than one pass (40968)
+    // N 5000 / 3000: more row groups than a persistent grid holds, so its blocks loop
     const shapes: [number, number, number][] = [[1, 13, 8], [1, 300, 4104], [1, 37, 20488], [1, 11, 40968], [2, 129, 1032],
-      [2, 20, 16392], [3, 70, 4096], [4, 9, 264], [5, 33, 2056], [8, 130, 520], [8, 17, 9224]];
-    for (const name of GEMV_KERNEL_NAMES) {
+      [2, 20, 16392], [3, 70, 4096], [4, 9, 264], [5, 33, 2056], [8, 130, 520], [8, 17, 9224], [1, 5000, 4096],
+      [2, 3000, 1032], [7, 3000, 264]];
+    for (const name of [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES]) {
       const old = process.env.LLMTS_CUDA_GEMV;
       process.env.LLMTS_CUDA_GEMV = name;
       const on = await createCudaBackend();

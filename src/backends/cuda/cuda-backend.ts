@@ -28,7 +28,7 @@ import { ATT_MAX_HEAD_DIM, type KernelName } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
-import { GEMV_THREADS, gemvCandidates, gemvGrid } from './gemv-kernels.ts';
+import { GEMV_THREADS, gemvFusedChoice, gemvLaunchGrid } from './gemv-kernels.ts';
 import { cudaCacheDir } from './nvrtc.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { StagingChunks, uploadFileRange } from './weight-staging.ts';
@@ -50,8 +50,11 @@ export function setCudaFuseGlu(on: boolean): boolean {
   return old;
 }
 
-/** $LLMTS_CUDA_FUSE_NORM=on: addRmsnormMatmul fuses the norm into the decode GEMV (opt-in until measured) */
-let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM === 'on';
+/**
+ * addRmsnormMatmul fuses the norm into the decode GEMV unless $LLMTS_CUDA_FUSE_NORM=off: B=1 decode
+ * of the 8B on the H200 211.8 tok/s fused (mid, input and final norms), 204.7 unfused
+ */
+let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM !== 'off';
 
 /** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
 export function setCudaFuseNorm(on: boolean): boolean {
@@ -961,10 +964,12 @@ export class CudaBackend implements Backend {
   }
 
   /**
-   * addRmsnorm, then matmul(normed, w, bias). With $LLMTS_CUDA_FUSE_NORM=on, a decode shape (at
-   * most GEMV_MAX_M rows, bf16 x, r and w, no bias, 16-byte aligned) runs one GEMV kernel that
-   * recomputes the norm while its weights stream (gemv-kernels.ts k_gemv_norm_*), writing the new
-   * residual too: a kernel and the normed copy less. Opt-in until measured; otherwise the two ops.
+   * addRmsnorm, then matmul(normed, w, bias). Fused (the default), a decode shape (at
+   * most GEMV_MAX_M rows, bf16 x, r and w, no bias, 16-byte aligned, the normed rows within
+   * GEMVP_MAX_SHARED_BYTES, weights within GEMVP_FUSED_MAX_WEIGHT_BYTES) runs one persistent GEMV
+   * kernel whose blocks each make the normed rows once into shared memory while their first weights
+   * stream (gemv-kernels.ts k_gemvp_norm_*), writing the new residual too: a kernel and the normed
+   * copy less (the default; $LLMTS_CUDA_FUSE_NORM=off); otherwise the two ops.
    */
   addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
     bias?: Tensor): { sum: Tensor; y: Tensor } {
@@ -980,7 +985,7 @@ export class CudaBackend implements Backend {
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
     const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
       g.shape[0] === D && T >= 1 && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
-      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvCandidates(T, D)[0] : undefined;
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.matmul(normed, m, bias);
@@ -989,9 +994,9 @@ export class CudaBackend implements Backend {
     }
     const sum = this.out([T, D]);
     const y = this.out([T, N]);
-    this.rt.launch(gemv.kernel.replace('k_gemv_', 'k_gemv_norm_') as KernelName, [gemvGrid(N, gemv.warpsPerRow), 1, 1],
-      GEMV_THREADS, 0, [['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]],
-        ['f', eps], ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', N], ['i', D], ['i', gemv.warpsPerRow]]);
+    this.rt.launch(gemv.norm, [gemvLaunchGrid(gemv.choice, N, this.rt.smCount), 1, 1], GEMV_THREADS, gemv.sharedBytes, [
+      ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', N], ['i', D], ['i', gemv.choice.warpsPerRow]]);
     return { sum, y };
   }
 
@@ -1060,9 +1065,10 @@ export class CudaBackend implements Backend {
 
   /**
    * matmul(gluPacked(gu, act), w, bias). With $LLMTS_CUDA_FUSE_GLU=on, a decode shape (at most
-   * GEMV_MAX_M rows, bf16 gu and w, no bias, 16-byte aligned) runs one GEMV kernel that makes the
-   * GLU of each chunk as it reads it (gemv-kernels.ts k_gemv_glu_*): a kernel and the [T, I] glu
-   * output less per layer. Opt-in until measured on the GPU; otherwise the two ops.
+   * GEMV_MAX_M rows, bf16 gu and w, no bias, 16-byte aligned, the [T, I] glu within
+   * GEMVP_MAX_SHARED_BYTES) runs one persistent GEMV kernel whose blocks each make the GLU once
+   * into shared memory (gemv-kernels.ts k_gemvp_glu_*): a kernel and the [T, I] glu output less
+   * per layer. Opt-in until measured on the GPU; otherwise the two ops.
    */
   gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
     const op = 'gluMatmul';
@@ -1075,7 +1081,7 @@ export class CudaBackend implements Backend {
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && N > 0 &&
-      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvCandidates(T, I)[0] : undefined;
+      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
     if (!gemv) {
       const h = this.gluPacked(g, act);
       const y = this.matmul(h, b, bias);
@@ -1083,9 +1089,8 @@ export class CudaBackend implements Backend {
       return y;
     }
     const y = this.out([T, N]);
-    this.rt.launch(gemv.kernel.replace('k_gemv_', 'k_gemv_glu_') as KernelName, [gemvGrid(N, gemv.warpsPerRow), 1, 1],
-      GEMV_THREADS, 0, [['p', b.addr], ['p', g.addr], ['p', y.addr], ['i', T], ['i', N], ['i', I], ['i', gemv.warpsPerRow],
-        ['i', code]]);
+    this.rt.launch(gemv.glu, [gemvLaunchGrid(gemv.choice, N, this.rt.smCount), 1, 1], GEMV_THREADS, gemv.sharedBytes, [
+      ['p', b.addr], ['p', g.addr], ['p', y.addr], ['i', T], ['i', N], ['i', I], ['i', gemv.choice.warpsPerRow], ['i', code]]);
     return y;
   }
 

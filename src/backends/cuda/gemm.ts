@@ -8,7 +8,7 @@ import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
-import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvGrid, gemvLabel } from './gemv-kernels.ts';
+import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
@@ -74,7 +74,7 @@ export interface TuneRecord {
   cublasLtMs: number;
   /** the heuristic's first algorithm's time (what runs untuned), ms per call */
   firstMs: number;
-  /** by gemvLabel (kernel/warps per row) */
+  /** by gemvLabel (kernel/warps per row[/blocks per SM of a persistent kernel]) */
   gemvMs: Record<string, number>;
   chosen: string;
 }
@@ -126,7 +126,8 @@ export class LtGemm {
       this.zero, d, plan.d, d, plan.d, algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
     // the GEMV kernels load 16-byte chunks: operands off that alignment take cuBLASLt
     const aligned = (w % 16) === 0 && (x % 16) === 0;
-    const gemv = (c: GemvChoice) => this.rt.launch(c.kernel, [gemvGrid(N, c.warpsPerRow), 1, 1], GEMV_THREADS, 0, [
+    // (one-shot and persistent kernels take the same arguments; a persistent grid is sized to stay resident)
+    const gemv = (c: GemvChoice) => this.rt.launch(c.kernel, [gemvLaunchGrid(c, N, this.rt.smCount), 1, 1], GEMV_THREADS, 0, [
       ['p', w], ['p', x], ['p', d], ['i', M], ['i', N], ['i', K], ['i', c.warpsPerRow]]);
     // the shape that times its class does so on its first run outside a capture (a class must
     // settle: shapes of it planned meanwhile wait for the winner)
@@ -262,9 +263,9 @@ export class LtGemm {
     });
   }
 
-  /** A shape of a timed class takes its winner: the same GEMV kernel, or the algorithm where cuBLASLt accepts it. */
+  /** A shape of a timed class takes its winner: the same GEMV launch, or the algorithm where cuBLASLt accepts it. */
   private adopt(plan: Plan, cls: TuneClass): void {
-    if (cls.gemv && gemvCandidates(plan.M, plan.K).some((g) => g.kernel === cls.gemv!.kernel && g.warpsPerRow === cls.gemv!.warpsPerRow)) {
+    if (cls.gemv && gemvCandidates(plan.M, plan.K).some((g) => gemvLabel(g) === gemvLabel(cls.gemv!))) {
       plan.gemv = cls.gemv;
       return;
     }
@@ -344,8 +345,9 @@ export class LtGemm {
           } else if (cls.state === 'pending') cls.waiting.push(plan);
           else this.adopt(plan, cls);
         }
-        // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies, untimed (tests, A/B runs)
-        const forced = gemv.find((g) => g.kernel === gemvMode);
+        // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies (its first candidate), or
+        // =<gemvLabel> (e.g. k_gemvp_m1_u16/w1/b2): that launch; untimed (tests, A/B runs)
+        const forced = gemv.find((g) => g.kernel === gemvMode) ?? gemv.find((g) => gemvLabel(g) === gemvMode);
         if (forced) {
           plan.gemv = forced;
           plan.gemvCandidates = [];

@@ -13,6 +13,11 @@
 // the matching chunk of each x row through the read-only path (x is small and shared by every
 // warp, so it stays in L1/L2). Requirements (checked by gemm.ts): K % 8 == 0 and w, x 16-byte
 // aligned. Rows of x beyond M are never read; M <= MMAX.
+//
+// Two families: gemv_rows (k_gemv_*: one block per row group, loads once, exits) and the
+// persistent, software-pipelined gemvp_rows (k_gemvp_*: a resident grid that loops over the row
+// groups with its next loads always in flight; why and how where their section starts below). The tuner times
+// both; the fused GLU / norm paths use the persistent twins, which make their x once per block.
 export const GEMV_KERNEL_SOURCE = String.raw`
 // (without __CUDA_ARCH__: plain loads, for the host warp simulator of test/backends/cuda-sim)
 __device__ __forceinline__ uint4 gemv_ld_stream(const uint4* p) {
@@ -62,14 +67,43 @@ struct GemvIn {
   u16* sum;         // MODE 2: where block 0 stores bf16(x + rScale r) [M, K] (the new residual)
 };
 
+// MODE 2's new residual, one chunk: bf16(x + rScale r) of 8 values (k_add_rmsnorm's sum)
+__device__ __forceinline__ uint4 gemv_sum8(const GemvIn& in, const uint4& xv, const uint4& rv) {
+  const unsigned* x2 = (const unsigned*)&xv;
+  const unsigned* r2 = (const unsigned*)&rv;
+  uint4 o;
+  unsigned* o2 = (unsigned*)&o;
+  #pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const u16 lo = f2bf(__uint_as_float(x2[k] << 16) + in.rScale * __uint_as_float(r2[k] << 16));
+    const u16 hi = f2bf(__uint_as_float(x2[k] & 0xffff0000u) + in.rScale * __uint_as_float(r2[k] & 0xffff0000u));
+    o2[k] = (unsigned)lo | ((unsigned)hi << 16);
+  }
+  return o;
+}
+
+// MODE 2's normed chunk c of a sum chunk: bf16(sum inv (off + nw)) (k_add_rmsnorm's normed)
+__device__ __forceinline__ uint4 gemv_norm8(const GemvIn& in, const uint4& sv, int c, float inv) {
+  const unsigned* s2 = (const unsigned*)&sv;
+  uint4 o;
+  unsigned* o2 = (unsigned*)&o;
+  #pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const float lo = __uint_as_float(s2[k] << 16) * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k));
+    const float hi = __uint_as_float(s2[k] & 0xffff0000u) * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k + 1));
+    o2[k] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+  }
+  return o;
+}
+
 // chunk c (8 values) of row m of what the GEMV multiplies; inv: MODE 2's 1 / rms of row m
 template <int MODE>
 __device__ __forceinline__ uint4 gemv_x(const GemvIn& in, int nch, int m, int c, float inv) {
   const uint4* xr = (const uint4*)in.x;
   if (MODE == 0) return gemv_ld_cached(xr + (i64)m * nch + c);
-  uint4 o;
-  unsigned* o2 = (unsigned*)&o;
   if (MODE == 1) {
+    uint4 o;
+    unsigned* o2 = (unsigned*)&o;
     const uint4 gv = gemv_ld_cached(xr + (i64)m * 2 * nch + c), uv = gemv_ld_cached(xr + (i64)m * 2 * nch + nch + c);
     const unsigned* g2 = (const unsigned*)&gv;
     const unsigned* u2 = (const unsigned*)&uv;
@@ -82,23 +116,15 @@ __device__ __forceinline__ uint4 gemv_x(const GemvIn& in, int nch, int m, int c,
     return o;
   }
   const uint4 xv = gemv_ld_cached(xr + (i64)m * nch + c), rv = gemv_ld_cached((const uint4*)in.r + (i64)m * nch + c);
-  const unsigned* x2 = (const unsigned*)&xv;
-  const unsigned* r2 = (const unsigned*)&rv;
-  #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const float slo = bf2f(f2bf(__uint_as_float(x2[k] << 16) + in.rScale * __uint_as_float(r2[k] << 16)));
-    const float shi = bf2f(f2bf(__uint_as_float(x2[k] & 0xffff0000u) + in.rScale * __uint_as_float(r2[k] & 0xffff0000u)));
-    const float lo = slo * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k));
-    const float hi = shi * inv * (in.off + ld(in.nw, in.nwdt, c * 8 + 2 * k + 1));
-    o2[k] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
-  }
-  return o;
+  return gemv_norm8(in, gemv_sum8(in, xv, rv), c, inv);
 }
 
 // MODE 2, by the whole block once its weight loads are in flight: every row's 1 / rms (each block
-// recomputes it from x and r, which stay in L2), block 0 storing the new residual.
+// recomputes it from x and r, which stay in L2), block 0 storing the new residual. xs (the
+// persistent kernels' shared copy of x, or null): where each thread also keeps the sum chunks it
+// makes, [M, nch].
 template <int MMAX>
-__device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch, int K, float* inv) {
+__device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch, int K, float* inv, uint4* xs) {
   __shared__ float part[8][MMAX];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float ss[MMAX];
@@ -108,20 +134,16 @@ __device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch,
     #pragma unroll
     for (int m = 0; m < MMAX; m++) {
       if (m >= M) continue;
-      const uint4 xv = gemv_ld_cached((const uint4*)in.x + (i64)m * nch + c);
-      const uint4 rv = gemv_ld_cached((const uint4*)in.r + (i64)m * nch + c);
-      const unsigned* x2 = (const unsigned*)&xv;
-      const unsigned* r2 = (const unsigned*)&rv;
-      uint4 o;
-      unsigned* o2 = (unsigned*)&o;
+      const uint4 o = gemv_sum8(in, gemv_ld_cached((const uint4*)in.x + (i64)m * nch + c),
+                                gemv_ld_cached((const uint4*)in.r + (i64)m * nch + c));
+      const unsigned* o2 = (const unsigned*)&o;
       #pragma unroll
       for (int k = 0; k < 4; k++) {
-        const u16 lo = f2bf(__uint_as_float(x2[k] << 16) + in.rScale * __uint_as_float(r2[k] << 16));
-        const u16 hi = f2bf(__uint_as_float(x2[k] & 0xffff0000u) + in.rScale * __uint_as_float(r2[k] & 0xffff0000u));
-        ss[m] += bf2f(lo) * bf2f(lo) + bf2f(hi) * bf2f(hi);
-        o2[k] = (unsigned)lo | ((unsigned)hi << 16);
+        const float lo = bf2f((u16)(o2[k] & 0xffffu)), hi = bf2f((u16)(o2[k] >> 16));
+        ss[m] += lo * lo + hi * hi;
       }
       if (blockIdx.x == 0) ((uint4*)in.sum)[(i64)m * nch + c] = o;
+      if (xs) xs[m * nch + c] = o;
     }
   }
   #pragma unroll
@@ -143,9 +165,11 @@ __device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch,
 // WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
 // their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
 // all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
-// kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail
-// (and MODE 2's norm pass).
-template <int MMAX, int UNR, int MODE>
+// kernel before, so with programmatic dependent launch their fetch overlaps that kernel's tail.
+// (Its fused twins, which made the GLU or the norm per weight chunk of every row, were
+// compute-bound: 2.6x and 1.8x slower than the unfused ops at one row on the H200; the fused ops
+// use the persistent kernels below, which make x once per block.)
+template <int MMAX, int UNR>
 __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y,
                                           int M, int N, int K, int WPR) {
   __shared__ float red[8][MMAX];
@@ -157,12 +181,9 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
   const int cBegin = part * per;
   const int cEnd = n < N ? min(nch, cBegin + per) : cBegin; // rows past N: no chunks, same barriers
   const uint4* wr = (const uint4*)(w + (i64)(n < N ? n : 0) * K);
-  float acc[MMAX], inv[MMAX];
+  float acc[MMAX];
   #pragma unroll
-  for (int m = 0; m < MMAX; m++) {
-    acc[m] = 0.0f;
-    inv[m] = 1.0f;
-  }
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
   bool waited = false;
   for (int c0 = cBegin; c0 < cEnd || !waited; c0 += 32 * UNR) {
     uint4 wv[UNR];
@@ -175,7 +196,6 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
     if (!waited) {
       PDL_ENTRY();
       waited = true;
-      if (MODE == 2) gemv_norm_rows<MMAX>(in, M, nch, K, inv);
     }
     #pragma unroll
     for (int u = 0; u < UNR; u++) {
@@ -183,7 +203,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
       if (c < cEnd) {
         #pragma unroll
         for (int m = 0; m < MMAX; m++) {
-          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_x<MODE>(in, nch, m, c, inv[m]));
+          if (m < M) acc[m] += gemv_dot8(wv[u], gemv_x<0>(in, nch, m, c, 1.0f));
         }
       }
     }
@@ -224,16 +244,214 @@ extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const 
     int M, int N, int K, int WPR) { \
   GemvIn in; \
   in.x = x; \
-  gemv_rows<MMAX, UNR, 0>(w, in, y, M, N, K, WPR); \
+  gemv_rows<MMAX, UNR>(w, in, y, M, N, K, WPR); \
+}
+GEMV_KERNEL(1, 16)
+GEMV_KERNEL(2, 16)
+GEMV_KERNEL(4, 8)
+GEMV_KERNEL(8, 4)
+
+// ---- the persistent, software-pipelined kernels (k_gemvp_*) ----------------------------------------
+//
+// Why: a gemv_rows block issues its loads once, multiplies and exits, so a launch runs as ~3 waves
+// of latency-bound blocks plus ramp and tail, and HBM idles between a block's last load landing and
+// its successor's first being issued (q/k/v, o streamed at ~2.2 TB/s of the H200's 4.3). Here a grid
+// the host sizes to stay resident (min(row groups, SMs x 1 or 2)) walks the row groups
+// g = blockIdx.x, g + gridDim.x, ...; a group is 8 / WPR output rows, each split over WPR warps as
+// in gemv_rows (same chunks per lane, same summation order: MODE 0's sums are gemv_rows' bits). A
+// warp's work is the sequence of passes (32 UNR chunks) of its row in each of its groups, and its
+// loads run one pass ahead of its math: a lane's UNR registers of weights form a ring, slot u
+// refilled with the next pass's chunk u (the same row's next pass, or the pass 0 of the row in
+// group g + gridDim.x) right after its current chunk is multiplied. So every lane keeps UNR
+// 16-byte loads in flight from its first pass to its last, across group boundaries and WPR > 1's
+// one barrier per group: 256 x UNR x 16 B = 32 KB (UNR 8) or 64 KB (UNR 16) a block, at one or
+// two blocks an SM (the tuner picks), instead of a burst per block. (Slots past a warp's share of
+// a row stay empty, so the host gives a warp at least 32 UNR chunks a row where K allows:
+// persistentWarpsPerRow.)
+//
+// Registers, not cp.async into shared memory: each weight chunk is read once, by the lane that
+// multiplies it, so staging through shared memory only adds its traffic and cp.async group waits;
+// a ring refilled slot by slot keeps as many bytes in flight as two alternating buffers of twice
+// the registers (4 UNR registers a lane: 32 at UNR 8, 64 at UNR 16). __launch_bounds__(256, 2)
+// caps a thread at 128 registers so that two blocks an SM stay resident (ptxas 13 for sm_90: 80-111,
+// no spills); a block that could not be resident would run after the others, a second wave.
+//
+// MODE 1 / 2 (gluMatmul, addRmsnormMatmul): gemv_rows' twins recompute the transformed x for every
+// weight chunk of every row (N x K activations or norm products: compute-bound, slower than the
+// two unfused kernels). Here each block makes it once after PDL_ENTRY, M rows of K bf16 into
+// dynamic shared memory (the host launches them only when M K 2 bytes <= 48 KiB, which needs no
+// opt-in attribute), and the loop reads x chunks from there. MODE 0 reads x as gemv_rows does
+// (through L1, where it stays: the weight loads do not allocate there).
+
+// MODE 1 / 2's staged x, [M, K / 8] chunks: the block's dynamic shared memory (the host warp
+// simulator's stand-in without __CUDA_ARCH__)
+#ifdef __CUDA_ARCH__
+extern __shared__ uint4 gemvp_smem[];
+__device__ __forceinline__ uint4* gemvp_xs() { return gemvp_smem; }
+#else
+__device__ __forceinline__ uint4* gemvp_xs() { return (uint4*)sim_dynamic_shared(); }
+#endif
+
+// A warp's share of the row groups (the same in every warp of a block, except row and cBegin)
+struct GemvpLayout {
+  int G;      // row groups: ceil(N / rpb)
+  int rpb;    // output rows per group: 8 / WPR
+  int row;    // this warp's row in a group
+  int nch;    // 16-byte chunks per row: K / 8
+  int per;    // chunks per warp of a row: ceil(nch / WPR)
+  int cBegin; // this warp's first chunk of a row
+};
+
+// One pass of a warp over its row of a group: chunks c0 + 32 u + lane below cEnd (none past the
+// last group or N)
+struct GemvpPass {
+  const uint4* wr;
+  int c0, cEnd;
+};
+
+__device__ __forceinline__ GemvpPass gemvp_pass(const GemvpLayout& L, const u16* w, int N, int K, int g, int p, int UNR) {
+  const int n = g * L.rpb + L.row;
+  const bool live = g < L.G && n < N;
+  GemvpPass s;
+  s.wr = (const uint4*)(w + (i64)(live ? n : 0) * K);
+  s.c0 = L.cBegin + p * 32 * UNR;
+  s.cEnd = live ? min(L.nch, L.cBegin + L.per) : 0;
+  return s;
+}
+
+__device__ __forceinline__ uint4 gemvp_load(const GemvpPass& s, int u, int lane) {
+  const int c = s.c0 + u * 32 + lane;
+  return c < s.cEnd ? gemv_ld_stream(s.wr + c) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// chunk c of row m of what the GEMV multiplies: MODE 0 from x, MODE 1 / 2 from the staged copy
+template <int MODE>
+__device__ __forceinline__ uint4 gemvp_x(const GemvIn& in, const uint4* xs, int nch, int m, int c) {
+  if (MODE == 0) return gemv_ld_cached((const uint4*)in.x + (i64)m * nch + c);
+  return xs[m * nch + c];
+}
+
+// MODE 1 / 2, by the whole block after PDL_ENTRY: the M rows the GEMV multiplies, the bf16 values
+// k_glu_packed / k_add_rmsnorm would store, into xs (MODE 2: block 0 also stores the new residual).
+// MODE 2's second loop reads back only the sum chunks the same thread wrote in the first.
+template <int MMAX, int MODE>
+__device__ __forceinline__ void gemvp_stage_x(const GemvIn& in, int M, int nch, int K, uint4* xs) {
+  float inv[MMAX];
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) inv[m] = 1.0f;
+  if (MODE == 2) gemv_norm_rows<MMAX>(in, M, nch, K, inv, xs);
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    if (m >= M) continue;
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+      xs[m * nch + c] = MODE == 2 ? gemv_norm8(in, xs[m * nch + c], c, inv[m]) : gemv_x<MODE>(in, nch, m, c, 1.0f);
+    }
+  }
+  __syncthreads();
+}
+
+// The end of a group: each warp's sums over its lanes, then (WPR > 1) over the row's warps through
+// red (the caller alternates two of them, so one barrier a group suffices: a group's red is
+// rewritten two groups later, after every warp passed the barrier between), stored as bf16.
+template <int MMAX>
+__device__ __forceinline__ void gemvp_store(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N, int n,
+                                            int WPR) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    float v = acc[m];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    acc[m] = v;
+  }
+  if (WPR == 1) {
+    if (lane == 0 && n < N) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) if (m < M) y[(i64)m * N + n] = f2bf(acc[m]);
+    }
+  } else {
+    if (lane == 0) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) red[warp][m] = acc[m];
+    }
+    __syncthreads();
+    if (warp % WPR == 0 && lane == 0 && n < N) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) {
+        if (m < M) {
+          float v = 0.0f;
+          for (int p = 0; p < WPR; p++) v += red[warp + p][m];
+          y[(i64)m * N + n] = f2bf(v);
+        }
+      }
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+}
+
+template <int MMAX, int UNR, int MODE>
+__device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y,
+                                           int M, int N, int K, int WPR) {
+  __shared__ float red[2][8][MMAX];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  GemvpLayout L;
+  L.rpb = 8 / WPR;
+  L.row = warp / WPR;
+  L.nch = K >> 3;
+  L.per = (L.nch + WPR - 1) / WPR;
+  L.cBegin = (warp % WPR) * L.per;
+  L.G = (N + L.rpb - 1) / L.rpb;
+  const int passes = (L.per + 32 * UNR - 1) / (32 * UNR); // the same in every warp: barriers stay uniform
+  // the ring's first fill, before PDL_ENTRY: weights do not depend on the kernel before
+  GemvpPass next = gemvp_pass(L, w, N, K, blockIdx.x, 0, UNR);
+  uint4 wv[UNR];
+  #pragma unroll
+  for (int u = 0; u < UNR; u++) wv[u] = gemvp_load(next, u, lane);
+  PDL_ENTRY();
+  uint4* xs = gemvp_xs();
+  if (MODE != 0) gemvp_stage_x<MMAX, MODE>(in, M, L.nch, K, xs);
+  float acc[MMAX];
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+  int parity = 0;
+  for (int g = blockIdx.x; g < L.G; g += gridDim.x) {
+    for (int p = 0; p < passes; p++) {
+      const GemvpPass cur = next;
+      // the pass after this one: the row's next, else pass 0 of this warp's row in the block's next group
+      next = p + 1 < passes ? gemvp_pass(L, w, N, K, g, p + 1, UNR) : gemvp_pass(L, w, N, K, g + gridDim.x, 0, UNR);
+      #pragma unroll
+      for (int u = 0; u < UNR; u++) {
+        const int c = cur.c0 + u * 32 + lane;
+        if (c < cur.cEnd) {
+          #pragma unroll
+          for (int m = 0; m < MMAX; m++) {
+            if (m < M) acc[m] += gemv_dot8(wv[u], gemvp_x<MODE>(in, xs, L.nch, m, c));
+          }
+        }
+        wv[u] = gemvp_load(next, u, lane); // the ring: slot u's chunk of the next pass, in flight from now
+      }
+    }
+    gemvp_store<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
+    parity ^= 1;
+  }
+}
+
+#define GEMVP_KERNEL(MMAX, UNR) \
+extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
+    int M, int N, int K, int WPR) { \
+  GemvIn in; \
+  in.x = x; \
+  gemvp_rows<MMAX, UNR, 0>(w, in, y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256) k_gemv_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
+extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
     int M, int N, int K, int WPR, int act) { \
   GemvIn in; \
   in.x = gu; \
   in.act = act; \
-  gemv_rows<MMAX, UNR, 1>(w, in, y, M, N, K, WPR); \
+  gemvp_rows<MMAX, UNR, 1>(w, in, y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256) k_gemv_norm_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_norm_m##MMAX##_u##UNR(const u16* w, const u16* x, \
     const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
     int WPR) { \
   GemvIn in; \
@@ -245,56 +463,137 @@ extern "C" __global__ void __launch_bounds__(256) k_gemv_norm_m##MMAX##_u##UNR(c
   in.eps = eps; \
   in.off = off; \
   in.sum = sum; \
-  gemv_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
+  gemvp_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
 }
-GEMV_KERNEL(1, 16)
-GEMV_KERNEL(2, 16)
-GEMV_KERNEL(4, 8)
-GEMV_KERNEL(8, 4)
+GEMVP_KERNEL(1, 16)
+GEMVP_KERNEL(2, 16)
+GEMVP_KERNEL(4, 8)
+GEMVP_KERNEL(8, 8)
 `;
 
 export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
-/** the same kernels with the GLU of packed gate/up rows fused into their x (gluMatmul) */
-export const GEMV_GLU_KERNEL_NAMES = ['k_gemv_glu_m1_u16', 'k_gemv_glu_m2_u16', 'k_gemv_glu_m4_u8', 'k_gemv_glu_m8_u4'] as const;
-/** the same kernels with add + rmsnorm fused into their x (addRmsnormMatmul) */
-export const GEMV_NORM_KERNEL_NAMES = ['k_gemv_norm_m1_u16', 'k_gemv_norm_m2_u16', 'k_gemv_norm_m4_u8', 'k_gemv_norm_m8_u4'] as const;
+/** the persistent, software-pipelined kernels (same arguments as GEMV_KERNEL_NAMES; grid gemvpGrid) */
+export const GEMVP_KERNEL_NAMES = ['k_gemvp_m1_u16', 'k_gemvp_m2_u16', 'k_gemvp_m4_u8', 'k_gemvp_m8_u8'] as const;
+/** their GLU twins: x staged once per block in dynamic shared memory (gluMatmul; gemvFusedChoice) */
+export const GEMVP_GLU_KERNEL_NAMES = ['k_gemvp_glu_m1_u16', 'k_gemvp_glu_m2_u16', 'k_gemvp_glu_m4_u8', 'k_gemvp_glu_m8_u8'] as const;
+/** their add + rmsnorm twins, x staged the same way (addRmsnormMatmul; gemvFusedChoice) */
+export const GEMVP_NORM_KERNEL_NAMES = ['k_gemvp_norm_m1_u16', 'k_gemvp_norm_m2_u16', 'k_gemvp_norm_m4_u8', 'k_gemvp_norm_m8_u8'] as const;
 
-export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number];
+/** the kernels a GemvChoice names (MODE 0: y = x · w^T) */
+export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number] | (typeof GEMVP_KERNEL_NAMES)[number];
+export type GemvFusedKernelName = (typeof GEMVP_GLU_KERNEL_NAMES)[number] | (typeof GEMVP_NORM_KERNEL_NAMES)[number];
 
 /** threads per block: 8 warps */
 export const GEMV_THREADS = 256;
 export const GEMV_MAX_M = 8;
+/**
+ * The most dynamic shared memory the fused persistent kernels stage x in (M K bf16): 48 KiB, the
+ * default limit, above which a kernel would need cuFuncSetAttribute; beyond it the fused ops run unfused.
+ */
+export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
+/** resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in flight an SM) */
+export const GEMVP_FUSED_BLOCKS_PER_SM = 2;
 
-const VARIANTS: { name: GemvKernelName; mmax: number; unroll: number }[] = [
+interface Variant { name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName }
+
+const VARIANTS: Variant[] = [
   { name: 'k_gemv_m1_u16', mmax: 1, unroll: 16 }, { name: 'k_gemv_m2_u16', mmax: 2, unroll: 16 },
   { name: 'k_gemv_m4_u8', mmax: 4, unroll: 8 }, { name: 'k_gemv_m8_u4', mmax: 8, unroll: 4 },
 ];
+/** the persistent kernels: UNR 16 where M's math leaves the registers (ring 64 of 128), else 8 */
+const PERSISTENT: Variant[] = [
+  { name: 'k_gemvp_m1_u16', mmax: 1, unroll: 16, glu: 'k_gemvp_glu_m1_u16', norm: 'k_gemvp_norm_m1_u16' },
+  { name: 'k_gemvp_m2_u16', mmax: 2, unroll: 16, glu: 'k_gemvp_glu_m2_u16', norm: 'k_gemvp_norm_m2_u16' },
+  { name: 'k_gemvp_m4_u8', mmax: 4, unroll: 8, glu: 'k_gemvp_glu_m4_u8', norm: 'k_gemvp_norm_m4_u8' },
+  { name: 'k_gemvp_m8_u8', mmax: 8, unroll: 8, glu: 'k_gemvp_glu_m8_u8', norm: 'k_gemvp_norm_m8_u8' },
+];
 
-/** One way to run a GEMV: the kernel and how many warps share an output row (1, 2, 4 or 8). */
+/**
+ * One way to run a GEMV: the kernel, how many warps share an output row (1, 2, 4 or 8) and, for
+ * the persistent kernels (k_gemvp_*), how many blocks an SM the grid holds.
+ */
 export interface GemvChoice {
   kernel: GemvKernelName;
   warpsPerRow: number;
+  /** persistent kernels only: grid = min(row groups, SMs x this) (gemvLaunchGrid) */
+  blocksPerSm?: number;
 }
 
 export function gemvLabel(c: GemvChoice): string {
-  return `${c.kernel}/w${c.warpsPerRow}`;
+  return `${c.kernel}/w${c.warpsPerRow}${c.blocksPerSm ? `/b${c.blocksPerSm}` : ''}`;
+}
+
+function fits(M: number, K: number): boolean {
+  return Number.isInteger(M) && Number.isInteger(K) && M >= 1 && M <= GEMV_MAX_M && K >= 8 && K % 8 === 0;
+}
+
+/**
+ * The persistent choices' warps per row: 1 (8 rows a group, no barrier), and the most (up to 8)
+ * that still fill a lane's ring (32 UNR chunks a warp's share of a row): more row groups for
+ * small N at no loss of bytes in flight.
+ */
+function persistentWarpsPerRow(v: Variant, K: number): number[] {
+  const chunks = K / 8;
+  let wpr = 1;
+  while (wpr < 8 && chunks / (wpr * 2) >= 32 * v.unroll) wpr *= 2;
+  return [...new Set([1, wpr])];
 }
 
 /**
  * The GEMV launches that can compute an M-row product with inner size K (none when M or K rule them
  * out): the smallest kernel that holds M rows, with the fewest warps per row that give each lane one
- * pass of loads, and twice that.
+ * pass of loads, and twice that; then the smallest persistent kernel that holds M rows, at one and
+ * two blocks an SM, with each of persistentWarpsPerRow.
  */
 export function gemvCandidates(M: number, K: number): GemvChoice[] {
-  if (M < 1 || M > GEMV_MAX_M || K < 8 || K % 8 !== 0) return [];
+  if (!fits(M, K)) return [];
   const v = VARIANTS.find((x) => x.mmax >= M)!;
   const chunks = K / 8;
   let wpr = 1;
   while (wpr < 8 && wpr * 32 * v.unroll < chunks) wpr *= 2;
-  return [...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w }));
+  const out: GemvChoice[] = [...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w }));
+  const p = PERSISTENT.find((x) => x.mmax >= M)!;
+  for (const w of persistentWarpsPerRow(p, K)) {
+    for (const b of [1, 2]) out.push({ kernel: p.name, warpsPerRow: w, blocksPerSm: b });
+  }
+  return out;
 }
 
-/** grid x of a GEMV launch over N output rows */
+/**
+ * The most weight bytes a fused launch streams: beyond it the persistent loop's deficit against
+ * the tuned GEMM outweighs the kernel it saves (on the H200, lm_head's 1 GB ran 12 us slower in
+ * k_gemvp than in cuBLASLt, where the add + rmsnorm kernel it would save takes a few us; the 8B's
+ * gate/up, 235 MB, gained).
+ */
+export const GEMVP_FUSED_MAX_WEIGHT_BYTES = 256 * 1024 * 1024;
+
+/**
+ * The persistent launch gluMatmul / addRmsnormMatmul fuse into an [M, K] x [N, K]^T product
+ * (untimed: the most warps a row that fill a lane's ring, as persistentWarpsPerRow, at
+ * GEMVP_FUSED_BLOCKS_PER_SM), with its kernels and dynamic shared memory (M K 2 bytes); undefined
+ * where M or K rule the GEMV out, x would not fit GEMVP_MAX_SHARED_BYTES or the weights pass
+ * GEMVP_FUSED_MAX_WEIGHT_BYTES (the caller runs the two ops).
+ */
+export function gemvFusedChoice(M: number, N: number, K: number):
+  { choice: GemvChoice; glu: GemvFusedKernelName; norm: GemvFusedKernelName; sharedBytes: number } | undefined {
+  if (!fits(M, K) || M * K * 2 > GEMVP_MAX_SHARED_BYTES || N * K * 2 > GEMVP_FUSED_MAX_WEIGHT_BYTES) return undefined;
+  const p = PERSISTENT.find((x) => x.mmax >= M)!;
+  const warpsPerRow = Math.max(...persistentWarpsPerRow(p, K));
+  return { choice: { kernel: p.name, warpsPerRow, blocksPerSm: GEMVP_FUSED_BLOCKS_PER_SM }, glu: p.glu!, norm: p.norm!,
+    sharedBytes: M * K * 2 };
+}
+
+/** grid x of a (one-shot) GEMV launch over N output rows: one block per row group */
 export function gemvGrid(N: number, warpsPerRow: number): number {
   return Math.ceil(N / (GEMV_THREADS / 32 / warpsPerRow));
+}
+
+/** grid x of a persistent GEMV launch: the row groups, at most blocksPerSm resident blocks on each of smCount SMs */
+export function gemvpGrid(N: number, warpsPerRow: number, smCount: number, blocksPerSm: number): number {
+  return Math.min(gemvGrid(N, warpsPerRow), Math.max(1, smCount) * blocksPerSm);
+}
+
+/** grid x of a GemvChoice's launch over N output rows on a device of smCount SMs */
+export function gemvLaunchGrid(c: GemvChoice, N: number, smCount: number): number {
+  return c.blocksPerSm ? gemvpGrid(N, c.warpsPerRow, smCount, c.blocksPerSm) : gemvGrid(N, c.warpsPerRow);
 }

@@ -14,7 +14,9 @@
 
 import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE } from './attention-kernels.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
-import { GEMV_GLU_KERNEL_NAMES, GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMV_NORM_KERNEL_NAMES } from './gemv-kernels.ts';
+import {
+  GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
+} from './gemv-kernels.ts';
 import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
 
 /**
@@ -467,7 +469,7 @@ export const KERNEL_MODULES = [
   kernelModule('attention', attentionDefines() + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
-  kernelModule('gemv', GEMV_KERNEL_SOURCE, [...GEMV_KERNEL_NAMES, ...GEMV_GLU_KERNEL_NAMES, ...GEMV_NORM_KERNEL_NAMES] as const),
+  kernelModule('gemv', GEMV_KERNEL_SOURCE, [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
 ] as const;
 

@@ -1,12 +1,13 @@
-// Runs kernels of the CUDA fused module (fused-kernels.ts: add + rmsnorm, argmax) on the CPU
-// through warp-sim.h, launched as cuda-backend.ts launches them.
+// Runs kernels of the CUDA fused module (fused-kernels.ts: add + rmsnorm, packed GLU, argmax) on
+// the CPU through warp-sim.h, launched as cuda-backend.ts launches them.
 import { FUSED_KERNEL_SOURCE } from '../../../src/backends/cuda/fused-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
 const DRIVER = String.raw`
-// argv: input, output. Input: i32 which (0: add_rmsnorm, 1: argmax), then
+// argv: input, output. Input: i32 which (0: add_rmsnorm, 1: argmax, 2: glu_packed), then
 //   add_rmsnorm: i32 rows D threads; f32 rScale eps off; u16 a[rows D], b[rows D], w[D] -> u16 sum, normed
 //   argmax:      i32 R V S chunk;    f32 x[R V]                                      -> i32 out[R]
+//   glu_packed:  i32 T I act blocks; u16 gu[T 2I] (bf16)                             -> u16 out[T I]
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
   FILE* f = fopen(argv[1], "rb");
@@ -26,6 +27,14 @@ int main(int argc, char** argv) {
     });
     fwrite(sum.data(), 2, sum.size(), o);
     fwrite(normed.data(), 2, normed.size(), o);
+  } else if (which == 2) {
+    int hd[4];
+    if (fread(hd, 4, 4, f) != 4) return 2;
+    const int T = hd[0], I = hd[1], act = hd[2], blocks = hd[3];
+    std::vector<u16> gu((size_t)T * 2 * I), out((size_t)T * I, 0xffff);
+    if (fread(gu.data(), 2, gu.size(), f) != gu.size()) return 2;
+    sim::launch(dim3{(unsigned)blocks, 1, 1}, 256, [&] { k_glu_packed(gu.data(), DT_BF16, out.data(), T, I, act); });
+    fwrite(out.data(), 2, out.size(), o);
   } else {
     int hd[4];
     if (fread(hd, 4, 4, f) != 4) return 2;
@@ -53,6 +62,11 @@ export function runAddRmsnormSim(rows: number, D: number, a: Uint16Array, b: Uin
   const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
   const buf = runSim(sim(), bytesOf(Int32Array.of(0, rows, D, threads), Float32Array.of(rScale, eps, off), a, b, w));
   return { sum: new Uint16Array(buf, 0, rows * D), normed: new Uint16Array(buf, rows * D * 2, rows * D) };
+}
+
+/** k_glu_packed over bf16 packed gate/up rows [T, 2I] (a few grid-stride blocks); returns the bf16 bits of [T, I]. */
+export function runGluPackedSim(T: number, I: number, gu: Uint16Array, act: number): Uint16Array {
+  return new Uint16Array(runSim(sim(), bytesOf(Int32Array.of(2, T, I, act, 3), gu)));
 }
 
 /** k_argmax_part + k_argmax_final over f32 rows, split as cuda-backend.ts splits them. */

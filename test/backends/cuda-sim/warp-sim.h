@@ -5,7 +5,9 @@
 // mma.sync m16n8k16) exchange through per-warp scratch between two warp barriers, in the register
 // layouts of the PTX ISA. A barrier some threads never reach (divergence) aborts with a message
 // instead of hanging. cp.async copies at once (commit and wait are no-ops): a kernel that reads a
-// buffer it is still filling fails here as it would on a GPU, only more reliably.
+// buffer it is still filling fails here as it would on a GPU, only more reliably. Dynamic shared
+// memory (a launch's shared bytes: sim_dynamic_shared(), for `extern __shared__`) is poisoned with
+// 0xff bytes (bf16 / f32 NaNs) before each block, and a guard past its end is checked after it.
 #pragma once
 #include <cmath>
 #include <cstdio>
@@ -44,6 +46,10 @@ inline std::function<void()> body;
 inline int blockOr = 0, blockOrResult = 0;
 
 inline dim3 threadIdx_, blockIdx_, blockDim_, gridDim_;
+// the block's dynamic shared memory, then GUARD bytes that must stay untouched
+inline std::vector<char> dynShared;
+inline size_t dynSharedBytes = 0;
+constexpr size_t DYN_SHARED_GUARD = 256;
 
 inline void yield(State s) {
   Fiber& f = fibers[current];
@@ -57,9 +63,12 @@ inline void entry() {
   swapcontext(&fibers[current].ctx, &schedCtx);
 }
 
-// Runs `kernel` for every block of the grid, one block at a time.
-inline void launch(dim3 grid, unsigned threads, const std::function<void()>& kernel) {
+// Runs `kernel` for every block of the grid, one block at a time, with `shared` bytes of dynamic
+// shared memory.
+inline void launch(dim3 grid, unsigned threads, const std::function<void()>& kernel, size_t shared = 0) {
   body = kernel;
+  dynSharedBytes = shared;
+  dynShared.assign(shared + DYN_SHARED_GUARD, 0);
   gridDim_ = grid;
   blockDim_ = dim3{threads, 1, 1};
   const unsigned nw = (threads + 31) / 32;
@@ -79,6 +88,8 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
         makecontext(&f.ctx, entry, 0);
       }
       blockOr = 0;
+      std::memset(dynShared.data(), 0xff, shared);
+      std::memset(dynShared.data() + shared, 0x5a, DYN_SHARED_GUARD);
       for (;;) {
         bool ran = false;
         for (unsigned t = 0; t < threads; t++) {
@@ -122,11 +133,19 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
           std::exit(3);
         }
       }
+      for (size_t i = 0; i < DYN_SHARED_GUARD; i++) {
+        if (dynShared[shared + i] != 0x5a) {
+          std::fprintf(stderr, "warp-sim: block (%u, %u) wrote past its %zu bytes of dynamic shared memory\n", bx, by, shared);
+          std::exit(4);
+        }
+      }
     }
   }
 }
 
 inline unsigned lane() { return threadIdx_.x & 31; }
+// 16-byte aligned (operator new's alignment), as `extern __shared__` arrays of uint4 need
+inline void* dynamicShared() { return dynShared.data(); }
 inline WarpScratch& warp() { return warps[threadIdx_.x >> 5]; }
 inline void warpBarrier() { yield(WAIT_WARP); }
 
@@ -143,6 +162,7 @@ inline void warpBarrier() { yield(WAIT_WARP); }
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { sim::yield(sim::WAIT_BLOCK); }
+inline void* sim_dynamic_shared() { return sim::dynamicShared(); }
 inline int __syncthreads_or(int p) {
   sim::blockOr |= p != 0;
   sim::yield(sim::WAIT_BLOCK);
