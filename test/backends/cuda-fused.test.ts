@@ -113,7 +113,8 @@ describe('fused ops', { skip: SKIP }, () => {
     try {
       for (const fuse of [false, true]) {
         setCudaFuseGlu(fuse);
-        for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5], [2, 136, 3000], [1, 4096, 700]] as const) {
+        for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5], [2, 136, 3000], [1, 4096, 700],
+          [3, 7168, 20], [6, 4096, 30]] as const) { // the last: 48 KiB of x, no room for the kernel's own: unfused
           const gu = randomF32(r, T * 2 * I, 3), w = randomF32(r, N * I);
           for (const a of ['silu', 'gelu_tanh'] as const) {
             // the reference composes the two ops, its glu output rounded to bf16 as the CUDA
@@ -138,7 +139,7 @@ describe('fused ops', { skip: SKIP }, () => {
       for (const fuse of [false, true]) {
         setCudaFuseNorm(fuse);
         for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0],
-          [1, 264, 3000, 1, 0], [2, 4096, 900, 1, 0]] as const) {
+          [1, 264, 3000, 1, 0], [2, 4096, 900, 1, 0], [5, 4096, 40, 1, 0], [6, 4096, 50, 1, 0]] as const) { // 6 x 4096: unfused
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
           // the reference composes the ops, rounding the sum and the normed rows to bf16 where the
           // CUDA kernels store them

@@ -28,7 +28,7 @@ import { ATT_MAX_HEAD_DIM, type KernelName } from './kernels.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
-import { GEMV_THREADS, gemvFusedChoice, gemvLaunchGrid } from './gemv-kernels.ts';
+import { GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid } from './gemv-kernels.ts';
 import { cudaCacheDir } from './nvrtc.ts';
 import { CudaRuntime, type KernelArg, type PinnedBuffer } from './runtime.ts';
 import { StagingChunks, uploadFileRange } from './weight-staging.ts';
@@ -146,6 +146,8 @@ export class CudaBackend implements Backend {
   private closed = false;
   /** captured graphs not yet disposed (close disposes them) */
   private readonly liveGraphs = new Set<CapturedGraph>();
+  /** static shared bytes by kernel (sharedFits) */
+  private readonly staticShared = new Map<KernelName, number>();
 
   constructor(private readonly rt: CudaRuntime, private readonly pool: DevicePool,
     private readonly gemm: LtGemm | null, private readonly gemmNote: string) {
@@ -215,6 +217,20 @@ export class CudaBackend implements Backend {
     const rows = p.collect();
     p.close();
     return rows;
+  }
+
+  /**
+   * Whether a launch of `name` with `dynamicBytes` of dynamic shared memory stays within the
+   * 48 KiB a block may use without opting in (static + dynamic: the fused GEMV kernels' own
+   * reduction arrays count too; 6 rows x 4096 of staged x alone is 48 KiB).
+   */
+  private sharedFits(name: KernelName, dynamicBytes: number): boolean {
+    let fixed = this.staticShared.get(name);
+    if (fixed === undefined) {
+      fixed = this.kernelResources(name).sharedBytes;
+      this.staticShared.set(name, fixed);
+    }
+    return fixed + dynamicBytes <= GEMVP_MAX_SHARED_BYTES;
   }
 
   /** A kernel's resources as compiled for this device (registers per thread, local and static shared bytes). */
@@ -986,7 +1002,7 @@ export class CudaBackend implements Backend {
     const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
       g.shape[0] === D && T >= 1 && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
       Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvFusedChoice(T, N, D) : undefined;
-    if (!gemv) {
+    if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.matmul(normed, m, bias);
       this.free(normed); // stream-ordered: the matmul enqueued above reads it first
@@ -1082,7 +1098,7 @@ export class CudaBackend implements Backend {
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && N > 0 &&
       g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
-    if (!gemv) {
+    if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
       const h = this.gluPacked(g, act);
       const y = this.matmul(h, b, bias);
       this.free(h); // stream-ordered: the matmul enqueued above reads it first

@@ -487,8 +487,10 @@ export type GemvFusedKernelName = (typeof GEMVP_GLU_KERNEL_NAMES)[number] | (typ
 export const GEMV_THREADS = 256;
 export const GEMV_MAX_M = 8;
 /**
- * The most dynamic shared memory the fused persistent kernels stage x in (M K bf16): 48 KiB, the
- * default limit, above which a kernel would need cuFuncSetAttribute; beyond it the fused ops run unfused.
+ * The most shared memory a fused persistent block uses, its staged x (M K bf16, dynamic) and its
+ * own static arrays together: 48 KiB, the default limit, above which a kernel would need
+ * cuFuncSetAttribute; beyond it the fused ops run unfused (gemvFusedChoice checks x alone, the
+ * backend the sum with the kernel's static bytes).
  */
 export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
 /** resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in flight an SM) */
