@@ -107,10 +107,12 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 
-  // The reference rounds the glu / normed rows to bf16 as the kernels do, but its f32 maths can land
-  // a value on the other side of a rounding boundary: at 4096+ terms (|y| ~ 20) those 1-ulp flips
-  // add up to ~0.1 (seen: 0.078 at 6 x 4096, unfused); a wrong row or weight is off by O(|y|).
-  const longK = (K: number) => ({ atol: K > 1024 ? 0.15 : 4e-3, rtol: 1.2e-2 });
+  // The reference rounds the glu / normed rows to bf16 as the kernels do, but its f32 maths (and
+  // its gelu_tanh) can land a value on the other side of a rounding boundary; over thousands of
+  // terms those flips add up to ~0.3% of the rows' typical |y| (~sqrt(K) x the inputs' scale):
+  // seen 0.078 at 6 x 4096 (norm) and 0.30 at 3 x 7168 (gelu_tanh glu, |y| ~ 100). A wrong row or
+  // weight is off by O(|y|). Short rows keep the tight tolerance.
+  const longK = (K: number, scale: number) => ({ atol: K > 1024 ? 4e-3 * Math.sqrt(K) * scale : 4e-3, rtol: 1.2e-2 });
 
   it('gluMatmul: the two ops, and fused into the decode GEMV ($LLMTS_CUDA_FUSE_GLU=on) for 1-8 rows, each activation', async () => {
     const r = rng(14);
@@ -128,7 +130,7 @@ describe('fused ops', { skip: SKIP }, () => {
               const g = act(b, gu, [T, 2 * I]), ww = act(b, w, [N, I]);
               if (b.name === 'cuda') return [b.gluMatmul!(g, a, ww)];
               return [b.matmul(await roundedBf16(b, b.gluPacked!(g, a)), ww)];
-            }, longK(I));
+            }, longK(I, 3));
           }
         }
       }
@@ -157,7 +159,7 @@ describe('fused ops', { skip: SKIP }, () => {
             const sum = await roundedBf16(b, b.add(xx, rr, rScale));
             const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
             return [sum, b.matmul(normed, ww)];
-          }, longK(D));
+          }, longK(D, 0.6));
         }
       }
     } finally {
