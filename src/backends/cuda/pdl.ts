@@ -23,12 +23,14 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
 ]);
 
 /**
- * Opt-in ($LLMTS_CUDA_PDL=on; needs sm_90 or newer). Measured on the H200 (Llama-3.1-8B shapes, B=1
- * decode, graphs on): cuBLASLt + GEMV as tuned 194.5 tok/s with PDL vs 193.8 without; every decode
- * GEMM on the GEMV kernels 189.4 with vs 194.2 without. No gain, so it stays off by default.
+ * On by default on sm_90 and newer ($LLMTS_CUDA_PDL=off turns it off). Measured on the H200
+ * (Llama-3.1-8B shapes, B=1 decode, graphs on): session 3, with only the one-shot GEMVs listed,
+ * no gain (194.5 tok/s with, 193.8 without); session 5, with the tensor-core decode attention and
+ * the persistent GEMVs listed too, 216.1 with vs 213.6-214.0 without at a 512-token context, 197.8
+ * vs 196.5 at 4k.
  */
 export function pdlEnabled(ccMajor: number): boolean {
-  return ccMajor >= 9 && process.env.LLMTS_CUDA_PDL === 'on';
+  return ccMajor >= 9 && process.env.LLMTS_CUDA_PDL !== 'off';
 }
 
 // CUlaunchConfig (cuda.h): 7 unsigned ints (grid xyz, block xyz, shared bytes), 4 bytes padding,
