@@ -40,6 +40,13 @@ const ACTS: readonly DType[] = ['bf16', 'f32'];
 const FLOAT: readonly DType[] = ['f32', 'f16', 'bf16'];
 const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
 
+/**
+ * The most rows the fused GEMV paths take (gluMatmul, addRmsnormMatmul); more run the two ops. On
+ * the H200 (8B shapes) the fused norm gained 1.9-3.5% at one row, but at 4 rows the m4 kernel made
+ * decode 25% slower (7.02 vs 5.24 ms a step); 2-3 rows are unmeasured.
+ */
+const FUSED_GEMV_MAX_ROWS = 1;
+
 /** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (opt-in until measured) */
 let FUSE_GLU = process.env.LLMTS_CUDA_FUSE_GLU === 'on';
 
@@ -981,7 +988,7 @@ export class CudaBackend implements Backend {
 
   /**
    * addRmsnorm, then matmul(normed, w, bias). Fused (the default), a decode shape (at
-   * most GEMV_MAX_M rows, bf16 x, r and w, no bias, 16-byte aligned, the normed rows within
+   * most FUSED_GEMV_MAX_ROWS rows, bf16 x, r and w, no bias, 16-byte aligned, the normed rows within
    * GEMVP_MAX_SHARED_BYTES, weights within GEMVP_FUSED_MAX_WEIGHT_BYTES) runs one persistent GEMV
    * kernel whose blocks each make the normed rows once into shared memory while their first weights
    * stream (gemv-kernels.ts k_gemvp_norm_*), writing the new residual too: a kernel and the normed
@@ -1000,7 +1007,7 @@ export class CudaBackend implements Backend {
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
     const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
-      g.shape[0] === D && T >= 1 && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
       Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
@@ -1081,7 +1088,7 @@ export class CudaBackend implements Backend {
 
   /**
    * matmul(gluPacked(gu, act), w, bias). With $LLMTS_CUDA_FUSE_GLU=on, a decode shape (at most
-   * GEMV_MAX_M rows, bf16 gu and w, no bias, 16-byte aligned, the [T, I] glu within
+   * FUSED_GEMV_MAX_ROWS rows, bf16 gu and w, no bias, 16-byte aligned, the [T, I] glu within
    * GEMVP_MAX_SHARED_BYTES) runs one persistent GEMV kernel whose blocks each make the GLU once
    * into shared memory (gemv-kernels.ts k_gemvp_glu_*): a kernel and the [T, I] glu output less
    * per layer. Opt-in until measured on the GPU; otherwise the two ops.
@@ -1096,7 +1103,7 @@ export class CudaBackend implements Backend {
     if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
-    const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && N > 0 &&
+    const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
       g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
     if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
       const h = this.gluPacked(g, act);
