@@ -4,8 +4,9 @@
 // which makes `__shared__` a function-static array. Warp collectives (shuffles, ballots, ldmatrix,
 // mma.sync m16n8k16) exchange through per-warp scratch between two warp barriers, in the register
 // layouts of the PTX ISA. A barrier some threads never reach (divergence) aborts with a message
-// instead of hanging. cp.async copies at once (commit and wait are no-ops): a kernel that reads a
-// buffer it is still filling fails here as it would on a GPU, only more reliably. Dynamic shared
+// instead of hanging. cp.async poisons its destination at issue and lands at the issuing thread's
+// wait for its group: a kernel that reads a tile before waiting, or fills a buffer others still
+// read, fails here as it could on a GPU, only reliably. Dynamic shared
 // memory (a launch's shared bytes: sim_dynamic_shared(), for `extern __shared__`) is poisoned with
 // 0xff bytes (bf16 / f32 NaNs) before each block, and a guard past its end is checked after it.
 #pragma once
@@ -23,11 +24,18 @@ struct uint4 { unsigned x, y, z, w; };
 namespace sim {
 
 enum State { RUNNABLE, WAIT_WARP, WAIT_BLOCK, DONE };
+// one cp.async of 16 bytes: where, and the bytes it will write (read from global at issue)
+struct PendingCopy {
+  void* dst;
+  unsigned char data[16];
+};
 struct Fiber {
   ucontext_t ctx;
   std::vector<char> stack;
   State state = RUNNABLE;
   unsigned tid = 0;
+  std::vector<PendingCopy> cpOpen;                // issued, not yet committed
+  std::vector<std::vector<PendingCopy>> cpGroups; // committed groups, oldest first
 };
 
 struct WarpScratch {
@@ -57,8 +65,16 @@ inline void yield(State s) {
   swapcontext(&f.ctx, &schedCtx);
 }
 
+inline void cpLand(std::vector<PendingCopy>& g) {
+  for (PendingCopy& c : g) std::memcpy(c.dst, c.data, 16);
+  g.clear();
+}
+
 inline void entry() {
   body();
+  // copies a thread never waited for still land (a kernel that reads them is wrong, and fails)
+  for (auto& g : fibers[current].cpGroups) cpLand(g);
+  cpLand(fibers[current].cpOpen);
   fibers[current].state = DONE;
   swapcontext(&fibers[current].ctx, &schedCtx);
 }
@@ -212,12 +228,29 @@ inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
 inline void __threadfence() {}
 
 // ---- the attention module's primitives (attention-kernels.ts ATTENTION_PRIMITIVES) ----------------
+// cp.async: the destination is poisoned (0xff: bf16 NaNs) at issue and gets its bytes only when
+// the issuing thread waits for the copy's group, so a kernel that reads a tile before its wait,
+// or issues into a buffer other warps still read, computes NaNs here.
 inline void att_cp16(void* dst, const void* src, bool pred) {
-  if (pred) std::memcpy(dst, src, 16);
-  else std::memset(dst, 0, 16);
+  sim::PendingCopy c;
+  c.dst = dst;
+  if (pred) std::memcpy(c.data, src, 16);
+  else std::memset(c.data, 0, 16);
+  std::memset(dst, 0xff, 16);
+  sim::fibers[sim::current].cpOpen.push_back(c);
 }
-inline void att_cp_commit() {}
-template <int N> inline void att_cp_wait() {}
+inline void att_cp_commit() {
+  sim::Fiber& f = sim::fibers[sim::current];
+  f.cpGroups.push_back(std::move(f.cpOpen));
+  f.cpOpen.clear();
+}
+template <int N> inline void att_cp_wait() {
+  sim::Fiber& f = sim::fibers[sim::current];
+  while (f.cpGroups.size() > (size_t)N) {
+    sim::cpLand(f.cpGroups.front());
+    f.cpGroups.erase(f.cpGroups.begin());
+  }
+}
 inline unsigned short sim_at(const void* row, int col) { return ((const unsigned short*)row)[col]; }
 // ldmatrix .x4: matrix m's row r is at the address of lane 8 m + r; lane l receives, of each
 // matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of the transposed matrix)
