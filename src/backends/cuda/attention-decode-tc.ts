@@ -12,7 +12,9 @@
 //   k_attn_decode_tc_d<D>  grid (W, KVH), 128 threads; same slots, splits, partials and combine as
 //       k_attn_decode_d<D>_g<GC> (it is a drop-in replacement when the GQA group G <= 16). The
 //       group's G query heads are the rows of one m16 tile (rows >= G are zeros, never written).
-//       Keys go in tiles of BK = 32, double-buffered: while tile it is used, tile it+1 loads.
+//       Keys go in tiles of BK = 32, double-buffered: while tile it is used, tile it+1 loads (Q
+//       travels with tile 0, and each tile's block-table entries are read a tile ahead, so at one
+//       row, where the kernel is a chain of global round trips, a tile costs no extra one).
 //       Per tile: warp w computes the scores of keys [8w, 8w + 8) (S = Q K^T, mma m16n8k16) into
 //       shared memory; then every warp reads the whole tile's scores and runs the same online
 //       softmax (so all warps hold identical max and sum), and computes O[:, D/4 * w ..) += P V for
@@ -24,6 +26,13 @@
 //       heads and writes the output, and sets the counter back to 0 for the next call (a graph
 //       replays the same buffer). At one row that saves a dependent launch per layer.
 export const ATTENTION_DECODE_TC_KERNELS = String.raw`
+// the block-table entry of key j of a row (-1 past k1 or past the table's width)
+__device__ __forceinline__ int att_tc_table_entry(const int* tab, int j, int k1, int BS, int bsShift, int MBR) {
+  if (j >= k1) return -1;
+  const int lb = att_block_of(j, BS, bsShift);
+  return lb < MBR ? tab[lb] : -1;
+}
+
 template <int D>
 __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, const u16* vpool, const int* rows,
     const int* poss, const int* tables, int* plan, int planReady, u16* out, float* part, float* partml, int T, int H,
@@ -70,37 +79,41 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
     const int* tab = item.tab;
 
-    // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the K buffers
+    // The block-table entry of key k0 + it BK + tid (tid < BK) of tile it, loaded a tile ahead of
+    // its use (blkNext): a tile's issue then waits on no global load, where reading the table
+    // there cost a round trip per tile (at one row, the kernel is a chain of such round trips).
+#define ATT_TC_TABLE(it) (tid < BK ? att_tc_table_entry(tab, k0 + (it) * BK + tid, k1, BS, bsShift, MBR) : -1)
+    int blkNext = ATT_TC_TABLE(0);
+
+    // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through stage 1's K buffer
+    // (stage 0 takes the first key tile meanwhile: Q and that tile travel together)
+    u16* const s_q = s_kv + 2 * TILE;
     for (int c = tid; c < 16 * NCH; c += NTH) {
       const int qi = c / NCH, ch = c - qi * NCH;
       const bool ok = qi < G;
-      att_cp16(s_kv + qi * LDS + ch * 8, ok ? (const void*)(q + ((i64)t * H + h0 + qi) * D + ch * 8) : (const void*)q, ok);
+      att_cp16(s_q + qi * LDS + ch * 8, ok ? (const void*)(q + ((i64)t * H + h0 + qi) * D + ch * 8) : (const void*)q, ok);
     }
     att_cp_commit();
-    att_cp_wait<0>();
-    __syncthreads();
-    unsigned qa[KST][4];
-#pragma unroll
-    for (int k = 0; k < KST; k++) att_ldsm4(qa[k], s_kv + (lane & 15) * LDS + k * 16 + (lane >> 4) * 8);
-    __syncthreads(); // the staging area becomes the key tiles
 
     float o[DWT][4];
 #pragma unroll
     for (int k = 0; k < DWT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g and g + 8
 
-    // slots of tile it into stage (it & 1), then its K and V copies (one commit group)
+    // slots of tile it into stage (it & 1) (its table entries in blkNext; then the next tile's are
+    // loaded into it), then its K and V copies (one commit group)
 #define ATT_TC_ISSUE(it) do { \
       const int st_ = (it) & 1, j_ = k0 + (it) * BK + tid; \
       if (tid < BK) { \
         int slot_ = -1; \
         if (j_ < k1) { \
           const int lb_ = att_block_of(j_, BS, bsShift); \
-          const int blk_ = lb_ < MBR ? tab[lb_] : -1; \
+          const int blk_ = blkNext; \
           if (blk_ >= 0 && blk_ < NB) slot_ = blk_ * BS + (j_ - lb_ * BS); \
           else report(err, 4, r, j_, blk_); \
         } \
         s_slot[st_][tid] = slot_; \
+        blkNext = ATT_TC_TABLE((it) + 1); \
       } \
       __syncthreads(); \
       u16* kd_ = s_kv + st_ * 2 * TILE; \
@@ -113,7 +126,18 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       att_cp_commit(); \
     } while (0)
 
-    if (ntiles > 0) ATT_TC_ISSUE(0);
+    if (ntiles > 0) {
+      ATT_TC_ISSUE(0);
+      att_cp_wait<1>(); // Q has landed (tile 0 may still be in flight)
+    } else {
+      att_cp_wait<0>();
+    }
+    __syncthreads();
+    unsigned qa[KST][4];
+#pragma unroll
+    for (int k = 0; k < KST; k++) att_ldsm4(qa[k], s_q + (lane & 15) * LDS + k * 16 + (lane >> 4) * 8);
+    // (tile 1's copies into stage 1 start after the barrier in its ATT_TC_ISSUE: these reads are done)
+
     for (int it = 0; it < ntiles; it++) {
       const int st = it & 1;
       if (it + 1 < ntiles) {
@@ -211,6 +235,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       __syncthreads(); // the stage and the scores are free for the next tile
     }
 #undef ATT_TC_ISSUE
+#undef ATT_TC_TABLE
 
     // rows g (and g + 8) of the group: this warp's dims; one split: the output, else a partial
 #pragma unroll
