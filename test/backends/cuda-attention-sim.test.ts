@@ -79,13 +79,13 @@ function reference(s: SimCall): Float64Array {
   return out;
 }
 
-function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number): void {
+function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number, sms = SIM_SMS): void {
   const s = build(c);
   const old = setDecodeKernelKind(kind);
   let plan;
   try {
     plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
-      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, SIM_SMS);
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, sms);
   } finally {
     setDecodeKernelKind(old);
   }
@@ -124,6 +124,16 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       check(`${kind} mixed`, { D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 0, count: 70 }, { start: 90 }, { start: 40, count: 30 }, { start: 5 }], seed: 10 }, kind);
       check(`${kind} prefill d64 window`, { D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 20, count: 50 }, { start: 7 }], window: 24, seed: 11 }, kind);
     }
+  });
+
+  it('tc: one long row on a bigger simulated GPU, 20 splits (the merge takes its partials 8 at a time)', () => {
+    // 16 SMs: 48 resident blocks, so one row of one kv head may take up to 96 splits of >= 128 keys
+    const c: Case = { D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 2559 }], seed: 12 };
+    const s = build(c);
+    const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 16);
+    assert.ok(plan.slots >= 20, `${plan.slots} slots: the case must split its 2,560 keys 20 ways (128 keys each)`);
+    check('tc long row', c, 'tc', undefined, 16);
   });
 
   it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {

@@ -276,18 +276,36 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       __syncthreads();
       if (s_last) {
         __threadfence();
+        // one pass over the splits, 8 at a time with all their loads in flight (a pass for the
+        // max and another for the sums cost two chains of dependent L2 reads)
         for (int e = tid; e < G * D; e += NTH) {
           const int row = e / D, d = e - row * D, h = h0 + row;
           const i64 base = (i64)i * seff * H + h;
-          float mx = NEG_INF;
-          for (int sp = 0; sp < ns; sp++) mx = fmaxf(mx, att_ldcg(partml + (base + (i64)sp * H) * 2));
-          const float mu = mx == NEG_INF ? 0.0f : mx;
-          float L = 0.0f, O = 0.0f;
-          for (int sp = 0; sp < ns; sp++) {
-            const i64 ph = base + (i64)sp * H;
-            const float f = exp2f(att_ldcg(partml + ph * 2) - mu);
-            L += att_ldcg(partml + ph * 2 + 1) * f;
-            O += att_ldcg(part + ph * D + d) * f;
+          float mx = NEG_INF, L = 0.0f, O = 0.0f;
+          for (int sp0 = 0; sp0 < ns; sp0 += 8) {
+            float mi[8], li[8], oi[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+              const i64 ph = base + (i64)(sp0 + u) * H;
+              const bool ok = sp0 + u < ns;
+              mi[u] = ok ? att_ldcg(partml + ph * 2) : NEG_INF;
+              li[u] = ok ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
+              oi[u] = ok ? att_ldcg(part + ph * D + d) : 0.0f;
+            }
+            float bm = mx;
+#pragma unroll
+            for (int u = 0; u < 8; u++) bm = fmaxf(bm, mi[u]);
+            const float mu = bm == NEG_INF ? 0.0f : bm;
+            const float keep = exp2f(mx - mu); // 0 while nothing is summed (mx = -inf)
+            L *= keep;
+            O *= keep;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+              const float f = exp2f(mi[u] - mu);
+              L += li[u] * f;
+              O += oi[u] * f;
+            }
+            mx = bm;
           }
           out[((i64)t * H + h) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
         }
