@@ -199,7 +199,7 @@ describe('persistent GEMV kernels on the warp simulator', { skip: SKIP ?? false 
     }
   });
 
-  it('the fused launches as cuda-backend.ts makes them (gemvFusedChoice), and the simulator catches too little shared memory', () => {
+  it('the fused launches as cuda-fused-ops.ts makes them (gemvFusedChoice), and the simulator catches too little shared memory', () => {
     const r = rng(37);
     const [M, N, K] = [2, 40, 1032];
     const f = gemvFusedChoice(M, N, K)!;

@@ -1,6 +1,6 @@
 // Launch logic of the CUDA backend's paged attention: which kernels, their grids, split counts and
 // scratch. The kernels and the decode/prefill classification are described in
-// attention-kernels.ts; cuda-backend.ts validates the call and hands it here.
+// attention-kernels.ts; cuda-kv-ops.ts validates the call and hands it here.
 //
 // CUDA-graph friendly: every launch parameter below is a function of host-known shapes only
 // (T, H, KVH, D, R, maxBlocksPerRow, blockSize, window, the SM count), never of the positions in

@@ -1,5 +1,5 @@
 // Runs kernels of the CUDA fused module (fused-kernels.ts: add + rmsnorm, packed GLU, argmax) on
-// the CPU through warp-sim.h, launched as cuda-backend.ts launches them.
+// the CPU through warp-sim.h, launched as cuda-fused-ops.ts and cuda-pick-ops.ts launch them.
 import { FUSED_KERNEL_SOURCE } from '../../../src/backends/cuda/fused-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
 
 const sim = () => buildSim('fused', `${FUSED_KERNEL_SOURCE}\n${DRIVER}`);
 
-/** k_add_rmsnorm over bf16 rows (threads as cuda-backend.ts picks them); returns the bf16 bits of sum and normed. */
+/** k_add_rmsnorm over bf16 rows (threads as cuda-fused-ops.ts picks them); returns the bf16 bits of sum and normed. */
 export function runAddRmsnormSim(rows: number, D: number, a: Uint16Array, b: Uint16Array, w: Uint16Array, rScale: number,
   eps: number, off: number): { sum: Uint16Array; normed: Uint16Array } {
   const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
@@ -69,7 +69,7 @@ export function runGluPackedSim(T: number, I: number, gu: Uint16Array, act: numb
   return new Uint16Array(runSim(sim(), bytesOf(Int32Array.of(2, T, I, act, 3), gu)));
 }
 
-/** k_argmax_part + k_argmax_final over f32 rows, split as cuda-backend.ts splits them. */
+/** k_argmax_part + k_argmax_final over f32 rows, split as cuda-pick-ops.ts splits them. */
 export function runArgmaxSim(R: number, V: number, x: Float32Array): Int32Array {
   const S = Math.max(1, Math.min(64, Math.ceil(V / 4096)));
   const chunk = Math.ceil(V / S / 8) * 8;

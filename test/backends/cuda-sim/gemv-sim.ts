@@ -1,5 +1,5 @@
 // Runs the CUDA GEMV kernels (gemv-kernels.ts, y = x · w^T for decode shapes) on the CPU through
-// warp-sim.h, launched as gemm.ts and cuda-backend.ts launch them: GEMV_THREADS a block, grid
+// warp-sim.h, launched as gemm.ts and cuda-fused-ops.ts launch them: GEMV_THREADS a block, grid
 // gemvLaunchGrid (one-shot kernels: a block per row group; persistent ones: at most the given SM
 // count times their blocks per SM, so a small SM count makes each block loop over several groups),
 // and the fused persistent twins with M K 2 bytes of dynamic shared memory.

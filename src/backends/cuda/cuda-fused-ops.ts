@@ -1,0 +1,217 @@
+// The CUDA backend's fused decode ops (Backend's optional FusedOps and their GEMV-fused twins):
+// addRmsnorm, addRmsnormMatmul, gluPacked, gluMatmul, ropeQkvWriteKv; the switches that turn the
+// GLU/norm-into-GEMV fusions on or off ($LLMTS_CUDA_FUSE_GLU, $LLMTS_CUDA_FUSE_NORM) and the
+// shared-memory check that decides whether a fused GEMV launch fits. Separate from cuda-backend.ts
+// because these are the decoder's fast path, with their own tuning rules; the plain ops stay there.
+import type { Activation, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor } from '../../contracts/backend.ts';
+import { numel } from '../../contracts/backend.ts';
+import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X } from './cuda-op-context.ts';
+import { poolDims } from './cuda-kv-ops.ts';
+import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
+import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
+import { GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid } from './gemv-kernels.ts';
+import type { KernelName } from './kernels.ts';
+import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
+
+/**
+ * The most rows the fused GEMV paths take (gluMatmul, addRmsnormMatmul); more run the two ops. On
+ * the H200 (8B shapes) the fused norm gained 1.9-3.5% at one row, but at 4 rows the m4 kernel made
+ * decode 25% slower (7.02 vs 5.24 ms a step); 2-3 rows are unmeasured.
+ */
+const FUSED_GEMV_MAX_ROWS = 1;
+
+/** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (opt-in until measured) */
+let FUSE_GLU = process.env.LLMTS_CUDA_FUSE_GLU === 'on';
+
+/** Turns the GLU-into-GEMV fusion of gluMatmul on or off (tests, benchmarks); returns the old setting. */
+export function setCudaFuseGlu(on: boolean): boolean {
+  const old = FUSE_GLU;
+  FUSE_GLU = on;
+  return old;
+}
+
+/**
+ * addRmsnormMatmul fuses the norm into the decode GEMV unless $LLMTS_CUDA_FUSE_NORM=off: B=1 decode
+ * of the 8B on the H200 211.8 tok/s fused (mid, input and final norms), 204.7 unfused
+ */
+let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM !== 'off';
+
+/** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
+export function setCudaFuseNorm(on: boolean): boolean {
+  const old = FUSE_NORM;
+  FUSE_NORM = on;
+  return old;
+}
+
+export class CudaFusedOps {
+  /** static shared bytes by kernel (sharedFits) */
+  private readonly staticShared = new Map<KernelName, number>();
+
+  constructor(private readonly c: CudaOpContext) {}
+
+  /**
+   * Whether a launch of `name` with `dynamicBytes` of dynamic shared memory stays within the
+   * 48 KiB a block may use without opting in (static + dynamic: the fused GEMV kernels' own
+   * reduction arrays count too; 6 rows x 4096 of staged x alone is 48 KiB).
+   */
+  private sharedFits(name: KernelName, dynamicBytes: number): boolean {
+    let fixed = this.staticShared.get(name);
+    if (fixed === undefined) {
+      fixed = this.c.kernelResources(name).sharedBytes;
+      this.staticShared.set(name, fixed);
+    }
+    return fixed + dynamicBytes <= GEMVP_MAX_SHARED_BYTES;
+  }
+
+  addRmsnorm(x: Tensor, r: Tensor, rScale: number, w: Tensor, eps: number, weightOffset: number): { sum: Tensor; normed: Tensor } {
+    const op = 'addRmsnorm';
+    this.c.assertOpen(op);
+    const a = this.c.arg(op, 'x', x, ACTS);
+    const b = this.c.arg(op, 'r', r, ACTS);
+    const g = this.c.arg(op, 'w', w, FLOAT, 1);
+    if (!sameShape(a.shape, b.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(b)}`);
+    if (a.shape.length === 0) throw opError(op, 'x must have at least one dimension');
+    const D = a.shape[a.shape.length - 1]!;
+    expectDim(op, 'w length', g.shape[0]!, D, () => `last dim of x ${describe(a)}`);
+    expectFinite(op, 'rScale', rScale);
+    expectFinite(op, 'eps', eps);
+    expectFinite(op, 'weightOffset', weightOffset);
+    const sum = this.c.out(a.shape);
+    const normed = this.c.out(a.shape);
+    const rows = D === 0 ? 0 : numel(a.shape) / D;
+    const threads = Math.min(1024, Math.max(32, Math.ceil(Math.ceil(D / 8) / 32) * 32));
+    this.c.rt.launch('k_add_rmsnorm', [Math.min(rows, MAX_GRID_X), 1, 1], threads, 0, [
+      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', b.addr], ['i', DT_CODE[b.dtype]], ['f', rScale], ['p', g.addr],
+      ['i', DT_CODE[g.dtype]], ['p', sum.addr], ['p', normed.addr], ['p', rows], ['i', D], ['f', eps], ['f', weightOffset]]);
+    return { sum, normed };
+  }
+
+  /**
+   * addRmsnorm, then matmul(normed, w, bias). Fused (the default), a decode shape (at
+   * most FUSED_GEMV_MAX_ROWS rows, bf16 x, r and w, no bias, 16-byte aligned, the normed rows within
+   * GEMVP_MAX_SHARED_BYTES, weights within GEMVP_FUSED_MAX_WEIGHT_BYTES) runs one persistent GEMV
+   * kernel whose blocks each make the normed rows once into shared memory while their first weights
+   * stream (gemv-kernels.ts k_gemvp_norm_*), writing the new residual too: a kernel and the normed
+   * copy less (the default; $LLMTS_CUDA_FUSE_NORM=off); otherwise the two ops.
+   */
+  addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
+    bias?: Tensor): { sum: Tensor; y: Tensor } {
+    const op = 'addRmsnormMatmul';
+    this.c.assertOpen(op);
+    const a = this.c.arg(op, 'x', x, ACTS, 2);
+    const rr = this.c.arg(op, 'r', r, ACTS, 2);
+    const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
+    const m = this.c.arg(op, 'w', w, FLOAT, 2);
+    const [T, D] = a.shape as [number, number];
+    const N = m.shape[0]!;
+    if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
+    expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
+    const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
+      g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvFusedChoice(T, N, D) : undefined;
+    if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
+      const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
+      const y = this.c.matmul(normed, m, bias);
+      this.c.free(normed); // stream-ordered: the matmul enqueued above reads it first
+      return { sum, y };
+    }
+    const sum = this.c.out([T, D]);
+    const y = this.c.out([T, N]);
+    this.c.rt.launch(gemv.norm, [gemvLaunchGrid(gemv.choice, N, this.c.rt.smCount), 1, 1], GEMV_THREADS, gemv.sharedBytes, [
+      ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', N], ['i', D], ['i', gemv.choice.warpsPerRow]]);
+    return { sum, y };
+  }
+
+  gluPacked(gu: Tensor, act: Activation): Tensor {
+    const op = 'gluPacked';
+    this.c.assertOpen(op);
+    const g = this.c.arg(op, 'gu', gu, ACTS, 2);
+    const [T, I2] = g.shape as [number, number];
+    if (I2 % 2 !== 0) throw opError(op, `gu ${describe(g)} must be [T, 2I]`);
+    const code = ACT_CODE[act];
+    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const I = I2 / 2;
+    const y = this.c.out([T, I]);
+    const n = g.dtype === 'bf16' && I % 8 === 0 ? (T * I) / 8 : T * I;
+    this.c.rt.launch('k_glu_packed', elementwiseGrid(n), ELEMWISE_THREADS, 0, [
+      ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', y.addr], ['p', T], ['p', I], ['i', code]]);
+    return y;
+  }
+
+  /**
+   * matmul(gluPacked(gu, act), w, bias). With $LLMTS_CUDA_FUSE_GLU=on, a decode shape (at most
+   * FUSED_GEMV_MAX_ROWS rows, bf16 gu and w, no bias, 16-byte aligned, the [T, I] glu within
+   * GEMVP_MAX_SHARED_BYTES) runs one persistent GEMV kernel whose blocks each make the GLU once
+   * into shared memory (gemv-kernels.ts k_gemvp_glu_*): a kernel and the [T, I] glu output less
+   * per layer. Opt-in until measured on the GPU; otherwise the two ops.
+   */
+  gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
+    const op = 'gluMatmul';
+    this.c.assertOpen(op);
+    const g = this.c.arg(op, 'gu', gu, ACTS, 2);
+    const b = this.c.arg(op, 'w', w, FLOAT, 2);
+    const [T, I2] = g.shape as [number, number];
+    const [N, I] = b.shape as [number, number];
+    if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
+    const code = ACT_CODE[act];
+    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
+      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
+    if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
+      const h = this.gluPacked(g, act);
+      const y = this.c.matmul(h, b, bias);
+      this.c.free(h); // stream-ordered: the matmul enqueued above reads it first
+      return y;
+    }
+    const y = this.c.out([T, N]);
+    this.c.rt.launch(gemv.glu, [gemvLaunchGrid(gemv.choice, N, this.c.rt.smCount), 1, 1], GEMV_THREADS, gemv.sharedBytes, [
+      ['p', b.addr], ['p', g.addr], ['p', y.addr], ['i', T], ['i', N], ['i', I], ['i', gemv.choice.warpsPerRow], ['i', code]]);
+    return y;
+  }
+
+  ropeQkvWriteKv(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
+    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor {
+    const op = 'ropeQkvWriteKv';
+    this.c.assertOpen(op);
+    const x = this.c.arg(op, 'qkv', qkv, ACTS, 2);
+    const { heads: H, kvHeads: KVH, headDim: D } = heads;
+    for (const [k, v] of Object.entries(heads)) {
+      if (!Number.isSafeInteger(v) || v < 1) throw opError(op, `heads.${k} must be a positive integer, got ${v}`);
+    }
+    const T = x.shape[0]!;
+    expectDim(op, 'qkv width', x.shape[1]!, (H + 2 * KVH) * D, () => `(heads ${H} + 2 x kvHeads ${KVH}) x headDim ${D}`);
+    if (D > ROPE_QKV_MAX_HEAD_DIM) throw opError(op, `head dim ${D} is above the ${ROPE_QKV_MAX_HEAD_DIM} this kernel handles`);
+    const [NB, BS, PKVH, PD] = poolDims(this.c, op, kv, layout);
+    if (PKVH !== KVH || PD !== D) throw opError(op, `pool ${describe(kv.k)} must be [blocks, blockSize, ${KVH}, ${D}]`);
+    const p = this.c.arg(op, 'pos', pos, I32, 1);
+    expectDim(op, 'pos length', p.shape[0]!, T, () => `qkv ${describe(x)}`);
+    const perToken = invFreq.shape.length === 2;
+    const f = this.c.arg(op, 'invFreq', invFreq, ['f32'], perToken ? 2 : 1);
+    if (perToken) expectDim(op, 'invFreq rows', f.shape[0]!, T, () => `per-token invFreq ${describe(f)} needs one row per token`);
+    const half = f.shape[f.shape.length - 1]!;
+    if (2 * half > D) throw opError(op, `invFreq ${describe(f)} rotates ${2 * half} dims but headDim is ${D}`);
+    expectFinite(op, 'attentionScaling', attentionScaling);
+    const slots = this.c.arg(op, 'layout.slots', layout.slots, I32, 1);
+    expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `qkv ${describe(x)}`);
+    let qn: CudaTensor | null = null, kn: CudaTensor | null = null;
+    if (qkNorm) {
+      qn = this.c.arg(op, 'qkNorm.q', qkNorm.q, FLOAT, 1);
+      kn = this.c.arg(op, 'qkNorm.k', qkNorm.k, FLOAT, 1);
+      expectDim(op, 'qkNorm.q length', qn.shape[0]!, D, () => 'per-head norm weights are [headDim]');
+      expectDim(op, 'qkNorm.k length', kn.shape[0]!, D, () => 'per-head norm weights are [headDim]');
+      if (qn.dtype !== kn.dtype) throw opError(op, `qkNorm.q ${describe(qn)} and qkNorm.k ${describe(kn)} differ in dtype`);
+      expectFinite(op, 'qkNorm.eps', qkNorm.eps);
+      expectFinite(op, 'qkNorm.weightOffset', qkNorm.weightOffset);
+    }
+    const q = this.c.out([T, H, D]);
+    const kp = kv.k as CudaTensor;
+    const vp = kv.v as CudaTensor;
+    this.c.rt.launch('k_rope_qkv', [T, H + KVH, 1], Math.min(256, Math.max(32, Math.ceil(D / 32) * 32)), 0, [
+      ['p', x.addr], ['i', DT_CODE[x.dtype]], ['p', p.addr], ['p', f.addr], ['i', perToken ? half : 0], ['f', attentionScaling],
+      ['p', qn ? qn.addr : 0], ['p', kn ? kn.addr : 0], ['i', qn ? DT_CODE[qn.dtype] : 0], ['f', qkNorm?.eps ?? 0],
+      ['f', qkNorm?.weightOffset ?? 0], ['p', q.addr], ['p', kp.addr], ['p', vp.addr], ['i', DT_CODE[kp.dtype]],
+      ['p', slots.addr], ['i', T], ['i', H], ['i', KVH], ['i', D], ['i', half], ['p', NB * BS], ['p', this.c.errWord]]);
+    return q;
+  }
+}

@@ -1,0 +1,60 @@
+// The CUDA backend's mixture-of-experts ops (Backend.moeRoute, moeFfn): top-k routing of each
+// token's expert logits, then each token's experts' GLU FFN weighted by its routing weights, in
+// two kernels through an f32 hidden scratch. Separate from cuda-backend.ts because only MoE
+// models reach them and their checks (expert-stacked weights, routing pairs) are their own.
+import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
+import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
+import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
+import { describe, opError, sameShape } from './validate.ts';
+
+export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
+  const op = 'moeRoute';
+  c.assertOpen(op);
+  const l = c.arg(op, 'logits', logits, ACTS, 2);
+  const [T, E] = l.shape as [number, number];
+  if (!Number.isSafeInteger(topK) || topK < 1 || topK > E) {
+    throw opError(op, `topK must be an integer in [1, ${E}] for logits ${describe(l)}, got ${topK}`);
+  }
+  const weights = c.out([T, topK], 'f32');
+  const experts = c.out([T, topK], 'i32');
+  c.rt.launch('k_moe_route', [Math.ceil(T / 128), 1, 1], 128, 0, [
+    ['p', l.addr], ['i', DT_CODE[l.dtype]], ['p', weights.addr], ['p', experts.addr], ['i', T], ['i', E], ['i', topK],
+    ['i', renormalize ? 1 : 0]]);
+  return { weights, experts };
+}
+
+export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor,
+  act: Activation): Tensor {
+  const op = 'moeFfn';
+  c.assertOpen(op);
+  const a = c.arg(op, 'x', x, ACTS, 2);
+  const rw = c.arg(op, 'routing.weights', routing.weights, ['f32'], 2);
+  const re = c.arg(op, 'routing.experts', routing.experts, I32, 2);
+  const g = c.arg(op, 'gate', gate, FLOAT, 3);
+  const u = c.arg(op, 'up', up, FLOAT, 3);
+  const d = c.arg(op, 'down', down, FLOAT, 3);
+  const [T, D] = a.shape as [number, number];
+  const [E, I, Dg] = g.shape as [number, number, number];
+  if (!sameShape(rw.shape, re.shape) || rw.shape[0] !== T) {
+    throw opError(op, `routing weights ${describe(rw)} / experts ${describe(re)} must both be [${T}, topK]`);
+  }
+  if (Dg !== D) throw opError(op, `gate ${describe(g)} must be [E, I, ${D}] for x ${describe(a)}`);
+  if (!sameShape(u.shape, g.shape)) throw opError(op, `up ${describe(u)} must match gate ${describe(g)}`);
+  if (!sameShape(d.shape, [E, D, I])) throw opError(op, `down ${describe(d)} must be [${E}, ${D}, ${I}]`);
+  const code = ACT_CODE[act];
+  if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+  const K = rw.shape[1]!;
+  const y = c.out([T, D]);
+  if (T === 0 || D === 0) return y;
+  const hiddenBytes = Math.max(T * K * I * 4, 4);
+  const hidden = c.pool.alloc(hiddenBytes).addr;
+  c.rt.launch('k_moe_hidden', [Math.ceil(I / 8), Math.min(T * K, MAX_GRID_Y), 1], 256, 0, [
+    ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', re.addr], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr],
+    ['i', DT_CODE[u.dtype]], ['p', hidden], ['i', T * K], ['i', K], ['i', D], ['i', I], ['i', E], ['i', code],
+    ['p', c.errWord]]);
+  c.rt.launch('k_moe_down', [Math.ceil(D / 8), Math.min(T, MAX_GRID_Y), 1], 256, 0, [
+    ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['i', DT_CODE[d.dtype]], ['p', y.addr], ['i', T],
+    ['i', K], ['i', D], ['i', I], ['i', E]]);
+  c.pool.release(hidden, hiddenBytes);
+  return y;
+}

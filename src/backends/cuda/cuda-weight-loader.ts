@@ -1,0 +1,137 @@
+// The CUDA backend's weight loading (Backend.loadWeight, loadWeightRows, loadStacked, loadConcat):
+// checks the sources, makes the (unscoped, exactly sized) tensor, streams each byte range into it
+// and converts on the device when the stored dtype is not the one asked for. Separate from
+// cuda-backend.ts because it is the only asynchronous file I/O the backend does; how the bytes
+// travel (file -> pinned chunks -> device) is weight-staging.ts, which this drives.
+import { open } from 'node:fs/promises';
+
+import type { DType, Tensor, WeightSource } from '../../contracts/backend.ts';
+import { dtypeBytes, numel } from '../../contracts/backend.ts';
+import { type CudaOpContext, FLOAT } from './cuda-op-context.ts';
+import { checkShape, opError, sameShape } from './validate.ts';
+import { StagingChunks, uploadFileRange } from './weight-staging.ts';
+
+export class CudaWeightLoader {
+  private chunks: StagingChunks | null = null;
+
+  constructor(private readonly c: CudaOpContext) {}
+
+  async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
+    const n = src.shape[0] ?? 1;
+    return this.loadRows('loadWeight', src, 0, src.shape.length === 0 ? 1 : n, as, src.shape);
+  }
+
+  async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
+    if (src.shape.length === 0) throw opError('loadWeightRows', `${src.name} is a scalar`);
+    const total = src.shape[0]!;
+    if (!Number.isSafeInteger(rowStart) || !Number.isSafeInteger(rows) || rowStart < 0 || rows < 0 ||
+      rowStart + rows > total) {
+      throw opError('loadWeightRows', `rows [${rowStart}, ${rowStart + rows}) outside [0, ${total}) of ${src.name}`);
+    }
+    return this.loadRows('loadWeightRows', src, rowStart, rows, as, [rows, ...src.shape.slice(1)]);
+  }
+
+  private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',
+    shape: readonly number[]): Promise<Tensor> {
+    this.c.assertOpen(op);
+    this.c.rt.throwIfKernelsFailed(); // a background build that failed: stop loading now
+    this.checkSource(op, src);
+    const rowElems = numel(src.shape.slice(1));
+    const dtype: DType = as === 'keep' ? src.dtype : 'f32';
+    const t = this.c.make(shape, dtype, false, true);
+    try {
+      const sz = dtypeBytes[src.dtype];
+      await this.loadInto(src, src.offset + rowStart * rowElems * sz, rows * rowElems * sz, t.addr, dtype);
+    } catch (e) {
+      this.c.release(t);
+      throw e;
+    }
+    return t;
+  }
+
+  async loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
+    this.c.assertOpen('loadStacked');
+    if (srcs.length === 0) throw opError('loadStacked', 'no sources');
+    const first = srcs[0]!;
+    for (const s of srcs) {
+      if (!sameShape(s.shape, first.shape) || (as === 'keep' && s.dtype !== first.dtype)) {
+        throw opError('loadStacked', `${s.name} is ${s.dtype}[${s.shape.join(', ')}] but ${first.name} is ` +
+          `${first.dtype}[${first.shape.join(', ')}]`);
+      }
+    }
+    return this.loadParts('loadStacked', srcs, as, [srcs.length, ...first.shape]);
+  }
+
+  async loadConcat(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
+    this.c.assertOpen('loadConcat');
+    if (srcs.length === 0) throw opError('loadConcat', 'no sources');
+    const first = srcs[0]!;
+    if (first.shape.length === 0) throw opError('loadConcat', `${first.name} is a scalar`);
+    for (const s of srcs) {
+      if (s.shape.length !== first.shape.length || !sameShape(s.shape.slice(1), first.shape.slice(1)) ||
+        (as === 'keep' && s.dtype !== first.dtype)) {
+        throw opError('loadConcat', `${s.name} is ${s.dtype}[${s.shape.join(', ')}] but ${first.name} is ` +
+          `${first.dtype}[${first.shape.join(', ')}] (only dim 0 may differ)`);
+      }
+    }
+    return this.loadParts('loadConcat', srcs, as, [srcs.reduce((a, s) => a + s.shape[0]!, 0), ...first.shape.slice(1)]);
+  }
+
+  /** Loads each source whole, one after another, into one new tensor of `shape`. */
+  private async loadParts(op: string, srcs: WeightSource[], as: 'keep' | 'f32', shape: number[]): Promise<Tensor> {
+    this.c.rt.throwIfKernelsFailed();
+    for (const s of srcs) this.checkSource(op, s);
+    const dtype: DType = as === 'keep' ? srcs[0]!.dtype : 'f32';
+    const t = this.c.make(shape, dtype, false, true);
+    try {
+      let at = t.addr;
+      await Promise.all(srcs.map((s) => {
+        const dst = at;
+        at += numel(s.shape) * dtypeBytes[dtype];
+        return this.loadInto(s, s.offset, numel(s.shape) * dtypeBytes[s.dtype], dst, dtype);
+      }));
+    } catch (e) {
+      this.c.release(t);
+      throw e;
+    }
+    return t;
+  }
+
+  private checkSource(op: string, src: WeightSource): void {
+    checkShape(op, src.shape);
+    if (!FLOAT.includes(src.dtype)) throw opError(op, `${src.name}: unsupported stored dtype ${src.dtype}`);
+    if (!Number.isSafeInteger(src.offset) || src.offset < 0) throw opError(op, `${src.name}: bad offset ${src.offset}`);
+  }
+
+  /** Reads `nbytes` of `src` at `fileOffset` to device `dst`, converting to `dtype` on the device. */
+  private async loadInto(src: WeightSource, fileOffset: number, nbytes: number, dst: number, dtype: DType): Promise<void> {
+    if (dtype === src.dtype) return this.copyFile(src, fileOffset, nbytes, dst);
+    const raw = this.c.pool.alloc(nbytes).addr;
+    try {
+      await this.copyFile(src, fileOffset, nbytes, raw);
+      await this.c.rt.moduleReady('k_convert'); // kernels may still be compiling (kernels: 'background')
+      this.c.assertOpen('loadWeight');
+      this.c.convert(raw, src.dtype, dst, dtype, nbytes / dtypeBytes[src.dtype]);
+    } finally {
+      this.c.pool.release(raw, nbytes); // stream order: the conversion enqueued above runs first
+    }
+  }
+
+  /** File bytes -> pinned chunks (positioned reads) -> device, copies overlapping the next read. */
+  private async copyFile(src: WeightSource, fileOffset: number, nbytes: number, dst: number): Promise<void> {
+    if (nbytes === 0) return;
+    this.chunks ??= new StagingChunks(this.c.rt);
+    const fh = await open(src.path, 'r');
+    try {
+      await uploadFileRange(this.c.rt, this.chunks, fh, fileOffset, nbytes, dst,
+        `${src.name} (${src.dtype}[${src.shape.join(', ')}]) from ${src.path}`, () => this.c.assertOpen('loadWeight'));
+    } finally {
+      await fh.close();
+    }
+  }
+
+  /** Frees the pinned chunks; after the stream is idle (CudaBackend.close). */
+  close(): void {
+    this.chunks?.close();
+  }
+}
