@@ -83,12 +83,20 @@ const tReady = performance.now();
 
 const numel = (t: Tensor) => t.shape.reduce((x, y) => x * y, 1);
 const size = (t: Tensor) => numel(t) * dtypeBytes[t.dtype];
-// bytes every decode step must read: all layer matrices and the lm_head (not the embedding table)
+// bytes every decode step must read: all layer matrices and the lm_head (not the embedding table);
+// a mixture-of-experts layer: its router and, of its stacked experts, the topK of E one token uses
 const w = m.model.weights;
-const matrices = [
-  ...w.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]), w.lmHead,
-];
-const weightBytes = matrices.reduce((a, t) => a + size(t), 0);
+const topK = m.model.config.moe?.topK ?? 0;
+const layerBytes = (l: (typeof w.layers)[number]) => {
+  const attn = [l.attn.q, l.attn.k, l.attn.v, l.attn.o].reduce((a, t) => a + size(t), 0);
+  const experts = size(l.mlp.gate) + size(l.mlp.up) + size(l.mlp.down);
+  if (l.mlp.kind === 'dense') return attn + experts;
+  return attn + size(l.mlp.router) + (experts * topK) / l.mlp.gate.shape[0]!;
+};
+const weightBytes = w.layers.reduce((a, l) => a + layerBytes(l), 0) + size(w.lmHead);
+// every matrix the load wrote (all experts): the load's own rate
+const loadedBytes = w.layers.reduce((a, l) => a + [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]
+  .reduce((x, t) => x + size(t), 0), 0) + size(w.lmHead);
 // parameters: every distinct tensor of the model (embedding, norms, lm_head unless tied)
 const PACKED = new Set(['qkv', 'qkvBias', 'gateUp', 'gateUpBias']);
 const seen = new Set<unknown>();
@@ -172,7 +180,7 @@ log(`device   ${result.device}   commit ${commit}`);
 log(`model    ${values.model} (${cfg.modelType}, ${(totalParams / 1e9).toFixed(3)} B params, ` +
   `${(weightBytes / 2 ** 20).toFixed(1)} MiB read per decode step)`);
 log(`ready    ${tReady.toFixed(0)} ms after launch (node+tsx ${tStart.toFixed(0)}, backend init ${result.backendInitMs.toFixed(0)}, ` +
-  `weights ${result.loadMs.toFixed(0)} ms = ${(weightBytes / (result.loadMs / 1000) / 1e9).toFixed(2)} GB/s of matrices)`);
+  `weights ${result.loadMs.toFixed(0)} ms = ${(loadedBytes / (result.loadMs / 1000) / 1e9).toFixed(2)} GB/s of matrices)`);
 log(`prefill  ${result.prefillTokPerS.toFixed(1)} tok/s  (${promptTokens}-token prompt, median of ${repeats})`);
 log(`decode   ${decodeTps.toFixed(2)} tok/s (${result.msPerDecodeStep.toFixed(2)} ms/step, ` +
   `${result.launchesPerDecodeStep.toFixed(0)} launches/step) = ${gbps.toFixed(1)} GB/s of weights; ` +
