@@ -17,11 +17,12 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 
-import type { Backend, StepLayout, Tensor } from '../../src/contracts/backend.ts';
+import type { Activation, Backend, MoeRouting, StepLayout, Tensor } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
+import { type MoeKernels, setMoeKernels } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -474,38 +475,81 @@ describe('mixture of experts', { skip: SKIP }, () => {
     assertClose('moeRoute experts', await cuda.read(e), await ref.read(want), EXACT);
   });
 
-  for (const dtype of WDTYPES) {
-    it(`moeFfn: ${dtype} experts, shared and unused experts`, async () => {
-      const r = rng(12);
-      const [T, D, I, E, K] = [5, 24, 20, 4, 2];
-      const x = randomF32(r, T * D);
-      const gate = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
-      const up = weight(randomF32(r, E * I * D), dtype, [E, I, D]);
-      const down = weight(randomF32(r, E * D * I), dtype, [E, D, I]);
-      const experts = new Int32Array([0, 1, 0, 2, 1, 0, 2, 0, 0, 1]);
-      const weights = randomF32(r, T * K);
-      for (const a of ['silu', 'gelu_tanh'] as const) {
-        await compare(`moeFfn ${dtype} ${a}`, async (b) => {
-          const routing = { weights: b.upload(weights, [T, K]), experts: b.upload(experts, [T, K]) };
-          return [b.moeFfn(act(b, x, [T, D]), routing, await gate(b), await up(b), await down(b), a)];
-        }, GEMM);
-      }
-    });
+  /** Runs `f` with the MoE FFN kernels set to `kind` (cuda-moe-ops.ts), restoring the old setting. */
+  async function withMoeKernels(kind: MoeKernels, f: () => Promise<void>): Promise<void> {
+    const old = setMoeKernels(kind);
+    try {
+      await f();
+    } finally {
+      setMoeKernels(old);
+    }
   }
 
-  it('moeFfn after moeRoute, prefill-sized batch', async () => {
-    const r = rng(13);
-    const [T, D, I, E, K] = [40, 32, 24, 6, 3];
-    const x = randomF32(r, T * D);
-    const logits = randomF32(r, T * E, 2);
-    const gate = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
-    const up = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
-    const down = weight(randomF32(r, E * D * I), 'bf16', [E, D, I]);
-    await compare('moe prefill', async (b) => {
-      const routing = b.moeRoute(act(b, logits, [T, E]), K, true);
-      return [b.moeFfn(act(b, x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
-    }, GEMM);
-  });
+  /** Random expert weights (values times `scale`): gate and up [E, I, D], down [E, D, I]. */
+  function expertWeights(r: () => number, [E, I, D]: [number, number, number], dtype: 'f32' | 'f16' | 'bf16', scale = 1) {
+    const gate = weight(randomF32(r, E * I * D, scale), dtype, [E, I, D]);
+    const up = weight(randomF32(r, E * I * D, scale), dtype, [E, I, D]);
+    const down = weight(randomF32(r, E * D * I, scale), dtype, [E, D, I]);
+    return async (b: Backend, x: Tensor, routing: MoeRouting, a: Activation): Promise<Tensor[]> =>
+      [b.moeFfn(x, routing, await gate(b), await up(b), await down(b), a)];
+  }
+
+  /** routing weights and experts [T, K] uploaded to b */
+  const upRouting = (b: Backend, weights: Float32Array, experts: Int32Array, T: number, K: number): MoeRouting =>
+    ({ weights: b.upload(weights, [T, K]), experts: b.upload(experts, [T, K]) });
+
+  // 'vec' runs k_moe_hidden_v / k_moe_down_v where they apply (bf16 weights, D and I multiples of 8:
+  // I 16 and 768, and the prefill case below), the generic kernels elsewhere
+  for (const kind of ['scalar', 'vec'] as const) {
+    for (const dtype of WDTYPES) {
+      it(`moeFfn (${kind} kernels): ${dtype} experts, shared and unused experts`, () => withMoeKernels(kind, async () => {
+        for (const I of [20, 16]) {
+          const r = rng(12);
+          const [T, D, E, K] = [5, 24, 4, 2];
+          const x = randomF32(r, T * D);
+          const ffn = expertWeights(r, [E, I, D], dtype);
+          // expert 3 unused; expert 0 used by 4 tokens
+          const experts = new Int32Array([0, 1, 0, 2, 1, 0, 2, 0, 0, 1]);
+          const weights = randomF32(r, T * K);
+          for (const a of ['silu', 'gelu_tanh'] as const) {
+            await compare(`moeFfn ${kind} ${dtype} I=${I} ${a}`,
+              (b) => ffn(b, act(b, x, [T, D]), upRouting(b, weights, experts, T, K), a), GEMM);
+          }
+        }
+      }));
+    }
+
+    it(`moeFfn (${kind} kernels): Qwen3-30B-A3B-sized experts (D 2048, I 768, 8 of 16), 3 tokens`, () => withMoeKernels(kind, async () => {
+      const r = rng(14);
+      const [T, D, I, E, K] = [3, 2048, 768, 16, 8];
+      const x = randomF32(r, T * D);
+      // weights ~1 / sqrt(inner size), so hidden and out stay O(1), as in a trained model
+      const ffn = expertWeights(r, [E, I, D], 'bf16', 0.05);
+      // 8 distinct experts a token, some shared between tokens
+      const experts = new Int32Array([0, 3, 5, 7, 9, 11, 13, 15, 1, 3, 4, 7, 8, 12, 14, 15, 0, 2, 5, 6, 9, 10, 13, 14]);
+      const weights = randomF32(r, T * K, 0.25);
+      await compare(`moeFfn ${kind} D=${D} I=${I}`, (b) => ffn(b, act(b, x, [T, D]), upRouting(b, weights, experts, T, K), 'silu'), GEMM);
+    }));
+
+    it(`moeFfn (${kind} kernels): an expert outside [0, E) rejects with the token and expert`, () => withMoeKernels(kind, async () => {
+      const r = rng(15);
+      const [T, D, I, E, K] = [2, 16, 8, 3, 2];
+      const ffn = expertWeights(r, [E, I, D], 'bf16');
+      const [y] = await ffn(cuda, act(cuda, randomF32(r, T * D), [T, D]),
+        upRouting(cuda, randomF32(r, T * K), new Int32Array([0, 1, 2, 7]), T, K), 'silu');
+      await assert.rejects(cuda.read(y!), /moeFfn: expert 7 \(token 1\) is outside \[0, 3\)/);
+    }));
+
+    it(`moeFfn (${kind} kernels) after moeRoute, prefill-sized batch`, () => withMoeKernels(kind, async () => {
+      const r = rng(13);
+      const [T, D, I, E, K] = [40, 32, 24, 6, 3];
+      const x = randomF32(r, T * D);
+      const logits = randomF32(r, T * E, 2);
+      const ffn = expertWeights(r, [E, I, D], 'bf16');
+      await compare(`moe prefill ${kind}`, (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'),
+        GEMM);
+    }));
+  }
 });
 
 describe('shape checks', { skip: SKIP }, () => {

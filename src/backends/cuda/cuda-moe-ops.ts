@@ -5,7 +5,26 @@
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
 import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
+import { MOE_ROWS_PER_BLOCK, MOE_THREADS } from './moe-kernels.ts';
 import { describe, opError, sameShape } from './validate.ts';
+
+/**
+ * The FFN kernels: 'scalar' (k_moe_hidden / k_moe_down in kernels.ts: any dtype, one 2-byte load a
+ * lane and step; they read a Qwen3-30B-A3B-style decode's expert rows at ~0.24 of the H200's copy
+ * bandwidth) or 'vec' (k_moe_hidden_v / k_moe_down_v in moe-kernels.ts: bf16, 16-byte streaming
+ * loads with 8-16 in flight a lane, as the decode GEMVs; used where they apply: bf16 x and weights,
+ * D and I multiples of 8, 16-byte aligned buffers). $LLMTS_CUDA_MOE=vec picks 'vec' at startup; it is
+ * opt-in until measured on the GPU, so the default stays 'scalar'.
+ */
+export type MoeKernels = 'scalar' | 'vec';
+let moeKernels: MoeKernels = process.env.LLMTS_CUDA_MOE === 'vec' ? 'vec' : 'scalar';
+
+/** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
+export function setMoeKernels(k: MoeKernels): MoeKernels {
+  const old = moeKernels;
+  moeKernels = k;
+  return old;
+}
 
 export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
   const op = 'moeRoute';
@@ -48,13 +67,27 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   if (T === 0 || D === 0) return y;
   const hiddenBytes = Math.max(T * K * I * 4, 4);
   const hidden = c.pool.alloc(hiddenBytes).addr;
-  c.rt.launch('k_moe_hidden', [Math.ceil(I / 8), Math.min(T * K, MAX_GRID_Y), 1], 256, 0, [
-    ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', re.addr], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr],
-    ['i', DT_CODE[u.dtype]], ['p', hidden], ['i', T * K], ['i', K], ['i', D], ['i', I], ['i', E], ['i', code],
-    ['p', c.errWord]]);
-  c.rt.launch('k_moe_down', [Math.ceil(D / 8), Math.min(T, MAX_GRID_Y), 1], 256, 0, [
-    ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['i', DT_CODE[d.dtype]], ['p', y.addr], ['i', T],
-    ['i', K], ['i', D], ['i', I], ['i', E]]);
+  const vec = moeKernels === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
+    I > 0 && [a.addr, g.addr, u.addr, d.addr, hidden].every((p) => p % 16 === 0);
+  // grids of T, K, D and I only (graph-friendly): a warp an output row, T K (or T) pairs in y
+  const hiddenGrid: [number, number, number] = [Math.ceil(I / MOE_ROWS_PER_BLOCK), Math.min(T * K, MAX_GRID_Y), 1];
+  const downGrid: [number, number, number] = [Math.ceil(D / MOE_ROWS_PER_BLOCK), Math.min(T, MAX_GRID_Y), 1];
+  if (vec) {
+    c.rt.launch('k_moe_hidden_v', hiddenGrid, MOE_THREADS, 0, [
+      ['p', a.addr], ['p', re.addr], ['p', g.addr], ['p', u.addr], ['p', hidden], ['i', T * K], ['i', K], ['i', D],
+      ['i', I], ['i', E], ['i', code], ['p', c.errWord]]);
+    c.rt.launch('k_moe_down_v', downGrid, MOE_THREADS, 0, [
+      ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['p', y.addr], ['i', T], ['i', K], ['i', D],
+      ['i', I], ['i', E]]);
+  } else {
+    c.rt.launch('k_moe_hidden', hiddenGrid, MOE_THREADS, 0, [
+      ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', re.addr], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr],
+      ['i', DT_CODE[u.dtype]], ['p', hidden], ['i', T * K], ['i', K], ['i', D], ['i', I], ['i', E], ['i', code],
+      ['p', c.errWord]]);
+    c.rt.launch('k_moe_down', downGrid, MOE_THREADS, 0, [
+      ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['i', DT_CODE[d.dtype]], ['p', y.addr], ['i', T],
+      ['i', K], ['i', D], ['i', I], ['i', E]]);
+  }
   c.pool.release(hidden, hiddenBytes);
   return y;
 }

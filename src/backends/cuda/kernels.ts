@@ -17,6 +17,7 @@ import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
 } from './gemv-kernels.ts';
+import { MOE_KERNEL_NAMES, MOE_KERNEL_SOURCE } from './moe-kernels.ts';
 import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
 
 /**
@@ -469,7 +470,9 @@ export const KERNEL_MODULES = [
   kernelModule('attention', attentionDefines() + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
-  kernelModule('gemv', GEMV_KERNEL_SOURCE, [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES] as const),
+  // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
+  kernelModule('gemv', GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+    [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
 ] as const;
 

@@ -1,0 +1,167 @@
+// CUDA source of the bf16 mixture-of-experts FFN kernels (k_moe_hidden_v, k_moe_down_v): the
+// vectorized twins of kernels.ts' k_moe_hidden / k_moe_down, with the same semantics (the same
+// outputs up to f32 summation order, the same error reporting). They follow GEMV_KERNEL_SOURCE in
+// the 'gemv' module (KERNEL_MODULES in kernels.ts) and use its loaders and dot product
+// (gemv_ld_stream, gemv_ld_cached, gemv_dot8), after KERNEL_PRELUDE's helpers.
+//
+// Why: a decode step of a Qwen3-30B-A3B-style model (D 2048, 128 experts of I 768, top 8) streams
+// the chosen experts' rows once, as a dense decode GEMV streams its weights, but the generic
+// kernels (one warp per output row, one 2-byte load per lane and step through the dtype-generic
+// ld()) read them at ~0.24 of the H200's copy bandwidth. Here, as in gemv-kernels.ts, each lane
+// streams 16-byte chunks (8 bf16) of the weight rows with several independent loads in flight
+// (ld.global.nc.L1::no_allocate: every weight byte is read once), reads the matching chunks of the
+// small activations (x, hidden) through the cached read-only path, and accumulates in f32.
+//
+// Layout (256 threads, 8 warps a block, one warp per output row; grids as the generic kernels'):
+//   k_moe_hidden_v, grid (ceil(I / 8), min(T K, 65535)): warp = row n of pair tk's expert; a lane
+//     holds MOE_UNR_H chunks of the gate row and MOE_UNR_H of the up row, 2 MOE_UNR_H 16-byte loads
+//     in flight (16 at the default 8: one pass covers D = 2048, 256 chunks).
+//   k_moe_down_v, grid (ceil(D / 8), min(T, 65535)): warp = output (t, d); its K rows down_e[d, :]
+//     are one stream of K I / 8 chunks (k = chunk / (I / 8)), so a lane keeps MOE_UNR_D loads in
+//     flight across the experts (K 8, I 768: 768 chunks, 3 passes of 8 a lane).
+// Both refill a lane's slot u with the next pass's chunk u as soon as slot u is multiplied (the
+// ring of gemv-kernels.ts' persistent kernels), so the loads stay in flight across passes.
+// __launch_bounds__(256, 2) caps a thread at 128 registers (two blocks an SM); NVRTC 11.8 and
+// ptxas 13 for sm_90 use 100 (hidden) and 96 (down), no spills. Unmeasured on a GPU so far: the
+// host runs them only with $LLMTS_CUDA_MOE=vec (cuda-moe-ops.ts).
+// Requirements (checked by the host, cuda-moe-ops.ts): bf16 x and weights, D % 8 == 0,
+// I % 8 == 0, x / gate / up / down / hidden 16-byte aligned.
+//
+// PDL_ENTRY comes first: the weights' addresses depend on the experts the kernel before wrote, so
+// here nothing can be fetched ahead of it (the kernels are not in pdl.ts' PDL_KERNELS).
+// k_moe_down_v multiplies each chunk's partial dot by its routing weight (sum_k sum_c w_k p_kc
+// instead of sum_k w_k sum_c p_kc): a reassociation of the same f32 sums.
+export const MOE_KERNEL_SOURCE = String.raw`
+#ifndef MOE_UNR_H
+#define MOE_UNR_H 8
+#endif
+#ifndef MOE_UNR_D
+#define MOE_UNR_D 8
+#endif
+
+// 8 bf16 values (a chunk of a weight row) . the 8 f32 values at h (two 16-byte cached loads)
+__device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h) {
+  const uint4 h0 = gemv_ld_cached(h), h1 = gemv_ld_cached(h + 1);
+  const unsigned* uw = (const unsigned*)&w;
+  const unsigned* a = (const unsigned*)&h0;
+  const unsigned* b = (const unsigned*)&h1;
+  float s = 0.0f;
+  #pragma unroll
+  for (int k = 0; k < 2; k++) {
+    s += __uint_as_float(uw[k] << 16) * __uint_as_float(a[2 * k]);
+    s += __uint_as_float(uw[k] & 0xffff0000u) * __uint_as_float(a[2 * k + 1]);
+    s += __uint_as_float(uw[k + 2] << 16) * __uint_as_float(b[2 * k]);
+    s += __uint_as_float(uw[k + 2] & 0xffff0000u) * __uint_as_float(b[2 * k + 1]);
+  }
+  return s;
+}
+
+// hidden[tk, n] = act(gate_e[n, :] . x[t, :]) * (up_e[n, :] . x[t, :]), e = experts[tk], t = tk / K
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_v(const u16* x, const int* experts, const u16* gate,
+    const u16* up, float* hidden, int TK, int K, int D, int I, int E, int act, int* err) {
+  PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (n >= I) return; // the whole warp: no block barrier follows
+  const int nch = D >> 3, step = 32 * MOE_UNR_H;
+  const int passes = (nch + step - 1) / step;
+  for (int tk = blockIdx.y; tk < TK; tk += gridDim.y) {
+    const int t = tk / K, e = experts[tk];
+    if (e < 0 || e >= E) {
+      if (lane == 0) { report(err, 6, t, e, E); hidden[(i64)tk * I + n] = 0.0f; }
+      continue;
+    }
+    const i64 row = ((i64)e * I + n) * nch;
+    const uint4* gr = (const uint4*)gate + row;
+    const uint4* ur = (const uint4*)up + row;
+    const uint4* xr = (const uint4*)x + (i64)t * nch;
+    uint4 gv[MOE_UNR_H], uv[MOE_UNR_H];
+    #pragma unroll
+    for (int u = 0; u < MOE_UNR_H; u++) {
+      const int c = u * 32 + lane;
+      gv[u] = c < nch ? gemv_ld_stream(gr + c) : make_uint4(0u, 0u, 0u, 0u);
+      uv[u] = c < nch ? gemv_ld_stream(ur + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float g = 0.0f, s = 0.0f;
+    for (int p = 0; p < passes; p++) {
+      #pragma unroll
+      for (int u = 0; u < MOE_UNR_H; u++) {
+        const int c = p * step + u * 32 + lane;
+        if (c < nch) {
+          const uint4 xv = gemv_ld_cached(xr + c);
+          g += gemv_dot8(gv[u], xv);
+          s += gemv_dot8(uv[u], xv);
+        }
+        if (c + step < nch) { // the ring: slot u's chunk of the next pass, in flight from now
+          gv[u] = gemv_ld_stream(gr + c + step);
+          uv[u] = gemv_ld_stream(ur + c + step);
+        }
+      }
+    }
+    g = warp_sum(g);
+    s = warp_sum(s);
+    if (lane == 0) hidden[(i64)tk * I + n] = activate(g, act) * s;
+  }
+}
+
+// Chunk j of output row d's stream is chunk j - k nch of down_e[d, :], k = j / nch, e = ex[k].
+// moe_down_slot: its k (with e), or -1 past the stream or for an expert outside [0, E) (reported
+// by k_moe_hidden_v, skipped here); moe_down_load: its weights (split so that a pass's expert ids
+// are all read before its weight loads wait on them).
+__device__ __forceinline__ int moe_down_slot(const int* ex, int j, int total, int nch, int E, int& e) {
+  if (j >= total) return -1;
+  const int k = j / nch;
+  e = ex[k];
+  return e >= 0 && e < E ? k : -1;
+}
+__device__ __forceinline__ uint4 moe_down_load(const u16* down, int j, int k, int e, int nch, int d, int D) {
+  return gemv_ld_stream((const uint4*)down + ((i64)e * D + d) * nch + (j - k * nch));
+}
+
+// out[t, d] = bf16(sum_k weights[t, k] * (down_e[d, :] . hidden[t, k, :])), e = experts[t, k]
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* hidden, const float* weights,
+    const int* experts, const u16* down, u16* out, int T, int K, int D, int I, int E) {
+  PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (d >= D) return; // the whole warp: no block barrier follows
+  const int nch = I >> 3, total = K * nch, step = 32 * MOE_UNR_D;
+  const int passes = (total + step - 1) / step;
+  for (int t = blockIdx.y; t < T; t += gridDim.y) {
+    const int* ex = experts + (i64)t * K;
+    uint4 wv[MOE_UNR_D];
+    int kv[MOE_UNR_D], ev[MOE_UNR_D]; // slot u's expert slot k (-1: none) and expert
+    #pragma unroll
+    for (int u = 0; u < MOE_UNR_D; u++) kv[u] = moe_down_slot(ex, u * 32 + lane, total, nch, E, ev[u]);
+    #pragma unroll
+    for (int u = 0; u < MOE_UNR_D; u++) {
+      wv[u] = kv[u] >= 0 ? moe_down_load(down, u * 32 + lane, kv[u], ev[u], nch, d, D) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float acc = 0.0f;
+    for (int p = 0; p < passes; p++) {
+      int kn[MOE_UNR_D], en[MOE_UNR_D]; // the next pass's
+      #pragma unroll
+      for (int u = 0; u < MOE_UNR_D; u++) kn[u] = moe_down_slot(ex, (p + 1) * step + u * 32 + lane, total, nch, E, en[u]);
+      #pragma unroll
+      for (int u = 0; u < MOE_UNR_D; u++) {
+        const int j = p * step + u * 32 + lane, k = kv[u];
+        if (k >= 0) {
+          const uint4* h = (const uint4*)(hidden + ((i64)t * K + k) * I) + 2 * (j - k * nch);
+          acc += weights[(i64)t * K + k] * moe_dot8f(wv[u], h);
+        }
+        if (kn[u] >= 0) wv[u] = moe_down_load(down, j + step, kn[u], en[u], nch, d, D); // the ring, as above
+        kv[u] = kn[u];
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[(i64)t * D + d] = f2bf(acc);
+  }
+}
+`;
+
+export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v'] as const;
+
+/** threads per block of both kernels (8 warps: 8 output rows a block) */
+export const MOE_THREADS = 256;
+/** output rows a block of either kernel covers (grid x = ceil(rows / this)) */
+export const MOE_ROWS_PER_BLOCK = MOE_THREADS / 32;

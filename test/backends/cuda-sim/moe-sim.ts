@@ -1,0 +1,103 @@
+// Runs the CUDA mixture-of-experts FFN kernels on the CPU through warp-sim.h, launched as
+// cuda-moe-ops.ts launches them: the generic k_moe_hidden / k_moe_down (kernels.ts' base module,
+// taken out of its source: the rest of that module does not build here) with bf16 dtypes, or the
+// bf16 twins k_moe_hidden_v / k_moe_down_v (moe-kernels.ts, after the GEMV source whose loaders
+// they use).
+import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
+import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
+import { MOE_KERNEL_SOURCE, MOE_ROWS_PER_BLOCK, MOE_THREADS } from '../../../src/backends/cuda/moe-kernels.ts';
+import { buildSim, bytesOf, runSim } from './build.ts';
+
+/** The text of `extern "C" __global__ void name(...) { ... }` in `source` (to its matching brace). */
+function kernelText(source: string, name: string): string {
+  const start = source.indexOf(`extern "C" __global__ void ${name}(`);
+  if (start < 0) throw new Error(`no kernel ${name}`);
+  let depth = 0;
+  for (let i = source.indexOf('{', start); i < source.length; i++) {
+    if (source[i] === '{') depth++;
+    else if (source[i] === '}' && --depth === 0) return source.slice(start, i + 1);
+  }
+  throw new Error(`kernel ${name} does not end`);
+}
+
+const BASE = KERNEL_MODULES.find((m) => m.name === 'base')!.source.slice(KERNEL_PRELUDE.length);
+
+const DRIVER = String.raw`
+// reads v.size() values of v's type; false on a short file
+template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), f) == v.size(); }
+
+// argv: input, output. Input: i32 vec T K D I E act gridY (the cap on grid y); u16 x[T D] (bf16);
+// i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
+// Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
+int main(int argc, char** argv) {
+  FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
+  std::vector<int> hd(8);
+  if (!f || !rd(f, hd)) return 2;
+  const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7];
+  std::vector<u16> x((size_t)T * D), gate((size_t)E * I * D), up(gate.size()), down((size_t)E * D * I);
+  std::vector<int> experts((size_t)T * K);
+  std::vector<float> weights(experts.size());
+  if (!rd(f, x) || !rd(f, experts) || !rd(f, weights) || !rd(f, gate) || !rd(f, up) || !rd(f, down)) return 2;
+  fclose(f);
+  std::vector<float> hidden((size_t)T * K * I, __uint_as_float(0xffffffffu));
+  std::vector<u16> out((size_t)T * D, 0xffff);
+  std::vector<int> err(4, 0);
+  const int TK = T * K, R = ${MOE_ROWS_PER_BLOCK};
+  const dim3 gh{(unsigned)((I + R - 1) / R), (unsigned)(TK < capY ? TK : capY), 1};
+  const dim3 gd{(unsigned)((D + R - 1) / R), (unsigned)(T < capY ? T : capY), 1};
+  if (vec) {
+    sim::launch(gh, ${MOE_THREADS}, [&] {
+      k_moe_hidden_v(x.data(), experts.data(), gate.data(), up.data(), hidden.data(), TK, K, D, I, E, act, err.data());
+    });
+    sim::launch(gd, ${MOE_THREADS}, [&] {
+      k_moe_down_v(hidden.data(), weights.data(), experts.data(), down.data(), out.data(), T, K, D, I, E);
+    });
+  } else {
+    sim::launch(gh, ${MOE_THREADS}, [&] {
+      k_moe_hidden(x.data(), DT_BF16, experts.data(), gate.data(), DT_BF16, up.data(), DT_BF16, hidden.data(), TK, K, D, I,
+                   E, act, err.data());
+    });
+    sim::launch(gd, ${MOE_THREADS}, [&] {
+      k_moe_down(hidden.data(), weights.data(), experts.data(), down.data(), DT_BF16, out.data(), T, K, D, I, E);
+    });
+  }
+  FILE* o = fopen(argv[2], "wb");
+  fwrite(hidden.data(), 4, hidden.size(), o);
+  fwrite(out.data(), 2, out.size(), o);
+  fwrite(err.data(), 4, 4, o);
+  fclose(o);
+  return 0;
+}
+`;
+
+const sim = () => buildSim('moe', [GEMV_KERNEL_SOURCE, MOE_KERNEL_SOURCE, kernelText(BASE, 'k_moe_hidden'),
+  kernelText(BASE, 'k_moe_down'), DRIVER].join('\n'));
+
+/** One moeFfn problem: bf16 bits of x [T, D], gate / up [E, I, D], down [E, D, I]; routing [T, K]. */
+export interface MoeSimCase {
+  T: number; K: number; D: number; I: number; E: number;
+  /** ACT_CODE of the gate's activation */
+  act: number;
+  x: Uint16Array; gate: Uint16Array; up: Uint16Array; down: Uint16Array;
+  experts: Int32Array; weights: Float32Array;
+  /** the cap on either launch's grid y (cuda-moe-ops.ts: 65535); smaller makes the blocks loop over pairs */
+  gridY?: number;
+}
+
+export interface MoeSimResult {
+  /** f32 [T K, I] (NaN where no kernel wrote) */
+  hidden: Float32Array;
+  /** bf16 bits [T, D] */
+  out: Uint16Array;
+  /** the error word: code, a, b, c */
+  err: Int32Array;
+}
+
+/** The two FFN kernels, 'scalar' (k_moe_hidden / k_moe_down) or 'vec' (k_moe_hidden_v / k_moe_down_v), on one case. */
+export function runMoeSim(kind: 'scalar' | 'vec', c: MoeSimCase): MoeSimResult {
+  const { T, K, D, I, E } = c;
+  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535), c.x,
+    c.experts, c.weights, c.gate, c.up, c.down));
+  const h = T * K * I * 4, o = T * D * 2;
+  return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
+}
