@@ -1,7 +1,7 @@
 // Argument checks run before an op is enqueued: a bad call throws here, naming the backend, the
 // op and the shapes, and nothing reaches the device queue/stream. Shared by the native backends;
 // each binds it to its own tensor class and name (see cpu/validate.ts, cuda/validate.ts).
-import type { DType, Tensor } from '../../contracts/backend.ts';
+import type { AttentionParams, DType, Tensor, WeightSource } from '../../contracts/backend.ts';
 
 /** What the checks need from a backend's tensor class. */
 export interface CheckedTensor extends Tensor {
@@ -51,6 +51,39 @@ export function validators<T extends CheckedTensor>(
     },
     expectFinite(op: string, name: string, v: number): void {
       if (!Number.isFinite(v)) throw opError(op, `${name} must be a finite number, got ${v}`);
+    },
+    /** loadWeightRows' range: rows [rowStart, rowStart + rows) of a weight with rows; its shape */
+    weightRows(src: WeightSource, rowStart: number, rows: number): number[] {
+      if (src.shape.length === 0) throw opError('loadWeightRows', `${src.name} is a scalar`);
+      const total = src.shape[0]!;
+      if (!Number.isSafeInteger(rowStart) || !Number.isSafeInteger(rows) || rowStart < 0 || rows < 0 ||
+        rowStart + rows > total) {
+        throw opError('loadWeightRows', `rows [${rowStart}, ${rowStart + rows}) outside [0, ${total}) of ${src.name}`);
+      }
+      return [rows, ...src.shape.slice(1)];
+    },
+    /** attention's scalars: a finite scale, an integer window >= 0, a soft-cap >= 0 */
+    attentionParams(op: string, params: AttentionParams): void {
+      const { scale, window, softcap } = params;
+      if (!Number.isFinite(scale)) throw opError(op, `params.scale must be a finite number, got ${scale}`);
+      if (!Number.isSafeInteger(window) || window < 0) throw opError(op, `params.window must be an integer >= 0, got ${window}`);
+      if (!Number.isFinite(softcap) || softcap < 0) throw opError(op, `params.softcap must be >= 0, got ${softcap}`);
+    },
+    /**
+     * moeFfn's shapes: x [T, D], routing weights and experts [T, topK], gate and up [E, I, D], down
+     * [E, D, I]; returns { T, D, E, I, K }.
+     */
+    moeShapes(op: string, x: Tensor, rw: Tensor, re: Tensor, gate: Tensor, up: Tensor, down: Tensor):
+      { T: number; D: number; E: number; I: number; K: number } {
+      const [T, D] = x.shape as [number, number];
+      const [E, I, Dg] = gate.shape as [number, number, number];
+      if (!sameShape(rw.shape, re.shape) || rw.shape[0] !== T) {
+        throw opError(op, `routing weights ${describe(rw)} / experts ${describe(re)} must both be [${T}, topK]`);
+      }
+      if (Dg !== D) throw opError(op, `gate ${describe(gate)} must be [E, I, ${D}] for x ${describe(x)}`);
+      if (!sameShape(up.shape, gate.shape)) throw opError(op, `up ${describe(up)} must match gate ${describe(gate)}`);
+      if (!sameShape(down.shape, [E, D, I])) throw opError(op, `down ${describe(down)} must be [${E}, ${D}, ${I}]`);
+      return { T, D, E, I, K: rw.shape[1]! };
     },
   };
 }

@@ -15,7 +15,9 @@ import { CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
 import { ACT_CODE, DT_CODE, loadNativeLib, type NativeLib } from './native-lib.ts';
-import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
+import {
+  attentionParams, checkShape, describe, expectDim, expectFinite, moeShapes, opError, sameShape, tensorArg, weightRows,
+} from './validate.ts';
 import { readInto } from './weight-io.ts';
 
 const F32: readonly DType[] = ['f32'];
@@ -107,13 +109,7 @@ export class CpuBackend implements Backend {
   }
 
   async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
-    if (src.shape.length === 0) throw opError('loadWeightRows', `${src.name} is a scalar`);
-    const total = src.shape[0]!;
-    if (!Number.isSafeInteger(rowStart) || !Number.isSafeInteger(rows) || rowStart < 0 || rows < 0 ||
-      rowStart + rows > total) {
-      throw opError('loadWeightRows', `rows [${rowStart}, ${rowStart + rows}) outside [0, ${total}) of ${src.name}`);
-    }
-    return this.loadRows('loadWeightRows', src, rowStart, rows, as, [rows, ...src.shape.slice(1)]);
+    return this.loadRows('loadWeightRows', src, rowStart, rows, as, weightRows(src, rowStart, rows));
   }
 
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',
@@ -446,10 +442,8 @@ export class CpuBackend implements Backend {
     const bt = this.arg(op, 'layout.blockTables', layout.blockTables, I32, 2);
     expectDim(op, 'layout.tokenRow length', row.shape[0]!, T, () => `q ${describe(qq)}`);
     expectDim(op, 'layout.tokenPos length', pos.shape[0]!, T, () => `q ${describe(qq)}`);
+    attentionParams(op, params);
     const { scale, window, softcap } = params;
-    expectFinite(op, 'params.scale', scale);
-    if (!Number.isSafeInteger(window) || window < 0) throw opError(op, `params.window must be an integer >= 0, got ${window}`);
-    if (!Number.isFinite(softcap) || softcap < 0) throw opError(op, `params.softcap must be >= 0, got ${softcap}`);
     const [R, MBR] = bt.shape as [number, number];
     const y = this.out(qq.shape);
     this.lib.opAttention(qq.addr, (kv.k as CpuTensor).addr, (kv.v as CpuTensor).addr, row.addr, pos.addr, bt.addr,
@@ -533,18 +527,11 @@ export class CpuBackend implements Backend {
     const g = this.arg(op, 'gate', gate, WEIGHT, 3);
     const u = this.arg(op, 'up', up, WEIGHT, 3);
     const d = this.arg(op, 'down', down, WEIGHT, 3);
-    const [T, D] = a.shape as [number, number];
-    const [E, I, Dg] = g.shape as [number, number, number];
-    if (!sameShape(rw.shape, re.shape) || rw.shape[0] !== T) {
-      throw opError(op, `routing weights ${describe(rw)} / experts ${describe(re)} must both be [${T}, topK]`);
-    }
-    if (Dg !== D) throw opError(op, `gate ${describe(g)} must be [E, I, ${D}] for x ${describe(a)}`);
-    if (!sameShape(u.shape, g.shape)) throw opError(op, `up ${describe(u)} must match gate ${describe(g)}`);
-    if (!sameShape(d.shape, [E, D, I])) throw opError(op, `down ${describe(d)} must be [${E}, ${D}, ${I}]`);
+    const { T, D, E, I, K } = moeShapes(op, a, rw, re, g, u, d);
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const y = this.out([T, D]);
-    this.lib.opMoeFfn(a.addr, rw.addr, re.addr, g.addr, u.addr, d.addr, y.addr, T, rw.shape[1]!, D, I, E,
+    this.lib.opMoeFfn(a.addr, rw.addr, re.addr, g.addr, u.addr, d.addr, y.addr, T, K, D, I, E,
       DT_CODE[g.dtype], DT_CODE[u.dtype], DT_CODE[d.dtype], code);
     return y;
   }

@@ -3,4 +3,6 @@
 import { validators } from '../common/validate.ts';
 import { CpuTensor } from './cpu-tensor.ts';
 
-export const { opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite } = validators('cpu', CpuTensor);
+export const {
+  opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite, weightRows, attentionParams, moeShapes,
+} = validators('cpu', CpuTensor);

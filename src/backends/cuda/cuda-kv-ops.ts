@@ -7,7 +7,7 @@ import { enqueueAttention } from './attention.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { ATT_MAX_HEAD_DIM } from './kernels.ts';
-import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
+import { attentionParams, describe, expectDim, opError, sameShape } from './validate.ts';
 
 /** Checks a KV pair of pools; returns [numBlocks, blockSize, kvHeads, headDim]. */
 export function poolDims(c: CudaOpContext, op: string, kv: PagedKv, layout: StepLayout): [number, number, number, number] {
@@ -58,10 +58,8 @@ export function attention(c: CudaOpContext, counters: number, q: Tensor, kv: Pag
   const bt = c.arg(op, 'layout.blockTables', layout.blockTables, I32, 2);
   expectDim(op, 'layout.tokenRow length', row.shape[0]!, T, () => `q ${describe(qq)}`);
   expectDim(op, 'layout.tokenPos length', pos.shape[0]!, T, () => `q ${describe(qq)}`);
+  attentionParams(op, params);
   const { scale, window, softcap } = params;
-  expectFinite(op, 'params.scale', scale);
-  if (!Number.isSafeInteger(window) || window < 0) throw opError(op, `params.window must be an integer >= 0, got ${window}`);
-  if (!Number.isFinite(softcap) || softcap < 0) throw opError(op, `params.softcap must be >= 0, got ${softcap}`);
   const [R, MBR] = bt.shape as [number, number];
   const y = c.out(qq.shape);
   const kp = kv.k as CudaTensor;

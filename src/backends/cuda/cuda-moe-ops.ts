@@ -6,7 +6,7 @@ import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts'
 import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
 import { MOE_ROWS_PER_BLOCK, MOE_THREADS } from './moe-kernels.ts';
-import { describe, opError, sameShape } from './validate.ts';
+import { describe, moeShapes, opError } from './validate.ts';
 
 /**
  * The FFN kernels: 'scalar' (k_moe_hidden / k_moe_down in kernels.ts: any dtype, one 2-byte load a
@@ -52,17 +52,9 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   const g = c.arg(op, 'gate', gate, FLOAT, 3);
   const u = c.arg(op, 'up', up, FLOAT, 3);
   const d = c.arg(op, 'down', down, FLOAT, 3);
-  const [T, D] = a.shape as [number, number];
-  const [E, I, Dg] = g.shape as [number, number, number];
-  if (!sameShape(rw.shape, re.shape) || rw.shape[0] !== T) {
-    throw opError(op, `routing weights ${describe(rw)} / experts ${describe(re)} must both be [${T}, topK]`);
-  }
-  if (Dg !== D) throw opError(op, `gate ${describe(g)} must be [E, I, ${D}] for x ${describe(a)}`);
-  if (!sameShape(u.shape, g.shape)) throw opError(op, `up ${describe(u)} must match gate ${describe(g)}`);
-  if (!sameShape(d.shape, [E, D, I])) throw opError(op, `down ${describe(d)} must be [${E}, ${D}, ${I}]`);
+  const { T, D, E, I, K } = moeShapes(op, a, rw, re, g, u, d);
   const code = ACT_CODE[act];
   if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
-  const K = rw.shape[1]!;
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;
   const hiddenBytes = Math.max(T * K * I * 4, 4);

@@ -8,7 +8,7 @@ import { open } from 'node:fs/promises';
 import type { DType, Tensor, WeightSource } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { type CudaOpContext, FLOAT } from './cuda-op-context.ts';
-import { checkShape, opError, sameShape } from './validate.ts';
+import { checkShape, opError, sameShape, weightRows } from './validate.ts';
 import { StagingChunks, uploadFileRange } from './weight-staging.ts';
 
 export class CudaWeightLoader {
@@ -22,13 +22,7 @@ export class CudaWeightLoader {
   }
 
   async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
-    if (src.shape.length === 0) throw opError('loadWeightRows', `${src.name} is a scalar`);
-    const total = src.shape[0]!;
-    if (!Number.isSafeInteger(rowStart) || !Number.isSafeInteger(rows) || rowStart < 0 || rows < 0 ||
-      rowStart + rows > total) {
-      throw opError('loadWeightRows', `rows [${rowStart}, ${rowStart + rows}) outside [0, ${total}) of ${src.name}`);
-    }
-    return this.loadRows('loadWeightRows', src, rowStart, rows, as, [rows, ...src.shape.slice(1)]);
+    return this.loadRows('loadWeightRows', src, rowStart, rows, as, weightRows(src, rowStart, rows));
   }
 
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',

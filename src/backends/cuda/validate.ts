@@ -3,4 +3,6 @@
 import { validators } from '../common/validate.ts';
 import { CudaTensor } from './cuda-tensor.ts';
 
-export const { opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite } = validators('cuda', CudaTensor);
+export const {
+  opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite, weightRows, attentionParams, moeShapes,
+} = validators('cuda', CudaTensor);
