@@ -162,6 +162,47 @@ __device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch,
   }
 }
 
+// The end of an output row n: each warp's sums over its lanes, then (WPR > 1) over the row's warps
+// through red (one barrier; the persistent kernels alternate two reds, so one barrier a group
+// suffices: a group's red is rewritten two groups later, after every warp passed the barrier
+// between), stored as bf16; acc is zeroed for the next row.
+template <int MMAX>
+__device__ __forceinline__ void gemv_store_row(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N, int n,
+                                               int WPR) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    float v = acc[m];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    acc[m] = v;
+  }
+  if (WPR == 1) {
+    if (lane == 0 && n < N) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) if (m < M) y[(i64)m * N + n] = f2bf(acc[m]);
+    }
+  } else {
+    if (lane == 0) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) red[warp][m] = acc[m];
+    }
+    __syncthreads();
+    if (warp % WPR == 0 && lane == 0 && n < N) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) {
+        if (m < M) {
+          float v = 0.0f;
+          for (int p = 0; p < WPR; p++) v += red[warp + p][m];
+          y[(i64)m * N + n] = f2bf(v);
+        }
+      }
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+}
+
 // WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
 // their sums), so a lane holds at most UNR chunks of a row up to K = WPR * 32 * UNR * 8 and issues
 // all its weight loads at once. Weights are loaded before PDL_ENTRY: they do not depend on the
@@ -208,35 +249,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
       }
     }
   }
-  #pragma unroll
-  for (int m = 0; m < MMAX; m++) {
-    float v = acc[m];
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    acc[m] = v;
-  }
-  if (WPR == 1) {
-    if (lane == 0 && n < N) {
-      #pragma unroll
-      for (int m = 0; m < MMAX; m++) if (m < M) y[(i64)m * N + n] = f2bf(acc[m]);
-    }
-    return;
-  }
-  if (lane == 0) {
-    #pragma unroll
-    for (int m = 0; m < MMAX; m++) red[warp][m] = acc[m];
-  }
-  __syncthreads();
-  if (part == 0 && lane == 0 && n < N) {
-    #pragma unroll
-    for (int m = 0; m < MMAX; m++) {
-      if (m < M) {
-        float v = 0.0f;
-        for (int p = 0; p < WPR; p++) v += red[warp + p][m];
-        y[(i64)m * N + n] = f2bf(v);
-      }
-    }
-  }
+  gemv_store_row<MMAX>(acc, red, y, M, N, n, WPR);
 }
 
 #define GEMV_KERNEL(MMAX, UNR) \
@@ -350,45 +363,6 @@ __device__ __forceinline__ void gemvp_stage_x(const GemvIn& in, int M, int nch, 
   __syncthreads();
 }
 
-// The end of a group: each warp's sums over its lanes, then (WPR > 1) over the row's warps through
-// red (the caller alternates two of them, so one barrier a group suffices: a group's red is
-// rewritten two groups later, after every warp passed the barrier between), stored as bf16.
-template <int MMAX>
-__device__ __forceinline__ void gemvp_store(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N, int n,
-                                            int WPR) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  #pragma unroll
-  for (int m = 0; m < MMAX; m++) {
-    float v = acc[m];
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    acc[m] = v;
-  }
-  if (WPR == 1) {
-    if (lane == 0 && n < N) {
-      #pragma unroll
-      for (int m = 0; m < MMAX; m++) if (m < M) y[(i64)m * N + n] = f2bf(acc[m]);
-    }
-  } else {
-    if (lane == 0) {
-      #pragma unroll
-      for (int m = 0; m < MMAX; m++) red[warp][m] = acc[m];
-    }
-    __syncthreads();
-    if (warp % WPR == 0 && lane == 0 && n < N) {
-      #pragma unroll
-      for (int m = 0; m < MMAX; m++) {
-        if (m < M) {
-          float v = 0.0f;
-          for (int p = 0; p < WPR; p++) v += red[warp + p][m];
-          y[(i64)m * N + n] = f2bf(v);
-        }
-      }
-    }
-  }
-  #pragma unroll
-  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
-}
 
 template <int MMAX, int UNR, int MODE>
 __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y,
@@ -432,7 +406,7 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
         wv[u] = gemvp_load(next, u, lane); // the ring: slot u's chunk of the next pass, in flight from now
       }
     }
-    gemvp_store<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
+    gemv_store_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
     parity ^= 1;
   }
 }
