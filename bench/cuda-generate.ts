@@ -39,8 +39,13 @@ const { values } = parseArgs({
     device: { type: 'string', default: 'cuda' },
     json: { type: 'string' },
     'profile-steps': { type: 'string', default: '0' },
+    'profile-graph': { type: 'boolean', default: false },
   },
 });
+// --profile-graph: event nodes around every call captured into a graph (graph-profiler.ts); the
+// backend reads the switch when it is created. Profiled replays run slower: the decode figures of
+// such a run are not the engine's.
+if (values['profile-graph']) process.env.LLMTS_CUDA_GRAPH_PROFILE = '1';
 const promptTokens = Number(values['prompt-tokens']);
 const decodeTokens = Number(values['decode-tokens']);
 const repeats = Number(values.repeats);
@@ -199,6 +204,25 @@ if (profileSteps > 0 && prof.startProfile && prof.stopProfile) {
   log(`profile  device time per decode step over ${profileSteps} steps: ${((1000 * total) / profileSteps).toFixed(0)} us of kernels`);
   for (const r of result.profile.slice(0, 30))
     log(`  ${r.name.padEnd(28)} ${r.callsPerStep.toFixed(1).padStart(6)} calls ${r.usPerStep.toFixed(1).padStart(9)} us ${(100 * r.share).toFixed(1).padStart(5)}%`);
+}
+
+// ---- device time per kernel inside the decode graph (its last replay) ----
+type GraphRows = { graph: number; calls: number; kernelMs: number; spanMs: number; kernels: { name: string; calls: number; ms: number }[] }[];
+const gprof = backend as Backend & { graphProfile?: () => Promise<GraphRows> };
+if (values['profile-graph'] && gprof.graphProfile) {
+  const graphs = await gprof.graphProfile();
+  (result as Record<string, unknown>).graphProfile = graphs;
+  save();
+  // the decode step's graph: the one with the most calls (other buckets were captured by warm-up)
+  const g = [...graphs].sort((a, b) => b.calls - a.calls)[0];
+  if (!g) log('graph    no replayed graph to profile (graphs off?)');
+  else {
+    log(`graph    last replay of the largest graph (${g.calls} calls): ${(1000 * g.spanMs).toFixed(0)} us from its first call's ` +
+      `start to its last one's end, ${(1000 * g.kernelMs).toFixed(0)} us in calls, ${(1000 * (g.spanMs - g.kernelMs)).toFixed(0)} us ` +
+      `between them (launch gaps and the profile's own event nodes; PDL overlap is lost)`);
+    for (const k of g.kernels.slice(0, 30))
+      log(`  ${k.name.padEnd(36)} ${String(k.calls).padStart(4)} calls ${(1000 * k.ms).toFixed(1).padStart(9)} us ${(100 * k.ms / g.spanMs).toFixed(1).padStart(5)}%`);
+  }
 }
 
 // ---- what the GEMM tuner chose per decode shape (cuBLASLt vs our GEMV kernels) ----

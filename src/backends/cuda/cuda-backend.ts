@@ -25,6 +25,7 @@ import { ScopeStack } from '../common/scopes.ts';
 import { check, CudaUnavailableError, loadCublasLt, probeCuda } from './cuda-lib.ts';
 import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { DevicePool } from './device-pool.ts';
+import type { GraphProfile } from './graph-profiler.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm, type TuneRecord } from './gemm.ts';
 import { ATT_COUNTERS } from './attention.ts';
@@ -155,6 +156,15 @@ export class CudaBackend implements Backend {
     const rows = p.collect();
     p.close();
     return rows;
+  }
+
+  /**
+   * With $LLMTS_CUDA_GRAPH_PROFILE=1 (read when the backend is created): waits for the stream and
+   * returns each captured graph's kernels as its last replay ran them (graph-profiler.ts); else [].
+   */
+  async graphProfile(): Promise<GraphProfile[]> {
+    await this.sync();
+    return this.rt.graphProfiler?.collect() ?? [];
   }
 
   /** A kernel's resources as compiled for this device (registers per thread, local and static shared bytes). */

@@ -101,6 +101,7 @@ export interface Driver {
   cuStreamSynchronize(s: P): number;
   cuEventCreate(out: BigUint64Array, flags: number): number;
   cuEventRecord(e: P, s: P): number;
+  cuEventRecordWithFlags(e: P, s: P, flags: number): number;
   cuEventQuery(e: P): number;
   cuEventSynchronize(e: P): number;
   cuEventDestroy_v2(e: P): number;
@@ -228,6 +229,7 @@ export function loadDriver(): Driver {
       cuStreamSynchronize: `int cuStreamSynchronize(${u64})`,
       cuEventCreate: 'int cuEventCreate(void *, unsigned int)',
       cuEventRecord: `int cuEventRecord(${u64}, ${u64})`,
+      cuEventRecordWithFlags: `int cuEventRecordWithFlags(${u64}, ${u64}, unsigned int)`,
       cuEventQuery: `int cuEventQuery(${u64})`,
       cuEventSynchronize: `int cuEventSynchronize(${u64})`,
       cuEventDestroy_v2: `int cuEventDestroy_v2(${u64})`,

@@ -140,10 +140,11 @@ export class LtGemm {
       gemv(plan.gemv);
       return true;
     }
-    const t0 = this.rt.capturing ? undefined : this.rt.profiler?.begin();
+    const prof = this.rt.capturing ? this.rt.graphProfiler : this.rt.profiler;
+    const t0 = prof?.begin();
     const rc = call(plan.algo);
     checkLt(rc, `cublasLtMatmul (M=${M} N=${N} K=${K}, w ${wt}, x ${xt}, out ${dt})`);
-    if (t0 !== undefined) this.rt.profiler!.end(`gemm ${M}x${N}x${K}`, t0);
+    if (t0 !== undefined) prof!.end(`gemm ${M}x${N}x${K}`, t0);
     this.rt.launches++;
     return true;
   }

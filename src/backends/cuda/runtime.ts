@@ -20,6 +20,7 @@ import {
 const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 import { KERNEL_MODULES, type KernelModule, type KernelName } from './kernels.ts';
 import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMode } from './nvrtc.ts';
+import { GraphProfiler } from './graph-profiler.ts';
 import { KernelProfiler } from './profiler.ts';
 import { LAUNCH_CONFIG_BYTES, PDL_KERNELS, pdlEnabled, writePdlLaunchConfig } from './pdl.ts';
 
@@ -83,6 +84,11 @@ export class CudaRuntime {
   launches = 0;
   /** set while kernels are being timed (startProfile / stopProfile) */
   profiler: KernelProfiler | null = null;
+  /**
+   * $LLMTS_CUDA_GRAPH_PROFILE=1: brackets every call captured into a graph with event nodes
+   * (graph-profiler.ts; profiled replays run slower)
+   */
+  readonly graphProfiler: GraphProfiler | null;
   private readonly ctx: number;
   private readonly dev: number;
   private readonly slots: ModuleSlot[] = [];
@@ -205,6 +211,7 @@ export class CudaRuntime {
       this.launchConfig = this.hostAlloc(LAUNCH_CONFIG_BYTES);
       this.launchConfigView = new DataView(this.launchConfig.view.buffer, this.launchConfig.view.byteOffset, LAUNCH_CONFIG_BYTES);
       this.pdl = pdlEnabled(major);
+      this.graphProfiler = process.env.LLMTS_CUDA_GRAPH_PROFILE === '1' ? new GraphProfiler(this.d, this.stream) : null;
       for (let i = 0; i < MAX_ARGS; i++) {
         this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
       }
@@ -272,13 +279,14 @@ export class CudaRuntime {
       else v.setFloat32(off, value, true);
     }
     const f = this.fns.get(name) ?? this.fn(name); // fn throws: module not loaded (yet)
-    const t0 = this.capturing ? undefined : this.profiler?.begin();
+    const prof = this.capturing ? this.graphProfiler : this.profiler;
+    const t0 = prof?.begin();
     const rc = this.pdl && PDL_KERNELS.has(name)
       ? this.d.cuLaunchKernelEx(writePdlLaunchConfig(this.launchConfigView, this.launchConfig.addr, grid, block, shmem,
         this.stream), f, this.params.addr + MAX_ARGS * 8, 0)
       : this.d.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream, this.params.addr + MAX_ARGS * 8, 0);
     check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
-    if (t0 !== undefined) this.profiler!.end(name, t0);
+    if (t0 !== undefined) prof!.end(name, t0);
     this.launches++;
   }
 
@@ -289,6 +297,7 @@ export class CudaRuntime {
   beginCapture(): void {
     check(this.d.cuStreamBeginCapture_v2(this.stream, CU_STREAM_CAPTURE_MODE_RELAXED), 'cuStreamBeginCapture');
     this.capturing = true;
+    this.graphProfiler?.beginCapture();
   }
 
   /** Ends recording; returns an instantiated graph, or throws (then nothing is kept) when `abort`. */
@@ -298,6 +307,7 @@ export class CudaRuntime {
     const rc = this.d.cuStreamEndCapture(this.stream, g);
     const graph = num(g);
     if (abort || rc !== 0) {
+      this.graphProfiler?.endCapture(0);
       if (graph) this.d.cuGraphDestroy(graph);
       check(rc, 'cuStreamEndCapture');
       return 0;
@@ -305,9 +315,13 @@ export class CudaRuntime {
     const exec = out64();
     try {
       check(this.d.cuGraphInstantiateWithFlags(exec, graph, 0), 'cuGraphInstantiate');
+    } catch (e) {
+      this.graphProfiler?.endCapture(0);
+      throw e;
     } finally {
       this.d.cuGraphDestroy(graph);
     }
+    this.graphProfiler?.endCapture(num(exec));
     return num(exec);
   }
 
@@ -320,6 +334,7 @@ export class CudaRuntime {
   }
 
   destroyGraph(exec: number): void {
+    this.graphProfiler?.destroyGraph(exec);
     this.d.cuGraphExecDestroy(exec);
   }
 
@@ -398,6 +413,7 @@ export class CudaRuntime {
     this.closed = true;
     this.profiler?.close();
     this.profiler = null;
+    this.graphProfiler?.close();
     for (const ev of this.idleEvents) this.d.cuEventDestroy_v2(ev);
     this.idleEvents.length = 0;
     this.hostFree(this.params);
