@@ -219,7 +219,7 @@ if (values['profile-graph'] && gprof.graphProfile) {
   else {
     log(`graph    last replay of the largest graph (${g.calls} calls): ${(1000 * g.spanMs).toFixed(0)} us from its first call's ` +
       `start to its last one's end, ${(1000 * g.kernelMs).toFixed(0)} us in calls, ${(1000 * (g.spanMs - g.kernelMs)).toFixed(0)} us ` +
-      `between them (launch gaps and the profile's own event nodes; PDL overlap is lost)`);
+      `between them (launch gaps and the profile's own event nodes; PDL is off while profiling)`);
     for (const k of g.kernels.slice(0, 30))
       log(`  ${k.name.padEnd(36)} ${String(k.calls).padStart(4)} calls ${(1000 * k.ms).toFixed(1).padStart(9)} us ${(100 * k.ms / g.spanMs).toFixed(1).padStart(5)}%`);
   }

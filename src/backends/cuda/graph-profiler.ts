@@ -7,8 +7,9 @@
 // capture that records a node instead of a capture dependency). After a replay has finished, each
 // bracket's elapsed time is that kernel's device time in the graph, and the time from one bracket's
 // end to the next one's start is the gap between them (launch latency inside the graph, plus the
-// event nodes' own cost). The event nodes cost time and break programmatic dependent launch's
-// overlap, so a profiled replay runs slower than a plain one: read the shares, not the total.
+// event nodes' own cost). The event nodes cost time, and the runtime turns programmatic dependent
+// launch off while profiling (its edges join kernel to kernel), so a profiled replay runs slower
+// than a plain one: read the shares, not the total.
 import { check, num, out64, type Driver } from './cuda-lib.ts';
 import type { KernelTime } from './profiler.ts';
 

@@ -210,8 +210,10 @@ export class CudaRuntime {
       this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
       this.launchConfig = this.hostAlloc(LAUNCH_CONFIG_BYTES);
       this.launchConfigView = new DataView(this.launchConfig.view.buffer, this.launchConfig.view.byteOffset, LAUNCH_CONFIG_BYTES);
-      this.pdl = pdlEnabled(major);
       this.graphProfiler = process.env.LLMTS_CUDA_GRAPH_PROFILE === '1' ? new GraphProfiler(this.d, this.stream) : null;
+      // a profiled graph has event nodes between its kernels, where programmatic edges would join
+      // kernel to kernel: profile without PDL
+      this.pdl = pdlEnabled(major) && !this.graphProfiler;
       for (let i = 0; i < MAX_ARGS; i++) {
         this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
       }
