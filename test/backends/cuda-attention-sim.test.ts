@@ -79,7 +79,8 @@ function reference(s: SimCall): Float64Array {
   return out;
 }
 
-function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number, sms = SIM_SMS): void {
+function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number, sms = SIM_SMS,
+  defines: readonly string[] = []): void {
   const s = build(c);
   const old = setDecodeKernelKind(kind);
   let plan;
@@ -90,7 +91,7 @@ function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: num
     setDecodeKernelKind(old);
   }
   assert.equal(plan.tensorCores, kind === 'tc', `${label}: the plan picked ${plan.decodeKernel}`);
-  const { out, err, countersLeft } = runAttentionSim(s, plan);
+  const { out, err, countersLeft } = runAttentionSim(s, plan, defines);
   assert.equal(err[0], expectErr ?? 0, `${label}: error word ${[...err].join(', ')}`);
   assert.equal(plan.fusedCombine, kind === 'tc' && plan.slots >= 2, `${label}: the tensor-core kernel merges its own splits`);
   assert.equal(countersLeft, 0, `${label}: every split counter is back to 0`);
@@ -134,6 +135,17 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 16);
     assert.ok(plan.slots >= 20, `${plan.slots} slots: the case must split its 2,560 keys 20 ways (128 keys each)`);
     check('tc long row', c, 'tc', undefined, 16);
+  });
+
+  it('tc with ATT_TC_EARLY=1 (its first reads before the PDL wait): the same results, holes and many rows', () => {
+    const early = ['ATT_TC_EARLY=1'];
+    for (const [label, c] of cases) check(`early ${label}`, c, 'tc', undefined, SIM_SMS, early);
+    check('early 40 rows', { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })), seed: 8 },
+      'tc', undefined, SIM_SMS, early);
+    check('early hole', { D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }, 'tc', 4,
+      SIM_SMS, early);
+    check('early 150 rows (the plan kernel)', { D: 64, H: 4, KVH: 2, BS: 16, rows: Array.from({ length: 150 }, (_, i) => ({ start: (i * 7) % 60 })),
+      seed: 13 }, 'tc', undefined, SIM_SMS, early);
   });
 
   it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {

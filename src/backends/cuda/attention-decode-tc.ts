@@ -26,6 +26,13 @@
 //       heads and writes the output, and sets the counter back to 0 for the next call (a graph
 //       replays the same buffer). At one row that saves a dependent launch per layer.
 export const ATTENTION_DECODE_TC_KERNELS = String.raw`
+// ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; not yet measured, so 0): with programmatic dependent
+// launch, a block reads its token's row, position and first block-table entries before it waits
+// for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
+// global round trips, and these are the first ones.
+#ifndef ATT_TC_EARLY
+#define ATT_TC_EARLY 0
+#endif
 // the block-table entry of key j of a row (-1 past k1 or past the table's width)
 __device__ __forceinline__ int att_tc_table_entry(const int* tab, int j, int k1, int BS, int bsShift, int MBR) {
   if (j >= k1) return -1;
@@ -62,8 +69,14 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const int kh = blockIdx.y, h0 = kh * G;
   const int w = blockIdx.x;
 
+#if ATT_TC_EARLY
+  // before the wait only what no kernel of the step writes: the step's rows, positions and block
+  // tables (uploaded before the graph), and the error word; k_attn_plan's list is its output
+  bool waited = planReady != 0;
+  if (waited) PDL_ENTRY();
+#endif
   const int* list;
-  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list);
+  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list, false);
   const int seff = att_seff(n, W);
   const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
   const i64 rs = (i64)KVH * D;
@@ -85,6 +98,12 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 #define ATT_TC_TABLE(it) (tid < BK ? att_tc_table_entry(tab, k0 + (it) * BK + tid, k1, BS, bsShift, MBR) : -1)
     int blkNext = ATT_TC_TABLE(0);
 
+#if ATT_TC_EARLY
+    if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
+      PDL_ENTRY();
+      waited = true;
+    }
+#endif
     // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through stage 1's K buffer
     // (stage 0 takes the first key tile meanwhile: Q and that tile travel together)
     u16* const s_q = s_kv + 2 * TILE;
@@ -320,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_decode_tc_d##D(const u1
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err, int* counters) { \
-  PDL_ENTRY(); \
+  if (!ATT_TC_EARLY) PDL_ENTRY(); \
   att_decode_tc<D>(q, kpool, vpool, rows, poss, tables, plan, planReady, out, part, partml, T, H, KVH, NB, BS, R, \
     MBR, window, scale, softcap, W, err, counters); \
 }

@@ -209,17 +209,18 @@ extern "C" __global__ void __launch_bounds__(1024) k_attn_plan(const int* rows, 
 }
 
 // The decode tokens of a call, for every block of a decode kernel: k_attn_plan's list (planReady),
-// or listed here in shared memory (s_list, s_wsum), block (0, 0) storing it for k_attn_combine.
-// Returns how many; *list points at them.
+// or listed here in shared memory (s_list, s_wsum), block (0, 0) storing it for k_attn_combine
+// when storePlan (the tensor-core kernel merges its own splits: it reads no stored plan). Returns
+// how many; *list points at them.
 __device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* plan, int planReady, int* s_list,
-    int* s_wsum, const int** list) {
+    int* s_wsum, const int** list, bool storePlan) {
   if (planReady) {
     *list = plan + 1;
     return plan[0];
   }
   const int n = att_plan(rows, T, s_list, s_wsum);
   *list = s_list;
-  if (blockIdx.x == 0 && blockIdx.y == 0) {
+  if (storePlan && blockIdx.x == 0 && blockIdx.y == 0) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) plan[1 + i] = s_list[i];
     if (threadIdx.x == 0) plan[0] = n;
   }
@@ -319,7 +320,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
   const int w = blockIdx.x;
 
   const int* list;
-  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list);
+  const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list, true);
   const int seff = att_seff(n, W);
   const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
   const i64 rs = (i64)KVH * D; // elements from one slot to the next

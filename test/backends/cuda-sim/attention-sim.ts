@@ -100,9 +100,13 @@ int main(int argc, char** argv) {
 }
 `;
 
-/** The attention module's kernels and the driver, built once per process (cached on disk). */
-function attentionSim(): string {
-  return buildSim('attention', `${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`);
+/**
+ * The attention module's kernels and the driver, built once per process (cached on disk), with
+ * `defines` (NAME=VALUE: the tuning macros $LLMTS_CUDA_ATT_DEFINES sets) put first.
+ */
+function attentionSim(defines: readonly string[] = []): string {
+  const head = defines.map((d) => `#define ${d.replace('=', ' ')}\n`).join('');
+  return buildSim('attention', `${head}${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`);
 }
 
 export interface SimCall {
@@ -114,7 +118,8 @@ export interface SimCall {
 }
 
 /** Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns the bf16 output bits and the error word. */
-export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint16Array; err: Int32Array; countersLeft: number } {
+export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = []):
+  { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
   const name = Buffer.alloc(128);
   name.write(plan.decodeKernel);
@@ -122,7 +127,7 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan): { out: Uint
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0]);
-  const buf = runSim(attentionSim(), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+  const buf = runSim(attentionSim(defines), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
     c.rows, c.poss, c.tables)]));
   const n = c.T * c.H * c.D;
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
