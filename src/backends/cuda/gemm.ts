@@ -11,6 +11,12 @@ import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
+/**
+ * $LLMTS_CUDA_TUNE_FLUSH=read: the tuner empties L2 between timed calls by reading a 128 MB buffer
+ * (k_l2_flush_read) instead of writing it, so the timed call does not also write back up to 50 MB of
+ * dirty lines (which may inflate a 50 MB weight's time by up to half). Opt-in until compared on the GPU.
+ */
+const TUNE_FLUSH_READ = process.env.LLMTS_CUDA_TUNE_FLUSH === 'read';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
 const CUBLAS_COMPUTE_32F = 68;
 const CUBLASLT_MATMUL_DESC_TRANSA = 3;
@@ -168,7 +174,11 @@ export class LtGemm {
       const pairs: [number, number][] = [];
       for (let i = 0; i < TUNE_REPEATS; i++) {
         const e0 = this.event(events), e1 = this.event(events);
-        check(d.cuMemsetD8Async(flush, i & 0xff, L2_FLUSH_BYTES, this.rt.stream), 'L2 flush');
+        if (TUNE_FLUSH_READ) {
+          this.rt.launch('k_l2_flush_read', [4 * this.rt.smCount, 1, 1], 512, 0, [['p', flush], ['p', L2_FLUSH_BYTES / 16], ['p', 0]]);
+        } else {
+          check(d.cuMemsetD8Async(flush, i & 0xff, L2_FLUSH_BYTES, this.rt.stream), 'L2 flush');
+        }
         check(d.cuEventRecord(e0, this.rt.stream), 'cuEventRecord');
         const ok = run();
         check(d.cuEventRecord(e1, this.rt.stream), 'cuEventRecord');

@@ -426,11 +426,24 @@ extern "C" __global__ void k_matmul_simple(const void* x, int xdt, const void* w
     }
   }
 }
+
+// Reads n 16-byte words (the GEMM tuner's L2 flush, gemm.ts: leaves L2 full of clean lines, where a
+// memset leaves dirty ones that the timed call would have to write back). The sink is written only
+// for a sum no data makes (so the loads cannot be dropped). grid-stride, any grid.
+extern "C" __global__ void k_l2_flush_read(const uint4* p, i64 n, unsigned* sink) {
+  unsigned x = 0u;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const uint4 v = p[i];
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x9e3779b9u && sink) *sink = x;
+}
 `;
 
 const BASE_KERNEL_NAMES = [
   'k_convert', 'k_embedding', 'k_rmsnorm', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_rope', 'k_write_kv',
   'k_attention', 'k_gather_rows', 'k_moe_route', 'k_moe_hidden', 'k_moe_down', 'k_matmul_finish', 'k_matmul_simple',
+  'k_l2_flush_read',
 ] as const;
 
 /** One NVRTC module: its own source, cache entry (nvrtc.ts) and kernels. */
