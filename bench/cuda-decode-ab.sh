@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# B=1 decode A/B on the GPU machine: bench/cuda-generate.ts on Llama-3.1-8B shapes (made by
+# bench/make_random_llama.py unless MODEL_DIR has one) with the defaults, then with each variant's
+# environment, at a 512- and a 4k-token context; then one run with --profile-graph (the kernels
+# inside the decode graph's last replay, and the gaps between them). One command:
+#
+#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
+#
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the opt-ins not yet measured:
+# the tuner's read-only L2 flush, the tensor-core decode's early reads, the fused GLU).
+# CONTEXTS (default "512 4096"), MODEL_DIR (default /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
+# with MODEL_DIR=models/demo tests the plumbing).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-out/cuda-decode-ab}
+MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+VARIANTS=${VARIANTS:-"flush-read:LLMTS_CUDA_TUNE_FLUSH=read tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1 glu:LLMTS_CUDA_FUSE_GLU=on"}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+if [ ! -f "$MODEL_DIR/config.json" ]; then
+  timeout 200 python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json > "$OUT/make-model.log" 2>&1 \
+    || { echo "making the model failed (see $OUT/make-model.log)"; exit 1; }
+fi
+gen() { # name, context, then NAME=VALUE settings
+  local name=$1 ctx=$2; shift 2
+  echo "== $name, ${ctx}-token context"
+  env "$@" timeout 90 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens "$ctx" \
+    --decode-tokens 128 --repeats 2 ${EXTRA:-} --json "$OUT/$name-$ctx.json" 2>&1 | grep -E "^(decode|graph|  |rror)|Error" | head -"${LINES_MAX:-3}"
+}
+for ctx in ${CONTEXTS:-512 4096}; do
+  gen default "$ctx" X=1
+  for v in $VARIANTS; do
+    name=${v%%:*}; settings=${v#*:}
+    IFS=, read -r -a envs <<< "$settings"
+    gen "$name" "$ctx" "${envs[@]}"
+  done
+done
+EXTRA=--profile-graph LINES_MAX=40 gen graph-profile 512 X=1
