@@ -232,6 +232,14 @@ export interface Backend {
   addRmsnormMatmul?(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
     bias?: Tensor): { sum: Tensor; y: Tensor };
   /**
+   * addRmsnorm(x, r, rScale, normW, eps, weightOffset), then y = gluPacked(matmul(normed, gateUp),
+   * act) [T, I] for packed gate/up rows gateUp [2I, D]: the dense MLP up to its down projection. A
+   * backend may run all three as one GEMV with the GLU in its epilogue (CUDA, opt-in); not part of
+   * FusedOps.
+   */
+  addRmsnormGateUpGlu?(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
+    gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor };
+  /**
    * qkv [T, (H + 2 KVH) * D]: each token's q heads, then k heads, then v heads. Per-head rmsnorm
    * of q and k (when `qkNorm` is given), rope of q and k, k and v written to `kv` at layout.slots;
    * returns q [T, H, D]. Equals reshape + rmsnorm + rope + writeKv of the plain ops.

@@ -69,7 +69,12 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
   if (post) attn = norm(model, attn, w.postAttnNorm);
   let sum: Tensor, ffn: Tensor;
   const m0 = w.mlp;
-  if (b.addRmsnormMatmul && m0.kind === 'dense' && m0.gateUp) {
+  if (b.addRmsnormGateUpGlu && m0.kind === 'dense' && m0.gateUp && !m0.gateUpBias) {
+    // the mid norm, the packed gate/up GEMM and the GLU: a backend may make them one kernel
+    const f = b.addRmsnormGateUpGlu(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, m0.gateUp, c.activation);
+    sum = f.sum;
+    ffn = b.matmul(f.y, m0.down, m0.downBias);
+  } else if (b.addRmsnormMatmul && m0.kind === 'dense' && m0.gateUp) {
     // the mid norm's only reader is the packed gate/up GEMM: a backend may fuse the two
     const f = b.addRmsnormMatmul(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, m0.gateUp, m0.gateUpBias);
     sum = f.sum;

@@ -8,10 +8,10 @@ import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
-import { gemvFusedChoice } from '../../src/backends/cuda/gemv-kernels.ts';
+import { gemvFusedChoice, gemvNormGluChoice } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { runAddRmsnormSim, runArgmaxSim, runGluPackedSim } from './cuda-sim/fused-sim.ts';
-import { runGemvLaunchSim, runGemvNormLaunchSim } from './cuda-sim/gemv-sim.ts';
+import { runGemvLaunchSim, runGemvNormGluLaunchSim, runGemvNormLaunchSim } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -91,6 +91,31 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
       const y = decodeHalf(got.y, 'bf16');
       for (let i = 0; i < y.length; i++) {
         assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 8e-3 * Math.abs(want[i]!), `addRmsnormMatmul T=${T} K=${K} N=${N}: y[${i}] = ${y[i]}, unfused ${want[i]}`);
+      }
+    }
+  });
+
+  it('the norm-GLU launch (gemvNormGluChoice: k_gemvp_normglu_*) gives what the add + rmsnorm GEMV and k_glu_packed give, bit for bit', () => {
+    const r = rng(44);
+    // the launch takes twice the warps a row of the norm twin takes, half on the gate row and half
+    // on the up row, each summed as the norm twin sums its rows; SMs 1-2 make its blocks loop
+    for (const [T, K, I, sms] of [[1, 4104, 37, 1], [1, 520, 64, 2], [2, 1032, 19, 2], [8, 3072, 11, 1], [3, 24, 9, 1]] as const) {
+      const f = gemvNormGluChoice(T, I, K)!;
+      const plainChoice = gemvFusedChoice(T, 2 * I, K)!;
+      assert.equal(f.choice.warpsPerRow, Math.min(8, 2 * plainChoice.choice.warpsPerRow));
+      const w = encodeHalf(randomF32(r, 2 * I * K), 'bf16');
+      const x = encodeHalf(randomF32(r, T * K, 2), 'bf16'), res = encodeHalf(randomF32(r, T * K, 2), 'bf16');
+      const nw = encodeHalf(randomF32(r, K), 'bf16');
+      for (const act of ['silu', 'gelu_tanh'] as const) {
+        const label = `T=${T} K=${K} I=${I} ${act} on ${sms} SMs`;
+        const got = runGemvNormGluLaunchSim({ choice: f.choice, smCount: sms, kernel: f.kernel, sharedBytes: f.sharedBytes }, T, I, K, w, x, res,
+          nw, 0.5, 1e-5, 1, ACT_CODE[act]!);
+        // the unfused pair at the same split of each weight row (warps per row: half the launch's)
+        const half = { ...f.choice, warpsPerRow: f.choice.warpsPerRow / 2 };
+        const gu = runGemvNormLaunchSim({ choice: half, smCount: sms, kernel: plainChoice.norm, sharedBytes: f.sharedBytes }, T, 2 * I, K, w, x,
+          res, nw, 0.5, 1e-5, 1);
+        assert.deepEqual([...got.sum], [...gu.sum], `${label}: the new residual`);
+        assert.deepEqual([...got.y], [...runGluPackedSim(T, I, gu.y, ACT_CODE[act]!)], `${label}: the GLU`);
       }
     }
   });

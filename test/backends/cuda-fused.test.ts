@@ -14,7 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu, setCudaFuseNorm } from '../../src/backends/cuda/cuda-backend.ts';
+import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -164,6 +164,35 @@ describe('fused ops', { skip: SKIP }, () => {
       }
     } finally {
       setCudaFuseNorm(old);
+    }
+  });
+
+  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue ($LLMTS_CUDA_GLU_EPILOGUE=on) at one row', async () => {
+    const r = rng(16);
+    const old = setCudaGluEpilogue(false);
+    try {
+      for (const epi of [false, true]) {
+        setCudaGluEpilogue(epi);
+        for (const [T, D, I] of [[1, 520, 40], [1, 4096, 700], [3, 264, 17], [1, 264, 1500]] as const) {
+          const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, 2 * I * D);
+          for (const a of ['silu', 'gelu_tanh'] as const) {
+            // the reference composes the ops, rounding the sum, the normed rows and the gate/up
+            // product to bf16 where the CUDA kernels store them
+            await compare(`addRmsnormGateUpGlu ${T}x${D} -> ${I} ${a} epilogue ${epi}`, async (b) => {
+              const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [2 * I, D]);
+              if (b.name === 'cuda') {
+                const f = b.addRmsnormGateUpGlu!(xx, rr, 1, g, 1e-5, 0, ww, a);
+                return [f.sum, f.y];
+              }
+              const sum = await roundedBf16(b, b.add(xx, rr, 1));
+              const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, 0));
+              return [sum, b.gluPacked!(await roundedBf16(b, b.matmul(normed, ww)), a)];
+            }, longK(D, 1.5));
+          }
+        }
+      }
+    } finally {
+      setCudaGluEpilogue(old);
     }
   });
 

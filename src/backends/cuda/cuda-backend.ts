@@ -44,7 +44,7 @@ import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
 import { CudaWeightLoader } from './cuda-weight-loader.ts';
 
-export { setCudaFuseGlu, setCudaFuseNorm } from './cuda-fused-ops.ts';
+export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue } from './cuda-fused-ops.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;
@@ -619,6 +619,11 @@ export class CudaBackend implements Backend {
   addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
     bias?: Tensor): { sum: Tensor; y: Tensor } {
     return this.fused.addRmsnormMatmul(x, r, rScale, normW, eps, weightOffset, w, bias);
+  }
+
+  addRmsnormGateUpGlu(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
+    gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor } {
+    return this.fused.addRmsnormGateUpGlu(x, r, rScale, normW, eps, weightOffset, gateUp, act);
   }
 
   argmax(x: Tensor): Tensor {

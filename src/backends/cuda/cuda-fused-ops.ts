@@ -9,7 +9,7 @@ import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
-import { GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid } from './gemv-kernels.ts';
+import { GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice } from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
 
@@ -40,6 +40,20 @@ let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM !== 'off';
 export function setCudaFuseNorm(on: boolean): boolean {
   const old = FUSE_NORM;
   FUSE_NORM = on;
+  return old;
+}
+
+/**
+ * $LLMTS_CUDA_GLU_EPILOGUE=on: addRmsnormGateUpGlu runs the mid norm, the packed gate/up GEMV and the
+ * GLU as one kernel (k_gemvp_normglu_*: the GLU in its epilogue, a kernel and the [T, 2I] gate/up
+ * output less than addRmsnormMatmul + gluPacked); opt-in until measured on the GPU.
+ */
+let GLU_EPILOGUE = process.env.LLMTS_CUDA_GLU_EPILOGUE === 'on';
+
+/** Turns the GLU epilogue of addRmsnormGateUpGlu on or off (tests, benchmarks); returns the old setting. */
+export function setCudaGluEpilogue(on: boolean): boolean {
+  const old = GLU_EPILOGUE;
+  GLU_EPILOGUE = on;
   return old;
 }
 
@@ -120,6 +134,45 @@ export class CudaFusedOps {
     this.c.rt.launch(gemv.norm, [gemvLaunchGrid(gemv.choice, N, this.c.rt.smCount), 1, 1], GEMV_THREADS, gemv.sharedBytes, [
       ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
       ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', N], ['i', D], ['i', gemv.choice.warpsPerRow]]);
+    return { sum, y };
+  }
+
+  /**
+   * addRmsnormMatmul(x, r, ..., gateUp), then gluPacked(·, act): y [T, I]. With the norm fusion on
+   * and $LLMTS_CUDA_GLU_EPILOGUE=on, a one-row decode shape (bf16, 16-byte aligned, the normed row
+   * within GEMVP_MAX_SHARED_BYTES) is one kernel whose warps sum the gate and the up row of each
+   * output and store its GLU (gemv-kernels.ts k_gemvp_normglu_*); otherwise the ops above.
+   */
+  addRmsnormGateUpGlu(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
+    gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor } {
+    const op = 'addRmsnormGateUpGlu';
+    this.c.assertOpen(op);
+    const a = this.c.arg(op, 'x', x, ACTS, 2);
+    const rr = this.c.arg(op, 'r', r, ACTS, 2);
+    const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
+    const m = this.c.arg(op, 'gateUp', gateUp, FLOAT, 2);
+    const [T, D] = a.shape as [number, number];
+    const N2 = m.shape[0]!;
+    if (N2 % 2 !== 0) throw opError(op, `gateUp ${describe(m)} must be packed gate/up rows [2I, ${D}]`);
+    const code = ACT_CODE[act];
+    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const I = N2 / 2;
+    const fuse = GLU_EPILOGUE && FUSE_NORM && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
+      sameShape(a.shape, rr.shape) && m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && I > 0 &&
+      a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvNormGluChoice(T, I, D) : undefined;
+    if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
+      const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
+      const y = this.gluPacked(f.y, act);
+      this.c.free(f.y); // stream-ordered: the glu enqueued above reads it first
+      return { sum: f.sum, y };
+    }
+    const sum = this.c.out([T, D]);
+    const y = this.c.out([T, I]);
+    this.c.rt.launch(fuse.kernel, [gemvLaunchGrid(fuse.choice, I, this.c.rt.smCount), 1, 1], GEMV_THREADS, fuse.sharedBytes, [
+      ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', T], ['i', I], ['i', D], ['i', fuse.choice.warpsPerRow],
+      ['i', code]]);
     return { sum, y };
   }
 

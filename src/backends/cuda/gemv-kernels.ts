@@ -65,6 +65,8 @@ struct GemvIn {
   int nwdt;
   float rScale, eps, off;
   u16* sum;         // MODE 2: where block 0 stores bf16(x + rScale r) [M, K] (the new residual)
+  int gluI;         // > 0 (k_gemvp_normglu_*): output row n is act(w[n] . x) (w[gluI + n] . x)
+  int gluAct;       //   with ACT_* gluAct, as k_glu_packed makes it from the packed gate/up product
 };
 
 // MODE 2's new residual, one chunk: bf16(x + rScale r) of 8 values (k_add_rmsnorm's sum)
@@ -148,9 +150,7 @@ __device__ __forceinline__ void gemv_norm_rows(const GemvIn& in, int M, int nch,
   }
   #pragma unroll
   for (int m = 0; m < MMAX; m++) {
-    float v = ss[m];
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const float v = warp_sum(ss[m]);
     if (lane == 0) part[warp][m] = v;
   }
   __syncthreads();
@@ -171,12 +171,7 @@ __device__ __forceinline__ void gemv_store_row(float* acc, float (*red)[MMAX], u
                                                int WPR) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   #pragma unroll
-  for (int m = 0; m < MMAX; m++) {
-    float v = acc[m];
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    acc[m] = v;
-  }
+  for (int m = 0; m < MMAX; m++) acc[m] = warp_sum(acc[m]);
   if (WPR == 1) {
     if (lane == 0 && n < N) {
       #pragma unroll
@@ -201,6 +196,35 @@ __device__ __forceinline__ void gemv_store_row(float* acc, float (*red)[MMAX], u
   }
   #pragma unroll
   for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+}
+
+// The end of a GLU-out row n (GemvIn.gluI): warps [0, WPR / 2) of the row summed its gate row,
+// the others its up row; stored as k_glu_packed stores it from the bf16 gate/up product: bf16(act(g) u)
+// of the bf16-rounded sums. acc is zeroed for the next row.
+template <int MMAX>
+__device__ __forceinline__ void gemv_store_glu_row(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N,
+                                                   int n, int WPR, int act) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = WPR / 2;
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) red[warp][m] = v;
+    acc[m] = 0.0f;
+  }
+  __syncthreads();
+  if (warp % WPR == 0 && lane == 0 && n < N) {
+    #pragma unroll
+    for (int m = 0; m < MMAX; m++) {
+      if (m < M) {
+        float g = 0.0f, u = 0.0f;
+        for (int p = 0; p < half; p++) {
+          g += red[warp + p][m];
+          u += red[warp + half + p][m];
+        }
+        y[(i64)m * N + n] = f2bf(activate(bf2f(f2bf(g)), act) * bf2f(f2bf(u)));
+      }
+    }
+  }
 }
 
 // WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
@@ -255,7 +279,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
 #define GEMV_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
-  GemvIn in; \
+  GemvIn in = GemvIn(); \
   in.x = x; \
   gemv_rows<MMAX, UNR>(w, in, y, M, N, K, WPR); \
 }
@@ -311,8 +335,9 @@ struct GemvpLayout {
   int rpb;    // output rows per group: 8 / WPR
   int row;    // this warp's row in a group
   int nch;    // 16-byte chunks per row: K / 8
-  int per;    // chunks per warp of a row: ceil(nch / WPR)
+  int per;    // chunks per warp of a row: ceil(nch / WPR) (GLU-out: ceil(nch / (WPR / 2)))
   int cBegin; // this warp's first chunk of a row
+  int rowOff; // GLU-out: gluI for the warps that read the up row, else 0
 };
 
 // One pass of a warp over its row of a group: chunks c0 + 32 u + lane below cEnd (none past the
@@ -326,7 +351,7 @@ __device__ __forceinline__ GemvpPass gemvp_pass(const GemvpLayout& L, const u16*
   const int n = g * L.rpb + L.row;
   const bool live = g < L.G && n < N;
   GemvpPass s;
-  s.wr = (const uint4*)(w + (i64)(live ? n : 0) * K);
+  s.wr = (const uint4*)(w + (i64)(live ? n + L.rowOff : 0) * K);
   s.c0 = L.cBegin + p * 32 * UNR;
   s.cEnd = live ? min(L.nch, L.cBegin + L.per) : 0;
   return s;
@@ -373,8 +398,11 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
   L.rpb = 8 / WPR;
   L.row = warp / WPR;
   L.nch = K >> 3;
-  L.per = (L.nch + WPR - 1) / WPR;
-  L.cBegin = (warp % WPR) * L.per;
+  // a GLU-out row is two weight rows (gate, then up), each over half of the row's warps
+  const int span = in.gluI > 0 ? WPR / 2 : WPR;
+  L.per = (L.nch + span - 1) / span;
+  L.cBegin = (warp % WPR % span) * L.per;
+  L.rowOff = in.gluI > 0 && warp % WPR >= span ? in.gluI : 0;
   L.G = (N + L.rpb - 1) / L.rpb;
   const int passes = (L.per + 32 * UNR - 1) / (32 * UNR); // the same in every warp: barriers stay uniform
   // the ring's first fill, before PDL_ENTRY: weights do not depend on the kernel before
@@ -406,21 +434,37 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
         wv[u] = gemvp_load(next, u, lane); // the ring: slot u's chunk of the next pass, in flight from now
       }
     }
-    gemv_store_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
+    if (in.gluI > 0) gemv_store_glu_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR, in.gluAct);
+    else gemv_store_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
     parity ^= 1;
   }
+}
+
+// MODE 2's inputs (the add + rmsnorm twins' arguments)
+__device__ __forceinline__ GemvIn gemv_norm_in(const u16* x, const u16* r, float rScale, const void* nw, int nwdt, float eps,
+                                               float off, u16* sum) {
+  GemvIn in = GemvIn();
+  in.x = x;
+  in.r = r;
+  in.rScale = rScale;
+  in.nw = nw;
+  in.nwdt = nwdt;
+  in.eps = eps;
+  in.off = off;
+  in.sum = sum;
+  return in;
 }
 
 #define GEMVP_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
-  GemvIn in; \
+  GemvIn in = GemvIn(); \
   in.x = x; \
   gemvp_rows<MMAX, UNR, 0>(w, in, y, M, N, K, WPR); \
 } \
 extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
     int M, int N, int K, int WPR, int act) { \
-  GemvIn in; \
+  GemvIn in = GemvIn(); \
   in.x = gu; \
   in.act = act; \
   gemvp_rows<MMAX, UNR, 1>(w, in, y, M, N, K, WPR); \
@@ -428,15 +472,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_glu_m##MMAX##_u##UN
 extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_norm_m##MMAX##_u##UNR(const u16* w, const u16* x, \
     const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
     int WPR) { \
-  GemvIn in; \
-  in.x = x; \
-  in.r = r; \
-  in.rScale = rScale; \
-  in.nw = nw; \
-  in.nwdt = nwdt; \
-  in.eps = eps; \
-  in.off = off; \
-  in.sum = sum; \
+  gemvp_rows<MMAX, UNR, 2>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, M, N, K, WPR); \
+} \
+extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normglu_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+    const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
+    int WPR, int act) { \
+  GemvIn in = gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum); \
+  in.gluI = N; \
+  in.gluAct = act; \
   gemvp_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
 }
 GEMVP_KERNEL(1, 16)
@@ -452,10 +495,17 @@ export const GEMVP_KERNEL_NAMES = ['k_gemvp_m1_u16', 'k_gemvp_m2_u16', 'k_gemvp_
 export const GEMVP_GLU_KERNEL_NAMES = ['k_gemvp_glu_m1_u16', 'k_gemvp_glu_m2_u16', 'k_gemvp_glu_m4_u8', 'k_gemvp_glu_m8_u8'] as const;
 /** their add + rmsnorm twins, x staged the same way (addRmsnormMatmul; gemvFusedChoice) */
 export const GEMVP_NORM_KERNEL_NAMES = ['k_gemvp_norm_m1_u16', 'k_gemvp_norm_m2_u16', 'k_gemvp_norm_m4_u8', 'k_gemvp_norm_m8_u8'] as const;
+/**
+ * the add + rmsnorm twins with the GLU in their epilogue (addRmsnormGateUpGlu): w is packed gate/up
+ * rows [2N, K], output row n the GLU of rows n and N + n, over an even number of warps a row
+ */
+export const GEMVP_NORMGLU_KERNEL_NAMES = ['k_gemvp_normglu_m1_u16', 'k_gemvp_normglu_m2_u16', 'k_gemvp_normglu_m4_u8',
+  'k_gemvp_normglu_m8_u8'] as const;
 
 /** the kernels a GemvChoice names (MODE 0: y = x · w^T) */
 export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number] | (typeof GEMVP_KERNEL_NAMES)[number];
-export type GemvFusedKernelName = (typeof GEMVP_GLU_KERNEL_NAMES)[number] | (typeof GEMVP_NORM_KERNEL_NAMES)[number];
+export type GemvFusedKernelName = (typeof GEMVP_GLU_KERNEL_NAMES)[number] | (typeof GEMVP_NORM_KERNEL_NAMES)[number] |
+  (typeof GEMVP_NORMGLU_KERNEL_NAMES)[number];
 
 /** threads per block: 8 warps */
 export const GEMV_THREADS = 256;
@@ -470,7 +520,10 @@ export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
 /** resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in flight an SM) */
 export const GEMVP_FUSED_BLOCKS_PER_SM = 2;
 
-interface Variant { name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName }
+interface Variant {
+  name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;
+  normGlu?: GemvFusedKernelName;
+}
 
 const VARIANTS: Variant[] = [
   { name: 'k_gemv_m1_u16', mmax: 1, unroll: 16 }, { name: 'k_gemv_m2_u16', mmax: 2, unroll: 16 },
@@ -478,10 +531,14 @@ const VARIANTS: Variant[] = [
 ];
 /** the persistent kernels: UNR 16 where M's math leaves the registers (ring 64 of 128), else 8 */
 const PERSISTENT: Variant[] = [
-  { name: 'k_gemvp_m1_u16', mmax: 1, unroll: 16, glu: 'k_gemvp_glu_m1_u16', norm: 'k_gemvp_norm_m1_u16' },
-  { name: 'k_gemvp_m2_u16', mmax: 2, unroll: 16, glu: 'k_gemvp_glu_m2_u16', norm: 'k_gemvp_norm_m2_u16' },
-  { name: 'k_gemvp_m4_u8', mmax: 4, unroll: 8, glu: 'k_gemvp_glu_m4_u8', norm: 'k_gemvp_norm_m4_u8' },
-  { name: 'k_gemvp_m8_u8', mmax: 8, unroll: 8, glu: 'k_gemvp_glu_m8_u8', norm: 'k_gemvp_norm_m8_u8' },
+  { name: 'k_gemvp_m1_u16', mmax: 1, unroll: 16, glu: 'k_gemvp_glu_m1_u16', norm: 'k_gemvp_norm_m1_u16',
+    normGlu: 'k_gemvp_normglu_m1_u16' },
+  { name: 'k_gemvp_m2_u16', mmax: 2, unroll: 16, glu: 'k_gemvp_glu_m2_u16', norm: 'k_gemvp_norm_m2_u16',
+    normGlu: 'k_gemvp_normglu_m2_u16' },
+  { name: 'k_gemvp_m4_u8', mmax: 4, unroll: 8, glu: 'k_gemvp_glu_m4_u8', norm: 'k_gemvp_norm_m4_u8',
+    normGlu: 'k_gemvp_normglu_m4_u8' },
+  { name: 'k_gemvp_m8_u8', mmax: 8, unroll: 8, glu: 'k_gemvp_glu_m8_u8', norm: 'k_gemvp_norm_m8_u8',
+    normGlu: 'k_gemvp_normglu_m8_u8' },
 ];
 
 /**
@@ -557,6 +614,20 @@ export function gemvFusedChoice(M: number, N: number, K: number):
   const warpsPerRow = Math.max(...persistentWarpsPerRow(p, K));
   return { choice: { kernel: p.name, warpsPerRow, blocksPerSm: GEMVP_FUSED_BLOCKS_PER_SM }, glu: p.glu!, norm: p.norm!,
     sharedBytes: M * K * 2 };
+}
+
+/**
+ * The persistent launch addRmsnormGateUpGlu fuses into: the add + rmsnorm of [M, K] rows, their
+ * product with packed gate/up rows [2I, K], and the GLU, in one kernel (k_gemvp_normglu_*; its
+ * output rows are the I GLU values, each over twice the warps a plain row takes, half on the gate
+ * row and half on the up row); undefined where gemvFusedChoice would be (the caller runs the ops).
+ */
+export function gemvNormGluChoice(M: number, I: number, K: number):
+  { choice: GemvChoice; kernel: GemvFusedKernelName; sharedBytes: number } | undefined {
+  const f = gemvFusedChoice(M, 2 * I, K);
+  if (!f) return undefined;
+  const p = PERSISTENT.find((x) => x.mmax >= M)!;
+  return { choice: { ...f.choice, warpsPerRow: Math.min(8, 2 * f.choice.warpsPerRow) }, kernel: p.normGlu!, sharedBytes: f.sharedBytes };
 }
 
 /** grid x of a (one-shot) GEMV launch over N output rows: one block per row group */

@@ -410,6 +410,12 @@ export class ReferenceBackend implements Backend {
     const { sum, normed } = this.addRmsnorm(x, r, rScale, normW, eps, weightOffset);
     return { sum, y: this.matmul(normed, w, bias) };
   }
+  /** addRmsnormMatmul, then gluPacked: the reference of the op a backend may fuse */
+  addRmsnormGateUpGlu(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
+    gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor } {
+    const { sum, y } = this.addRmsnormMatmul(x, r, rScale, normW, eps, weightOffset, gateUp);
+    return { sum, y: this.gluPacked(y, act) };
+  }
   gluPacked(gu: Tensor, act: Activation): Tensor {
     const [T, I2] = gu.shape;
     const I = I2 / 2;

@@ -5,7 +5,7 @@
 // and the fused persistent twins with M K 2 bytes of dynamic shared memory.
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMV_THREADS, GEMVP_GLU_KERNEL_NAMES,
-  GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, type GemvChoice, type GemvKernelName, gemvLaunchGrid,
+  GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES, type GemvChoice, type GemvKernelName, gemvLaunchGrid,
 } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
@@ -22,10 +22,15 @@ typedef void (*GemvNormFn)(const u16*, const u16*, const u16*, float, const void
   int, int);
 struct NamedNorm { const char* name; GemvNormFn fn; };
 static const NamedNorm GEMV_NORM[] = { ${list(GEMVP_NORM_KERNEL_NAMES)} };
+typedef void (*GemvNormGluFn)(const u16*, const u16*, const u16*, float, const void*, int, float, float, u16*, u16*, int,
+  int, int, int, int);
+struct NamedNormGlu { const char* name; GemvNormGluFn fn; };
+static const NamedNormGlu GEMV_NORMGLU[] = { ${list(GEMVP_NORMGLU_KERNEL_NAMES)} };
 
 // argv: input, output. Input: char[32] kernel; i32 M N K WPR gridX threads act (-1: none) shared (dynamic
 // shared bytes); f32 rScale eps off; u16 w[N K], x[M K] (a GLU twin: packed gate/up [M 2K]), then for
-// a norm twin r[M K], nw[K] (bf16). Output: u16 y[M N], then for a norm twin sum[M K].
+// a norm twin r[M K], nw[K] (bf16); a norm-GLU twin's w is packed gate/up rows [2N K]. Output: u16
+// y[M N], then for a norm twin sum[M K].
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
   FILE* f = fopen(argv[1], "rb");
@@ -37,17 +42,22 @@ int main(int argc, char** argv) {
   GemvFn fn = 0;
   GemvGluFn glu = 0;
   GemvNormFn norm = 0;
+  GemvNormGluFn normglu = 0;
   for (const Named& n : GEMV) if (!strcmp(n.name, name)) fn = n.fn;
+  for (const NamedNormGlu& n : GEMV_NORMGLU) if (!strcmp(n.name, name)) normglu = n.fn;
   for (const NamedGlu& n : GEMV_GLU) if (!strcmp(n.name, name)) glu = n.fn;
   for (const NamedNorm& n : GEMV_NORM) if (!strcmp(n.name, name)) norm = n.fn;
-  if (!fn && !glu && !norm) { fprintf(stderr, "unknown kernel %s\n", name); return 2; }
-  std::vector<u16> w((size_t)N * K), x((size_t)M * K * (glu ? 2 : 1)), y((size_t)M * N, 0xffff);
-  std::vector<u16> r(norm ? (size_t)M * K : 0), nw(norm ? K : 0), sum(norm ? (size_t)M * K : 0, 0xffff);
+  if (!fn && !glu && !norm && !normglu) { fprintf(stderr, "unknown kernel %s\n", name); return 2; }
+  const bool normed = norm || normglu;
+  std::vector<u16> w((size_t)N * K * (normglu ? 2 : 1)), x((size_t)M * K * (glu ? 2 : 1)), y((size_t)M * N, 0xffff);
+  std::vector<u16> r(normed ? (size_t)M * K : 0), nw(normed ? K : 0), sum(normed ? (size_t)M * K : 0, 0xffff);
   if (fread(w.data(), 2, w.size(), f) != w.size() || fread(x.data(), 2, x.size(), f) != x.size() ||
       fread(r.data(), 2, r.size(), f) != r.size() || fread(nw.data(), 2, nw.size(), f) != nw.size()) return 2;
   fclose(f);
   sim::launch(dim3{(unsigned)gridX, 1, 1}, threads, [&] {
-    if (norm) norm(w.data(), x.data(), r.data(), fl[0], nw.data(), DT_BF16, fl[1], fl[2], sum.data(), y.data(), M, N, K, WPR);
+    if (normglu) normglu(w.data(), x.data(), r.data(), fl[0], nw.data(), DT_BF16, fl[1], fl[2], sum.data(), y.data(), M, N, K,
+      WPR, act);
+    else if (norm) norm(w.data(), x.data(), r.data(), fl[0], nw.data(), DT_BF16, fl[1], fl[2], sum.data(), y.data(), M, N, K, WPR);
     else if (glu) glu(w.data(), x.data(), y.data(), M, N, K, WPR, act);
     else fn(w.data(), x.data(), y.data(), M, N, K, WPR);
   }, (size_t)shared);
@@ -92,6 +102,16 @@ export function runGemvNormLaunchSim(l: SimLaunch, M: number, N: number, K: numb
   r: Uint16Array, nw: Uint16Array, rScale: number, eps: number, off: number): { y: Uint16Array; sum: Uint16Array } {
   const buf = runSim(sim(), Buffer.concat([header(l, M, N, K, -1, [rScale, eps, off]), bytesOf(w, x, r, nw)]));
   return { y: new Uint16Array(buf, 0, M * N), sum: new Uint16Array(buf, M * N * 2, M * K) };
+}
+
+/**
+ * A norm-GLU twin's launch (k_gemvp_normglu_*): y [M, I] = glu(rmsnorm(x + rScale r) · w^T, act)
+ * for packed gate/up rows w [2I, K], and the new residual sum [M, K]; all bf16 bits.
+ */
+export function runGemvNormGluLaunchSim(l: SimLaunch, M: number, I: number, K: number, w: Uint16Array, x: Uint16Array,
+  r: Uint16Array, nw: Uint16Array, rScale: number, eps: number, off: number, act: number): { y: Uint16Array; sum: Uint16Array } {
+  const buf = runSim(sim(), Buffer.concat([header(l, M, I, K, act, [rScale, eps, off]), bytesOf(w, x, r, nw)]));
+  return { y: new Uint16Array(buf, 0, M * I), sum: new Uint16Array(buf, M * I * 2, M * K) };
 }
 
 /** y [M, N] of a one-shot GEMV kernel. */
