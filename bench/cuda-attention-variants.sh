@@ -8,17 +8,18 @@
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-attention-variants.sh $OUT
 #
 # VARIANTS: space-separated "BLOCKS:DEFINES[:KIND]" (BLOCKS empty = the default; DEFINES
-# comma-separated; KIND cuda-core (default) or tc), e.g. VARIANTS=": ::tc 12::tc".
+# comma-separated; KIND tc (default, as the engine's) or cuda-core; BLOCKS sets the CUDA-core kernel's
+# slots, $LLMTS_CUDA_ATT_TC_RESIDENT the tc kernel's waves), e.g. VARIANTS=": ::cuda-core :ATT_TC_EARLY=1:tc".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-attention-variants}
 mkdir -p "$OUT"
-VARIANTS=${VARIANTS:-": :ATT_DEC_MINB=1 :ATT_DEC_MINB=5 :ATT_DEC_U4=8 :ATT_DEC_U4=2,ATT_DEC_MINB=4 16:"}
+VARIANTS=${VARIANTS:-": ::cuda-core :ATT_TC_EARLY=1"}
 i=0
 for v in $VARIANTS; do
   IFS=: read -r blocks defines kind <<< "$v"
-  echo "== variant $i: blocks ${blocks:-default}, defines ${defines:-none}, kernel ${kind:-cuda-core}"
-  export LLMTS_CUDA_ATT_DECODE=${kind:-cuda-core}
+  echo "== variant $i: blocks ${blocks:-default}, defines ${defines:-none}, kernel ${kind:-tc}"
+  export LLMTS_CUDA_ATT_DECODE=${kind:-tc}
   LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 120 node --import tsx bench/cuda-attention.ts \
     --decode 1024,2048 --prefill '' --batch 256 --json "$OUT/variant-$i-b256.json" 2>&1 | grep -E '^decode|registers|rror'
   LLMTS_CUDA_ATT_DECODE_BLOCKS=$blocks LLMTS_CUDA_ATT_DEFINES=$defines timeout 60 node --import tsx bench/cuda-attention.ts \
