@@ -364,12 +364,39 @@ describe('shape checks', () => {
       /add: shapes differ/],
     ['ids must be i32', (b) => b.embedding(b.upload(new Float32Array(4), [2, 2]), b.upload(new Float32Array(1), [1]), 1),
       /embedding: ids must be i32/],
+    // the checks the CPU and CUDA backends share (common/validate.ts)
+    ['moeFfn down shape', (b) => b.moeFfn(b.upload(new Float32Array(8), [2, 4]),
+      { weights: b.upload(new Float32Array(2), [2, 1]), experts: b.upload(new Int32Array(2), [2, 1]) },
+      b.upload(new Float32Array(3 * 5 * 4), [3, 5, 4]), b.upload(new Float32Array(3 * 5 * 4), [3, 5, 4]),
+      b.upload(new Float32Array(3 * 5 * 4), [3, 5, 4]), 'silu'), /moeFfn: down f32\[3, 5, 4\] must be \[3, 4, 5\]/],
+    ['moeFfn routing rows', (b) => b.moeFfn(b.upload(new Float32Array(8), [2, 4]),
+      { weights: b.upload(new Float32Array(3), [3, 1]), experts: b.upload(new Int32Array(3), [3, 1]) },
+      b.upload(new Float32Array(3 * 5 * 4), [3, 5, 4]), b.upload(new Float32Array(3 * 5 * 4), [3, 5, 4]),
+      b.upload(new Float32Array(3 * 4 * 5), [3, 4, 5]), 'silu'), /moeFfn: routing weights .* must both be \[2, topK\]/],
   ];
   for (const [name, call, msg] of bad) {
     it(`${name} throws a clear error`, async () => {
       assert.throws(() => call(cpu), msg);
     });
   }
+
+  it('attention: a negative window or soft-cap, or a non-finite scale, throws naming the parameter', () => {
+    const pool = () => cpu.upload(new Float32Array(4), [1, 1, 1, 4]);
+    const kv = { k: pool(), v: pool() };
+    const one = () => cpu.upload(new Int32Array(1), [1]);
+    const layout = { tokenRow: one(), tokenPos: one(), slots: one(), blockTables: cpu.upload(new Int32Array(1), [1, 1]), blockSize: 1 };
+    const q = cpu.upload(new Float32Array(4), [1, 1, 4]);
+    assert.throws(() => cpu.attention(q, kv, layout, { scale: 1, window: -1, softcap: 0 }), /attention: params\.window must be an integer >= 0, got -1/);
+    assert.throws(() => cpu.attention(q, kv, layout, { scale: 1, window: 0, softcap: -2 }), /params\.softcap must be >= 0, got -2/);
+    assert.throws(() => cpu.attention(q, kv, layout, { scale: NaN, window: 0, softcap: 0 }), /params\.scale must be a finite number, got NaN/);
+  });
+
+  it('loadWeightRows: a row range outside the weight, or a scalar, rejects with its name', async () => {
+    const src = { path: '/nonexistent', offset: 0, dtype: 'f32' as const, shape: [4, 2], name: 'w.weight' };
+    await assert.rejects(cpu.loadWeightRows(src, 3, 2, 'keep'), /loadWeightRows: rows \[3, 5\) outside \[0, 4\) of w\.weight/);
+    await assert.rejects(cpu.loadWeightRows(src, -1, 1, 'keep'), /outside \[0, 4\)/);
+    await assert.rejects(cpu.loadWeightRows({ ...src, shape: [] }, 0, 1, 'keep'), /w\.weight is a scalar/);
+  });
 
   it('zeros of every dtype reads back as zeros', async () => {
     for (const dt of ['f32', 'f16', 'bf16', 'i32'] as DType[]) {
