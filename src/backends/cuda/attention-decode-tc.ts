@@ -33,6 +33,12 @@ export const ATTENTION_DECODE_TC_KERNELS = String.raw`
 #ifndef ATT_TC_EARLY
 #define ATT_TC_EARLY 0
 #endif
+// Resident blocks an SM the kernel is compiled for (attention.ts plans its slots in waves of
+// TC_DECODE_RESIDENT = 3): caps it at 168 registers (d128 takes 166 with nvcc 13 for sm_90, no spills), so growth
+// spills instead of silently dropping to 2 blocks an SM and breaking the plan's waves.
+#ifndef ATT_TC_MINB
+#define ATT_TC_MINB 3
+#endif
 // the block-table entry of key j of a row (-1 past k1 or past the table's width)
 __device__ __forceinline__ int att_tc_table_entry(const int* tab, int j, int k1, int BS, int bsShift, int MBR) {
   if (j >= k1) return -1;
@@ -335,7 +341,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 }
 
 #define ATT_DECODE_TC_KERNEL(D) \
-extern "C" __global__ void __launch_bounds__(128) k_attn_decode_tc_d##D(const u16* q, const u16* kpool, \
+extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_d##D(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err, int* counters) { \

@@ -23,8 +23,9 @@ import type { KernelArg } from './runtime.ts';
  */
 const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? '') || 8;
 /**
- * Blocks of the tensor-core decode kernel resident per SM (registers: 154 at d128, 128 threads, on
- * the H200), the wave size its slots are planned in; $LLMTS_CUDA_ATT_TC_RESIDENT overrides it
+ * Blocks of the tensor-core decode kernel resident per SM (its __launch_bounds__ minimum,
+ * ATT_TC_MINB: 128 threads of at most 168 registers; 154 at d128 on the H200 in session 5), the wave
+ * size its slots are planned in; $LLMTS_CUDA_ATT_TC_RESIDENT overrides it
  */
 const TC_DECODE_RESIDENT = Number(process.env.LLMTS_CUDA_ATT_TC_RESIDENT ?? '') || 3;
 const MAX_GRID_Y = 65535;
