@@ -10,13 +10,11 @@
 // event nodes' own cost). The event nodes cost time, and the runtime turns programmatic dependent
 // launch off while profiling (its edges join kernel to kernel), so a profiled replay runs slower
 // than a plain one: read the shares, not the total.
-import { check, num, out64, type Driver } from './cuda-lib.ts';
-import type { KernelTime } from './profiler.ts';
+import { check, type Driver } from './cuda-lib.ts';
+import { type KernelTime, type Span, TimingEvents } from './profiler.ts';
 
 /** cuEventRecordWithFlags: in a stream capture, add an event-record node */
 export const CU_EVENT_RECORD_EXTERNAL = 1;
-
-interface Span { name: string; start: number; end: number }
 
 /** One captured graph's kernels as its last replay ran them. */
 export interface GraphProfile {
@@ -35,27 +33,21 @@ export interface GraphProfile {
 export class GraphProfiler {
   private open: Span[] | null = null;
   private readonly byGraph = new Map<number, Span[]>();
-  private readonly idle: number[] = [];
+  private readonly events: TimingEvents;
 
-  constructor(private readonly d: Driver, private readonly stream: number) {}
-
-  private event(): number {
-    const ev = this.idle.pop();
-    if (ev !== undefined) return ev;
-    const e = out64();
-    check(this.d.cuEventCreate(e, 0), 'cuEventCreate (graph profile)');
-    return num(e);
+  constructor(private readonly d: Driver, private readonly stream: number) {
+    this.events = new TimingEvents(d);
   }
 
   private record(): number {
-    const ev = this.event();
+    const ev = this.events.get();
     check(this.d.cuEventRecordWithFlags(ev, this.stream, CU_EVENT_RECORD_EXTERNAL), 'cuEventRecordWithFlags (graph profile)');
     return ev;
   }
 
   /** A capture starts: brackets go to its graph. */
   beginCapture(): void {
-    this.release(this.open);
+    this.events.put(this.open);
     this.open = [];
   }
 
@@ -74,12 +66,12 @@ export class GraphProfiler {
     const spans = this.open;
     this.open = null;
     if (exec && spans && spans.length > 0) this.byGraph.set(exec, spans);
-    else this.release(spans);
+    else this.events.put(spans);
   }
 
   /** Graph `exec` was destroyed: its events go back to the pool. */
   destroyGraph(exec: number): void {
-    this.release(this.byGraph.get(exec) ?? null);
+    this.events.put(this.byGraph.get(exec) ?? null);
     this.byGraph.delete(exec);
   }
 
@@ -110,15 +102,10 @@ export class GraphProfiler {
   }
 
   close(): void {
-    this.release(this.open);
+    this.events.put(this.open);
     this.open = null;
-    for (const spans of this.byGraph.values()) this.release(spans);
+    for (const spans of this.byGraph.values()) this.events.put(spans);
     this.byGraph.clear();
-    for (const ev of this.idle) this.d.cuEventDestroy_v2(ev);
-    this.idle.length = 0;
-  }
-
-  private release(spans: Span[] | null): void {
-    for (const s of spans ?? []) this.idle.push(s.start, s.end);
+    this.events.close();
   }
 }

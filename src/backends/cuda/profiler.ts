@@ -14,15 +14,16 @@ export interface KernelTime {
   ms: number;
 }
 
-interface Span { name: string; start: number; end: number }
+/** a bracketed call: its name and its start and end events */
+export interface Span { name: string; start: number; end: number }
 
-export class KernelProfiler {
-  private readonly spans: Span[] = [];
+/** Timing events, reused: created on demand, given back, destroyed by close (both profilers). */
+export class TimingEvents {
   private readonly idle: number[] = [];
 
-  constructor(private readonly d: Driver, private readonly stream: number) {}
+  constructor(private readonly d: Driver) {}
 
-  private event(): number {
+  get(): number {
     const ev = this.idle.pop();
     if (ev !== undefined) return ev;
     const e = out64();
@@ -30,15 +31,34 @@ export class KernelProfiler {
     return num(e);
   }
 
+  /** gives back the events of spans (null: none) */
+  put(spans: readonly Span[] | null): void {
+    for (const s of spans ?? []) this.idle.push(s.start, s.end);
+  }
+
+  close(): void {
+    for (const ev of this.idle) this.d.cuEventDestroy_v2(ev);
+    this.idle.length = 0;
+  }
+}
+
+export class KernelProfiler {
+  private readonly spans: Span[] = [];
+  private readonly events: TimingEvents;
+
+  constructor(private readonly d: Driver, private readonly stream: number) {
+    this.events = new TimingEvents(d);
+  }
+
   /** Records a start event; pass its result to `end`. */
   begin(): number {
-    const ev = this.event();
+    const ev = this.events.get();
     check(this.d.cuEventRecord(ev, this.stream), 'cuEventRecord (profile)');
     return ev;
   }
 
   end(name: string, start: number): void {
-    const ev = this.event();
+    const ev = this.events.get();
     check(this.d.cuEventRecord(ev, this.stream), 'cuEventRecord (profile)');
     this.spans.push({ name, start, end: ev });
   }
@@ -53,16 +73,15 @@ export class KernelProfiler {
       k.calls++;
       k.ms += ms[0]!;
       by.set(s.name, k);
-      this.idle.push(s.start, s.end);
     }
+    this.events.put(this.spans);
     this.spans.length = 0;
     return [...by.values()].sort((a, b) => b.ms - a.ms);
   }
 
   close(): void {
-    for (const s of this.spans) this.idle.push(s.start, s.end);
+    this.events.put(this.spans);
     this.spans.length = 0;
-    for (const ev of this.idle) this.d.cuEventDestroy_v2(ev);
-    this.idle.length = 0;
+    this.events.close();
   }
 }
