@@ -240,6 +240,14 @@ export interface Backend {
   addRmsnormGateUpGlu?(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
     gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor };
   /**
+   * addRmsnorm(x, r, rScale, normW, eps, weightOffset), then q = ropeQkvWriteKv(matmul(normed, qkv),
+   * heads, pos, invFreq, attentionScaling, no qk-norm, kv, layout): the attention block up to its
+   * attention, for packed q/k/v rows without bias or qk-norm. A backend may run it as one GEMV with
+   * rope and the KV write in its epilogue (CUDA, opt-in); not part of FusedOps.
+   */
+  addRmsnormQkvRope?(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
+    heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor };
+  /**
    * qkv [T, (H + 2 KVH) * D]: each token's q heads, then k heads, then v heads. Per-head rmsnorm
    * of q and k (when `qkNorm` is given), rope of q and k, k and v written to `kv` at layout.slots;
    * returns q [T, H, D]. Equals reshape + rmsnorm + rope + writeKv of the plain ops.

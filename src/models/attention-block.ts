@@ -43,14 +43,20 @@ export function attention(model: ModelParts, l: number, h: Tensor, w: LayerWeigh
  */
 export function attentionFromQkv(model: ModelParts, l: number, qkv: Tensor, w: LayerWeights, layout: StepLayout,
   rope: RopeTable, kv: KvAccess<RowSpan>): Tensor {
-  const b = model.backend, c = model.config, a: AttentionWeights = w.attn;
+  const c = model.config, a: AttentionWeights = w.attn;
   if (!model.fused) throw new Error('attentionFromQkv: the backend has no fused ops');
-  const T = qkv.shape[0];
   const paged = kv.kvOfLayer(l);
-  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
   const qkNorm = c.qkNorm === 'head' ? { q: a.qNorm!, k: a.kNorm!, eps: c.rmsNormEps, weightOffset: c.normWeightOffset } : undefined;
   const q = model.fused.ropeQkvWriteKv(qkv, { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
     layout.tokenPos, rope.invFreq, rope.attentionScaling, qkNorm, paged, layout);
-  const o = b.attention(q, paged, layout, params);
-  return b.matmul(b.reshape(o, [T, c.numHeads * c.headDim]), a.o, a.oBias);
+  return attentionFromQ(model, l, q, w, layout, kv);
+}
+
+/** The rest of an attention block from its roped q [T, H, D] (its k and v already in the pool). */
+export function attentionFromQ(model: ModelParts, l: number, q: Tensor, w: LayerWeights, layout: StepLayout,
+  kv: KvAccess<RowSpan>): Tensor {
+  const b = model.backend, c = model.config;
+  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
+  const o = b.attention(q, kv.kvOfLayer(l), layout, params);
+  return b.matmul(b.reshape(o, [q.shape[0], c.numHeads * c.headDim]), w.attn.o, w.attn.oBias);
 }

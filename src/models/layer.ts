@@ -3,7 +3,7 @@
 // that follow them.
 
 import type { Backend, FusedOps, StepLayout, Tensor } from '../contracts/backend.ts';
-import { attention, attentionFromQkv } from './attention-block.ts';
+import { attention, attentionFromQ, attentionFromQkv } from './attention-block.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
 import { mlp, mlpFromGateUp } from './mlp-block.ts';
 import { norm, type ModelParts } from './model-parts.ts';
@@ -57,6 +57,13 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
   if (!s.r) {
     x = s.x;
     attn = attention(model, l, s.h, w, layout, rope, kv);
+  } else if (b.addRmsnormQkvRope && w.attn.qkv && !w.attn.qkvBias && c.qkNorm === 'none') {
+    // the input norm, the packed q/k/v GEMM, rope and the KV write: a backend may make them one kernel
+    const f = b.addRmsnormQkvRope(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset, w.attn.qkv,
+      { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim }, layout.tokenPos, rope.invFreq, rope.attentionScaling,
+      kv.kvOfLayer(l), layout);
+    x = f.sum;
+    attn = attentionFromQ(model, l, f.q, w, layout, kv);
   } else if (b.addRmsnormMatmul && w.attn.qkv) {
     const f = b.addRmsnormMatmul(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset, w.attn.qkv, w.attn.qkvBias);
     x = f.sum;

@@ -8,10 +8,10 @@ import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
-import { gemvFusedChoice, gemvNormGluChoice } from '../../src/backends/cuda/gemv-kernels.ts';
+import { gemvFusedChoice, gemvNormGluChoice, gemvNormRopeChoice } from '../../src/backends/cuda/gemv-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
-import { runAddRmsnormSim, runArgmaxSim, runGluPackedSim } from './cuda-sim/fused-sim.ts';
-import { runGemvLaunchSim, runGemvNormGluLaunchSim, runGemvNormLaunchSim } from './cuda-sim/gemv-sim.ts';
+import { type RopeSimCall, runAddRmsnormSim, runArgmaxSim, runGluPackedSim, runRopeQkvSim } from './cuda-sim/fused-sim.ts';
+import { runGemvLaunchSim, runGemvNormGluLaunchSim, runGemvNormLaunchSim, runGemvNormRopeLaunchSim } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -117,6 +117,44 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
         assert.deepEqual([...got.sum], [...gu.sum], `${label}: the new residual`);
         assert.deepEqual([...got.y], [...runGluPackedSim(T, I, gu.y, ACT_CODE[act]!)], `${label}: the GLU`);
       }
+    }
+  });
+
+  it('the norm-rope launch (gemvNormRopeChoice: k_gemvp_normrope_*) gives what the add + rmsnorm GEMV and k_rope_qkv give, bit for bit', () => {
+    const r = rng(45);
+    // full and partial rotary, one invFreq row or one per token, MHA and GQA; slots -1 (skipped) and
+    // past the pool (error 2) in the last case
+    const cases: [string, number, number, number, number, number, number, boolean, number[], number][] = [
+      ['GQA 2, full rotary', 1, 4, 2, 16, 8, 1032, false, [5], 1],
+      ['partial rotary (12 of 24 dims)', 1, 2, 1, 24, 6, 64, false, [3], 2],
+      ['two tokens, per-token invFreq', 2, 4, 1, 16, 8, 520, true, [1, 6], 1],
+      ['MHA, a skipped slot and one past the pool', 3, 2, 2, 8, 4, 24, false, [-1, 9, 2], 2],
+    ];
+    for (const [label, T, H, KVH, D, half, K, perToken, slots, sms] of cases) {
+      const rows = (H + 2 * KVH) * D;
+      const f = gemvNormRopeChoice(T, rows, K)!;
+      const plain = gemvFusedChoice(T, rows, K)!;
+      const numSlots = 8;
+      const call: RopeSimCall = {
+        T, H, KVH, D, half, invStride: perToken ? half : 0, numSlots, scaling: 0.9,
+        pos: Int32Array.from({ length: T }, (_, t) => 3 + 17 * t), invFreq: randomF32(r, (perToken ? T : 1) * half).map(Math.abs),
+        slots: Int32Array.from(slots), kpool: encodeHalf(randomF32(r, numSlots * KVH * D), 'bf16'),
+        vpool: encodeHalf(randomF32(r, numSlots * KVH * D), 'bf16'),
+      };
+      const w = encodeHalf(randomF32(r, rows * K), 'bf16');
+      const x = encodeHalf(randomF32(r, T * K, 2), 'bf16'), res = encodeHalf(randomF32(r, T * K, 2), 'bf16');
+      const nw = encodeHalf(randomF32(r, K), 'bf16');
+      const got = runGemvNormRopeLaunchSim({ choice: f.choice, smCount: sms, kernel: f.kernel, sharedBytes: f.sharedBytes }, call, K, w, x, res, nw,
+        1, 1e-5, 0);
+      const qkv = runGemvNormLaunchSim({ choice: { ...f.choice, warpsPerRow: f.choice.warpsPerRow / 2 }, smCount: sms, kernel: plain.norm,
+        sharedBytes: f.sharedBytes }, T, rows, K, w, x, res, nw, 1, 1e-5, 0);
+      const want = runRopeQkvSim(call, qkv.y);
+      assert.deepEqual([...got.sum], [...qkv.sum], `${label}: the new residual`);
+      assert.deepEqual([...got.q], [...want.q], `${label}: q`);
+      assert.deepEqual([...got.kpool], [...want.kpool], `${label}: the k pool`);
+      assert.deepEqual([...got.vpool], [...want.vpool], `${label}: the v pool`);
+      assert.deepEqual([...got.err], [...want.err], `${label}: the error word`);
+      if (slots.includes(9)) assert.equal(got.err[0], 2, `${label}: a slot past the pool reports error 2`);
     }
   });
 });

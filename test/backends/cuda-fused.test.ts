@@ -14,7 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
+import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -193,6 +193,40 @@ describe('fused ops', { skip: SKIP }, () => {
       }
     } finally {
       setCudaGluEpilogue(old);
+    }
+  });
+
+  it('addRmsnormQkvRope: one kernel with rope and the KV write in its epilogue ($LLMTS_CUDA_ROPE_EPILOGUE=on) gives the two ops\' bits at one row', async () => {
+    const r = rng(17);
+    const [NB, BS] = [6, 4];
+    // heads, kv heads, head dim, rotated dims, per-token invFreq, hidden size, slot (-1: skipped)
+    for (const [H, KVH, D, rot, perToken, Dh, slot] of [[8, 2, 64, 64, false, 512, 5], [4, 4, 128, 64, true, 1032, 22],
+      [8, 2, 128, 128, false, 4096, -1]] as const) {
+      const x = randomF32(r, Dh, 2), res = randomF32(r, Dh, 2), nw = randomF32(r, Dh), w = randomF32(r, (H + 2 * KVH) * D * Dh);
+      const inv = perToken ? randomF32(r, rot / 2, 1).map((v) => Math.abs(v) + 1e-3)
+        : Float32Array.from({ length: rot / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rot));
+      const kPool0 = bf(randomF32(r, NB * BS * KVH * D)), vPool0 = bf(randomF32(r, NB * BS * KVH * D));
+      const run = async (epilogue: boolean) => {
+        const old = setCudaRopeEpilogue(epilogue);
+        try {
+          const kv: PagedKv = { k: act(cuda, kPool0, [NB, BS, KVH, D]), v: act(cuda, vPool0, [NB, BS, KVH, D]) };
+          const layout: StepLayout = {
+            tokenRow: cuda.upload(new Int32Array(1), [1]), tokenPos: cuda.upload(new Int32Array([77]), [1]),
+            slots: cuda.upload(new Int32Array([slot]), [1]), blockTables: cuda.upload(new Int32Array([0, 1, 2, 3, 4, 5]), [1, 6]),
+            blockSize: BS,
+          };
+          const f = cuda.addRmsnormQkvRope(act(cuda, x, [1, Dh]), act(cuda, res, [1, Dh]), 1, act(cuda, nw, [Dh]), 1e-5, 0,
+            act(cuda, w, [(H + 2 * KVH) * D, Dh]), { heads: H, kvHeads: KVH, headDim: D }, layout.tokenPos,
+            cuda.upload(inv, perToken ? [1, rot / 2] : [rot / 2]), 0.9, kv, layout);
+          return await Promise.all([f.sum, f.q, kv.k, kv.v].map((t) => cuda.read(t)));
+        } finally {
+          setCudaRopeEpilogue(old);
+        }
+      };
+      const [plain, fusedOut] = [await run(false), await run(true)];
+      for (const [i, what] of ['sum', 'q', 'k pool', 'v pool'].entries()) {
+        assert.deepEqual([...fusedOut[i]!], [...plain[i]!], `addRmsnormQkvRope H ${H} KVH ${KVH} D ${D} rot ${rot}: ${what}`);
+      }
     }
   });
 

@@ -44,7 +44,7 @@ import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
 import { CudaWeightLoader } from './cuda-weight-loader.ts';
 
-export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue } from './cuda-fused-ops.ts';
+export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from './cuda-fused-ops.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;
@@ -624,6 +624,11 @@ export class CudaBackend implements Backend {
   addRmsnormGateUpGlu(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number,
     gateUp: Tensor, act: Activation): { sum: Tensor; y: Tensor } {
     return this.fused.addRmsnormGateUpGlu(x, r, rScale, normW, eps, weightOffset, gateUp, act);
+  }
+
+  addRmsnormQkvRope(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
+    heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor } {
+    return this.fused.addRmsnormQkvRope(x, r, rScale, normW, eps, weightOffset, qkv, heads, pos, invFreq, attentionScaling, kv, layout);
   }
 
   argmax(x: Tensor): Tensor {

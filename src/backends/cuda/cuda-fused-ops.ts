@@ -9,7 +9,9 @@ import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
-import { GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice } from './gemv-kernels.ts';
+import {
+  GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
+} from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
 
@@ -40,6 +42,20 @@ let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM !== 'off';
 export function setCudaFuseNorm(on: boolean): boolean {
   const old = FUSE_NORM;
   FUSE_NORM = on;
+  return old;
+}
+
+/**
+ * $LLMTS_CUDA_ROPE_EPILOGUE=on: addRmsnormQkvRope runs the input norm, the packed q/k/v GEMV, rope
+ * and the KV write as one kernel (k_gemvp_normrope_*: a kernel and the [T, (H + 2 KVH) D] q/k/v
+ * output less than addRmsnormMatmul + ropeQkvWriteKv); opt-in until measured on the GPU.
+ */
+let ROPE_EPILOGUE = process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on';
+
+/** Turns the rope epilogue of addRmsnormQkvRope on or off (tests, benchmarks); returns the old setting. */
+export function setCudaRopeEpilogue(on: boolean): boolean {
+  const old = ROPE_EPILOGUE;
+  ROPE_EPILOGUE = on;
   return old;
 }
 
@@ -223,22 +239,22 @@ export class CudaFusedOps {
     return y;
   }
 
-  ropeQkvWriteKv(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
-    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor {
-    const op = 'ropeQkvWriteKv';
-    this.c.assertOpen(op);
-    const x = this.c.arg(op, 'qkv', qkv, ACTS, 2);
+  /**
+   * The checks of a rope + KV write over T tokens of q/k/v rows `width` wide (`what` describes
+   * them): the heads, the pools, positions, invFreq ([half] or [T, half]) and slots.
+   */
+  private ropeArgs(op: string, T: number, width: number, what: () => string, heads: QkvHeads, pos: Tensor, invFreq: Tensor,
+    attentionScaling: number, kv: PagedKv, layout: StepLayout) {
     const { heads: H, kvHeads: KVH, headDim: D } = heads;
     for (const [k, v] of Object.entries(heads)) {
       if (!Number.isSafeInteger(v) || v < 1) throw opError(op, `heads.${k} must be a positive integer, got ${v}`);
     }
-    const T = x.shape[0]!;
-    expectDim(op, 'qkv width', x.shape[1]!, (H + 2 * KVH) * D, () => `(heads ${H} + 2 x kvHeads ${KVH}) x headDim ${D}`);
+    expectDim(op, 'qkv width', width, (H + 2 * KVH) * D, () => `(heads ${H} + 2 x kvHeads ${KVH}) x headDim ${D}`);
     if (D > ROPE_QKV_MAX_HEAD_DIM) throw opError(op, `head dim ${D} is above the ${ROPE_QKV_MAX_HEAD_DIM} this kernel handles`);
     const [NB, BS, PKVH, PD] = poolDims(this.c, op, kv, layout);
     if (PKVH !== KVH || PD !== D) throw opError(op, `pool ${describe(kv.k)} must be [blocks, blockSize, ${KVH}, ${D}]`);
     const p = this.c.arg(op, 'pos', pos, I32, 1);
-    expectDim(op, 'pos length', p.shape[0]!, T, () => `qkv ${describe(x)}`);
+    expectDim(op, 'pos length', p.shape[0]!, T, () => `qkv ${what()}`);
     const perToken = invFreq.shape.length === 2;
     const f = this.c.arg(op, 'invFreq', invFreq, ['f32'], perToken ? 2 : 1);
     if (perToken) expectDim(op, 'invFreq rows', f.shape[0]!, T, () => `per-token invFreq ${describe(f)} needs one row per token`);
@@ -246,7 +262,58 @@ export class CudaFusedOps {
     if (2 * half > D) throw opError(op, `invFreq ${describe(f)} rotates ${2 * half} dims but headDim is ${D}`);
     expectFinite(op, 'attentionScaling', attentionScaling);
     const slots = this.c.arg(op, 'layout.slots', layout.slots, I32, 1);
-    expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `qkv ${describe(x)}`);
+    expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `qkv ${what()}`);
+    return { H, KVH, D, numSlots: NB * BS, p, f, perToken, half, slots };
+  }
+
+  /**
+   * addRmsnormMatmul(x, r, ..., qkv), then ropeQkvWriteKv without qk-norm: { sum, q }. With the norm
+   * fusion on and $LLMTS_CUDA_ROPE_EPILOGUE=on, a one-row decode shape (bf16 x, r, weights and
+   * pools, 16-byte aligned, the normed row within GEMVP_MAX_SHARED_BYTES) is one kernel whose
+   * warps sum the rows of each rotated pair and store them roped, to q or the pools
+   * (gemv-kernels.ts k_gemvp_normrope_*); otherwise the ops above.
+   */
+  addRmsnormQkvRope(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
+    heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor } {
+    const op = 'addRmsnormQkvRope';
+    this.c.assertOpen(op);
+    const a = this.c.arg(op, 'x', x, ACTS, 2);
+    const rr = this.c.arg(op, 'r', r, ACTS, 2);
+    const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
+    const m = this.c.arg(op, 'qkv', qkv, FLOAT, 2);
+    const [T, Dh] = a.shape as [number, number];
+    const rows = m.shape[0]!;
+    const kp = kv.k as CudaTensor, vp = kv.v as CudaTensor;
+    const fuse = ROPE_EPILOGUE && FUSE_NORM && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
+      kp.dtype === 'bf16' && vp.dtype === 'bf16' && sameShape(a.shape, rr.shape) && m.shape[1] === Dh && g.shape[0] === Dh &&
+      T >= 1 && T <= FUSED_GEMV_MAX_ROWS && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvNormRopeChoice(T, rows, Dh) : undefined;
+    if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
+      const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
+      const q = this.ropeQkvWriteKv(f.y, heads, pos, invFreq, attentionScaling, undefined, kv, layout);
+      this.c.free(f.y); // stream-ordered: the rope enqueued above reads it first
+      return { sum: f.sum, q };
+    }
+    const ra = this.ropeArgs(op, T, rows, () => `rows ${describe(m)}`, heads, pos, invFreq, attentionScaling, kv, layout);
+    const sum = this.c.out([T, Dh]);
+    const q = this.c.out([T, ra.H, ra.D]);
+    const units = gemvRopeUnits(ra.H, ra.KVH, ra.D, ra.half);
+    this.c.rt.launch(fuse.kernel, [gemvLaunchGrid(fuse.choice, units, this.c.rt.smCount), 1, 1], GEMV_THREADS, fuse.sharedBytes, [
+      ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+      ['f', weightOffset], ['p', sum.addr], ['p', q.addr], ['i', T], ['i', Dh], ['i', fuse.choice.warpsPerRow], ['i', ra.H],
+      ['i', ra.KVH], ['i', ra.D], ['i', ra.half], ['p', ra.p.addr], ['p', ra.f.addr], ['i', ra.perToken ? ra.half : 0],
+      ['f', attentionScaling], ['p', kp.addr], ['p', vp.addr], ['p', ra.slots.addr], ['p', ra.numSlots], ['p', this.c.errWord]]);
+    return { sum, q };
+  }
+
+  ropeQkvWriteKv(qkv: Tensor, heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number,
+    qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor {
+    const op = 'ropeQkvWriteKv';
+    this.c.assertOpen(op);
+    const x = this.c.arg(op, 'qkv', qkv, ACTS, 2);
+    const T = x.shape[0]!;
+    const { H, KVH, D, numSlots, p, f, perToken, half, slots } = this.ropeArgs(op, T, x.shape[1]!, () => describe(x), heads, pos,
+      invFreq, attentionScaling, kv, layout);
     let qn: CudaTensor | null = null, kn: CudaTensor | null = null;
     if (qkNorm) {
       qn = this.c.arg(op, 'qkNorm.q', qkNorm.q, FLOAT, 1);
@@ -264,7 +331,7 @@ export class CudaFusedOps {
       ['p', x.addr], ['i', DT_CODE[x.dtype]], ['p', p.addr], ['p', f.addr], ['i', perToken ? half : 0], ['f', attentionScaling],
       ['p', qn ? qn.addr : 0], ['p', kn ? kn.addr : 0], ['i', qn ? DT_CODE[qn.dtype] : 0], ['f', qkNorm?.eps ?? 0],
       ['f', qkNorm?.weightOffset ?? 0], ['p', q.addr], ['p', kp.addr], ['p', vp.addr], ['i', DT_CODE[kp.dtype]],
-      ['p', slots.addr], ['i', T], ['i', H], ['i', KVH], ['i', D], ['i', half], ['p', NB * BS], ['p', this.c.errWord]]);
+      ['p', slots.addr], ['i', T], ['i', H], ['i', KVH], ['i', D], ['i', half], ['p', numSlots], ['p', this.c.errWord]]);
     return q;
   }
 }

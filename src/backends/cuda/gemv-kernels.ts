@@ -67,7 +67,38 @@ struct GemvIn {
   u16* sum;         // MODE 2: where block 0 stores bf16(x + rScale r) [M, K] (the new residual)
   int gluI;         // > 0 (k_gemvp_normglu_*): output row n is act(w[n] . x) (w[gluI + n] . x)
   int gluAct;       //   with ACT_* gluAct, as k_glu_packed makes it from the packed gate/up product
+  // ropeD > 0 (k_gemvp_normrope_*): w is packed q/k/v rows [(H + 2 KVH) D, K], and the outputs go
+  // where k_rope_qkv puts them (gemv_rope_row, gemv_store_rope_row): q heads roped to qOut [M, H, D],
+  // k heads roped and v heads as they are to the bf16 pools at slots[m] (-1: skip; >= numSlots: error 2)
+  int ropeD, ropeHalf, ropeH, ropeKVH, invStride;
+  const int* pos;
+  const float* invFreq;
+  float scaling;
+  u16* kpool;
+  u16* vpool;
+  const int* slots;
+  i64 numSlots;
+  int* err;
 };
+
+// Rope-out: the units are, per q or k head, its ropeHalf rotated pairs of rows (j, j + half), then
+// its D - 2 half unrotated rows, then every v row; a unit's first half of warps sums its first row,
+// the second half its pair's second row (none for a single). The weight row of unit u's half
+// "second", or -1.
+__device__ __forceinline__ int gemv_rope_row(const GemvIn& in, int u, bool second) {
+  const int D = in.ropeD, half = in.ropeHalf, per = D - half, qk = (in.ropeH + in.ropeKVH) * per;
+  if (u < qk) {
+    const int hh = u / per, r = u - hh * per;
+    if (r < half) return hh * D + r + (second ? half : 0);
+    return second ? -1 : hh * D + half + r; // dim 2 half + (r - half)
+  }
+  return second ? -1 : (in.ropeH + in.ropeKVH) * D + (u - qk);
+}
+
+// rope-out units of a q/k/v row layout: GemvIn's ropeD, ropeHalf, ropeH, ropeKVH
+__device__ __forceinline__ int gemv_rope_units(const GemvIn& in) {
+  return (in.ropeH + in.ropeKVH) * (in.ropeD - in.ropeHalf) + in.ropeKVH * in.ropeD;
+}
 
 // MODE 2's new residual, one chunk: bf16(x + rScale r) of 8 values (k_add_rmsnorm's sum)
 __device__ __forceinline__ uint4 gemv_sum8(const GemvIn& in, const uint4& xv, const uint4& rv) {
@@ -198,13 +229,10 @@ __device__ __forceinline__ void gemv_store_row(float* acc, float (*red)[MMAX], u
   for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
 }
 
-// The end of a GLU-out row n (GemvIn.gluI): warps [0, WPR / 2) of the row summed its gate row,
-// the others its up row; stored as k_glu_packed stores it from the bf16 gate/up product: bf16(act(g) u)
-// of the bf16-rounded sums. acc is zeroed for the next row.
+// Each warp's sums over its lanes into red[warp] (acc zeroed for the next row), then a barrier.
 template <int MMAX>
-__device__ __forceinline__ void gemv_store_glu_row(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N,
-                                                   int n, int WPR, int act) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = WPR / 2;
+__device__ __forceinline__ void gemv_sums_to_red(float* acc, float (*red)[MMAX]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   #pragma unroll
   for (int m = 0; m < MMAX; m++) {
     const float v = warp_sum(acc[m]);
@@ -212,6 +240,16 @@ __device__ __forceinline__ void gemv_store_glu_row(float* acc, float (*red)[MMAX
     acc[m] = 0.0f;
   }
   __syncthreads();
+}
+
+// The end of a GLU-out row n (GemvIn.gluI): warps [0, WPR / 2) of the row summed its gate row,
+// the others its up row; stored as k_glu_packed stores it from the bf16 gate/up product: bf16(act(g) u)
+// of the bf16-rounded sums. acc is zeroed for the next row.
+template <int MMAX>
+__device__ __forceinline__ void gemv_store_glu_row(float* acc, float (*red)[MMAX], u16* __restrict__ y, int M, int N,
+                                                   int n, int WPR, int act) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = WPR / 2;
+  gemv_sums_to_red<MMAX>(acc, red);
   if (warp % WPR == 0 && lane == 0 && n < N) {
     #pragma unroll
     for (int m = 0; m < MMAX; m++) {
@@ -224,6 +262,62 @@ __device__ __forceinline__ void gemv_store_glu_row(float* acc, float (*red)[MMAX
         y[(i64)m * N + n] = f2bf(activate(bf2f(f2bf(g)), act) * bf2f(f2bf(u)));
       }
     }
+  }
+}
+
+// The end of rope-out unit u (GemvIn.ropeD): the bf16-rounded sums of its rows (a: the first half of
+// its warps, b: the second), roped as k_rope_qkv ropes them, to qOut or the pools. acc is zeroed.
+template <int MMAX>
+__device__ __forceinline__ void gemv_store_rope_row(float* acc, float (*red)[MMAX], const GemvIn& in, u16* __restrict__ qOut,
+                                                    int M, int U, int u, int WPR) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half2 = WPR / 2;
+  gemv_sums_to_red<MMAX>(acc, red);
+  if (warp % WPR != 0 || lane != 0 || u >= U) return;
+  const int D = in.ropeD, half = in.ropeHalf, per = D - half, qk = (in.ropeH + in.ropeKVH) * per;
+  const int H = in.ropeH, KVH = in.ropeKVH;
+  int hh, dA, dB = -1; // head (q heads, then k heads, then v heads), the dims written
+  if (u < qk) {
+    hh = u / per;
+    const int r = u - hh * per;
+    if (r < half) {
+      dA = r;
+      dB = r + half;
+    } else {
+      dA = half + r;
+    }
+  } else {
+    hh = H + KVH + (u - qk) / D;
+    dA = (u - qk) % D;
+  }
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) {
+    if (m >= M) continue;
+    float sa = 0.0f, sb = 0.0f;
+    for (int p = 0; p < half2; p++) {
+      sa += red[warp + p][m];
+      sb += red[warp + half2 + p][m];
+    }
+    const float a = bf2f(f2bf(sa)), b = bf2f(f2bf(sb));
+    float ya = a, yb = 0.0f;
+    if (dB >= 0) {
+      const float ang = __fmul_rn((float)in.pos[m], in.invFreq[(i64)m * in.invStride + dA]);
+      const float c = cosf(ang) * in.scaling, s = sinf(ang) * in.scaling;
+      ya = a * c - b * s;
+      yb = b * c + a * s;
+    }
+    if (hh < H) {
+      qOut[((i64)m * H + hh) * D + dA] = f2bf(ya);
+      if (dB >= 0) qOut[((i64)m * H + hh) * D + dB] = f2bf(yb);
+      continue;
+    }
+    const int slot = in.slots[m];
+    const bool isK = hh < H + KVH;
+    if (isK && slot >= in.numSlots) report(in.err, 2, m, slot, (int)in.numSlots);
+    if (slot < 0 || slot >= in.numSlots) continue;
+    const int kh = isK ? hh - H : hh - H - KVH;
+    u16* pool = isK ? in.kpool : in.vpool;
+    pool[((i64)slot * KVH + kh) * D + dA] = f2bf(ya);
+    if (dB >= 0) pool[((i64)slot * KVH + kh) * D + dB] = f2bf(yb);
   }
 }
 
@@ -337,7 +431,7 @@ struct GemvpLayout {
   int nch;    // 16-byte chunks per row: K / 8
   int per;    // chunks per warp of a row: ceil(nch / WPR) (GLU-out: ceil(nch / (WPR / 2)))
   int cBegin; // this warp's first chunk of a row
-  int rowOff; // GLU-out: gluI for the warps that read the up row, else 0
+  bool second; // GLU- and rope-out: the warp is in the second half of its row's warps
 };
 
 // One pass of a warp over its row of a group: chunks c0 + 32 u + lane below cEnd (none past the
@@ -347,13 +441,16 @@ struct GemvpPass {
   int c0, cEnd;
 };
 
-__device__ __forceinline__ GemvpPass gemvp_pass(const GemvpLayout& L, const u16* w, int N, int K, int g, int p, int UNR) {
+__device__ __forceinline__ GemvpPass gemvp_pass(const GemvpLayout& L, const GemvIn& in, const u16* w, int N, int K, int g, int p,
+                                             int UNR) {
   const int n = g * L.rpb + L.row;
-  const bool live = g < L.G && n < N;
+  // this warp's weight row: output row n; GLU-out: n's gate or up row; rope-out: a row of unit n or none
+  const int row = g >= L.G || n >= N ? -1
+    : in.ropeD > 0 ? gemv_rope_row(in, n, L.second) : n + (L.second ? in.gluI : 0);
   GemvpPass s;
-  s.wr = (const uint4*)(w + (i64)(live ? n + L.rowOff : 0) * K);
+  s.wr = (const uint4*)(w + (i64)(row >= 0 ? row : 0) * K);
   s.c0 = L.cBegin + p * 32 * UNR;
-  s.cEnd = live ? min(L.nch, L.cBegin + L.per) : 0;
+  s.cEnd = row >= 0 ? min(L.nch, L.cBegin + L.per) : 0;
   return s;
 }
 
@@ -398,15 +495,16 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
   L.rpb = 8 / WPR;
   L.row = warp / WPR;
   L.nch = K >> 3;
-  // a GLU-out row is two weight rows (gate, then up), each over half of the row's warps
-  const int span = in.gluI > 0 ? WPR / 2 : WPR;
+  // a GLU- or rope-out row is two weight rows (gate and up; a rotated pair), each over half of the
+  // row's warps
+  const int span = in.gluI > 0 || in.ropeD > 0 ? WPR / 2 : WPR;
   L.per = (L.nch + span - 1) / span;
   L.cBegin = (warp % WPR % span) * L.per;
-  L.rowOff = in.gluI > 0 && warp % WPR >= span ? in.gluI : 0;
+  L.second = warp % WPR >= span;
   L.G = (N + L.rpb - 1) / L.rpb;
   const int passes = (L.per + 32 * UNR - 1) / (32 * UNR); // the same in every warp: barriers stay uniform
   // the ring's first fill, before PDL_ENTRY: weights do not depend on the kernel before
-  GemvpPass next = gemvp_pass(L, w, N, K, blockIdx.x, 0, UNR);
+  GemvpPass next = gemvp_pass(L, in, w, N, K, blockIdx.x, 0, UNR);
   uint4 wv[UNR];
   #pragma unroll
   for (int u = 0; u < UNR; u++) wv[u] = gemvp_load(next, u, lane);
@@ -421,7 +519,7 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
     for (int p = 0; p < passes; p++) {
       const GemvpPass cur = next;
       // the pass after this one: the row's next, else pass 0 of this warp's row in the block's next group
-      next = p + 1 < passes ? gemvp_pass(L, w, N, K, g, p + 1, UNR) : gemvp_pass(L, w, N, K, g + gridDim.x, 0, UNR);
+      next = p + 1 < passes ? gemvp_pass(L, in, w, N, K, g, p + 1, UNR) : gemvp_pass(L, in, w, N, K, g + gridDim.x, 0, UNR);
       #pragma unroll
       for (int u = 0; u < UNR; u++) {
         const int c = cur.c0 + u * 32 + lane;
@@ -434,7 +532,8 @@ __device__ __forceinline__ void gemvp_rows(const u16* __restrict__ w, const Gemv
         wv[u] = gemvp_load(next, u, lane); // the ring: slot u's chunk of the next pass, in flight from now
       }
     }
-    if (in.gluI > 0) gemv_store_glu_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR, in.gluAct);
+    if (in.ropeD > 0) gemv_store_rope_row<MMAX>(acc, red[parity], in, y, M, N, g * L.rpb + L.row, WPR);
+    else if (in.gluI > 0) gemv_store_glu_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR, in.gluAct);
     else gemv_store_row<MMAX>(acc, red[parity], y, M, N, g * L.rpb + L.row, WPR);
     parity ^= 1;
   }
@@ -481,6 +580,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normglu_m##MMAX##_u
   in.gluI = N; \
   in.gluAct = act; \
   gemvp_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
+} \
+extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normrope_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+    const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* qOut, int M, int K, \
+    int WPR, int H, int KVH, int D, int half, const int* pos, const float* invFreq, int invStride, float scaling, \
+    u16* kpool, u16* vpool, const int* slots, i64 numSlots, int* err) { \
+  GemvIn in = gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum); \
+  in.ropeD = D; \
+  in.ropeHalf = half; \
+  in.ropeH = H; \
+  in.ropeKVH = KVH; \
+  in.pos = pos; \
+  in.invFreq = invFreq; \
+  in.invStride = invStride; \
+  in.scaling = scaling; \
+  in.kpool = kpool; \
+  in.vpool = vpool; \
+  in.slots = slots; \
+  in.numSlots = numSlots; \
+  in.err = err; \
+  gemvp_rows<MMAX, UNR, 2>(w, in, qOut, M, gemv_rope_units(in), K, WPR); \
 }
 GEMVP_KERNEL(1, 16)
 GEMVP_KERNEL(2, 16)
@@ -501,11 +620,17 @@ export const GEMVP_NORM_KERNEL_NAMES = ['k_gemvp_norm_m1_u16', 'k_gemvp_norm_m2_
  */
 export const GEMVP_NORMGLU_KERNEL_NAMES = ['k_gemvp_normglu_m1_u16', 'k_gemvp_normglu_m2_u16', 'k_gemvp_normglu_m4_u8',
   'k_gemvp_normglu_m8_u8'] as const;
+/**
+ * the add + rmsnorm twins with rope and the KV write in their epilogue (addRmsnormQkvRope): w is
+ * packed q/k/v rows, outputs where k_rope_qkv puts them (no qk-norm; bf16 pools)
+ */
+export const GEMVP_NORMROPE_KERNEL_NAMES = ['k_gemvp_normrope_m1_u16', 'k_gemvp_normrope_m2_u16', 'k_gemvp_normrope_m4_u8',
+  'k_gemvp_normrope_m8_u8'] as const;
 
 /** the kernels a GemvChoice names (MODE 0: y = x · w^T) */
 export type GemvKernelName = (typeof GEMV_KERNEL_NAMES)[number] | (typeof GEMVP_KERNEL_NAMES)[number];
 export type GemvFusedKernelName = (typeof GEMVP_GLU_KERNEL_NAMES)[number] | (typeof GEMVP_NORM_KERNEL_NAMES)[number] |
-  (typeof GEMVP_NORMGLU_KERNEL_NAMES)[number];
+  (typeof GEMVP_NORMGLU_KERNEL_NAMES)[number] | (typeof GEMVP_NORMROPE_KERNEL_NAMES)[number];
 
 /** threads per block: 8 warps */
 export const GEMV_THREADS = 256;
@@ -523,6 +648,7 @@ export const GEMVP_FUSED_BLOCKS_PER_SM = 2;
 interface Variant {
   name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;
   normGlu?: GemvFusedKernelName;
+  normRope?: GemvFusedKernelName;
 }
 
 const VARIANTS: Variant[] = [
@@ -532,13 +658,13 @@ const VARIANTS: Variant[] = [
 /** the persistent kernels: UNR 16 where M's math leaves the registers (ring 64 of 128), else 8 */
 const PERSISTENT: Variant[] = [
   { name: 'k_gemvp_m1_u16', mmax: 1, unroll: 16, glu: 'k_gemvp_glu_m1_u16', norm: 'k_gemvp_norm_m1_u16',
-    normGlu: 'k_gemvp_normglu_m1_u16' },
+    normGlu: 'k_gemvp_normglu_m1_u16', normRope: 'k_gemvp_normrope_m1_u16' },
   { name: 'k_gemvp_m2_u16', mmax: 2, unroll: 16, glu: 'k_gemvp_glu_m2_u16', norm: 'k_gemvp_norm_m2_u16',
-    normGlu: 'k_gemvp_normglu_m2_u16' },
+    normGlu: 'k_gemvp_normglu_m2_u16', normRope: 'k_gemvp_normrope_m2_u16' },
   { name: 'k_gemvp_m4_u8', mmax: 4, unroll: 8, glu: 'k_gemvp_glu_m4_u8', norm: 'k_gemvp_norm_m4_u8',
-    normGlu: 'k_gemvp_normglu_m4_u8' },
+    normGlu: 'k_gemvp_normglu_m4_u8', normRope: 'k_gemvp_normrope_m4_u8' },
   { name: 'k_gemvp_m8_u8', mmax: 8, unroll: 8, glu: 'k_gemvp_glu_m8_u8', norm: 'k_gemvp_norm_m8_u8',
-    normGlu: 'k_gemvp_normglu_m8_u8' },
+    normGlu: 'k_gemvp_normglu_m8_u8', normRope: 'k_gemvp_normrope_m8_u8' },
 ];
 
 /**
@@ -617,17 +743,39 @@ export function gemvFusedChoice(M: number, N: number, K: number):
 }
 
 /**
- * The persistent launch addRmsnormGateUpGlu fuses into: the add + rmsnorm of [M, K] rows, their
- * product with packed gate/up rows [2I, K], and the GLU, in one kernel (k_gemvp_normglu_*; its
- * output rows are the I GLU values, each over twice the warps a plain row takes, half on the gate
- * row and half on the up row); undefined where gemvFusedChoice would be (the caller runs the ops).
+ * A persistent fused launch whose output rows each sum two weight rows, over twice the warps a plain
+ * row of the same K takes (half on each): `kernel` of the M-row variant; undefined where
+ * gemvFusedChoice would be for `rows` weight rows (the caller runs the ops).
  */
-export function gemvNormGluChoice(M: number, I: number, K: number):
+function pairedChoice(M: number, rows: number, K: number, kernel: (v: Variant) => GemvFusedKernelName | undefined):
   { choice: GemvChoice; kernel: GemvFusedKernelName; sharedBytes: number } | undefined {
-  const f = gemvFusedChoice(M, 2 * I, K);
+  const f = gemvFusedChoice(M, rows, K);
   if (!f) return undefined;
   const p = PERSISTENT.find((x) => x.mmax >= M)!;
-  return { choice: { ...f.choice, warpsPerRow: Math.min(8, 2 * f.choice.warpsPerRow) }, kernel: p.normGlu!, sharedBytes: f.sharedBytes };
+  return { choice: { ...f.choice, warpsPerRow: Math.min(8, 2 * f.choice.warpsPerRow) }, kernel: kernel(p)!, sharedBytes: f.sharedBytes };
+}
+
+/**
+ * The launch addRmsnormGateUpGlu fuses into: add + rmsnorm of [M, K] rows, their product with packed
+ * gate/up rows [2I, K] and the GLU (k_gemvp_normglu_*: an output row per GLU value, its gate row
+ * and its up row over the two halves of its warps).
+ */
+export function gemvNormGluChoice(M: number, I: number, K: number) {
+  return pairedChoice(M, 2 * I, K, (v) => v.normGlu);
+}
+
+/**
+ * The launch addRmsnormQkvRope fuses into: add + rmsnorm of [M, K] rows, their product with packed
+ * q/k/v rows [rows, K], rope and the KV write (k_gemvp_normrope_*: an output unit per rotated pair
+ * of rows, or per other row).
+ */
+export function gemvNormRopeChoice(M: number, rows: number, K: number) {
+  return pairedChoice(M, rows, K, (v) => v.normRope);
+}
+
+/** rope-out units of q/k/v rows (gemv_rope_units): each q/k head's rotated pairs and other dims, every v dim */
+export function gemvRopeUnits(H: number, KVH: number, D: number, half: number): number {
+  return (H + KVH) * (D - half) + KVH * D;
 }
 
 /** grid x of a (one-shot) GEMV launch over N output rows: one block per row group */

@@ -16,7 +16,7 @@ import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE } from './attention-ker
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
-  GEMVP_NORMGLU_KERNEL_NAMES,
+  GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
 import { MOE_KERNEL_NAMES, MOE_KERNEL_SOURCE } from './moe-kernels.ts';
 import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
@@ -487,7 +487,7 @@ export const KERNEL_MODULES = [
   // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
   kernelModule('gemv', GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
     [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
-      ...MOE_KERNEL_NAMES] as const),
+      ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
 ] as const;
 

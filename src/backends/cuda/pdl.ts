@@ -7,7 +7,9 @@
 //
 // Only kernels that run PDL_ENTRY in every thread before any other memory access (weights aside)
 // may be listed here: any other kernel launched with the attribute could race its predecessor.
-import { GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES } from './gemv-kernels.ts';
+import {
+  GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
+} from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
 
 export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
@@ -20,6 +22,7 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4',
   // the persistent GEMVs: their first ring of weight loads before PDL_ENTRY, their staged x after
   ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
+  ...GEMVP_NORMROPE_KERNEL_NAMES,
 ]);
 
 /**

@@ -416,6 +416,12 @@ export class ReferenceBackend implements Backend {
     const { sum, y } = this.addRmsnormMatmul(x, r, rScale, normW, eps, weightOffset, gateUp);
     return { sum, y: this.gluPacked(y, act) };
   }
+  /** addRmsnormMatmul, then ropeQkvWriteKv without qk-norm: the reference of the op a backend may fuse */
+  addRmsnormQkvRope(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
+    heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor } {
+    const { sum, y } = this.addRmsnormMatmul(x, r, rScale, normW, eps, weightOffset, qkv);
+    return { sum, q: this.ropeQkvWriteKv(y, heads, pos, invFreq, attentionScaling, undefined, kv, layout) };
+  }
   gluPacked(gu: Tensor, act: Activation): Tensor {
     const [T, I2] = gu.shape;
     const I = I2 / 2;

@@ -8,6 +8,9 @@ const DRIVER = String.raw`
 //   add_rmsnorm: i32 rows D threads; f32 rScale eps off; u16 a[rows D], b[rows D], w[D] -> u16 sum, normed
 //   argmax:      i32 R V S chunk;    f32 x[R V]                                      -> i32 out[R]
 //   glu_packed:  i32 T I act blocks; u16 gu[T 2I] (bf16)                             -> u16 out[T I]
+//   rope_qkv:    i32 T H KVH D half invStride numSlots; f32 scaling; u16 qkv[T (H + 2 KVH) D]; i32 pos[T];
+//                f32 invFreq[...]; i32 slots[T]; u16 kpool, vpool[numSlots KVH D] (bf16, no qk-norm)
+//                -> u16 q[T H D], kpool, vpool; i32 err[4]
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
   FILE* f = fopen(argv[1], "rb");
@@ -35,6 +38,26 @@ int main(int argc, char** argv) {
     if (fread(gu.data(), 2, gu.size(), f) != gu.size()) return 2;
     sim::launch(dim3{(unsigned)blocks, 1, 1}, 256, [&] { k_glu_packed(gu.data(), DT_BF16, out.data(), T, I, act); });
     fwrite(out.data(), 2, out.size(), o);
+  } else if (which == 3) {
+    int hd[7]; float scaling;
+    if (fread(hd, 4, 7, f) != 7 || fread(&scaling, 4, 1, f) != 1) return 2;
+    const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], half = hd[4], invStride = hd[5], numSlots = hd[6];
+    std::vector<u16> qkv((size_t)T * (H + 2 * KVH) * D), q((size_t)T * H * D, 0xffff);
+    std::vector<int> pos(T), slots(T), err(4, 0);
+    std::vector<float> invFreq(invStride ? (size_t)T * invStride : (size_t)half);
+    std::vector<u16> kp((size_t)numSlots * KVH * D), vp((size_t)numSlots * KVH * D);
+    if (fread(qkv.data(), 2, qkv.size(), f) != qkv.size() || fread(pos.data(), 4, T, f) != (size_t)T ||
+        fread(invFreq.data(), 4, invFreq.size(), f) != invFreq.size() || fread(slots.data(), 4, T, f) != (size_t)T ||
+        fread(kp.data(), 2, kp.size(), f) != kp.size() || fread(vp.data(), 2, vp.size(), f) != vp.size()) return 2;
+    const int threads = std::min(256, std::max(32, (D + 31) / 32 * 32));
+    sim::launch(dim3{(unsigned)T, (unsigned)(H + KVH), 1}, threads, [&] {
+      k_rope_qkv(qkv.data(), DT_BF16, pos.data(), invFreq.data(), invStride, scaling, 0, 0, 0, 0.0f, 0.0f, q.data(), kp.data(),
+                 vp.data(), DT_BF16, slots.data(), T, H, KVH, D, half, numSlots, err.data());
+    });
+    fwrite(q.data(), 2, q.size(), o);
+    fwrite(kp.data(), 2, kp.size(), o);
+    fwrite(vp.data(), 2, vp.size(), o);
+    fwrite(err.data(), 4, 4, o);
   } else {
     int hd[4];
     if (fread(hd, 4, 4, f) != 4) return 2;
@@ -75,4 +98,27 @@ export function runArgmaxSim(R: number, V: number, x: Float32Array): Int32Array 
   const chunk = Math.ceil(V / S / 8) * 8;
   const buf = runSim(sim(), bytesOf(Int32Array.of(1, R, V, S, chunk), x));
   return new Int32Array(buf);
+}
+
+/** What a rope + KV write call does to q and the pools (bf16 bits), and its error word. */
+export interface RopeSimResult { q: Uint16Array; kpool: Uint16Array; vpool: Uint16Array; err: Int32Array }
+
+/** The shapes and inputs of a rope + KV write call (no qk-norm, bf16 pools of numSlots slots). */
+export interface RopeSimCall {
+  T: number; H: number; KVH: number; D: number; half: number;
+  /** 0: one invFreq row [half] for every token; half: a row per token [T, half] */
+  invStride: number;
+  numSlots: number; scaling: number;
+  pos: Int32Array; invFreq: Float32Array; slots: Int32Array;
+  /** the pools' contents before the call */
+  kpool: Uint16Array; vpool: Uint16Array;
+}
+
+/** k_rope_qkv over bf16 qkv rows [T, (H + 2 KVH) D], as cuda-fused-ops.ts launches it. */
+export function runRopeQkvSim(c: RopeSimCall, qkv: Uint16Array): RopeSimResult {
+  const buf = runSim(sim(), Buffer.concat([bytesOf(Int32Array.from([3, c.T, c.H, c.KVH, c.D, c.half, c.invStride, c.numSlots]),
+    Float32Array.from([c.scaling]), qkv, c.pos, c.invFreq, c.slots, c.kpool, c.vpool)]));
+  const nq = c.T * c.H * c.D, np = c.numSlots * c.KVH * c.D;
+  return { q: new Uint16Array(buf, 0, nq), kpool: new Uint16Array(buf, nq * 2, np), vpool: new Uint16Array(buf, (nq + np) * 2, np),
+    err: new Int32Array(buf, (nq + 2 * np) * 2, 4) };
 }
