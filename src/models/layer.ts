@@ -53,47 +53,57 @@ export function layerFused(model: ModelParts, b: Backend & FusedOps, l: number, 
   const post = c.normPlacement === 'pre_post';
   const midNorm = post ? w.preFfNorm : w.postAttnNorm;
   if (!midNorm || !next || (s.r && !w.inputNorm)) throw new Error('decoder: a norm weight required by the norm placement is missing');
-  let x: Tensor, attn: Tensor;
-  if (!s.r) {
-    x = s.x;
-    attn = attention(model, l, s.h, w, layout, rope, kv);
-  } else if (b.addRmsnormQkvRope && w.attn.qkv && !w.attn.qkvBias && c.qkNorm === 'none') {
-    // the input norm, the packed q/k/v GEMM, rope and the KV write: a backend may make them one kernel
-    const f = b.addRmsnormQkvRope(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset, w.attn.qkv,
-      { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim }, layout.tokenPos, rope.invFreq, rope.attentionScaling,
-      kv.kvOfLayer(l), layout);
-    x = f.sum;
-    attn = attentionFromQ(model, l, f.q, w, layout, kv);
-  } else if (b.addRmsnormMatmul && w.attn.qkv) {
-    const f = b.addRmsnormMatmul(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset, w.attn.qkv, w.attn.qkvBias);
-    x = f.sum;
-    attn = attentionFromQkv(model, l, f.y, w, layout, rope, kv);
-  } else {
-    const n = b.addRmsnorm(s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset);
-    x = n.sum;
-    attn = attention(model, l, n.normed, w, layout, rope, kv);
-  }
-  if (post) attn = norm(model, attn, w.postAttnNorm);
-  let sum: Tensor, ffn: Tensor;
-  const m0 = w.mlp;
-  if (b.addRmsnormGateUpGlu && m0.kind === 'dense' && m0.gateUp && !m0.gateUpBias) {
-    // the mid norm, the packed gate/up GEMM and the GLU: a backend may make them one kernel
-    const f = b.addRmsnormGateUpGlu(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, m0.gateUp, c.activation);
-    sum = f.sum;
-    ffn = b.matmul(f.y, m0.down, m0.downBias);
-  } else if (b.addRmsnormMatmul && m0.kind === 'dense' && m0.gateUp) {
-    // the mid norm's only reader is the packed gate/up GEMM: a backend may fuse the two
-    const f = b.addRmsnormMatmul(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset, m0.gateUp, m0.gateUpBias);
-    sum = f.sum;
-    ffn = mlpFromGateUp(model, f.y, w);
-  } else {
-    const a = b.addRmsnorm(x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset);
-    sum = a.sum;
-    ffn = mlp(model, a.normed, w);
-  }
-  if (post) ffn = norm(model, ffn, w.postFfNorm);
+  const at = attentionOfStream(model, b, l, s, layout, rope, kv);
+  const attn = post ? norm(model, at.attn, w.postAttnNorm) : at.attn;
+  const { sum, ffn: f } = mlpAfterNorm(model, b, l, at.x, attn, midNorm);
+  const ffn = post ? norm(model, f, w.postFfNorm) : f;
   // the next norm's reader: lm_head (one GEMM, step-body.ts) or the next layer's packed q/k/v
   if (b.addRmsnormMatmul && (last || model.weights.layers[l + 1].attn.qkv)) return { x: sum, r: ffn };
   const m = b.addRmsnorm(sum, ffn, c.residualScale, next, c.rmsNormEps, c.normWeightOffset);
   return { x: m.sum, h: m.normed };
+}
+
+/**
+ * Layer l's attention of the stream: its residual x (the pending add done) and the attention
+ * output, through the most fused op the backend has for the input norm and what reads it.
+ */
+function attentionOfStream(model: ModelParts, b: Backend & FusedOps, l: number, s: FusedStream, layout: StepLayout,
+  rope: RopeTable, kv: KvAccess<RowSpan>): { x: Tensor; attn: Tensor } {
+  const c = model.config, w = model.weights.layers[l], a = w.attn;
+  if (!s.r) return { x: s.x, attn: attention(model, l, s.h, w, layout, rope, kv) };
+  const normArgs = [s.x, s.r, c.residualScale, w.inputNorm!, c.rmsNormEps, c.normWeightOffset] as const;
+  if (b.addRmsnormQkvRope && a.qkv && !a.qkvBias && c.qkNorm === 'none') {
+    // the input norm, the packed q/k/v GEMM, rope and the KV write: a backend may make them one kernel
+    const f = b.addRmsnormQkvRope(...normArgs, a.qkv, { heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim },
+      layout.tokenPos, rope.invFreq, rope.attentionScaling, kv.kvOfLayer(l), layout);
+    return { x: f.sum, attn: attentionFromQ(model, l, f.q, w, layout, kv) };
+  }
+  if (b.addRmsnormMatmul && a.qkv) {
+    const f = b.addRmsnormMatmul(...normArgs, a.qkv, a.qkvBias);
+    return { x: f.sum, attn: attentionFromQkv(model, l, f.y, w, layout, rope, kv) };
+  }
+  const n = b.addRmsnorm(...normArgs);
+  return { x: n.sum, attn: attention(model, l, n.normed, w, layout, rope, kv) };
+}
+
+/**
+ * Layer l's MLP after the mid norm of x + attn: the new residual and the MLP output, through the
+ * most fused op the backend has for the norm and the gate/up GEMM that reads it.
+ */
+function mlpAfterNorm(model: ModelParts, b: Backend & FusedOps, l: number, x: Tensor, attn: Tensor, midNorm: Tensor):
+  { sum: Tensor; ffn: Tensor } {
+  const c = model.config, w = model.weights.layers[l], m = w.mlp;
+  const normArgs = [x, attn, c.residualScale, midNorm, c.rmsNormEps, c.normWeightOffset] as const;
+  if (b.addRmsnormGateUpGlu && m.kind === 'dense' && m.gateUp && !m.gateUpBias) {
+    // the mid norm, the packed gate/up GEMM and the GLU: a backend may make them one kernel
+    const f = b.addRmsnormGateUpGlu(...normArgs, m.gateUp, c.activation);
+    return { sum: f.sum, ffn: b.matmul(f.y, m.down, m.downBias) };
+  }
+  if (b.addRmsnormMatmul && m.kind === 'dense' && m.gateUp) {
+    // the mid norm's only reader is the packed gate/up GEMM: a backend may fuse the two
+    const f = b.addRmsnormMatmul(...normArgs, m.gateUp, m.gateUpBias);
+    return { sum: f.sum, ffn: mlpFromGateUp(model, f.y, w) };
+  }
+  const n = b.addRmsnorm(...normArgs);
+  return { sum: n.sum, ffn: mlp(model, n.normed, w) };
 }
