@@ -10,6 +10,7 @@
 // shape); the prefill kernel runs whenever T > ATT_DEC_MAX_RUN (with fewer tokens every run is
 // short enough to be decode).
 import type { DType } from '../../contracts/backend.ts';
+import { Setting } from '../common/setting.ts';
 import {
   ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_MIN_CHUNK,
 } from './attention-kernels.ts';
@@ -83,16 +84,14 @@ export interface AttentionCall extends AttentionShape {
 
 export type AttentionMode = 'auto' | 'generic';
 
-let mode: AttentionMode = process.env.LLMTS_CUDA_ATTENTION === 'generic' ? 'generic' : 'auto';
+const mode = new Setting<AttentionMode>(process.env.LLMTS_CUDA_ATTENTION === 'generic' ? 'generic' : 'auto');
 
 /**
  * 'generic' forces the plain k_attention kernel for every call (A/B checks and benchmarks);
  * default 'auto' ($LLMTS_CUDA_ATTENTION=generic sets 'generic' at startup). Returns the old mode.
  */
 export function setAttentionMode(m: AttentionMode): AttentionMode {
-  const old = mode;
-  mode = m;
-  return old;
+  return mode.set(m);
 }
 
 /**
@@ -102,13 +101,11 @@ export function setAttentionMode(m: AttentionMode): AttentionMode {
  * (k_attn_decode_d<D>_g<GC>: every other shape, and everywhere with $LLMTS_CUDA_ATT_DECODE=cuda-core).
  */
 export type DecodeKernelKind = 'cuda-core' | 'tc';
-let decodeKind: DecodeKernelKind = process.env.LLMTS_CUDA_ATT_DECODE === 'cuda-core' ? 'cuda-core' : 'tc';
+const decodeKind = new Setting<DecodeKernelKind>(process.env.LLMTS_CUDA_ATT_DECODE === 'cuda-core' ? 'cuda-core' : 'tc');
 
 /** Sets the decode kernel kind for later calls (tests, benchmarks); returns the old one. */
 export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {
-  const old = decodeKind;
-  decodeKind = k;
-  return old;
+  return decodeKind.set(k);
 }
 
 export interface AttentionPlan {
@@ -158,12 +155,12 @@ export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount
 /** The launch plan of a call: a function of shapes only (see the top of this file). */
 export function planAttention(s: AttentionShape, smCount: number): AttentionPlan {
   const tiles = Math.ceil(s.T / ATT_BQ);
-  const fast = mode === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
+  const fast = mode.value === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0 };
   const G = s.H / s.KVH;
   // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
-  const tc = decodeKind === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
+  const tc = decodeKind.value === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
   // the CUDA-core decode kernels are instantiated for 4 and 8 heads per block; the tensor-core one
   // takes the whole group
   const headChunk = tc ? G : G <= 4 ? 4 : 8;

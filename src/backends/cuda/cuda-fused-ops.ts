@@ -5,6 +5,7 @@
 // because these are the decoder's fast path, with their own tuning rules; the plain ops stay there.
 import type { Activation, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor } from '../../contracts/backend.ts';
 import { numel } from '../../contracts/backend.ts';
+import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X } from './cuda-op-context.ts';
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
@@ -23,26 +24,22 @@ import { describe, expectDim, expectFinite, opError, sameShape } from './validat
 const FUSED_GEMV_MAX_ROWS = 1;
 
 /** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (off: on the H200 at B=1 210.3 tok/s fused vs 212.4, the persistent loop at K=14336 slower than the tuned GEMV) */
-let FUSE_GLU = process.env.LLMTS_CUDA_FUSE_GLU === 'on';
+const FUSE_GLU = new Setting<boolean>(process.env.LLMTS_CUDA_FUSE_GLU === 'on');
 
 /** Turns the GLU-into-GEMV fusion of gluMatmul on or off (tests, benchmarks); returns the old setting. */
 export function setCudaFuseGlu(on: boolean): boolean {
-  const old = FUSE_GLU;
-  FUSE_GLU = on;
-  return old;
+  return FUSE_GLU.set(on);
 }
 
 /**
  * addRmsnormMatmul fuses the norm into the decode GEMV unless $LLMTS_CUDA_FUSE_NORM=off: B=1 decode
  * of the 8B on the H200 211.8 tok/s fused (mid, input and final norms), 204.7 unfused
  */
-let FUSE_NORM = process.env.LLMTS_CUDA_FUSE_NORM !== 'off';
+const FUSE_NORM = new Setting<boolean>(process.env.LLMTS_CUDA_FUSE_NORM !== 'off');
 
 /** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
 export function setCudaFuseNorm(on: boolean): boolean {
-  const old = FUSE_NORM;
-  FUSE_NORM = on;
-  return old;
+  return FUSE_NORM.set(on);
 }
 
 /**
@@ -50,13 +47,11 @@ export function setCudaFuseNorm(on: boolean): boolean {
  * and the KV write as one kernel (k_gemvp_normrope_*: a kernel and the [T, (H + 2 KVH) D] q/k/v
  * output less than addRmsnormMatmul + ropeQkvWriteKv); opt-in until measured on the GPU.
  */
-let ROPE_EPILOGUE = process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on';
+const ROPE_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on');
 
 /** Turns the rope epilogue of addRmsnormQkvRope on or off (tests, benchmarks); returns the old setting. */
 export function setCudaRopeEpilogue(on: boolean): boolean {
-  const old = ROPE_EPILOGUE;
-  ROPE_EPILOGUE = on;
-  return old;
+  return ROPE_EPILOGUE.set(on);
 }
 
 /**
@@ -64,13 +59,11 @@ export function setCudaRopeEpilogue(on: boolean): boolean {
  * GLU as one kernel (k_gemvp_normglu_*: the GLU in its epilogue, a kernel and the [T, 2I] gate/up
  * output less than addRmsnormMatmul + gluPacked); opt-in until measured on the GPU.
  */
-let GLU_EPILOGUE = process.env.LLMTS_CUDA_GLU_EPILOGUE === 'on';
+const GLU_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_GLU_EPILOGUE === 'on');
 
 /** Turns the GLU epilogue of addRmsnormGateUpGlu on or off (tests, benchmarks); returns the old setting. */
 export function setCudaGluEpilogue(on: boolean): boolean {
-  const old = GLU_EPILOGUE;
-  GLU_EPILOGUE = on;
-  return old;
+  return GLU_EPILOGUE.set(on);
 }
 
 export class CudaFusedOps {
@@ -78,6 +71,20 @@ export class CudaFusedOps {
   private readonly staticShared = new Map<KernelName, number>();
 
   constructor(private readonly c: CudaOpContext) {}
+
+  /**
+   * Whether the norm-fused GEMV kernels (k_gemvp_norm*) take these operands of x + rScale r, normed
+   * by g, times w: the norm fusion on, bf16 x, r and w, x and r of one shape whose rows w's columns
+   * and g match, at most FUSED_GEMV_MAX_ROWS rows, 16-byte aligned, finite scalars.
+   */
+  private normGemvApplies(a: CudaTensor, rr: CudaTensor, g: CudaTensor, m: CudaTensor, rScale: number, eps: number,
+    weightOffset: number): boolean {
+    const [T, D] = a.shape as [number, number];
+    return FUSE_NORM.value && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' && sameShape(a.shape, rr.shape) &&
+      m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS &&
+      a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
+      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset);
+  }
 
   /**
    * Whether a launch of `name` with `dynamicBytes` of dynamic shared memory stays within the
@@ -136,9 +143,8 @@ export class CudaFusedOps {
     const N = m.shape[0]!;
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
-    const gemv = FUSE_NORM && bias === undefined && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
-      g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
-      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvFusedChoice(T, N, D) : undefined;
+    const gemv = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.c.matmul(normed, m, bias);
@@ -173,10 +179,8 @@ export class CudaFusedOps {
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const I = N2 / 2;
-    const fuse = GLU_EPILOGUE && FUSE_NORM && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
-      sameShape(a.shape, rr.shape) && m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && I > 0 &&
-      a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
-      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvNormGluChoice(T, I, D) : undefined;
+    const fuse = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvNormGluChoice(T, I, D) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const y = this.gluPacked(f.y, act);
@@ -225,7 +229,7 @@ export class CudaFusedOps {
     if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
-    const gemv = FUSE_GLU && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
+    const gemv = FUSE_GLU.value && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
       g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
     if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
       const h = this.gluPacked(g, act);
@@ -284,10 +288,8 @@ export class CudaFusedOps {
     const [T, Dh] = a.shape as [number, number];
     const rows = m.shape[0]!;
     const kp = kv.k as CudaTensor, vp = kv.v as CudaTensor;
-    const fuse = ROPE_EPILOGUE && FUSE_NORM && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' &&
-      kp.dtype === 'bf16' && vp.dtype === 'bf16' && sameShape(a.shape, rr.shape) && m.shape[1] === Dh && g.shape[0] === Dh &&
-      T >= 1 && T <= FUSED_GEMV_MAX_ROWS && a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
-      Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset) ? gemvNormRopeChoice(T, rows, Dh) : undefined;
+    const fuse = ROPE_EPILOGUE.value && kp.dtype === 'bf16' && vp.dtype === 'bf16' &&
+      this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset) ? gemvNormRopeChoice(T, rows, Dh) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const q = this.ropeQkvWriteKv(f.y, heads, pos, invFreq, attentionScaling, undefined, kv, layout);

@@ -3,6 +3,7 @@
 // two kernels through an f32 hidden scratch. Separate from cuda-backend.ts because only MoE
 // models reach them and their checks (expert-stacked weights, routing pairs) are their own.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
+import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
 import { MOE_ROWS_PER_BLOCK, MOE_THREADS } from './moe-kernels.ts';
@@ -17,13 +18,11 @@ import { describe, moeShapes, opError } from './validate.ts';
  * opt-in until measured on the GPU, so the default stays 'scalar'.
  */
 export type MoeKernels = 'scalar' | 'vec';
-let moeKernels: MoeKernels = process.env.LLMTS_CUDA_MOE === 'vec' ? 'vec' : 'scalar';
+const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'vec' ? 'vec' : 'scalar');
 
 /** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
 export function setMoeKernels(k: MoeKernels): MoeKernels {
-  const old = moeKernels;
-  moeKernels = k;
-  return old;
+  return moeKernels.set(k);
 }
 
 export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
@@ -59,7 +58,7 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   if (T === 0 || D === 0) return y;
   const hiddenBytes = Math.max(T * K * I * 4, 4);
   const hidden = c.pool.alloc(hiddenBytes).addr;
-  const vec = moeKernels === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
+  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
     I > 0 && [a.addr, g.addr, u.addr, d.addr, hidden].every((p) => p % 16 === 0);
   // grids of T, K, D and I only (graph-friendly): a warp an output row, T K (or T) pairs in y
   const hiddenGrid: [number, number, number] = [Math.ceil(I / MOE_ROWS_PER_BLOCK), Math.min(T * K, MAX_GRID_Y), 1];
