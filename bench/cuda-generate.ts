@@ -207,7 +207,10 @@ if (profileSteps > 0 && prof.startProfile && prof.stopProfile) {
 }
 
 // ---- device time per kernel inside the decode graph (its last replay) ----
-type GraphRows = { graph: number; calls: number; kernelMs: number; spanMs: number; kernels: { name: string; calls: number; ms: number }[] }[];
+type GraphRows = {
+  graph: number; calls: number; kernelMs: number; spanMs: number; kernels: { name: string; calls: number; ms: number }[];
+  sequence: { name: string; us: number }[];
+}[];
 const gprof = backend as Backend & { graphProfile?: () => Promise<GraphRows> };
 if (values['profile-graph'] && gprof.graphProfile) {
   const graphs = await gprof.graphProfile();
@@ -222,6 +225,13 @@ if (values['profile-graph'] && gprof.graphProfile) {
       `between them (launch gaps and the profile's own event nodes; PDL is off while profiling)`);
     for (const k of g.kernels.slice(0, 30))
       log(`  ${k.name.padEnd(36)} ${String(k.calls).padStart(4)} calls ${(1000 * k.ms).toFixed(1).padStart(9)} us ${(100 * k.ms / g.spanMs).toFixed(1).padStart(5)}%`);
+    // one layer in the middle, call by call: from an attention call to the next one
+    const att = g.sequence.flatMap((c, i) => (c.name.includes('attn') ? [i] : []));
+    const mid = Math.floor(att.length / 2);
+    if (att.length > 1 && mid + 1 < att.length) {
+      log(`layer    calls ${att[mid]}-${att[mid + 1]! - 1} of the graph, in order (us): ` +
+        g.sequence.slice(att[mid], att[mid + 1]).map((c) => `${c.name} ${c.us}`).join(', '));
+    }
   }
 }
 

@@ -56,6 +56,8 @@ describe('GraphProfiler', () => {
     assert.equal(g!.spanMs, 26);
     assert.equal(g!.kernelMs, 23);
     assert.deepEqual(g!.kernels.map((k) => [k.name, k.calls, k.ms]), [['gemv', 2, 20], ['attn', 1, 3]]);
+    assert.deepEqual(g!.sequence, [{ name: 'gemv', us: 10000 }, { name: 'attn', us: 3000 }, { name: 'gemv', us: 10000 }],
+      'each call in graph order');
   });
 
   it('drops an aborted capture and reuses its events; destroyGraph and close release them', () => {

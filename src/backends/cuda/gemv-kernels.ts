@@ -642,8 +642,12 @@ export const GEMV_MAX_M = 8;
  * backend the sum with the kernel's static bytes).
  */
 export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
-/** resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in flight an SM) */
-export const GEMVP_FUSED_BLOCKS_PER_SM = 2;
+/**
+ * resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in
+ * flight an SM; $LLMTS_CUDA_GEMVP_FUSED_BPS=1 leaves half the SM's registers to the next kernel's
+ * early blocks under PDL)
+ */
+export const GEMVP_FUSED_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS) === 1 ? 1 : 2;
 
 interface Variant {
   name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;

@@ -24,6 +24,8 @@ export interface GraphProfile {
   kernels: KernelTime[];
   /** calls bracketed: kernels and cuBLASLt calls */
   calls: number;
+  /** every bracketed call in graph order: its name and device time, us (to tell apart calls of one kernel) */
+  sequence: { name: string; us: number }[];
   /** device time inside the brackets, ms */
   kernelMs: number;
   /** from the first bracket's start to the last one's end, ms: kernels + gaps */
@@ -88,15 +90,18 @@ export class GraphProfiler {
       if (total === undefined) continue; // not replayed yet
       const by = new Map<string, KernelTime>();
       let kernelMs = 0;
+      const sequence: { name: string; us: number }[] = [];
       for (const s of spans) {
         const t = elapsed(s.start, s.end) ?? 0;
         kernelMs += t;
+        sequence.push({ name: s.name, us: Math.round(t * 10000) / 10 });
         const k = by.get(s.name) ?? { name: s.name, calls: 0, ms: 0 };
         k.calls++;
         k.ms += t;
         by.set(s.name, k);
       }
-      out.push({ graph, kernels: [...by.values()].sort((a, b) => b.ms - a.ms), calls: spans.length, kernelMs, spanMs: total });
+      out.push({ graph, kernels: [...by.values()].sort((a, b) => b.ms - a.ms), sequence, calls: spans.length, kernelMs,
+        spanMs: total });
     }
     return out;
   }
