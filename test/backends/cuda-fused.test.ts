@@ -167,7 +167,7 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 
-  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue ($LLMTS_CUDA_GLU_EPILOGUE=on) at one row', async () => {
+  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row)', async () => {
     const r = rng(16);
     const old = setCudaGluEpilogue(false);
     try {

@@ -45,7 +45,10 @@ export function setCudaFuseNorm(on: boolean): boolean {
 /**
  * $LLMTS_CUDA_ROPE_EPILOGUE=on: addRmsnormQkvRope runs the input norm, the packed q/k/v GEMV, rope
  * and the KV write as one kernel (k_gemvp_normrope_*: a kernel and the [T, (H + 2 KVH) D] q/k/v
- * output less than addRmsnormMatmul + ropeQkvWriteKv); opt-in until measured on the GPU.
+ * output less than addRmsnormMatmul + ropeQkvWriteKv). Off: slower at B=1 on the H200 (session 6:
+ * 218.5 vs 222.2 tok/s, 213.5 vs 219.0 without the GLU epilogue), though faster with PDL off
+ * (graph profile): at 127 registers its two blocks an SM fill the register file, so the attention
+ * kernel after it cannot become resident early, where k_rope_qkv's could.
  */
 const ROPE_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on');
 
@@ -55,11 +58,12 @@ export function setCudaRopeEpilogue(on: boolean): boolean {
 }
 
 /**
- * $LLMTS_CUDA_GLU_EPILOGUE=on: addRmsnormGateUpGlu runs the mid norm, the packed gate/up GEMV and the
- * GLU as one kernel (k_gemvp_normglu_*: the GLU in its epilogue, a kernel and the [T, 2I] gate/up
- * output less than addRmsnormMatmul + gluPacked); opt-in until measured on the GPU.
+ * addRmsnormGateUpGlu runs the mid norm, the packed gate/up GEMV and the GLU as one kernel
+ * (k_gemvp_normglu_*: the GLU in its epilogue, a kernel and the [T, 2I] gate/up output less than
+ * addRmsnormMatmul + gluPacked) unless $LLMTS_CUDA_GLU_EPILOGUE=off: +1.3% at B=1 on the H200
+ * (session 6: 221.8 vs 219.0 tok/s; with the read flush 222.2-222.9 vs 216.0-216.3).
  */
-const GLU_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_GLU_EPILOGUE === 'on');
+const GLU_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_GLU_EPILOGUE !== 'off');
 
 /** Turns the GLU epilogue of addRmsnormGateUpGlu on or off (tests, benchmarks); returns the old setting. */
 export function setCudaGluEpilogue(on: boolean): boolean {
@@ -161,7 +165,7 @@ export class CudaFusedOps {
 
   /**
    * addRmsnormMatmul(x, r, ..., gateUp), then gluPacked(·, act): y [T, I]. With the norm fusion on
-   * and $LLMTS_CUDA_GLU_EPILOGUE=on, a one-row decode shape (bf16, 16-byte aligned, the normed row
+   * on (unless $LLMTS_CUDA_GLU_EPILOGUE=off), a one-row decode shape (bf16, 16-byte aligned, the normed row
    * within GEMVP_MAX_SHARED_BYTES) is one kernel whose warps sum the gate and the up row of each
    * output and store its GLU (gemv-kernels.ts k_gemvp_normglu_*); otherwise the ops above.
    */

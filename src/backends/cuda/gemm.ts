@@ -12,11 +12,12 @@ import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, g
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 /**
- * $LLMTS_CUDA_TUNE_FLUSH=read: the tuner empties L2 between timed calls by reading a 128 MB buffer
- * (k_l2_flush_read) instead of writing it, so the timed call does not also write back up to 50 MB of
- * dirty lines (which may inflate a 50 MB weight's time by up to half). Opt-in until compared on the GPU.
+ * The tuner empties L2 between timed calls by reading a 128 MB buffer (k_l2_flush_read), not by
+ * writing it ($LLMTS_CUDA_TUNE_FLUSH=write), so the timed call does not also write back up to 50 MB
+ * of dirty lines. On the H200 (8B shapes) the write flush timed q/k/v at 22.7 us and o at 17.8 where
+ * the read flush times 18.4 and 14.7, and its picks decode 1.3% slower at B=1 (session 6).
  */
-const TUNE_FLUSH_READ = process.env.LLMTS_CUDA_TUNE_FLUSH === 'read';
+const TUNE_FLUSH_READ = process.env.LLMTS_CUDA_TUNE_FLUSH !== 'write';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
 const CUBLAS_COMPUTE_32F = 68;
 const CUBLASLT_MATMUL_DESC_TRANSA = 3;
