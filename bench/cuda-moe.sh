@@ -4,7 +4,7 @@
 # vocab 151936; LAYERS of its 48, default 24: 30 GB of bf16, which the 64 GB disk holds with room),
 # then B=1 decode (bench/cuda-generate.ts: tok/s and the bytes a token reads, router and its 8
 # experts, against copy bandwidth) and a 16-request batch (bench/cuda-throughput.ts), each with the
-# scalar MoE kernels and the vectorized ones ($LLMTS_CUDA_MOE=vec). One command, in the repository root:
+# scalar MoE kernels ($LLMTS_CUDA_MOE=scalar) and the vectorized ones (the default). One command, in the repository root:
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-moe.sh $OUT
 #

@@ -11,7 +11,7 @@ import { describe, it } from 'node:test';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
-import { type MoeSimCase, type MoeSimResult, runMoeSim } from './cuda-sim/moe-sim.ts';
+import { type MoeSimCase, type MoeSimResult, runMoeSim, runRouteSim } from './cuda-sim/moe-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -160,6 +160,51 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
       assert.equal(code, 6, kind);
       assert.equal(E, 5, kind);
       assert.ok((t === 0 && e === -1) || (t === 1 && e === 5), `${kind}: reported token ${t} expert ${e}`);
+    }
+  });
+});
+
+/** float64 router: softmax over each row's E logits, the top K by logit (the first of equal values), optionally renormalised */
+function routeReference(logits: Float32Array, T: number, E: number, K: number, renorm: boolean) {
+  const experts = new Int32Array(T * K), weights = new Float64Array(T * K);
+  for (let t = 0; t < T; t++) {
+    const row = Array.from(logits.subarray(t * E, (t + 1) * E));
+    const mx = Math.max(...row);
+    const z = row.reduce((a, v) => a + Math.exp(v - mx), 0);
+    const order = row.map((v, e) => [v, e] as const).sort((a, b) => b[0] - a[0] || a[1] - b[1]);
+    let sum = 0;
+    for (let k = 0; k < K; k++) {
+      experts[t * K + k] = order[k]![1];
+      sum += weights[t * K + k] = Math.exp(order[k]![0] - mx) / z;
+    }
+    if (renorm) for (let k = 0; k < K; k++) weights[t * K + k]! /= sum;
+  }
+  return { experts, weights };
+}
+
+describe('CUDA MoE router on the warp simulator', { skip: SKIP ?? false }, () => {
+  it('k_moe_route: a warp a token picks the float64 top K (ties to the lower index) and its softmax weights', () => {
+    // E: a lane's single expert (8), experts past the last full pass (60), Qwen3's 128, two 64-bit
+    // mask words' worth of passes (300: j up to 9), the most the host allows (2048: j up to 63); T
+    // not a multiple of the block's 4 warps
+    for (const [T, E, K, seed] of [[3, 8, 2, 1], [5, 60, 8, 2], [2, 128, 8, 3], [7, 300, 13, 4], [1, 2048, 64, 5]] as const) {
+      const r = rng(seed);
+      const logits = randomF32(r, T * E, 3);
+      // ties: token 0's experts 1, E - 1 and one in another lane share the largest value; the
+      // last token has a three-way tie below its top
+      logits[1] = logits[E - 1] = logits[Math.min(E - 2, 34)] = 9;
+      const last = (T - 1) * E;
+      logits[last + 2] = logits[last + E - 3] = logits[last + Math.floor(E / 2)] = 3.5;
+      for (const renorm of [false, true]) {
+        const got = runRouteSim(logits, T, E, K, renorm);
+        const want = routeReference(logits, T, E, K, renorm);
+        const label = `T=${T} E=${E} K=${K} renorm=${renorm}`;
+        assert.deepEqual([...got.experts], [...want.experts], `${label}: experts`);
+        for (let i = 0; i < T * K; i++) {
+          assert.ok(Math.abs(got.weights[i]! - want.weights[i]!) <= 1e-6 + 1e-5 * want.weights[i]!,
+            `${label}: weight ${i} = ${got.weights[i]}, want ${want.weights[i]}`);
+        }
+      }
     }
   });
 });

@@ -457,22 +457,24 @@ describe('paged KV: writeKv and attention', { skip: SKIP }, () => {
 describe('mixture of experts', { skip: SKIP }, () => {
   it('moeRoute: softmax top-k with ties to the lower index, with and without renormalisation', async () => {
     const r = rng(10);
-    const [T, E] = [5, 8];
-    const logits = bf(randomF32(r, T * E, 3));
-    logits[1] = logits[5] = 4; // token 0: experts 1 and 5 tie for first
-    logits[8 + 2] = logits[8 + 3] = logits[8 + 6] = -0.5; // token 1: a three-way tie
-    for (const topK of [1, 2, 3, 8]) {
-      for (const renorm of [false, true]) {
-        await compare(`moeRoute k=${topK} renorm=${renorm}`, (b) => {
-          const { weights, experts } = b.moeRoute(act(b, logits, [T, E]), topK, renorm);
-          return [experts, weights];
-        }, { atol: 1e-6, rtol: 1e-5 });
+    // 8 experts (a lane each in k_moe_route's warp), Qwen3-30B-A3B's 128, 60 (a partial last pass)
+    for (const [T, E, topKs] of [[5, 8, [1, 2, 3, 8]], [3, 128, [8]], [6, 60, [4, 60]]] as const) {
+      const logits = bf(randomF32(r, T * E, 3));
+      logits[1] = logits[5] = 4; // token 0: experts 1 and 5 tie for first
+      logits[E + 2] = logits[E + 3] = logits[E + 6] = -0.5; // token 1: a three-way tie
+      for (const topK of topKs) {
+        for (const renorm of [false, true]) {
+          await compare(`moeRoute E=${E} k=${topK} renorm=${renorm}`, (b) => {
+            const { weights, experts } = b.moeRoute(act(b, logits, [T, E]), topK, renorm);
+            return [experts, weights];
+          }, { atol: 1e-6, rtol: 1e-5 });
+        }
       }
+      // experts are exact
+      const e = cuda.moeRoute(cuda.upload(logits, [T, E]), 3, true).experts;
+      const want = ref.moeRoute(ref.upload(logits, [T, E]), 3, true).experts;
+      assertClose(`moeRoute E=${E} experts`, await cuda.read(e), await ref.read(want), EXACT);
     }
-    // experts are exact
-    const e = cuda.moeRoute(cuda.upload(logits, [T, E]), 3, true).experts;
-    const want = ref.moeRoute(ref.upload(logits, [T, E]), 3, true).experts;
-    assertClose('moeRoute experts', await cuda.read(e), await ref.read(want), EXACT);
   });
 
   /** Runs `f` with the MoE FFN kernels set to `kind` (cuda-moe-ops.ts), restoring the old setting. */

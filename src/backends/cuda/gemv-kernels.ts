@@ -554,26 +554,35 @@ __device__ __forceinline__ GemvIn gemv_norm_in(const u16* x, const u16* r, float
   return in;
 }
 
-#define GEMVP_KERNEL(MMAX, UNR) \
-extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
+// Tuning macros ($LLMTS_CUDA_GEMV_DEFINES): GEMVP_MINB, the resident blocks an SM the persistent
+// kernels are compiled for (__launch_bounds__; 2: up to 128 registers a thread); GEMVP_M1_UNR, the
+// one-row kernels' loads in flight a lane (their names keep u16; the host plans warps per row for 16)
+#ifndef GEMVP_MINB
+#define GEMVP_MINB 2
+#endif
+#ifndef GEMVP_M1_UNR
+#define GEMVP_M1_UNR 16
+#endif
+#define GEMVP_KERNEL(MMAX, NAMEUNR, UNR) \
+extern "C" __global__ void __launch_bounds__(256, GEMVP_MINB) k_gemvp_m##MMAX##_u##NAMEUNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
   GemvIn in = GemvIn(); \
   in.x = x; \
   gemvp_rows<MMAX, UNR, 0>(w, in, y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_glu_m##MMAX##_u##UNR(const u16* w, const u16* gu, u16* y, \
+extern "C" __global__ void __launch_bounds__(256, GEMVP_MINB) k_gemvp_glu_m##MMAX##_u##NAMEUNR(const u16* w, const u16* gu, u16* y, \
     int M, int N, int K, int WPR, int act) { \
   GemvIn in = GemvIn(); \
   in.x = gu; \
   in.act = act; \
   gemvp_rows<MMAX, UNR, 1>(w, in, y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_norm_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+extern "C" __global__ void __launch_bounds__(256, GEMVP_MINB) k_gemvp_norm_m##MMAX##_u##NAMEUNR(const u16* w, const u16* x, \
     const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
     int WPR) { \
   gemvp_rows<MMAX, UNR, 2>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normglu_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+extern "C" __global__ void __launch_bounds__(256, GEMVP_MINB) k_gemvp_normglu_m##MMAX##_u##NAMEUNR(const u16* w, const u16* x, \
     const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int M, int N, int K, \
     int WPR, int act) { \
   GemvIn in = gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum); \
@@ -581,7 +590,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normglu_m##MMAX##_u
   in.gluAct = act; \
   gemvp_rows<MMAX, UNR, 2>(w, in, y, M, N, K, WPR); \
 } \
-extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normrope_m##MMAX##_u##UNR(const u16* w, const u16* x, \
+extern "C" __global__ void __launch_bounds__(256, GEMVP_MINB) k_gemvp_normrope_m##MMAX##_u##NAMEUNR(const u16* w, const u16* x, \
     const u16* r, float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* qOut, int M, int K, \
     int WPR, int H, int KVH, int D, int half, const int* pos, const float* invFreq, int invStride, float scaling, \
     u16* kpool, u16* vpool, const int* slots, i64 numSlots, int* err) { \
@@ -601,10 +610,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_gemvp_normrope_m##MMAX##_
   in.err = err; \
   gemvp_rows<MMAX, UNR, 2>(w, in, qOut, M, gemv_rope_units(in), K, WPR); \
 }
-GEMVP_KERNEL(1, 16)
-GEMVP_KERNEL(2, 16)
-GEMVP_KERNEL(4, 8)
-GEMVP_KERNEL(8, 8)
+GEMVP_KERNEL(1, 16, GEMVP_M1_UNR)
+GEMVP_KERNEL(2, 16, 16)
+GEMVP_KERNEL(4, 8, 8)
+GEMVP_KERNEL(8, 8, 8)
 `;
 
 export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
@@ -644,10 +653,11 @@ export const GEMV_MAX_M = 8;
 export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
 /**
  * resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in
- * flight an SM; $LLMTS_CUDA_GEMVP_FUSED_BPS=1 leaves half the SM's registers to the next kernel's
- * early blocks under PDL)
+ * flight an SM; $LLMTS_CUDA_GEMVP_FUSED_BPS=1 or 3 for experiments: one leaves half the SM's registers
+ * to the next kernel's early blocks under PDL, three needs GEMVP_MINB=3 in $LLMTS_CUDA_GEMV_DEFINES)
  */
-export const GEMVP_FUSED_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS) === 1 ? 1 : 2;
+export const GEMVP_FUSED_BLOCKS_PER_SM = [1, 3].includes(Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS))
+  ? Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS) : 2;
 
 interface Variant {
   name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;

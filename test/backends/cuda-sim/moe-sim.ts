@@ -5,7 +5,7 @@
 // they use).
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
-import { MOE_KERNEL_SOURCE, MOE_ROWS_PER_BLOCK, MOE_THREADS } from '../../../src/backends/cuda/moe-kernels.ts';
+import { MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS } from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
 /** The text of `extern "C" __global__ void name(...) { ... }` in `source` (to its matching brace). */
@@ -100,4 +100,37 @@ export function runMoeSim(kind: 'scalar' | 'vec', c: MoeSimCase): MoeSimResult {
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
+}
+
+const ROUTE_DRIVER = String.raw`
+// argv: input, output. Input: i32 T E K renorm; f32 logits[T E]. Output: i32 experts[T K]; f32 weights[T K].
+int main(int argc, char** argv) {
+  FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
+  int hd[4];
+  if (!f || fread(hd, 4, 4, f) != 4) return 2;
+  const int T = hd[0], E = hd[1], K = hd[2], renorm = hd[3];
+  std::vector<float> logits((size_t)T * E);
+  if (fread(logits.data(), 4, logits.size(), f) != logits.size()) return 2;
+  fclose(f);
+  std::vector<int> experts((size_t)T * K, -7);
+  std::vector<float> weights((size_t)T * K, -7.0f);
+  const int W = ${MOE_ROUTE_WARPS};
+  sim::launch(dim3{(unsigned)((T + W - 1) / W), 1, 1}, 32 * W, [&] {
+    k_moe_route(logits.data(), DT_F32, weights.data(), experts.data(), T, E, K, renorm);
+  });
+  FILE* o = fopen(argv[2], "wb");
+  fwrite(experts.data(), 4, experts.size(), o);
+  fwrite(weights.data(), 4, weights.size(), o);
+  fclose(o);
+  return 0;
+}
+`;
+
+const routeSim = () => buildSim('moe-route', [kernelText(BASE, 'k_moe_route'), ROUTE_DRIVER].join('\n'));
+
+/** k_moe_route on f32 logits [T, E], launched as cuda-moe-ops.ts launches it: experts and weights [T, K]. */
+export function runRouteSim(logits: Float32Array, T: number, E: number, K: number, renorm: boolean):
+  { experts: Int32Array; weights: Float32Array } {
+  const buf = runSim(routeSim(), bytesOf(Int32Array.of(T, E, K, renorm ? 1 : 0), logits));
+  return { experts: new Int32Array(buf.slice(0, T * K * 4)), weights: new Float32Array(buf.slice(T * K * 4, 2 * T * K * 4)) };
 }
