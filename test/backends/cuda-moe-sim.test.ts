@@ -10,7 +10,6 @@ import { describe, it } from 'node:test';
 
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
-import { moeDownWarpsPerRow } from '../../src/backends/cuda/moe-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { type MoeSimCase, type MoeSimResult, runMoeSim, runRouteSim } from './cuda-sim/moe-sim.ts';
 import { randomF32, rng } from './helpers.ts';
@@ -144,30 +143,6 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
     }
   });
 
-  it('k_moe_down_v with 2, 4 and 8 warps an output (moeDownWarpsPerRow): the same outputs, bad experts skipped', () => {
-    const specs: Spec[] = [
-      // Qwen3-like stream (8 x 96 chunks) at one token, split 2/4/8 ways
-      { T: 1, K: 8, E: 10, D: 40, I: 768, act: 'silu', seed: 11 },
-      // a stream of 3 x 97 chunks (shares end mid-expert); 2 tokens over a capped grid y
-      { T: 2, K: 3, E: 6, D: 24, I: 776, act: 'gelu_tanh', gridY: 1, seed: 12 },
-      // a stream shorter than the warps: 1 chunk (K 1, I 8), so 7 of 8 warps have no share
-      { T: 3, K: 1, E: 2, D: 16, I: 8, act: 'silu', seed: 13 },
-    ];
-    for (const s of specs) {
-      for (const wpr of [2, 4, 8]) {
-        const c = makeCase(s);
-        c.wpr = wpr;
-        const { vec } = check(`T=${s.T} K=${s.K} D=${s.D} I=${s.I} wpr=${wpr}`, c);
-        assert.deepEqual([...vec.err], [0, 0, 0, 0]);
-      }
-    }
-    const bad = makeCase({ T: 2, K: 4, E: 4, D: 24, I: 64, act: 'silu', seed: 14 });
-    bad.experts.set([0, 9, 2, 3, 1, 1, -2, 0]);
-    bad.wpr = 4;
-    const { vec } = check('bad experts, wpr 4', bad);
-    assert.equal(vec.err[0], 6);
-  });
-
   it('an expert outside [0, E): error 6 (token, expert, E), its hidden row zeros, skipped in the sum; the others as usual', () => {
     const c = makeCase({ T: 3, K: 2, E: 4, D: 24, I: 16, act: 'silu', seed: 7 });
     c.experts.set([0, 1, 2, 5, 1, 1]); // token 1's second expert is 5 of 4; token 2 uses expert 1 twice
@@ -230,24 +205,6 @@ describe('CUDA MoE router on the warp simulator', { skip: SKIP ?? false }, () =>
             `${label}: weight ${i} = ${got.weights[i]}, want ${want.weights[i]}`);
         }
       }
-    }
-  });
-});
-
-describe('moeDownWarpsPerRow', () => {
-  it('splits outputs until T D warps fill the SMs, keeping a pass of chunks a warp', () => {
-    const old = process.env.LLMTS_CUDA_MOE_DOWN_WPR;
-    delete process.env.LLMTS_CUDA_MOE_DOWN_WPR;
-    try {
-      assert.equal(moeDownWarpsPerRow(1, 2048, 8, 768, 132), 4, 'Qwen3-30B-A3B at one token: 4096 warps are below 132 x 32, 8192 are not');
-      assert.equal(moeDownWarpsPerRow(16, 2048, 8, 768, 132), 1, '16 tokens fill the machine');
-      assert.equal(moeDownWarpsPerRow(1, 4096, 2, 14336, 132), 2, 'Mixtral at one token');
-      assert.equal(moeDownWarpsPerRow(1, 64, 1, 8, 132), 1, 'a one-chunk stream is not split');
-      process.env.LLMTS_CUDA_MOE_DOWN_WPR = '8';
-      assert.equal(moeDownWarpsPerRow(16, 2048, 8, 768, 132), 8, 'forced');
-    } finally {
-      if (old === undefined) delete process.env.LLMTS_CUDA_MOE_DOWN_WPR;
-      else process.env.LLMTS_CUDA_MOE_DOWN_WPR = old;
     }
   });
 });

@@ -6,7 +6,7 @@ import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts'
 import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
-import { MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS, moeDownWarpsPerRow } from './moe-kernels.ts';
+import { MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
 /**
@@ -74,10 +74,9 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
     c.rt.launch('k_moe_hidden_v', hiddenGrid, MOE_THREADS, 0, [
       ['p', a.addr], ['p', re.addr], ['p', g.addr], ['p', u.addr], ['p', hidden], ['i', T * K], ['i', K], ['i', D],
       ['i', I], ['i', E], ['i', code], ['p', c.errWord]]);
-    const wpr = moeDownWarpsPerRow(T, D, K, I, c.rt.smCount);
-    c.rt.launch('k_moe_down_v', [Math.ceil(D / (MOE_ROWS_PER_BLOCK / wpr)), downGrid[1], 1], MOE_THREADS, 0, [
+    c.rt.launch('k_moe_down_v', downGrid, MOE_THREADS, 0, [
       ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['p', y.addr], ['i', T], ['i', K], ['i', D],
-      ['i', I], ['i', E], ['i', wpr]]);
+      ['i', I], ['i', E]]);
   } else {
     c.rt.launch('k_moe_hidden', hiddenGrid, MOE_THREADS, 0, [
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', re.addr], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr],

@@ -16,10 +16,9 @@
 //   k_moe_hidden_v, grid (ceil(I / 8), min(T K, 65535)): warp = row n of pair tk's expert; a lane
 //     holds MOE_UNR_H chunks of the gate row and MOE_UNR_H of the up row, 2 MOE_UNR_H 16-byte loads
 //     in flight (16 at the default 8: one pass covers D = 2048, 256 chunks).
-//   k_moe_down_v, grid (ceil(D / (8 / WPR)), min(T, 65535)): WPR warps = output (t, d); its K rows
-//     down_e[d, :] are one stream of K I / 8 chunks (k = chunk / (I / 8)), split in WPR contiguous
-//     shares, so a lane keeps MOE_UNR_D loads in flight across the experts (K 8, I 768: 768 chunks,
-//     3 passes of 8 a lane at WPR 1).
+//   k_moe_down_v, grid (ceil(D / 8), min(T, 65535)): warp = output (t, d); its K rows down_e[d, :]
+//     are one stream of K I / 8 chunks (k = chunk / (I / 8)), so a lane keeps MOE_UNR_D loads in
+//     flight across the experts (K 8, I 768: 768 chunks, 3 passes of 8 a lane).
 // Both refill a lane's slot u with the next pass's chunk u as soon as slot u is multiplied (the
 // ring of gemv-kernels.ts' persistent kernels), so the loads stay in flight across passes.
 // __launch_bounds__(256, 2) caps a thread at 128 registers (two blocks an SM); NVRTC 11.8 and
@@ -119,41 +118,33 @@ __device__ __forceinline__ uint4 moe_down_load(const u16* down, int j, int k, in
   return gemv_ld_stream((const uint4*)down + ((i64)e * D + d) * nch + (j - k * nch));
 }
 
-// out[t, d] = bf16(sum_k weights[t, k] * (down_e[d, :] . hidden[t, k, :])), e = experts[t, k].
-// WPR warps share an output (d, t) (1, 2, 4 or 8; the block covers 8 / WPR outputs): each takes a
-// contiguous 1/WPR of its stream and shared memory adds their sums in warp order. At one token
-// there are only D outputs (2048 warps for Qwen3-30B-A3B: one wave, each a chain of 3 passes), so
-// the host splits them (moeDownWarpsPerRow) until the machine is full.
+// out[t, d] = bf16(sum_k weights[t, k] * (down_e[d, :] . hidden[t, k, :])), e = experts[t, k]
 extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* hidden, const float* weights,
-    const int* experts, const u16* down, u16* out, int T, int K, int D, int I, int E, int WPR) {
+    const int* experts, const u16* down, u16* out, int T, int K, int D, int I, int E) {
   PDL_ENTRY();
-  __shared__ float red[8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int d = blockIdx.x * (8 / WPR) + warp / WPR;
+  const int lane = threadIdx.x & 31;
+  const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (d >= D) return; // the whole warp: no block barrier follows
   const int nch = I >> 3, total = K * nch, step = 32 * MOE_UNR_D;
-  const int per = (total + WPR - 1) / WPR, jBegin = (warp % WPR) * per;
-  // outputs past D and shares past the stream: no chunks, the same barriers
-  const int jEnd = d < D ? min(total, jBegin + per) : jBegin;
-  const int passes = jEnd > jBegin ? (jEnd - jBegin + step - 1) / step : 0;
+  const int passes = (total + step - 1) / step;
   for (int t = blockIdx.y; t < T; t += gridDim.y) {
     const int* ex = experts + (i64)t * K;
     uint4 wv[MOE_UNR_D];
     int kv[MOE_UNR_D], ev[MOE_UNR_D]; // slot u's expert slot k (-1: none) and expert
     #pragma unroll
-    for (int u = 0; u < MOE_UNR_D; u++) kv[u] = moe_down_slot(ex, jBegin + u * 32 + lane, jEnd, nch, E, ev[u]);
+    for (int u = 0; u < MOE_UNR_D; u++) kv[u] = moe_down_slot(ex, u * 32 + lane, total, nch, E, ev[u]);
     #pragma unroll
     for (int u = 0; u < MOE_UNR_D; u++) {
-      wv[u] = kv[u] >= 0 ? moe_down_load(down, jBegin + u * 32 + lane, kv[u], ev[u], nch, d, D)
-                         : make_uint4(0u, 0u, 0u, 0u);
+      wv[u] = kv[u] >= 0 ? moe_down_load(down, u * 32 + lane, kv[u], ev[u], nch, d, D) : make_uint4(0u, 0u, 0u, 0u);
     }
     float acc = 0.0f;
     for (int p = 0; p < passes; p++) {
       int kn[MOE_UNR_D], en[MOE_UNR_D]; // the next pass's
       #pragma unroll
-      for (int u = 0; u < MOE_UNR_D; u++) kn[u] = moe_down_slot(ex, jBegin + (p + 1) * step + u * 32 + lane, jEnd, nch, E, en[u]);
+      for (int u = 0; u < MOE_UNR_D; u++) kn[u] = moe_down_slot(ex, (p + 1) * step + u * 32 + lane, total, nch, E, en[u]);
       #pragma unroll
       for (int u = 0; u < MOE_UNR_D; u++) {
-        const int j = jBegin + p * step + u * 32 + lane, k = kv[u];
+        const int j = p * step + u * 32 + lane, k = kv[u];
         if (k >= 0) {
           const uint4* h = (const uint4*)(hidden + ((i64)t * K + k) * I) + 2 * (j - k * nch);
           acc += weights[(i64)t * K + k] * moe_dot8f(wv[u], h);
@@ -163,18 +154,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* h
       }
     }
     acc = warp_sum(acc);
-    if (WPR == 1) {
-      if (lane == 0 && d < D) out[(i64)t * D + d] = f2bf(acc);
-      continue;
-    }
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (lane == 0 && warp % WPR == 0 && d < D) {
-      float s = 0.0f;
-      for (int q = 0; q < WPR; q++) s += red[warp + q];
-      out[(i64)t * D + d] = f2bf(s);
-    }
-    __syncthreads(); // red is free for the next token
+    if (lane == 0) out[(i64)t * D + d] = f2bf(acc);
   }
 }
 `;
@@ -189,17 +169,3 @@ export const MOE_ROWS_PER_BLOCK = MOE_THREADS / 32;
 export const MOE_ROUTE_WARPS = 4;
 /** k_moe_route's most experts: a lane's taken mask has 64 bits, for experts lane + 32 j */
 export const MOE_ROUTE_MAX_EXPERTS = 2048;
-
-/**
- * Warps per output row of k_moe_down_v: doubled (up to 8) while T D outputs x warps stay below 32
- * warps for each of smCount SMs and every warp keeps at least 32 chunks ($LLMTS_CUDA_MOE_DOWN_WPR =
- * 1, 2, 4 or 8 forces one, for measuring). K 8 x I 768 at one token on 132 SMs: 4.
- */
-export function moeDownWarpsPerRow(T: number, D: number, K: number, I: number, smCount: number): number {
-  const forced = Number(process.env.LLMTS_CUDA_MOE_DOWN_WPR);
-  if ([1, 2, 4, 8].includes(forced)) return forced;
-  const chunks = (K * I) / 8;
-  let w = 1;
-  while (w < 8 && T * D * w < smCount * 32 && chunks / (2 * w) >= 32) w *= 2;
-  return w;
-}

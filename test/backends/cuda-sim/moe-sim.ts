@@ -26,14 +26,14 @@ const DRIVER = String.raw`
 // reads v.size() values of v's type; false on a short file
 template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), f) == v.size(); }
 
-// argv: input, output. Input: i32 vec T K D I E act gridY (the cap on grid y) wpr (k_moe_down_v's); u16 x[T D] (bf16);
+// argv: input, output. Input: i32 vec T K D I E act gridY (the cap on grid y); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
 int main(int argc, char** argv) {
   FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
-  std::vector<int> hd(9);
+  std::vector<int> hd(8);
   if (!f || !rd(f, hd)) return 2;
-  const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7], wpr = hd[8];
+  const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7];
   std::vector<u16> x((size_t)T * D), gate((size_t)E * I * D), up(gate.size()), down((size_t)E * D * I);
   std::vector<int> experts((size_t)T * K);
   std::vector<float> weights(experts.size());
@@ -45,14 +45,12 @@ int main(int argc, char** argv) {
   const int TK = T * K, R = ${MOE_ROWS_PER_BLOCK};
   const dim3 gh{(unsigned)((I + R - 1) / R), (unsigned)(TK < capY ? TK : capY), 1};
   const dim3 gd{(unsigned)((D + R - 1) / R), (unsigned)(T < capY ? T : capY), 1};
-  const int rpb = R / wpr; // k_moe_down_v: outputs a block
-  const dim3 gdv{(unsigned)((D + rpb - 1) / rpb), gd.y, 1};
   if (vec) {
     sim::launch(gh, ${MOE_THREADS}, [&] {
       k_moe_hidden_v(x.data(), experts.data(), gate.data(), up.data(), hidden.data(), TK, K, D, I, E, act, err.data());
     });
-    sim::launch(gdv, ${MOE_THREADS}, [&] {
-      k_moe_down_v(hidden.data(), weights.data(), experts.data(), down.data(), out.data(), T, K, D, I, E, wpr);
+    sim::launch(gd, ${MOE_THREADS}, [&] {
+      k_moe_down_v(hidden.data(), weights.data(), experts.data(), down.data(), out.data(), T, K, D, I, E);
     });
   } else {
     sim::launch(gh, ${MOE_THREADS}, [&] {
@@ -84,8 +82,6 @@ export interface MoeSimCase {
   experts: Int32Array; weights: Float32Array;
   /** the cap on either launch's grid y (cuda-moe-ops.ts: 65535); smaller makes the blocks loop over pairs */
   gridY?: number;
-  /** k_moe_down_v's warps per output (moeDownWarpsPerRow; default 1) */
-  wpr?: number;
 }
 
 export interface MoeSimResult {
@@ -100,7 +96,7 @@ export interface MoeSimResult {
 /** The two FFN kernels, 'scalar' (k_moe_hidden / k_moe_down) or 'vec' (k_moe_hidden_v / k_moe_down_v), on one case. */
 export function runMoeSim(kind: 'scalar' | 'vec', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
-  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535, c.wpr ?? 1), c.x,
+  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
