@@ -143,6 +143,46 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
     }
   });
 
+  it('grouped by expert (k_moe_group, k_moe_hidden_g, k_moe_down_g, k_moe_combine): vec\'s hidden bits, the float64 outputs', () => {
+    const specs: (Spec & { chunk?: number })[] = [
+      // 16 tokens of 8 experts drawn from 10: most experts shared by many tokens (batches of 8 and a rest)
+      { T: 16, K: 8, E: 10, D: 64, I: 32, act: 'silu', seed: 21 },
+      // D over a lane's pass (2 passes), I over a lane's pass in down (776: 97 chunks); chunks of 3
+      // tokens (5 passes, the last of 2); grid y capped at 2 (blocks loop over active experts)
+      { T: 14, K: 2, E: 6, D: 2056, I: 776, act: 'gelu_tanh', gridY: 2, chunk: 3, seed: 22 },
+      // one expert for everyone (one group of 40 pairs), and many experts, few used
+      { T: 20, K: 2, E: 1, D: 16, I: 24, act: 'silu', seed: 23 },
+      { T: 9, K: 4, E: 300, D: 24, I: 16, act: 'silu', seed: 24 },
+    ];
+    for (const s of specs) {
+      const c = makeCase(s);
+      c.chunk = s.chunk;
+      const label = `grouped T=${s.T} K=${s.K} E=${s.E} D=${s.D} I=${s.I} chunk=${s.chunk ?? 'all'}`;
+      const want = reference(c);
+      const grouped = runMoeSim('grouped', c), vec = runMoeSim('vec', c);
+      assert.deepEqual([...grouped.err], [0, 0, 0, 0], label);
+      for (let i = 0; i < want.hidden.length; i++) {
+        assert.ok(Object.is(grouped.hidden[i], vec.hidden[i]), `${label}: hidden[${i}] ${grouped.hidden[i]} vs vec ${vec.hidden[i]}`);
+      }
+      const out = decodeHalf(grouped.out, 'bf16');
+      for (let i = 0; i < want.out.length; i++) {
+        const tol = BF16_OUT * Math.abs(want.out[i]!) + want.outTol[i]!;
+        assert.ok(Math.abs(out[i]! - want.out[i]!) <= tol, `${label}: out[${i}] = ${out[i]}, want ${want.out[i]} (tol ${tol})`);
+      }
+    }
+    // bad experts in the second chunk: reported with the token's index in the whole input, zero rows, skipped
+    const bad = makeCase({ T: 6, K: 2, E: 4, D: 16, I: 8, act: 'silu', seed: 25 });
+    bad.chunk = 4;
+    bad.experts.set([0, 1, 2, 3, 1, 1, 0, 2, 3, 7, 2, 2]); // token 4's second expert is 7 of 4
+    const want = reference(bad), got = runMoeSim('grouped', bad);
+    assert.deepEqual([...got.err], [6, 4, 7, 4]);
+    assert.deepEqual([...got.hidden.subarray(9 * 8, 10 * 8)], new Array(8).fill(0), 'pair (4, 1)\'s hidden row');
+    const out = decodeHalf(got.out, 'bf16');
+    for (let i = 0; i < want.out.length; i++) {
+      assert.ok(Math.abs(out[i]! - want.out[i]!) <= BF16_OUT * Math.abs(want.out[i]!) + want.outTol[i]!, `bad: out[${i}]`);
+    }
+  });
+
   it('an expert outside [0, E): error 6 (token, expert, E), its hidden row zeros, skipped in the sum; the others as usual', () => {
     const c = makeCase({ T: 3, K: 2, E: 4, D: 24, I: 16, act: 'silu', seed: 7 });
     c.experts.set([0, 1, 2, 5, 1, 1]); // token 1's second expert is 5 of 4; token 2 uses expert 1 twice

@@ -542,6 +542,23 @@ describe('mixture of experts', { skip: SKIP }, () => {
       await assert.rejects(cuda.read(y!), /moeFfn: expert 7 \(token 1\) is outside \[0, 3\)/);
     }));
 
+    if (kind === 'vec') {
+      it('moeFfn grouped by expert (vec kernels, 8 tokens or more): 300 tokens in two passes, a bad expert in the second', () =>
+        withMoeKernels(kind, async () => {
+          const r = rng(16);
+          const [T, D, I, E, K] = [300, 256, 64, 16, 4];
+          const x = randomF32(r, T * D);
+          const ffn = expertWeights(r, [E, I, D], 'bf16', 0.1);
+          const logits = randomF32(r, T * E, 2);
+          await compare('moe grouped 300 tokens', (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'),
+            GEMM);
+          const experts = new Int32Array(T * K).map((_, i) => i % E);
+          experts[258 * K + 1] = 21;
+          const [y] = await ffn(cuda, act(cuda, x, [T, D]), upRouting(cuda, randomF32(r, T * K), experts, T, K), 'silu');
+          await assert.rejects(cuda.read(y!), /moeFfn: expert 21 \(token 258\) is outside \[0, 16\)/);
+        }));
+    }
+
     it(`moeFfn (${kind} kernels) after moeRoute, prefill-sized batch`, () => withMoeKernels(kind, async () => {
       const r = rng(13);
       const [T, D, I, E, K] = [40, 32, 24, 6, 3];

@@ -4,9 +4,11 @@
 // models reach them and their checks (expert-stacked weights, routing pairs) are their own.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
-import { ACTS, type CudaOpContext, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
-import { ACT_CODE, DT_CODE } from './cuda-tensor.ts';
-import { MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS } from './moe-kernels.ts';
+import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
+import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
+import {
+  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS,
+} from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
 /**
@@ -21,6 +23,19 @@ import { describe, moeShapes, opError } from './validate.ts';
  */
 export type MoeKernels = 'scalar' | 'vec';
 const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'scalar' ? 'scalar' : 'vec');
+
+/**
+ * With the 'vec' kernels, inputs of at least this many tokens run grouped by expert (k_moe_group,
+ * k_moe_hidden_g, k_moe_down_g, k_moe_combine; moe-kernels.ts), each active expert's rows streamed
+ * once per MOE_GROUP_TOKENS of its tokens instead of once per token; $LLMTS_CUDA_MOE_GROUPED_MIN_ROWS
+ * sets it (0: never).
+ */
+const groupedMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
+
+/** Sets the token count from which moeFfn groups by expert (0: never; tests, benchmarks); returns the old one. */
+export function setMoeGroupedMinRows(n: number): number {
+  return groupedMinRows.set(n);
+}
 
 /** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
 export function setMoeKernels(k: MoeKernels): MoeKernels {
@@ -63,10 +78,15 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;
+  // (pool blocks are 256-byte aligned, so the hidden scratch needs no check)
+  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
+    I > 0 && [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
+  if (vec && K > 0 && groupedMinRows.value > 0 && T >= groupedMinRows.value && E <= 2 * MOE_GROUP_THREADS) {
+    moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code);
+    return y;
+  }
   const hiddenBytes = Math.max(T * K * I * 4, 4);
   const hidden = c.pool.alloc(hiddenBytes).addr;
-  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
-    I > 0 && [a.addr, g.addr, u.addr, d.addr, hidden].every((p) => p % 16 === 0);
   // grids of T, K, D and I only (graph-friendly): a warp an output row, T K (or T) pairs in y
   const hiddenGrid: [number, number, number] = [Math.ceil(I / MOE_ROWS_PER_BLOCK), Math.min(T * K, MAX_GRID_Y), 1];
   const downGrid: [number, number, number] = [Math.ceil(D / MOE_ROWS_PER_BLOCK), Math.min(T, MAX_GRID_Y), 1];
@@ -88,4 +108,35 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   }
   c.pool.release(hidden, hiddenBytes);
   return y;
+}
+
+/**
+ * moeFfn grouped by expert, in chunks of up to MOE_GROUP_MAX_ROWS tokens: per chunk k_moe_group
+ * (one block: the chunk's pairs by expert), then k_moe_hidden_g and k_moe_down_g over the active
+ * experts (grid y: at most min(E, pairs) of them), then k_moe_combine (a token's pairs in k order).
+ */
+function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re: CudaTensor; g: CudaTensor; u: CudaTensor;
+  d: CudaTensor; y: CudaTensor }, s: { T: number; D: number; E: number; I: number; K: number }, act: number): void {
+  const { T, D, E, I, K } = s;
+  const rows = Math.min(T, MOE_GROUP_MAX_ROWS), pairs = rows * K;
+  const hiddenBytes = pairs * I * 4, ypairBytes = pairs * D * 4, grpBytes = (2 + 3 * pairs) * 4;
+  const hidden = c.pool.alloc(hiddenBytes).addr, ypair = c.pool.alloc(ypairBytes).addr, grp = c.pool.alloc(grpBytes).addr;
+  for (let t0 = 0; t0 < T; t0 += MOE_GROUP_MAX_ROWS) {
+    const Tc = Math.min(MOE_GROUP_MAX_ROWS, T - t0), TKc = Tc * K;
+    const x = t.a.addr + t0 * D * 2, experts = t.re.addr + t0 * K * 4, weights = t.rw.addr + t0 * K * 4;
+    const y = t.y.addr + t0 * D * 2;
+    const gridY = Math.min(E, TKc, MAX_GRID_Y);
+    c.rt.launch('k_moe_group', [1, 1, 1], MOE_GROUP_THREADS, 0, [
+      ['p', experts], ['i', TKc], ['i', K], ['i', E], ['i', I], ['i', t0], ['p', grp], ['p', hidden], ['p', c.errWord]]);
+    c.rt.launch('k_moe_hidden_g', [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], MOE_THREADS, 0, [
+      ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
+      ['i', act]]);
+    c.rt.launch('k_moe_down_g', [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], MOE_THREADS, 0, [
+      ['p', hidden], ['p', grp], ['p', t.d.addr], ['p', ypair], ['i', TKc], ['i', D], ['i', I]]);
+    c.rt.launch('k_moe_combine', elementwiseGrid(Tc * D), ELEMWISE_THREADS, 0, [
+      ['p', ypair], ['p', weights], ['p', experts], ['p', y], ['i', Tc], ['i', K], ['i', D], ['i', E]]);
+  }
+  c.pool.release(grp, grpBytes);
+  c.pool.release(ypair, ypairBytes);
+  c.pool.release(hidden, hiddenBytes);
 }

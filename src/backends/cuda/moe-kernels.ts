@@ -157,9 +157,227 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* h
     if (lane == 0) out[(i64)t * D + d] = f2bf(acc);
   }
 }
+
+// ---- grouped by expert (moeFfn at MOE_GROUPED_MIN_ROWS tokens and more) ----
+//
+// Why: k_moe_hidden_v / k_moe_down_v read each (token, expert) pair's weight rows, so an expert chosen
+// by several tokens of a step is streamed once per token (16 tokens x 8 of 128 experts: 128 expert
+// reads a layer where ~81 experts are distinct; a 512-token prefill chunk: 4,096 where 128 are). Here
+// a chunk of up to MOE_GROUP_MAX_ROWS tokens is first grouped by expert (k_moe_group), then each warp
+// streams one weight row of an active expert once per MOE_GROUP_TOKENS of its pairs and multiplies
+// it with each of their activations; the down projection writes each pair's f32 output row, and
+// k_moe_combine sums a token's pairs in k order (the order the other kernels sum in, up to f32
+// reassociation: no atomics, so the results do not depend on scheduling).
+//
+// grp, ints: [0] the active experts nAct; [1, 1 + TK) the active experts in expert order; [1 + TK,
+// 2 + 2 TK) their first pair in order[] (entry nAct: the valid pairs); [2 + 2 TK, 2 + 3 TK) order[]:
+// the chunk's pair indices (t K + k) grouped by expert (in any order within an expert: each pair's
+// sums are its own, so the order changes no result).
+#ifndef MOE_GROUP_TOKENS
+#define MOE_GROUP_TOKENS 8
+#endif
+
+// exclusive prefix sums of s[0, n), n <= 2 blockDim.x, in place; returns the total (all threads;
+// tmp: blockDim.x ints)
+__device__ __forceinline__ int moe_scan(int* s, int n, int* tmp) {
+  const int t = threadIdx.x, i0 = 2 * t;
+  const int a = i0 < n ? s[i0] : 0, b = i0 + 1 < n ? s[i0 + 1] : 0;
+  tmp[t] = a + b;
+  __syncthreads();
+  for (int o = 1; o < (int)blockDim.x; o <<= 1) { // Hillis-Steele, inclusive
+    const int v = t >= o ? tmp[t - o] : 0;
+    __syncthreads();
+    tmp[t] += v;
+    __syncthreads();
+  }
+  const int before = tmp[t] - a - b, total = tmp[blockDim.x - 1];
+  if (i0 < n) s[i0] = before;
+  if (i0 + 1 < n) s[i0 + 1] = before + a;
+  __syncthreads();
+  return total;
+}
+
+// One block of MOE_GROUP_THREADS: grp for the TK pairs of experts[] (E <= 2 MOE_GROUP_THREADS). A
+// pair whose expert is outside [0, E) is left out, reported (error 6: token tBase + i / K, expert,
+// E) and its hidden row zeroed, as k_moe_hidden_v does.
+extern "C" __global__ void __launch_bounds__(1024) k_moe_group(const int* experts, int TK, int K, int E, int I,
+    int tBase, int* grp, float* hidden, int* err) {
+  __shared__ int s_start[2048]; // per expert: its count, then its first pair, then the scatter cursor
+  __shared__ int s_act[2048];   // per expert: 1 if active, then its index among the active
+  __shared__ int s_tmp[1024];
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int e = tid; e < E; e += nt) s_start[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < TK; i += nt) {
+    const int e = experts[i];
+    if (e >= 0 && e < E) {
+      atomicAdd(&s_start[e], 1);
+    } else {
+      report(err, 6, tBase + i / K, e, E);
+      for (int n = 0; n < I; n++) hidden[(i64)i * I + n] = 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += nt) s_act[e] = s_start[e] > 0 ? 1 : 0;
+  __syncthreads();
+  const int nAct = moe_scan(s_act, E, s_tmp);
+  const int nValid = moe_scan(s_start, E, s_tmp);
+  int* act = grp + 1;
+  int* start = grp + 1 + TK;
+  int* order = grp + 2 + 2 * TK;
+  for (int e = tid; e < E; e += nt) {
+    const int next = e + 1 < E ? s_start[e + 1] : nValid;
+    if (next > s_start[e]) {
+      act[s_act[e]] = e;
+      start[s_act[e]] = s_start[e];
+    }
+  }
+  if (tid == 0) {
+    grp[0] = nAct;
+    start[nAct] = nValid;
+  }
+  __syncthreads(); // the starts are read; now they are cursors
+  for (int i = tid; i < TK; i += nt) {
+    const int e = experts[i];
+    if (e >= 0 && e < E) order[atomicAdd(&s_start[e], 1)] = i;
+  }
+}
+
+// hidden[i, n] = act(gate_e[n, :] . x[i / K, :]) * (up_e[n, :] . x[i / K, :]) for every pair i of
+// active expert e = act[j], j = blockIdx.y, blockIdx.y + gridDim.y, ...; warp = row n. A lane's
+// chunks and their summation order are k_moe_hidden_v's, so each value is the same bits.
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x, const int* grp, const u16* gate,
+    const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
+  PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (n >= I) return; // the whole warp: no block barrier follows
+  const int nAct = grp[0];
+  const int* actv = grp + 1;
+  const int* start = grp + 1 + TK;
+  const int* order = grp + 2 + 2 * TK;
+  const int nch = D >> 3, step = 32 * MOE_UNR_H;
+  const int passes = (nch + step - 1) / step;
+  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
+    const int e = actv[j], p1 = start[j + 1];
+    const i64 row = ((i64)e * I + n) * nch;
+    const uint4* gr = (const uint4*)gate + row;
+    const uint4* ur = (const uint4*)up + row;
+    for (int b0 = start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
+      const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
+      int tok[MOE_GROUP_TOKENS];
+      float g[MOE_GROUP_TOKENS], s[MOE_GROUP_TOKENS];
+      #pragma unroll
+      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+        tok[q] = q < nb ? order[b0 + q] / K : 0;
+        g[q] = s[q] = 0.0f;
+      }
+      for (int p = 0; p < passes; p++) {
+        uint4 gv[MOE_UNR_H], uv[MOE_UNR_H];
+        #pragma unroll
+        for (int u = 0; u < MOE_UNR_H; u++) {
+          const int c = p * step + u * 32 + lane;
+          gv[u] = c < nch ? gemv_ld_stream(gr + c) : make_uint4(0u, 0u, 0u, 0u);
+          uv[u] = c < nch ? gemv_ld_stream(ur + c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        #pragma unroll
+        for (int u = 0; u < MOE_UNR_H; u++) {
+          const int c = p * step + u * 32 + lane;
+          if (c >= nch) continue;
+          #pragma unroll
+          for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+            if (q < nb) {
+              const uint4 xv = gemv_ld_cached((const uint4*)x + (i64)tok[q] * nch + c);
+              g[q] += gemv_dot8(gv[u], xv);
+              s[q] += gemv_dot8(uv[u], xv);
+            }
+          }
+        }
+      }
+      #pragma unroll
+      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+        if (q < nb) {
+          const float gq = warp_sum(g[q]), sq = warp_sum(s[q]);
+          if (lane == 0) hidden[(i64)order[b0 + q] * I + n] = activate(gq, act) * sq;
+        }
+      }
+    }
+  }
+}
+
+// ypair[i, d] = down_e[d, :] . hidden[i, :] for every pair i of active expert e (as k_moe_hidden_g
+// walks them); warp = output d
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* hidden, const int* grp, const u16* down,
+    float* ypair, int TK, int D, int I) {
+  PDL_ENTRY();
+  const int lane = threadIdx.x & 31;
+  const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (d >= D) return; // the whole warp: no block barrier follows
+  const int nAct = grp[0];
+  const int* actv = grp + 1;
+  const int* start = grp + 1 + TK;
+  const int* order = grp + 2 + 2 * TK;
+  const int nch = I >> 3, step = 32 * MOE_UNR_D;
+  const int passes = (nch + step - 1) / step;
+  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
+    const int e = actv[j], p1 = start[j + 1];
+    const uint4* dr = (const uint4*)down + ((i64)e * D + d) * nch;
+    for (int b0 = start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
+      const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
+      int pr[MOE_GROUP_TOKENS];
+      float acc[MOE_GROUP_TOKENS];
+      #pragma unroll
+      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+        pr[q] = q < nb ? order[b0 + q] : 0;
+        acc[q] = 0.0f;
+      }
+      for (int p = 0; p < passes; p++) {
+        uint4 wv[MOE_UNR_D];
+        #pragma unroll
+        for (int u = 0; u < MOE_UNR_D; u++) {
+          const int c = p * step + u * 32 + lane;
+          wv[u] = c < nch ? gemv_ld_stream(dr + c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        #pragma unroll
+        for (int u = 0; u < MOE_UNR_D; u++) {
+          const int c = p * step + u * 32 + lane;
+          if (c >= nch) continue;
+          #pragma unroll
+          for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+            if (q < nb) acc[q] += moe_dot8f(wv[u], (const uint4*)(hidden + (i64)pr[q] * I) + 2 * c);
+          }
+        }
+      }
+      #pragma unroll
+      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+        if (q < nb) {
+          const float a = warp_sum(acc[q]);
+          if (lane == 0) ypair[(i64)pr[q] * D + d] = a;
+        }
+      }
+    }
+  }
+}
+
+// out[t, d] = bf16(sum_k weights[t, k] ypair[t K + k, d]) over the pairs with an expert in [0, E),
+// in k order; grid-stride over T D
+extern "C" __global__ void k_moe_combine(const float* ypair, const float* weights, const int* experts, u16* out,
+    int T, int K, int D, int E) {
+  PDL_ENTRY();
+  const i64 total = (i64)T * D;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 t = i / D, d = i - t * D;
+    float s = 0.0f;
+    for (int k = 0; k < K; k++) {
+      const int e = experts[t * K + k];
+      if (e >= 0 && e < E) s += weights[t * K + k] * ypair[(t * K + k) * D + d];
+    }
+    out[i] = f2bf(s);
+  }
+}
 `;
 
-export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v'] as const;
+export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_combine'] as const;
 
 /** threads per block of both kernels (8 warps: 8 output rows a block) */
 export const MOE_THREADS = 256;
@@ -169,3 +387,7 @@ export const MOE_ROWS_PER_BLOCK = MOE_THREADS / 32;
 export const MOE_ROUTE_WARPS = 4;
 /** k_moe_route's most experts: a lane's taken mask has 64 bits, for experts lane + 32 j */
 export const MOE_ROUTE_MAX_EXPERTS = 2048;
+/** k_moe_group's block: one, of this many threads (it groups up to 2x this many experts) */
+export const MOE_GROUP_THREADS = 1024;
+/** the most tokens one grouped pass takes (moeFfn runs longer inputs in chunks of this many) */
+export const MOE_GROUP_MAX_ROWS = 256;

@@ -5,7 +5,9 @@
 // they use).
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
-import { MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS } from '../../../src/backends/cuda/moe-kernels.ts';
+import {
+  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS,
+} from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
 /** The text of `extern "C" __global__ void name(...) { ... }` in `source` (to its matching brace). */
@@ -26,14 +28,15 @@ const DRIVER = String.raw`
 // reads v.size() values of v's type; false on a short file
 template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), f) == v.size(); }
 
-// argv: input, output. Input: i32 vec T K D I E act gridY (the cap on grid y); u16 x[T D] (bf16);
+// argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped) T K D I E act gridY (the cap on grid
+// y) chunk (grouped: tokens a pass); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
 int main(int argc, char** argv) {
   FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
-  std::vector<int> hd(8);
+  std::vector<int> hd(9);
   if (!f || !rd(f, hd)) return 2;
-  const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7];
+  const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7], chunk = hd[8];
   std::vector<u16> x((size_t)T * D), gate((size_t)E * I * D), up(gate.size()), down((size_t)E * D * I);
   std::vector<int> experts((size_t)T * K);
   std::vector<float> weights(experts.size());
@@ -45,7 +48,27 @@ int main(int argc, char** argv) {
   const int TK = T * K, R = ${MOE_ROWS_PER_BLOCK};
   const dim3 gh{(unsigned)((I + R - 1) / R), (unsigned)(TK < capY ? TK : capY), 1};
   const dim3 gd{(unsigned)((D + R - 1) / R), (unsigned)(T < capY ? T : capY), 1};
-  if (vec) {
+  if (vec == 2) { // as cuda-moe-ops.ts moeFfnGrouped: chunks of up to chunk tokens
+    std::vector<float> ypair((size_t)chunk * K * D, __uint_as_float(0xffffffffu));
+    std::vector<int> grp(2 + 3 * (size_t)chunk * K, -9);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      const int Tc = T - t0 < chunk ? T - t0 : chunk, TKc = Tc * K;
+      const int gy0 = E < TKc ? E : TKc;
+      const unsigned gy = (unsigned)(gy0 < capY ? gy0 : capY);
+      float* hid = hidden.data() + (size_t)t0 * K * I; // the chunk's rows of the full hidden, for the output
+      const int* ex = experts.data() + (size_t)t0 * K;
+      sim::launch(dim3{1, 1, 1}, ${MOE_GROUP_THREADS}, [&] { k_moe_group(ex, TKc, K, E, I, t0, grp.data(), hid, err.data()); });
+      sim::launch(dim3{(unsigned)((I + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
+        k_moe_hidden_g(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
+      });
+      sim::launch(dim3{(unsigned)((D + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
+        k_moe_down_g(hid, grp.data(), down.data(), ypair.data(), TKc, D, I);
+      });
+      sim::launch(dim3{(unsigned)((Tc * D + 255) / 256 < 4 ? (Tc * D + 255) / 256 : 4), 1, 1}, 256, [&] {
+        k_moe_combine(ypair.data(), weights.data() + (size_t)t0 * K, ex, out.data() + (size_t)t0 * D, Tc, K, D, E);
+      });
+    }
+  } else if (vec) {
     sim::launch(gh, ${MOE_THREADS}, [&] {
       k_moe_hidden_v(x.data(), experts.data(), gate.data(), up.data(), hidden.data(), TK, K, D, I, E, act, err.data());
     });
@@ -82,6 +105,8 @@ export interface MoeSimCase {
   experts: Int32Array; weights: Float32Array;
   /** the cap on either launch's grid y (cuda-moe-ops.ts: 65535); smaller makes the blocks loop over pairs */
   gridY?: number;
+  /** grouped: tokens a pass (cuda-moe-ops.ts: MOE_GROUP_MAX_ROWS) */
+  chunk?: number;
 }
 
 export interface MoeSimResult {
@@ -93,10 +118,14 @@ export interface MoeSimResult {
   err: Int32Array;
 }
 
-/** The two FFN kernels, 'scalar' (k_moe_hidden / k_moe_down) or 'vec' (k_moe_hidden_v / k_moe_down_v), on one case. */
-export function runMoeSim(kind: 'scalar' | 'vec', c: MoeSimCase): MoeSimResult {
+/**
+ * The FFN kernels on one case: 'scalar' (k_moe_hidden / k_moe_down), 'vec' (k_moe_hidden_v /
+ * k_moe_down_v) or 'grouped' (k_moe_group, k_moe_hidden_g, k_moe_down_g, k_moe_combine per chunk).
+ */
+export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
-  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535), c.x,
+  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'grouped' ? 2 : kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535,
+    c.chunk ?? MOE_GROUP_MAX_ROWS), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
