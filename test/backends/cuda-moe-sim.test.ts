@@ -183,6 +183,34 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
     }
   });
 
+  it('grouped, gate/up on tensor cores (k_moe_hidden_tc): the float64 hidden values and outputs', () => {
+    const specs: (Spec & { chunk?: number })[] = [
+      // 40 pairs on 3 experts: tiles of 16 and a rest; D 72: two 32-column tiles and a partial one
+      { T: 20, K: 2, E: 3, D: 72, I: 24, act: 'silu', seed: 31 },
+      // I over a block's 64 rows (2 blocks, the second partial); chunks of 5 tokens; grid y capped
+      { T: 11, K: 3, E: 5, D: 64, I: 136, act: 'gelu_tanh', gridY: 2, chunk: 5, seed: 32 },
+      // D spanning many tiles, one pair an expert at most in places
+      { T: 3, K: 2, E: 8, D: 520, I: 16, act: 'silu', seed: 33 },
+    ];
+    for (const s of specs) {
+      const c = makeCase(s);
+      c.chunk = s.chunk;
+      const label = `grouped-tc T=${s.T} K=${s.K} E=${s.E} D=${s.D} I=${s.I} chunk=${s.chunk ?? 'all'}`;
+      const want = reference(c);
+      const got = runMoeSim('grouped-tc', c);
+      assert.deepEqual([...got.err], [0, 0, 0, 0], label);
+      for (let i = 0; i < want.hidden.length; i++) {
+        const g = got.hidden[i]!, w = want.hidden[i]!;
+        assert.ok(Math.abs(g - w) <= want.hiddenTol[i]!, `${label}: hidden[${i}] = ${g}, want ${w} (tol ${want.hiddenTol[i]})`);
+      }
+      const out = decodeHalf(got.out, 'bf16');
+      for (let i = 0; i < want.out.length; i++) {
+        const tol = BF16_OUT * Math.abs(want.out[i]!) + want.outTol[i]!;
+        assert.ok(Math.abs(out[i]! - want.out[i]!) <= tol, `${label}: out[${i}] = ${out[i]}, want ${want.out[i]} (tol ${tol})`);
+      }
+    }
+  });
+
   it('an expert outside [0, E): error 6 (token, expert, E), its hidden row zeros, skipped in the sum; the others as usual', () => {
     const c = makeCase({ T: 3, K: 2, E: 4, D: 24, I: 16, act: 'silu', seed: 7 });
     c.experts.set([0, 1, 2, 5, 1, 1]); // token 1's second expert is 5 of 4; token 2 uses expert 1 twice

@@ -22,7 +22,7 @@ import { ReferenceBackend } from '../../src/backends/reference/reference-backend
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
-import { type MoeKernels, setMoeKernels } from '../../src/backends/cuda/cuda-moe-ops.ts';
+import { type MoeKernels, setMoeGroupedMinRows, setMoeKernels, setMoeTcMinRows } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -550,8 +550,18 @@ describe('mixture of experts', { skip: SKIP }, () => {
           const x = randomF32(r, T * D);
           const ffn = expertWeights(r, [E, I, D], 'bf16', 0.1);
           const logits = randomF32(r, T * E, 2);
-          await compare('moe grouped 300 tokens', (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'),
-            GEMM);
+          // grouped (the default from 8 tokens) with gate/up on CUDA cores, then on tensor cores, then
+          // per (token, expert) pair
+          for (const [minRows, tcRows] of [[8, 0], [8, 1], [0, 0]] as const) {
+            const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows);
+            try {
+              await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}`,
+                (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
+            } finally {
+              setMoeGroupedMinRows(old);
+              setMoeTcMinRows(oldTc);
+            }
+          }
           const experts = new Int32Array(T * K).map((_, i) => i % E);
           experts[258 * K + 1] = 21;
           const [y] = await ffn(cuda, act(cuda, x, [T, D]), upRouting(cuda, randomF32(r, T * K), experts, T, K), 'silu');

@@ -7,7 +7,8 @@ import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
-  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS,
+  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
+  MOE_THREADS,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
@@ -31,6 +32,18 @@ const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'scala
  * sets it (0: never).
  */
 const groupedMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
+
+/**
+ * Grouped inputs of at least this many tokens make the experts' gate/up products on tensor cores
+ * (k_moe_hidden_tc) instead of CUDA cores (k_moe_hidden_g); $LLMTS_CUDA_MOE_TC_MIN_ROWS sets it
+ * (0, the default until measured on a GPU: never).
+ */
+const tcMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_MIN_ROWS ?? 0));
+
+/** Sets the token count from which grouped moeFfn runs gate/up on tensor cores (0: never); returns the old one. */
+export function setMoeTcMinRows(n: number): number {
+  return tcMinRows.set(n);
+}
 
 /** Sets the token count from which moeFfn groups by expert (0: never; tests, benchmarks); returns the old one. */
 export function setMoeGroupedMinRows(n: number): number {
@@ -128,7 +141,9 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
     const gridY = Math.min(E, TKc, MAX_GRID_Y);
     c.rt.launch('k_moe_group', [1, 1, 1], MOE_GROUP_THREADS, 0, [
       ['p', experts], ['i', TKc], ['i', K], ['i', E], ['i', I], ['i', t0], ['p', grp], ['p', hidden], ['p', c.errWord]]);
-    c.rt.launch('k_moe_hidden_g', [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], MOE_THREADS, 0, [
+    const tc = tcMinRows.value > 0 && T >= tcMinRows.value;
+    c.rt.launch(tc ? 'k_moe_hidden_tc' : 'k_moe_hidden_g', tc ? [Math.ceil(I / MOE_TC_ROWS), gridY, 1]
+      : [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
       ['i', act]]);
     c.rt.launch('k_moe_down_g', [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], MOE_THREADS, 0, [

@@ -12,7 +12,7 @@
 // the first error in `err` (int[4]: code, op-specific a, b, c), which read/sync turn into a
 // rejected promise.
 
-import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE } from './attention-kernels.ts';
+import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE, ATTENTION_PRIMITIVES } from './attention-kernels.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
@@ -505,7 +505,7 @@ export const KERNEL_MODULES = [
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
   // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
-  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
     [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
       ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),

@@ -359,6 +359,99 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* h
   }
 }
 
+// hidden as k_moe_hidden_g makes it, on tensor cores (moeFfn from MOE_TC_MIN_ROWS tokens: prefill,
+// where an expert has many tokens and the CUDA-core dot products, not the bytes, set the time).
+// grid (ceil(I / 64), gridY), 128 threads: the block's 64 rows n0 .. n0 + 63 of active expert j
+// (blockIdx.y, + gridDim.y, ...) for its pairs in tiles of 16; warp w owns rows n0 + 16 w .. + 15 of
+// gate and of up (two n8 tiles each), so the GLU is made from its own accumulators. Per 32 of D:
+// the 16 pairs' x rows (A, row-major) and the 64 gate and 64 up rows (B: W[n, k] rows are B's
+// columns) travel by cp.async into double-buffered shared tiles (rows padded to 40 elements:
+// ldmatrix without bank conflicts), then 2 k16 steps of 4 mma m16n8k16 a warp. Pairs past the
+// group's end and rows past I are zero-filled and never stored; D % 8 == 0 (16-byte chunks).
+enum { MOE_TC_BK = 32, MOE_TC_LDS = MOE_TC_BK + 8, MOE_TC_ROWS = 64 };
+extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, const int* grp, const u16* gate,
+    const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
+  PDL_ENTRY();
+  __shared__ uint4 s_a4[2 * 16 * MOE_TC_LDS / 8];
+  __shared__ uint4 s_g4[2 * MOE_TC_ROWS * MOE_TC_LDS / 8];
+  __shared__ uint4 s_u4[2 * MOE_TC_ROWS * MOE_TC_LDS / 8];
+  __shared__ int s_tok[16], s_pair[16];
+  u16* s_a = (u16*)s_a4;
+  u16* s_g = (u16*)s_g4;
+  u16* s_u = (u16*)s_u4;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, c4 = lane & 3;
+  const int n0 = blockIdx.x * MOE_TC_ROWS;
+  const int nAct = grp[0];
+  const int* actv = grp + 1;
+  const int* start = grp + 1 + TK;
+  const int* order = grp + 2 + 2 * TK;
+  const int nk = (D + MOE_TC_BK - 1) / MOE_TC_BK;
+  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
+    const int e = actv[j], p1 = start[j + 1];
+    const u16* ge = gate + (i64)e * I * D;
+    const u16* ue = up + (i64)e * I * D;
+    for (int b0 = start[j]; b0 < p1; b0 += 16) {
+      const int nb = min(16, p1 - b0);
+      if (tid < 16) {
+        s_pair[tid] = tid < nb ? order[b0 + tid] : -1;
+        s_tok[tid] = tid < nb ? order[b0 + tid] / K : 0;
+      }
+      __syncthreads();
+      float ag[2][4], au[2][4];
+      for (int t = 0; t < 2; t++) for (int q = 0; q < 4; q++) ag[t][q] = au[t][q] = 0.0f;
+      // stage st <- columns k0 .. k0 + 31: the pairs' x rows, then gate and up rows n0 ..
+      #define MOE_TC_ISSUE(st, k0) do { \
+        if (tid < 64) { \
+          const int r_ = tid >> 2, c_ = (k0) + 8 * (tid & 3); \
+          att_cp16(s_a + ((st) * 16 + r_) * MOE_TC_LDS + 8 * (tid & 3), x + (i64)s_tok[r_] * D + c_, r_ < nb && c_ < D); \
+        } \
+        for (int i_ = tid; i_ < MOE_TC_ROWS * 4; i_ += 128) { \
+          const int r_ = i_ >> 2, c_ = (k0) + 8 * (i_ & 3), n_ = n0 + r_; \
+          const bool ok_ = n_ < I && c_ < D; \
+          const i64 off_ = ok_ ? (i64)n_ * D + c_ : 0; \
+          att_cp16(s_g + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), ge + off_, ok_); \
+          att_cp16(s_u + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), ue + off_, ok_); \
+        } \
+        att_cp_commit(); \
+      } while (0)
+      MOE_TC_ISSUE(0, 0);
+      for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) {
+          MOE_TC_ISSUE((kt + 1) & 1, (kt + 1) * MOE_TC_BK);
+          att_cp_wait<1>(); // tile kt has landed (kt + 1 may still be in flight)
+        } else {
+          att_cp_wait<0>();
+        }
+        __syncthreads();
+        const int st = kt & 1;
+        #pragma unroll
+        for (int k16 = 0; k16 < MOE_TC_BK; k16 += 16) {
+          unsigned a[4], bg[4], bu[4];
+          att_ldsm4(a, s_a + (st * 16 + (lane & 15)) * MOE_TC_LDS + k16 + (lane >> 4) * 8);
+          const int br = st * MOE_TC_ROWS + warp * 16 + (lane & 7) + (lane >> 4) * 8;
+          att_ldsm4(bg, s_g + br * MOE_TC_LDS + k16 + ((lane >> 3) & 1) * 8);
+          att_ldsm4(bu, s_u + br * MOE_TC_LDS + k16 + ((lane >> 3) & 1) * 8);
+          att_mma(ag[0], a, bg[0], bg[1]);
+          att_mma(ag[1], a, bg[2], bg[3]);
+          att_mma(au[0], a, bu[0], bu[1]);
+          att_mma(au[1], a, bu[2], bu[3]);
+        }
+        __syncthreads(); // the stage is free for tile kt + 2
+      }
+      #undef MOE_TC_ISSUE
+      // accumulators: [t][0..1] row g8, columns 2 c4, 2 c4 + 1 of n8 tile t; [t][2..3] row g8 + 8
+      for (int t = 0; t < 2; t++) {
+        for (int q = 0; q < 4; q++) {
+          const int r = g8 + (q >> 1) * 8, n = n0 + warp * 16 + t * 8 + 2 * c4 + (q & 1);
+          if (r < nb && n < I) hidden[(i64)s_pair[r] * I + n] = activate(ag[t][q], act) * au[t][q];
+        }
+      }
+      __syncthreads(); // s_tok / s_pair are free for the next tile
+    }
+  }
+}
+
 // out[t, d] = bf16(sum_k weights[t, k] ypair[t K + k, d]) over the pairs with an expert in [0, E),
 // in k order; grid-stride over T D
 extern "C" __global__ void k_moe_combine(const float* ypair, const float* weights, const int* experts, u16* out,
@@ -377,7 +470,8 @@ extern "C" __global__ void k_moe_combine(const float* ypair, const float* weight
 }
 `;
 
-export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_combine'] as const;
+export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_combine',
+  'k_moe_hidden_tc'] as const;
 
 /** threads per block of both kernels (8 warps: 8 output rows a block) */
 export const MOE_THREADS = 256;
@@ -391,3 +485,6 @@ export const MOE_ROUTE_MAX_EXPERTS = 2048;
 export const MOE_GROUP_THREADS = 1024;
 /** the most tokens one grouped pass takes (moeFfn runs longer inputs in chunks of this many) */
 export const MOE_GROUP_MAX_ROWS = 256;
+/** k_moe_hidden_tc: expert rows a block (MOE_TC_ROWS in its source) and threads */
+export const MOE_TC_ROWS = 64;
+export const MOE_TC_THREADS = 128;

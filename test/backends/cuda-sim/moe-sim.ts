@@ -6,7 +6,8 @@
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
 import {
-  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_THREADS,
+  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
+  MOE_THREADS,
 } from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
@@ -28,7 +29,7 @@ const DRIVER = String.raw`
 // reads v.size() values of v's type; false on a short file
 template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), f) == v.size(); }
 
-// argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped) T K D I E act gridY (the cap on grid
+// argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped, 3 grouped with k_moe_hidden_tc) T K D I E act gridY (the cap on grid
 // y) chunk (grouped: tokens a pass); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   const int TK = T * K, R = ${MOE_ROWS_PER_BLOCK};
   const dim3 gh{(unsigned)((I + R - 1) / R), (unsigned)(TK < capY ? TK : capY), 1};
   const dim3 gd{(unsigned)((D + R - 1) / R), (unsigned)(T < capY ? T : capY), 1};
-  if (vec == 2) { // as cuda-moe-ops.ts moeFfnGrouped: chunks of up to chunk tokens
+  if (vec >= 2) { // as cuda-moe-ops.ts moeFfnGrouped: chunks of up to chunk tokens
     std::vector<float> ypair((size_t)chunk * K * D, __uint_as_float(0xffffffffu));
     std::vector<int> grp(2 + 3 * (size_t)chunk * K, -9);
     for (int t0 = 0; t0 < T; t0 += chunk) {
@@ -58,9 +59,15 @@ int main(int argc, char** argv) {
       float* hid = hidden.data() + (size_t)t0 * K * I; // the chunk's rows of the full hidden, for the output
       const int* ex = experts.data() + (size_t)t0 * K;
       sim::launch(dim3{1, 1, 1}, ${MOE_GROUP_THREADS}, [&] { k_moe_group(ex, TKc, K, E, I, t0, grp.data(), hid, err.data()); });
-      sim::launch(dim3{(unsigned)((I + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
-        k_moe_hidden_g(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
-      });
+      if (vec == 3) {
+        sim::launch(dim3{(unsigned)((I + ${MOE_TC_ROWS} - 1) / ${MOE_TC_ROWS}), gy, 1}, ${MOE_TC_THREADS}, [&] {
+          k_moe_hidden_tc(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
+        });
+      } else {
+        sim::launch(dim3{(unsigned)((I + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
+          k_moe_hidden_g(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
+        });
+      }
       sim::launch(dim3{(unsigned)((D + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
         k_moe_down_g(hid, grp.data(), down.data(), ypair.data(), TKc, D, I);
       });
@@ -120,11 +127,12 @@ export interface MoeSimResult {
 
 /**
  * The FFN kernels on one case: 'scalar' (k_moe_hidden / k_moe_down), 'vec' (k_moe_hidden_v /
- * k_moe_down_v) or 'grouped' (k_moe_group, k_moe_hidden_g, k_moe_down_g, k_moe_combine per chunk).
+ * k_moe_down_v), 'grouped' (k_moe_group, k_moe_hidden_g, k_moe_down_g, k_moe_combine per chunk) or
+ * 'grouped-tc' (the same with k_moe_hidden_tc).
  */
-export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped', c: MoeSimCase): MoeSimResult {
+export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
-  const buf = runSim(sim(), bytesOf(Int32Array.of(kind === 'grouped' ? 2 : kind === 'vec' ? 1 : 0, T, K, D, I, E, c.act, c.gridY ?? 65535,
+  const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
     c.chunk ?? MOE_GROUP_MAX_ROWS), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
