@@ -10,6 +10,7 @@ import { describe, it } from 'node:test';
 
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
+import { MOE_GROUPED_MIN_ROWS, moeGroupedScratch, moeRunsGrouped } from '../../src/backends/cuda/moe-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { type MoeSimCase, type MoeSimResult, runMoeSim, runRouteSim } from './cuda-sim/moe-sim.ts';
 import { randomF32, rng } from './helpers.ts';
@@ -274,5 +275,22 @@ describe('CUDA MoE router on the warp simulator', { skip: SKIP ?? false }, () =>
         }
       }
     }
+  });
+});
+
+describe('when moeFfn groups by expert, and its scratch (shared with the fit planner)', () => {
+  it('groups from MOE_GROUPED_MIN_ROWS tokens (0: never), up to 2048 experts; scratch for one pass of up to 256 tokens', () => {
+    const old = MOE_GROUPED_MIN_ROWS.set(8);
+    try {
+      assert.equal(moeRunsGrouped(7, 128, 8), false);
+      assert.equal(moeRunsGrouped(8, 128, 8), true);
+      assert.equal(moeRunsGrouped(8, 4096, 8), false, 'k_moe_group holds 2048 experts');
+      MOE_GROUPED_MIN_ROWS.set(0);
+      assert.equal(moeRunsGrouped(512, 128, 8), false);
+    } finally {
+      MOE_GROUPED_MIN_ROWS.set(old);
+    }
+    assert.deepEqual(moeGroupedScratch(16, 8, 2048, 768), [16 * 8 * 768 * 4, 16 * 8 * 2048 * 4, (2 + 3 * 128) * 4]);
+    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
   });
 });

@@ -7,8 +7,8 @@ import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
-  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
-  MOE_THREADS,
+  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
+  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
@@ -26,14 +26,6 @@ export type MoeKernels = 'scalar' | 'vec';
 const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'scalar' ? 'scalar' : 'vec');
 
 /**
- * With the 'vec' kernels, inputs of at least this many tokens run grouped by expert (k_moe_group,
- * k_moe_hidden_g, k_moe_down_g, k_moe_combine; moe-kernels.ts), each active expert's rows streamed
- * once per MOE_GROUP_TOKENS of its tokens instead of once per token; $LLMTS_CUDA_MOE_GROUPED_MIN_ROWS
- * sets it (0: never).
- */
-const groupedMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
-
-/**
  * Grouped inputs of at least this many tokens make the experts' gate/up products on tensor cores
  * (k_moe_hidden_tc) instead of CUDA cores (k_moe_hidden_g): prefill. On the H200 (Qwen3-30B-A3B
  * layers, session 6) a 2048-token prefill ran 4,179 tok/s with them and 2,828 without, 16 x 512/256
@@ -48,7 +40,7 @@ export function setMoeTcMinRows(n: number): number {
 
 /** Sets the token count from which moeFfn groups by expert (0: never; tests, benchmarks); returns the old one. */
 export function setMoeGroupedMinRows(n: number): number {
-  return groupedMinRows.set(n);
+  return MOE_GROUPED_MIN_ROWS.set(n);
 }
 
 /** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
@@ -95,7 +87,7 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   // (pool blocks are 256-byte aligned, so the hidden scratch needs no check)
   const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
     I > 0 && [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
-  if (vec && K > 0 && groupedMinRows.value > 0 && T >= groupedMinRows.value && E <= 2 * MOE_GROUP_THREADS) {
+  if (vec && moeRunsGrouped(T, E, K)) {
     moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code);
     return y;
   }
@@ -132,8 +124,7 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
 function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re: CudaTensor; g: CudaTensor; u: CudaTensor;
   d: CudaTensor; y: CudaTensor }, s: { T: number; D: number; E: number; I: number; K: number }, act: number): void {
   const { T, D, E, I, K } = s;
-  const rows = Math.min(T, MOE_GROUP_MAX_ROWS), pairs = rows * K;
-  const hiddenBytes = pairs * I * 4, ypairBytes = pairs * D * 4, grpBytes = (2 + 3 * pairs) * 4;
+  const [hiddenBytes, ypairBytes, grpBytes] = moeGroupedScratch(T, K, D, I);
   const hidden = c.pool.alloc(hiddenBytes).addr, ypair = c.pool.alloc(ypairBytes).addr, grp = c.pool.alloc(grpBytes).addr;
   for (let t0 = 0; t0 < T; t0 += MOE_GROUP_MAX_ROWS) {
     const Tc = Math.min(MOE_GROUP_MAX_ROWS, T - t0), TKc = Tc * K;

@@ -31,6 +31,8 @@
 // here nothing can be fetched ahead of it (the kernels are not in pdl.ts' PDL_KERNELS).
 // k_moe_down_v multiplies each chunk's partial dot by its routing weight (sum_k sum_c w_k p_kc
 // instead of sum_k w_k sum_c p_kc): a reassociation of the same f32 sums.
+import { Setting } from '../common/setting.ts';
+
 export const MOE_KERNEL_SOURCE = String.raw`
 #ifndef MOE_UNR_H
 #define MOE_UNR_H 8
@@ -488,3 +490,23 @@ export const MOE_GROUP_MAX_ROWS = 256;
 /** k_moe_hidden_tc: expert rows a block (MOE_TC_ROWS in its source) and threads */
 export const MOE_TC_ROWS = 64;
 export const MOE_TC_THREADS = 128;
+
+/**
+ * With the bf16 ('vec') kernels, moeFfn inputs of at least this many tokens run grouped by expert
+ * (moeFfnGrouped in cuda-moe-ops.ts: each active expert's rows streamed once per MOE_GROUP_TOKENS of
+ * its tokens instead of once per token); $LLMTS_CUDA_MOE_GROUPED_MIN_ROWS sets it (0: never). Here,
+ * not in cuda-moe-ops.ts, because the fit planner's dry run (execution/fit) sizes the same scratch.
+ */
+export const MOE_GROUPED_MIN_ROWS = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
+
+/** Whether a T-token moeFfn with E experts, K a token, whose bf16 kernels apply, runs grouped. */
+export function moeRunsGrouped(T: number, E: number, K: number): boolean {
+  const min = MOE_GROUPED_MIN_ROWS.value;
+  return min > 0 && K > 0 && T >= min && E <= 2 * MOE_GROUP_THREADS;
+}
+
+/** A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints (rows: a pass). */
+export function moeGroupedScratch(T: number, K: number, D: number, I: number): [number, number, number] {
+  const pairs = Math.min(T, MOE_GROUP_MAX_ROWS) * K;
+  return [pairs * I * 4, pairs * D * 4, (2 + 3 * pairs) * 4];
+}

@@ -18,6 +18,7 @@ import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
+import { MOE_GROUP_MAX_ROWS, moeGroupedScratch, moeRunsGrouped } from '../../backends/cuda/moe-kernels.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -403,12 +404,18 @@ export class DryRunBackend implements Backend {
     const [T, D] = x.shape as [number, number];
     const [E, I] = gate.shape as [number, number, number];
     const K = routing.weights.shape[1]!;
-    this.kernels += 2; // k_moe_hidden, k_moe_down
+    // backends/cuda/cuda-moe-ops.ts: bf16 experts with D and I multiples of 8 run grouped by expert
+    // from MOE_GROUPED_MIN_ROWS tokens (4 kernels a pass of up to MOE_GROUP_MAX_ROWS tokens, scratch
+    // moeGroupedScratch), otherwise per (token, expert) pair (2 kernels, an f32 hidden [T K, I])
+    const grouped = this.name === 'cuda' && gate.dtype === 'bf16' && D % 8 === 0 && I % 8 === 0 && I > 0 &&
+      moeRunsGrouped(T, E, K);
+    this.kernels += grouped ? 4 * Math.ceil(T / MOE_GROUP_MAX_ROWS) : 2;
     const y = this.out([T, D]);
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
     // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32, plus the
     // packed copy of the largest matmul input
-    if (this.name === 'cuda' && T > 0 && D > 0) this.transient([Math.max(T * K * I * 4, 4)]);
+    if (grouped && D > 0) this.transient(moeGroupedScratch(T, K, D, I));
+    else if (this.name === 'cuda' && T > 0 && D > 0) this.transient([Math.max(T * K * I * 4, 4)]);
     if (this.name === 'cpu') {
       const packed = T > ROWS_MAX_M ? Math.ceil(T / PACK_WIDTH) * PACK_WIDTH * Math.max(D, I) * 4 + 64 + this.threads * PACK_THREAD_BYTES : 0;
       this.current.scratch((T * K + 2 * E + 3) * 8 + (2 * T * D + 2 * T * I + 4) * 4 + packed);
