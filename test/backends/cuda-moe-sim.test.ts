@@ -184,7 +184,7 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
     }
   });
 
-  it('grouped, gate/up on tensor cores (k_moe_hidden_tc): the float64 hidden values and outputs', () => {
+  it('grouped, gate/up and down on tensor cores (k_moe_hidden_tc, k_moe_down_tc): the float64 hidden values and outputs', () => {
     const specs: (Spec & { chunk?: number })[] = [
       // 40 pairs on 3 experts: tiles of 16 and a rest; D 72: two 32-column tiles and a partial one
       { T: 20, K: 2, E: 3, D: 72, I: 24, act: 'silu', seed: 31 },
@@ -196,18 +196,22 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
     for (const s of specs) {
       const c = makeCase(s);
       c.chunk = s.chunk;
-      const label = `grouped-tc T=${s.T} K=${s.K} E=${s.E} D=${s.D} I=${s.I} chunk=${s.chunk ?? 'all'}`;
       const want = reference(c);
-      const got = runMoeSim('grouped-tc', c);
-      assert.deepEqual([...got.err], [0, 0, 0, 0], label);
-      for (let i = 0; i < want.hidden.length; i++) {
-        const g = got.hidden[i]!, w = want.hidden[i]!;
-        assert.ok(Math.abs(g - w) <= want.hiddenTol[i]!, `${label}: hidden[${i}] = ${g}, want ${w} (tol ${want.hiddenTol[i]})`);
-      }
-      const out = decodeHalf(got.out, 'bf16');
-      for (let i = 0; i < want.out.length; i++) {
-        const tol = BF16_OUT * Math.abs(want.out[i]!) + want.outTol[i]!;
-        assert.ok(Math.abs(out[i]! - want.out[i]!) <= tol, `${label}: out[${i}] = ${out[i]}, want ${want.out[i]} (tol ${tol})`);
+      for (const kind of ['grouped-tc', 'grouped-tc2'] as const) {
+        const label = `${kind} T=${s.T} K=${s.K} E=${s.E} D=${s.D} I=${s.I} chunk=${s.chunk ?? 'all'}`;
+        const got = runMoeSim(kind, c);
+        assert.deepEqual([...got.err], [0, 0, 0, 0], label);
+        for (let i = 0; i < want.hidden.length; i++) {
+          const g = got.hidden[i]!, w = want.hidden[i]!;
+          assert.ok(Math.abs(g - w) <= want.hiddenTol[i]!, `${label}: hidden[${i}] = ${g}, want ${w} (tol ${want.hiddenTol[i]})`);
+        }
+        const out = decodeHalf(got.out, 'bf16');
+        for (let i = 0; i < want.out.length; i++) {
+          // k_moe_down_tc rounds the hidden values to bf16 (2^-9 relative each): outTol / F32_DOT bounds sum |w down hidden|
+          const bf16Hidden = kind === 'grouped-tc2' ? 2 ** -9 * (want.outTol[i]! / F32_DOT) : 0;
+          const tol = BF16_OUT * Math.abs(want.out[i]!) + want.outTol[i]! + bf16Hidden;
+          assert.ok(Math.abs(out[i]! - want.out[i]!) <= tol, `${label}: out[${i}] = ${out[i]}, want ${want.out[i]} (tol ${tol})`);
+        }
       }
     }
   });

@@ -22,7 +22,9 @@ import { ReferenceBackend } from '../../src/backends/reference/reference-backend
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
-import { type MoeKernels, setMoeGroupedMinRows, setMoeKernels, setMoeTcMinRows } from '../../src/backends/cuda/cuda-moe-ops.ts';
+import {
+  type MoeKernels, setMoeGroupedMinRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
+} from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -551,15 +553,16 @@ describe('mixture of experts', { skip: SKIP }, () => {
           const ffn = expertWeights(r, [E, I, D], 'bf16', 0.1);
           const logits = randomF32(r, T * E, 2);
           // grouped (the default from 8 tokens) with gate/up on CUDA cores, then on tensor cores, then
-          // per (token, expert) pair
-          for (const [minRows, tcRows] of [[8, 0], [8, 1], [0, 0]] as const) {
-            const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows);
+          // down too, then per (token, expert) pair
+          for (const [minRows, tcRows, tcDownRows] of [[8, 0, 0], [8, 1, 0], [8, 1, 1], [0, 0, 0]] as const) {
+            const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows), oldDown = setMoeTcDownMinRows(tcDownRows);
             try {
-              await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}`,
+              await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, down from ${tcDownRows}`,
                 (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
             } finally {
               setMoeGroupedMinRows(old);
               setMoeTcMinRows(oldTc);
+              setMoeTcDownMinRows(oldDown);
             }
           }
           const experts = new Int32Array(T * K).map((_, i) => i % E);

@@ -38,6 +38,18 @@ export function setMoeTcMinRows(n: number): number {
   return tcMinRows.set(n);
 }
 
+/**
+ * Grouped inputs of at least this many tokens run the down projection on tensor cores too
+ * (k_moe_down_tc, which rounds the hidden values to bf16 on the way in) instead of k_moe_down_g;
+ * $LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS sets it (0, the default until measured on a GPU: never).
+ */
+const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS ?? 0));
+
+/** Sets the token count from which grouped moeFfn runs the down projection on tensor cores (0: never); returns the old one. */
+export function setMoeTcDownMinRows(n: number): number {
+  return tcDownMinRows.set(n);
+}
+
 /** Sets the token count from which moeFfn groups by expert (0: never; tests, benchmarks); returns the old one. */
 export function setMoeGroupedMinRows(n: number): number {
   return MOE_GROUPED_MIN_ROWS.set(n);
@@ -138,7 +150,9 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
       : [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
       ['i', act]]);
-    c.rt.launch('k_moe_down_g', [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], MOE_THREADS, 0, [
+    const tcDown = tcDownMinRows.value > 0 && T >= tcDownMinRows.value;
+    c.rt.launch(tcDown ? 'k_moe_down_tc' : 'k_moe_down_g', tcDown ? [Math.ceil(D / MOE_TC_ROWS), gridY, 1]
+      : [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], tcDown ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', hidden], ['p', grp], ['p', t.d.addr], ['p', ypair], ['i', TKc], ['i', D], ['i', I]]);
     c.rt.launch('k_moe_combine', elementwiseGrid(Tc * D), ELEMWISE_THREADS, 0, [
       ['p', ypair], ['p', weights], ['p', experts], ['p', y], ['i', Tc], ['i', K], ['i', D], ['i', E]]);

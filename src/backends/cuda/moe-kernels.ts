@@ -454,6 +454,87 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, 
   }
 }
 
+// ypair as k_moe_down_g makes it, on tensor cores (opt-in: moeFfn from MOE_TC_DOWN_MIN_ROWS tokens).
+// grid (ceil(D / 64), gridY), 128 threads: output rows d0 .. d0 + 63 of active expert j's down
+// matrix for its pairs in tiles of 16, warp w rows d0 + 16 w .. + 15 (two n8 tiles). Per 32 of I:
+// the 16 pairs' hidden rows are read as f32 and stored to shared memory as bf16 (A: the one rounding
+// this path adds, as a bf16 model's activations are rounded), the 64 down rows travel by cp.async
+// into double-buffered tiles (B), then 2 k16 steps of 2 mma a warp. I % 8 == 0.
+extern "C" __global__ void __launch_bounds__(128) k_moe_down_tc(const float* hidden, const int* grp, const u16* down,
+    float* ypair, int TK, int D, int I) {
+  PDL_ENTRY();
+  __shared__ uint4 s_a4[16 * MOE_TC_LDS / 8];
+  __shared__ uint4 s_b4[2 * MOE_TC_ROWS * MOE_TC_LDS / 8];
+  __shared__ int s_pair[16];
+  u16* s_a = (u16*)s_a4;
+  u16* s_b = (u16*)s_b4;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, c4 = lane & 3;
+  const int d0 = blockIdx.x * MOE_TC_ROWS;
+  const int nAct = grp[0];
+  const int* actv = grp + 1;
+  const int* start = grp + 1 + TK;
+  const int* order = grp + 2 + 2 * TK;
+  const int nk = (I + MOE_TC_BK - 1) / MOE_TC_BK;
+  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
+    const int e = actv[j], p1 = start[j + 1];
+    const u16* de = down + (i64)e * D * I;
+    for (int b0 = start[j]; b0 < p1; b0 += 16) {
+      const int nb = min(16, p1 - b0);
+      if (tid < 16) s_pair[tid] = tid < nb ? order[b0 + tid] : 0;
+      __syncthreads();
+      float acc[2][4];
+      for (int t = 0; t < 2; t++) for (int q = 0; q < 4; q++) acc[t][q] = 0.0f;
+      // stage st <- columns k0 .. k0 + 31 of the 64 down rows d0 ..
+      #define MOE_TCD_ISSUE(st, k0) do { \
+        for (int i_ = tid; i_ < MOE_TC_ROWS * 4; i_ += 128) { \
+          const int r_ = i_ >> 2, c_ = (k0) + 8 * (i_ & 3), n_ = d0 + r_; \
+          const bool ok_ = n_ < D && c_ < I; \
+          att_cp16(s_b + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), de + (ok_ ? (i64)n_ * I + c_ : 0), ok_); \
+        } \
+        att_cp_commit(); \
+      } while (0)
+      MOE_TCD_ISSUE(0, 0);
+      for (int kt = 0; kt < nk; kt++) {
+        { // A: row r = tid / 8, 4 floats at column 4 (tid % 8) of this tile (the last barrier freed s_a)
+          const int r = tid >> 3, c = 4 * (tid & 7), k = kt * MOE_TC_BK + c;
+          float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (r < nb && k < I) v = *(const float4*)(hidden + (i64)s_pair[r] * I + k);
+          unsigned* dst = (unsigned*)(s_a + r * MOE_TC_LDS + c);
+          dst[0] = att_pack2(v.x, v.y);
+          dst[1] = att_pack2(v.z, v.w);
+        }
+        if (kt + 1 < nk) {
+          MOE_TCD_ISSUE((kt + 1) & 1, (kt + 1) * MOE_TC_BK);
+          att_cp_wait<1>(); // tile kt has landed (kt + 1 may still be in flight)
+        } else {
+          att_cp_wait<0>();
+        }
+        __syncthreads();
+        const int st = kt & 1;
+        #pragma unroll
+        for (int k16 = 0; k16 < MOE_TC_BK; k16 += 16) {
+          unsigned a[4], b[4];
+          att_ldsm4(a, s_a + (lane & 15) * MOE_TC_LDS + k16 + (lane >> 4) * 8);
+          att_ldsm4(b, s_b + (st * MOE_TC_ROWS + warp * 16 + (lane & 7) + (lane >> 4) * 8) * MOE_TC_LDS + k16
+                         + ((lane >> 3) & 1) * 8);
+          att_mma(acc[0], a, b[0], b[1]);
+          att_mma(acc[1], a, b[2], b[3]);
+        }
+        __syncthreads(); // s_a and the stage are free
+      }
+      #undef MOE_TCD_ISSUE
+      for (int t = 0; t < 2; t++) {
+        for (int q = 0; q < 4; q++) {
+          const int r = g8 + (q >> 1) * 8, d = d0 + warp * 16 + t * 8 + 2 * c4 + (q & 1);
+          if (r < nb && d < D) ypair[(i64)s_pair[r] * D + d] = acc[t][q];
+        }
+      }
+      __syncthreads(); // s_pair is free for the next tile
+    }
+  }
+}
+
 // out[t, d] = bf16(sum_k weights[t, k] ypair[t K + k, d]) over the pairs with an expert in [0, E),
 // in k order; grid-stride over T D
 extern "C" __global__ void k_moe_combine(const float* ypair, const float* weights, const int* experts, u16* out,
@@ -473,7 +554,7 @@ extern "C" __global__ void k_moe_combine(const float* ypair, const float* weight
 `;
 
 export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_combine',
-  'k_moe_hidden_tc'] as const;
+  'k_moe_hidden_tc', 'k_moe_down_tc'] as const;
 
 /** threads per block of both kernels (8 warps: 8 output rows a block) */
 export const MOE_THREADS = 256;
@@ -487,7 +568,7 @@ export const MOE_ROUTE_MAX_EXPERTS = 2048;
 export const MOE_GROUP_THREADS = 1024;
 /** the most tokens one grouped pass takes (moeFfn runs longer inputs in chunks of this many) */
 export const MOE_GROUP_MAX_ROWS = 256;
-/** k_moe_hidden_tc: expert rows a block (MOE_TC_ROWS in its source) and threads */
+/** k_moe_hidden_tc / k_moe_down_tc: expert rows a block (MOE_TC_ROWS in their source) and threads */
 export const MOE_TC_ROWS = 64;
 export const MOE_TC_THREADS = 128;
 

@@ -29,7 +29,8 @@ const DRIVER = String.raw`
 // reads v.size() values of v's type; false on a short file
 template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.data(), sizeof(T), v.size(), f) == v.size(); }
 
-// argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped, 3 grouped with k_moe_hidden_tc) T K D I E act gridY (the cap on grid
+// argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped, 3 grouped with k_moe_hidden_tc, 4 with both
+// tensor-core kernels) T K D I E act gridY (the cap on grid
 // y) chunk (grouped: tokens a pass); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
       float* hid = hidden.data() + (size_t)t0 * K * I; // the chunk's rows of the full hidden, for the output
       const int* ex = experts.data() + (size_t)t0 * K;
       sim::launch(dim3{1, 1, 1}, ${MOE_GROUP_THREADS}, [&] { k_moe_group(ex, TKc, K, E, I, t0, grp.data(), hid, err.data()); });
-      if (vec == 3) {
+      if (vec >= 3) {
         sim::launch(dim3{(unsigned)((I + ${MOE_TC_ROWS} - 1) / ${MOE_TC_ROWS}), gy, 1}, ${MOE_TC_THREADS}, [&] {
           k_moe_hidden_tc(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
         });
@@ -68,9 +69,15 @@ int main(int argc, char** argv) {
           k_moe_hidden_g(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
         });
       }
-      sim::launch(dim3{(unsigned)((D + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
-        k_moe_down_g(hid, grp.data(), down.data(), ypair.data(), TKc, D, I);
-      });
+      if (vec == 4) {
+        sim::launch(dim3{(unsigned)((D + ${MOE_TC_ROWS} - 1) / ${MOE_TC_ROWS}), gy, 1}, ${MOE_TC_THREADS}, [&] {
+          k_moe_down_tc(hid, grp.data(), down.data(), ypair.data(), TKc, D, I);
+        });
+      } else {
+        sim::launch(dim3{(unsigned)((D + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
+          k_moe_down_g(hid, grp.data(), down.data(), ypair.data(), TKc, D, I);
+        });
+      }
       sim::launch(dim3{(unsigned)((Tc * D + 255) / 256 < 4 ? (Tc * D + 255) / 256 : 4), 1, 1}, 256, [&] {
         k_moe_combine(ypair.data(), weights.data() + (size_t)t0 * K, ex, out.data() + (size_t)t0 * D, Tc, K, D, E);
       });
@@ -128,11 +135,11 @@ export interface MoeSimResult {
 /**
  * The FFN kernels on one case: 'scalar' (k_moe_hidden / k_moe_down), 'vec' (k_moe_hidden_v /
  * k_moe_down_v), 'grouped' (k_moe_group, k_moe_hidden_g, k_moe_down_g, k_moe_combine per chunk) or
- * 'grouped-tc' (the same with k_moe_hidden_tc).
+ * 'grouped-tc' (the same with k_moe_hidden_tc) or 'grouped-tc2' (and k_moe_down_tc).
  */
-export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc', c: MoeSimCase): MoeSimResult {
+export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc' | 'grouped-tc2', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
-  const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
+  const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc', 'grouped-tc2'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
     c.chunk ?? MOE_GROUP_MAX_ROWS), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;

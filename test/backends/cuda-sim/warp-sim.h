@@ -20,6 +20,7 @@
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
 
 namespace sim {
 
@@ -211,6 +212,7 @@ inline unsigned __ballot_sync(unsigned, int p) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
