@@ -199,6 +199,22 @@ __device__ __forceinline__ int moe_scan(int* s, int n, int* tmp) {
   return total;
 }
 
+// grp read back: the active experts (act[0, nAct)), each one's pairs order[start[j], start[j + 1])
+struct MoeGroups {
+  int nAct;
+  const int* act;
+  const int* start;
+  const int* order;
+};
+__device__ __forceinline__ MoeGroups moe_groups(const int* grp, int TK) {
+  MoeGroups g;
+  g.nAct = grp[0];
+  g.act = grp + 1;
+  g.start = grp + 1 + TK;
+  g.order = grp + 2 + 2 * TK;
+  return g;
+}
+
 // One block of MOE_GROUP_THREADS: grp for the TK pairs of experts[] (E <= 2 MOE_GROUP_THREADS). A
 // pair whose expert is outside [0, E) is left out, reported (error 6: token tBase + i / K, expert,
 // E) and its hidden row zeroed, as k_moe_hidden_v does.
@@ -254,24 +270,21 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
   if (n >= I) return; // the whole warp: no block barrier follows
-  const int nAct = grp[0];
-  const int* actv = grp + 1;
-  const int* start = grp + 1 + TK;
-  const int* order = grp + 2 + 2 * TK;
+  const MoeGroups G = moe_groups(grp, TK);
   const int nch = D >> 3, step = 32 * MOE_UNR_H;
   const int passes = (nch + step - 1) / step;
-  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
-    const int e = actv[j], p1 = start[j + 1];
+  for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
+    const int e = G.act[j], p1 = G.start[j + 1];
     const i64 row = ((i64)e * I + n) * nch;
     const uint4* gr = (const uint4*)gate + row;
     const uint4* ur = (const uint4*)up + row;
-    for (int b0 = start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
+    for (int b0 = G.start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
       const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
       int tok[MOE_GROUP_TOKENS];
       float g[MOE_GROUP_TOKENS], s[MOE_GROUP_TOKENS];
       #pragma unroll
       for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
-        tok[q] = q < nb ? order[b0 + q] / K : 0;
+        tok[q] = q < nb ? G.order[b0 + q] / K : 0;
         g[q] = s[q] = 0.0f;
       }
       for (int p = 0; p < passes; p++) {
@@ -300,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x
       for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
         if (q < nb) {
           const float gq = warp_sum(g[q]), sq = warp_sum(s[q]);
-          if (lane == 0) hidden[(i64)order[b0 + q] * I + n] = activate(gq, act) * sq;
+          if (lane == 0) hidden[(i64)G.order[b0 + q] * I + n] = activate(gq, act) * sq;
         }
       }
     }
@@ -315,22 +328,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* h
   const int lane = threadIdx.x & 31;
   const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
   if (d >= D) return; // the whole warp: no block barrier follows
-  const int nAct = grp[0];
-  const int* actv = grp + 1;
-  const int* start = grp + 1 + TK;
-  const int* order = grp + 2 + 2 * TK;
+  const MoeGroups G = moe_groups(grp, TK);
   const int nch = I >> 3, step = 32 * MOE_UNR_D;
   const int passes = (nch + step - 1) / step;
-  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
-    const int e = actv[j], p1 = start[j + 1];
+  for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
+    const int e = G.act[j], p1 = G.start[j + 1];
     const uint4* dr = (const uint4*)down + ((i64)e * D + d) * nch;
-    for (int b0 = start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
+    for (int b0 = G.start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
       const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
       int pr[MOE_GROUP_TOKENS];
       float acc[MOE_GROUP_TOKENS];
       #pragma unroll
       for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
-        pr[q] = q < nb ? order[b0 + q] : 0;
+        pr[q] = q < nb ? G.order[b0 + q] : 0;
         acc[q] = 0.0f;
       }
       for (int p = 0; p < passes; p++) {
@@ -371,6 +381,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* h
 // ldmatrix without bank conflicts), then 2 k16 steps of 4 mma m16n8k16 a warp. Pairs past the
 // group's end and rows past I are zero-filled and never stored; D % 8 == 0 (16-byte chunks).
 enum { MOE_TC_BK = 32, MOE_TC_LDS = MOE_TC_BK + 8, MOE_TC_ROWS = 64 };
+
+// cp.async of rows r0 .. r0 + 63, columns k0 .. k0 + 31 of a row-major [N, Kd] bf16 matrix into a
+// shared tile of MOE_TC_LDS-element rows; zeros past N or Kd (all 128 threads; the caller commits)
+__device__ __forceinline__ void moe_tc_stage_rows(u16* tile, const u16* m, int r0, int N, int Kd, int k0) {
+  for (int i = threadIdx.x; i < MOE_TC_ROWS * 4; i += 128) {
+    const int r = i >> 2, c = k0 + 8 * (i & 3), n = r0 + r;
+    const bool ok = n < N && c < Kd;
+    att_cp16(tile + r * MOE_TC_LDS + 8 * (i & 3), m + (ok ? (i64)n * Kd + c : 0), ok);
+  }
+}
+
+// accumulator q (0 .. 3) of an m16n8 mma tile: its row (pair slot of the 16) and its column in the n8 tile
+__device__ __forceinline__ int moe_tc_row(int lane, int q) { return (lane >> 2) + (q >> 1) * 8; }
+__device__ __forceinline__ int moe_tc_col(int lane, int q) { return 2 * (lane & 3) + (q & 1); }
 extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, const int* grp, const u16* gate,
     const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
   PDL_ENTRY();
@@ -382,22 +406,18 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, 
   u16* s_g = (u16*)s_g4;
   u16* s_u = (u16*)s_u4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
   const int n0 = blockIdx.x * MOE_TC_ROWS;
-  const int nAct = grp[0];
-  const int* actv = grp + 1;
-  const int* start = grp + 1 + TK;
-  const int* order = grp + 2 + 2 * TK;
+  const MoeGroups G = moe_groups(grp, TK);
   const int nk = (D + MOE_TC_BK - 1) / MOE_TC_BK;
-  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
-    const int e = actv[j], p1 = start[j + 1];
+  for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
+    const int e = G.act[j], p1 = G.start[j + 1];
     const u16* ge = gate + (i64)e * I * D;
     const u16* ue = up + (i64)e * I * D;
-    for (int b0 = start[j]; b0 < p1; b0 += 16) {
+    for (int b0 = G.start[j]; b0 < p1; b0 += 16) {
       const int nb = min(16, p1 - b0);
       if (tid < 16) {
-        s_pair[tid] = tid < nb ? order[b0 + tid] : -1;
-        s_tok[tid] = tid < nb ? order[b0 + tid] / K : 0;
+        s_pair[tid] = tid < nb ? G.order[b0 + tid] : -1;
+        s_tok[tid] = tid < nb ? G.order[b0 + tid] / K : 0;
       }
       __syncthreads();
       float ag[2][4], au[2][4];
@@ -408,13 +428,8 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, 
           const int r_ = tid >> 2, c_ = (k0) + 8 * (tid & 3); \
           att_cp16(s_a + ((st) * 16 + r_) * MOE_TC_LDS + 8 * (tid & 3), x + (i64)s_tok[r_] * D + c_, r_ < nb && c_ < D); \
         } \
-        for (int i_ = tid; i_ < MOE_TC_ROWS * 4; i_ += 128) { \
-          const int r_ = i_ >> 2, c_ = (k0) + 8 * (i_ & 3), n_ = n0 + r_; \
-          const bool ok_ = n_ < I && c_ < D; \
-          const i64 off_ = ok_ ? (i64)n_ * D + c_ : 0; \
-          att_cp16(s_g + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), ge + off_, ok_); \
-          att_cp16(s_u + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), ue + off_, ok_); \
-        } \
+        moe_tc_stage_rows(s_g + (st) * MOE_TC_ROWS * MOE_TC_LDS, ge, n0, I, D, (k0)); \
+        moe_tc_stage_rows(s_u + (st) * MOE_TC_ROWS * MOE_TC_LDS, ue, n0, I, D, (k0)); \
         att_cp_commit(); \
       } while (0)
       MOE_TC_ISSUE(0, 0);
@@ -442,10 +457,10 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_hidden_tc(const u16* x, 
         __syncthreads(); // the stage is free for tile kt + 2
       }
       #undef MOE_TC_ISSUE
-      // accumulators: [t][0..1] row g8, columns 2 c4, 2 c4 + 1 of n8 tile t; [t][2..3] row g8 + 8
+      // accumulators of n8 tile t: rows moe_tc_row (pair slots), columns moe_tc_col
       for (int t = 0; t < 2; t++) {
         for (int q = 0; q < 4; q++) {
-          const int r = g8 + (q >> 1) * 8, n = n0 + warp * 16 + t * 8 + 2 * c4 + (q & 1);
+          const int r = moe_tc_row(lane, q), n = n0 + warp * 16 + t * 8 + moe_tc_col(lane, q);
           if (r < nb && n < I) hidden[(i64)s_pair[r] * I + n] = activate(ag[t][q], act) * au[t][q];
         }
       }
@@ -469,32 +484,21 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_down_tc(const float* hid
   u16* s_a = (u16*)s_a4;
   u16* s_b = (u16*)s_b4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
   const int d0 = blockIdx.x * MOE_TC_ROWS;
-  const int nAct = grp[0];
-  const int* actv = grp + 1;
-  const int* start = grp + 1 + TK;
-  const int* order = grp + 2 + 2 * TK;
+  const MoeGroups G = moe_groups(grp, TK);
   const int nk = (I + MOE_TC_BK - 1) / MOE_TC_BK;
-  for (int j = blockIdx.y; j < nAct; j += gridDim.y) {
-    const int e = actv[j], p1 = start[j + 1];
+  for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
+    const int e = G.act[j], p1 = G.start[j + 1];
     const u16* de = down + (i64)e * D * I;
-    for (int b0 = start[j]; b0 < p1; b0 += 16) {
+    for (int b0 = G.start[j]; b0 < p1; b0 += 16) {
       const int nb = min(16, p1 - b0);
-      if (tid < 16) s_pair[tid] = tid < nb ? order[b0 + tid] : 0;
+      if (tid < 16) s_pair[tid] = tid < nb ? G.order[b0 + tid] : 0;
       __syncthreads();
       float acc[2][4];
       for (int t = 0; t < 2; t++) for (int q = 0; q < 4; q++) acc[t][q] = 0.0f;
       // stage st <- columns k0 .. k0 + 31 of the 64 down rows d0 ..
-      #define MOE_TCD_ISSUE(st, k0) do { \
-        for (int i_ = tid; i_ < MOE_TC_ROWS * 4; i_ += 128) { \
-          const int r_ = i_ >> 2, c_ = (k0) + 8 * (i_ & 3), n_ = d0 + r_; \
-          const bool ok_ = n_ < D && c_ < I; \
-          att_cp16(s_b + ((st) * MOE_TC_ROWS + r_) * MOE_TC_LDS + 8 * (i_ & 3), de + (ok_ ? (i64)n_ * I + c_ : 0), ok_); \
-        } \
-        att_cp_commit(); \
-      } while (0)
-      MOE_TCD_ISSUE(0, 0);
+      moe_tc_stage_rows(s_b, de, d0, D, I, 0);
+      att_cp_commit();
       for (int kt = 0; kt < nk; kt++) {
         { // A: row r = tid / 8, 4 floats at column 4 (tid % 8) of this tile (the last barrier freed s_a)
           const int r = tid >> 3, c = 4 * (tid & 7), k = kt * MOE_TC_BK + c;
@@ -505,7 +509,8 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_down_tc(const float* hid
           dst[1] = att_pack2(v.z, v.w);
         }
         if (kt + 1 < nk) {
-          MOE_TCD_ISSUE((kt + 1) & 1, (kt + 1) * MOE_TC_BK);
+          moe_tc_stage_rows(s_b + ((kt + 1) & 1) * MOE_TC_ROWS * MOE_TC_LDS, de, d0, D, I, (kt + 1) * MOE_TC_BK);
+          att_cp_commit();
           att_cp_wait<1>(); // tile kt has landed (kt + 1 may still be in flight)
         } else {
           att_cp_wait<0>();
@@ -523,10 +528,9 @@ extern "C" __global__ void __launch_bounds__(128) k_moe_down_tc(const float* hid
         }
         __syncthreads(); // s_a and the stage are free
       }
-      #undef MOE_TCD_ISSUE
       for (int t = 0; t < 2; t++) {
         for (int q = 0; q < 4; q++) {
-          const int r = g8 + (q >> 1) * 8, d = d0 + warp * 16 + t * 8 + 2 * c4 + (q & 1);
+          const int r = moe_tc_row(lane, q), d = d0 + warp * 16 + t * 8 + moe_tc_col(lane, q);
           if (r < nb && d < D) ypair[(i64)s_pair[r] * D + d] = acc[t][q];
         }
       }
