@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Mixture-of-experts decode on the GPU machine (issue 4's stretch): a random-weight model with
+# Mixture-of-experts on the GPU machine (issue 4's stretch): a random-weight model with
 # Qwen3-30B-A3B's layers (hidden 2048, 32 heads of 128 on 4 kv heads, 128 experts of 768, top-8,
 # vocab 151936; LAYERS of its 48, default 24: 30 GB of bf16, which the 64 GB disk holds with room),
-# then B=1 decode (bench/cuda-generate.ts: tok/s and the bytes a token reads, router and its 8
-# experts, against copy bandwidth) and a 16-request batch (bench/cuda-throughput.ts), each with the
-# scalar MoE kernels ($LLMTS_CUDA_MOE=scalar) and the vectorized ones (the default). One command, in the repository root:
+# then, with the defaults and with each variant's environment: B=1 decode after a 2,048-token prompt
+# (bench/cuda-generate.ts: prefill tok/s, decode tok/s and the bytes a token reads, router and its 8
+# experts, against copy bandwidth) and a 16-request batch (bench/cuda-throughput.ts: 512/256). One
+# command, in the repository root:
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-moe.sh $OUT
 #
-# Environment: LAYERS (24), MODEL_DIR (/tmp/llmts-qwen3moe-random), KERNELS ("scalar vec"); DEVICE=cpu with a
-# --tiny model (make_random_models.py) only tests the plumbing off the GPU machine.
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the down projection on tensor
+# cores, not yet measured; every (token, expert) pair on its own, as before the grouping). The
+# generic kernels ($LLMTS_CUDA_MOE=scalar) are not in the default list: their 16-request run took
+# over two minutes. Environment: LAYERS (24), MODEL_DIR (/tmp/llmts-qwen3moe-random); DEVICE=cpu
+# with a --tiny model (make_random_models.py) only tests the plumbing off the GPU machine.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-moe}
 LAYERS=${LAYERS:-24}
 MODEL_DIR=${MODEL_DIR:-/tmp/llmts-qwen3moe-random}
+VARIANTS=${VARIANTS:-"down-tc:LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS=64 per-pair:LLMTS_CUDA_MOE_GROUPED_MIN_ROWS=0"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 if [ ! -f "$MODEL_DIR/config.json" ]; then
@@ -22,10 +27,17 @@ if [ ! -f "$MODEL_DIR/config.json" ]; then
   timeout 400 python3 bench/make_random_models.py --preset qwen3-moe-6l --layers "$LAYERS" --out "$MODEL_DIR" \
     --tokenizer models/demo/tokenizer.json | tail -1
 fi
-for k in ${KERNELS:-scalar vec}; do
-  echo "== MoE kernels: $k"
-  LLMTS_CUDA_MOE=$k timeout 120 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens 512 \
-    --decode-tokens 128 --repeats 2 --json "$OUT/generate-$k.json" 2>&1 | grep -E '^(model|ready|decode|rror)|Error'
-  LLMTS_CUDA_MOE=$k timeout 120 node --import tsx bench/cuda-throughput.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --requests 16 \
-    --max-batch 16 --input-tokens 512 --output-tokens 256 --json "$OUT/throughput16-$k.json" 2>&1 | grep -E 'output|steps|rror' | head -3
+run() { # name, then NAME=VALUE settings
+  local name=$1; shift
+  echo "== $name"
+  env "$@" timeout 120 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens 2048 \
+    --decode-tokens 128 --repeats 2 --json "$OUT/generate-$name.json" 2>&1 | grep -E '^(model|ready|prefill|decode|rror)|Error'
+  env "$@" timeout 120 node --import tsx bench/cuda-throughput.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --requests 16 \
+    --max-batch 16 --input-tokens 512 --output-tokens 256 --json "$OUT/throughput16-$name.json" 2>&1 | grep -E '^ +(output|TTFT)|rror' | head -3
+}
+run default X=1
+for v in $VARIANTS; do
+  name=${v%%:*}; settings=${v#*:}
+  IFS=, read -r -a envs <<< "$settings"
+  run "$name" "${envs[@]}"
 done
