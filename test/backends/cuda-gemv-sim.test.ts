@@ -24,7 +24,7 @@ if (SKIP) console.log(`# cuda-gemv-sim: skipping: ${SKIP}`);
 
 type OneShot = (typeof GEMV_KERNEL_NAMES)[number];
 type Persistent = (typeof GEMVP_KERNEL_NAMES)[number];
-const MMAX: Record<OneShot, number> = { k_gemv_m1_u16: 1, k_gemv_m2_u16: 2, k_gemv_m4_u8: 4, k_gemv_m8_u4: 8 };
+const MMAX: Record<OneShot, number> = { k_gemv_m1_u16: 1, k_gemv_m1_u8: 1, k_gemv_m2_u16: 2, k_gemv_m4_u8: 4, k_gemv_m8_u4: 8 };
 const PMMAX: Record<Persistent, number> = { k_gemvp_m1_u16: 1, k_gemvp_m2_u16: 2, k_gemvp_m4_u8: 4, k_gemvp_m8_u8: 8 };
 /** the one-shot kernel of a persistent one's row class (same chunks per lane: the same bits) */
 const ONE_SHOT: Record<Persistent, OneShot> = {

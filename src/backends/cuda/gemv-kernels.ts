@@ -378,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const 
   gemv_rows<MMAX, UNR>(w, in, y, M, N, K, WPR); \
 }
 GEMV_KERNEL(1, 16)
+GEMV_KERNEL(1, 8)
 GEMV_KERNEL(2, 16)
 GEMV_KERNEL(4, 8)
 GEMV_KERNEL(8, 4)
@@ -616,7 +617,13 @@ GEMVP_KERNEL(4, 8, 8)
 GEMVP_KERNEL(8, 8, 8)
 `;
 
-export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
+/**
+ * one-shot GEMVs; k_gemv_m1_u8 is the one-row kernel at half the loads in flight a lane: fewer
+ * registers, so three blocks an SM instead of two (more bytes in flight an SM where a warp's share
+ * of a row is a single pass, as for the 8B's o and q/k/v rows at 2 warps a row). The tuner times it
+ * beside k_gemv_m1_u16 (gemvCandidates).
+ */
+export const GEMV_KERNEL_NAMES = ['k_gemv_m1_u16', 'k_gemv_m1_u8', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4'] as const;
 /** the persistent, software-pipelined kernels (same arguments as GEMV_KERNEL_NAMES; grid gemvpGrid) */
 export const GEMVP_KERNEL_NAMES = ['k_gemvp_m1_u16', 'k_gemvp_m2_u16', 'k_gemvp_m4_u8', 'k_gemvp_m8_u8'] as const;
 /** their GLU twins: x staged once per block in dynamic shared memory (gluMatmul; gemvFusedChoice) */
@@ -666,7 +673,8 @@ interface Variant {
 }
 
 const VARIANTS: Variant[] = [
-  { name: 'k_gemv_m1_u16', mmax: 1, unroll: 16 }, { name: 'k_gemv_m2_u16', mmax: 2, unroll: 16 },
+  { name: 'k_gemv_m1_u16', mmax: 1, unroll: 16 }, { name: 'k_gemv_m1_u8', mmax: 1, unroll: 8 },
+  { name: 'k_gemv_m2_u16', mmax: 2, unroll: 16 },
   { name: 'k_gemv_m4_u8', mmax: 4, unroll: 8 }, { name: 'k_gemv_m8_u4', mmax: 8, unroll: 4 },
 ];
 /** the persistent kernels: UNR 16 where M's math leaves the registers (ring 64 of 128), else 8 */
@@ -714,17 +722,20 @@ function persistentWarpsPerRow(v: Variant, K: number): number[] {
 
 /**
  * The GEMV launches that can compute an M-row product with inner size K (none when M or K rule them
- * out): the smallest kernel that holds M rows, with the fewest warps per row that give each lane one
- * pass of loads, and twice that; then the smallest persistent kernel that holds M rows, at one and
+ * out): the smallest kernels that hold M rows (one row: both unrolls), each with the fewest warps per
+ * row that give each lane one pass of loads, and twice that; then the smallest persistent kernel that holds M rows, at one and
  * two blocks an SM, with each of persistentWarpsPerRow.
  */
 export function gemvCandidates(M: number, K: number): GemvChoice[] {
   if (!fits(M, K)) return [];
-  const v = VARIANTS.find((x) => x.mmax >= M)!;
+  const mmax = VARIANTS.find((x) => x.mmax >= M)!.mmax;
   const chunks = K / 8;
-  let wpr = 1;
-  while (wpr < 8 && wpr * 32 * v.unroll < chunks) wpr *= 2;
-  const out: GemvChoice[] = [...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w }));
+  const out: GemvChoice[] = [];
+  for (const v of VARIANTS.filter((x) => x.mmax === mmax)) {
+    let wpr = 1;
+    while (wpr < 8 && wpr * 32 * v.unroll < chunks) wpr *= 2;
+    out.push(...[...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w })));
+  }
   const p = PERSISTENT.find((x) => x.mmax >= M)!;
   for (const w of persistentWarpsPerRow(p, K)) {
     for (const b of [1, 2]) out.push({ kernel: p.name, warpsPerRow: w, blocksPerSm: b });
