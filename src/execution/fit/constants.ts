@@ -240,7 +240,12 @@ export const CUDA_ATTENTION_LAYER_MS: Constant = {
   how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
 };
 
-/** Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair. */
+/**
+ * Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair.
+ * Fitted to the session-3 kernels; session 6 replaced the router (191 us a layer at one token, now a
+ * warp a token), made the vectorized kernels the default and groups 8+ tokens by expert, so this
+ * and CUDA_MOE_LAYER_MS over-predict a MoE decode step on CUDA until bench/fit-cuda.ts refits them.
+ */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.301,
   measured: true,

@@ -107,6 +107,7 @@ export function decodeFeatures(
   for (const m of w.matrices) read(m, 1, m.params * rows);
   if (w.experts && kind === 'cuda') {
     // backends/cuda/kernels.ts k_moe_hidden / k_moe_down: every (token, expert) pair reads its expert's rows
+    // (from 8 rows the backend now groups by expert and reads fewer: moe-kernels.ts; refit pending, constants.ts)
     const { layers: n, perExpert, topK: k } = w.experts;
     for (const m of perExpert) f.expertPairBytes += m.bytes * n * rows * k;
   } else if (w.experts) {
