@@ -26,7 +26,7 @@ gen() { # name, context, then NAME=VALUE settings
   local name=$1 ctx=$2; shift 2
   echo "== $name, ${ctx}-token context"
   env "$@" timeout 90 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens "$ctx" \
-    --decode-tokens 128 --repeats 2 ${EXTRA:-} --json "$OUT/$name-$ctx.json" 2>&1 | grep -E "^(decode|graph|  |rror)|Error" | head -"${LINES_MAX:-3}"
+    --decode-tokens 128 --repeats 2 ${EXTRA:-} --json "$OUT/$name-$ctx.json" 2>&1 | grep -E "^(decode|graph|layer|  |rror)|Error" | head -"${LINES_MAX:-3}"
 }
 for ctx in ${CONTEXTS:-512 4096}; do
   gen default "$ctx" X=1
