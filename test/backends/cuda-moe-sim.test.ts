@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
-import { MOE_GROUPED_MIN_ROWS, moeGroupedScratch, moeRunsGrouped } from '../../src/backends/cuda/moe-kernels.ts';
+import { MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped } from '../../src/backends/cuda/moe-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { type MoeSimCase, type MoeSimResult, runMoeSim, runRouteSim } from './cuda-sim/moe-sim.ts';
 import { randomF32, rng } from './helpers.ts';
@@ -296,5 +296,11 @@ describe('when moeFfn groups by expert, and its scratch (shared with the fit pla
     }
     assert.deepEqual(moeGroupedScratch(16, 8, 2048, 768), [16 * 8 * 768 * 4, 16 * 8 * 2048 * 4, (2 + 3 * 128) * 4]);
     assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
+    const oldPass = MOE_PASS_ROWS.set(2048); // $LLMTS_CUDA_MOE_PASS_ROWS: longer passes, more scratch
+    try {
+      assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [2048 * 8 * 768 * 4, 2048 * 8 * 2048 * 4, (2 + 3 * 16384) * 4]);
+    } finally {
+      MOE_PASS_ROWS.set(oldPass);
+    }
   });
 });

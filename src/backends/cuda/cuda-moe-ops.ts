@@ -7,7 +7,7 @@ import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
-  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
+  MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
   MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
@@ -129,7 +129,7 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
 }
 
 /**
- * moeFfn grouped by expert, in chunks of up to MOE_GROUP_MAX_ROWS tokens: per chunk k_moe_group
+ * moeFfn grouped by expert, in passes of up to MOE_PASS_ROWS tokens: per pass k_moe_group
  * (one block: the chunk's pairs by expert), then k_moe_hidden_g and k_moe_down_g over the active
  * experts (grid y: at most min(E, pairs) of them), then k_moe_combine (a token's pairs in k order).
  */
@@ -138,8 +138,9 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
   const { T, D, E, I, K } = s;
   const [hiddenBytes, ypairBytes, grpBytes] = moeGroupedScratch(T, K, D, I);
   const hidden = c.pool.alloc(hiddenBytes).addr, ypair = c.pool.alloc(ypairBytes).addr, grp = c.pool.alloc(grpBytes).addr;
-  for (let t0 = 0; t0 < T; t0 += MOE_GROUP_MAX_ROWS) {
-    const Tc = Math.min(MOE_GROUP_MAX_ROWS, T - t0), TKc = Tc * K;
+  const passRows = MOE_PASS_ROWS.value;
+  for (let t0 = 0; t0 < T; t0 += passRows) {
+    const Tc = Math.min(passRows, T - t0), TKc = Tc * K;
     const x = t.a.addr + t0 * D * 2, experts = t.re.addr + t0 * K * 4, weights = t.rw.addr + t0 * K * 4;
     const y = t.y.addr + t0 * D * 2;
     const gridY = Math.min(E, TKc, MAX_GRID_Y);

@@ -165,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* h
 // Why: k_moe_hidden_v / k_moe_down_v read each (token, expert) pair's weight rows, so an expert chosen
 // by several tokens of a step is streamed once per token (16 tokens x 8 of 128 experts: 128 expert
 // reads a layer where ~81 experts are distinct; a 512-token prefill chunk: 4,096 where 128 are). Here
-// a chunk of up to MOE_GROUP_MAX_ROWS tokens is first grouped by expert (k_moe_group), then each warp
+// a pass of up to MOE_PASS_ROWS tokens is first grouped by expert (k_moe_group), then each warp
 // streams one weight row of an active expert once per MOE_GROUP_TOKENS of its pairs and multiplies
 // it with each of their activations; the down projection writes each pair's f32 output row, and
 // k_moe_combine sums a token's pairs in k order (the order the other kernels sum in, up to f32
@@ -570,8 +570,17 @@ export const MOE_ROUTE_WARPS = 4;
 export const MOE_ROUTE_MAX_EXPERTS = 2048;
 /** k_moe_group's block: one, of this many threads (it groups up to 2x this many experts) */
 export const MOE_GROUP_THREADS = 1024;
-/** the most tokens one grouped pass takes (moeFfn runs longer inputs in chunks of this many) */
-export const MOE_GROUP_MAX_ROWS = 256;
+/**
+ * The most tokens one grouped pass takes (moeFfn runs longer inputs in passes of this many; each
+ * pass reads every expert its tokens chose again, and its scratch grows with it: moeGroupedScratch).
+ * $LLMTS_CUDA_MOE_PASS_ROWS sets it (16 to 65536; default 256), for measuring longer prefill passes.
+ */
+export const MOE_PASS_ROWS = new Setting<number>(passRows(process.env.LLMTS_CUDA_MOE_PASS_ROWS));
+
+function passRows(v: string | undefined): number {
+  const n = Number(v);
+  return v !== undefined && Number.isInteger(n) && n >= 16 && n <= 65536 ? n : 256;
+}
 /** k_moe_hidden_tc / k_moe_down_tc: expert rows a block (MOE_TC_ROWS in their source) and threads */
 export const MOE_TC_ROWS = 64;
 export const MOE_TC_THREADS = 128;
@@ -590,8 +599,8 @@ export function moeRunsGrouped(T: number, E: number, K: number): boolean {
   return min > 0 && K > 0 && T >= min && E <= 2 * MOE_GROUP_THREADS;
 }
 
-/** A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints (rows: a pass). */
+/** A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints (rows: a pass, MOE_PASS_ROWS). */
 export function moeGroupedScratch(T: number, K: number, D: number, I: number): [number, number, number] {
-  const pairs = Math.min(T, MOE_GROUP_MAX_ROWS) * K;
+  const pairs = Math.min(T, MOE_PASS_ROWS.value) * K;
   return [pairs * I * 4, pairs * D * 4, (2 + 3 * pairs) * 4];
 }

@@ -6,7 +6,7 @@
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
 import {
-  MOE_GROUP_MAX_ROWS, MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
+  MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_PASS_ROWS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
   MOE_THREADS,
 } from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
@@ -119,7 +119,7 @@ export interface MoeSimCase {
   experts: Int32Array; weights: Float32Array;
   /** the cap on either launch's grid y (cuda-moe-ops.ts: 65535); smaller makes the blocks loop over pairs */
   gridY?: number;
-  /** grouped: tokens a pass (cuda-moe-ops.ts: MOE_GROUP_MAX_ROWS) */
+  /** grouped: tokens a pass (cuda-moe-ops.ts: MOE_PASS_ROWS) */
   chunk?: number;
 }
 
@@ -140,7 +140,7 @@ export interface MoeSimResult {
 export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc' | 'grouped-tc2', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
   const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc', 'grouped-tc2'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
-    c.chunk ?? MOE_GROUP_MAX_ROWS), c.x,
+    c.chunk ?? MOE_PASS_ROWS.value), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
