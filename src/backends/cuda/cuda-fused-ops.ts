@@ -47,8 +47,9 @@ export function setCudaFuseNorm(on: boolean): boolean {
  * and the KV write as one kernel (k_gemvp_normrope_*: a kernel and the [T, (H + 2 KVH) D] q/k/v
  * output less than addRmsnormMatmul + ropeQkvWriteKv). Off: slower at B=1 on the H200 (session 6:
  * 218.5 vs 222.2 tok/s, 213.5 vs 219.0 without the GLU epilogue), though faster with PDL off
- * (graph profile): at 127 registers its two blocks an SM fill the register file, so the attention
- * kernel after it cannot become resident early, where k_rope_qkv's could.
+ * (graph profile: 5.20 vs 5.33 ms a step). Not for want of registers for the attention kernel's
+ * early blocks: compiled at 79 registers (GEMVP_M1_UNR=8) it lost as much (219.9 vs 224.4). Why
+ * is not known.
  */
 const ROPE_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on');
 
