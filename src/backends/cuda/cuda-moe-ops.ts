@@ -8,7 +8,7 @@ import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
   MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
-  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped,
+  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecSizes,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
@@ -97,8 +97,8 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;
   // (pool blocks are 256-byte aligned, so the hidden scratch needs no check)
-  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && D % 8 === 0 && I % 8 === 0 &&
-    I > 0 && [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
+  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && moeVecSizes(D, I) &&
+    [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
   if (vec && moeRunsGrouped(T, E, K)) {
     moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code);
     return y;
@@ -139,6 +139,8 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
   const [hiddenBytes, ypairBytes, grpBytes] = moeGroupedScratch(T, K, D, I);
   const hidden = c.pool.alloc(hiddenBytes).addr, ypair = c.pool.alloc(ypairBytes).addr, grp = c.pool.alloc(grpBytes).addr;
   const passRows = MOE_PASS_ROWS.value;
+  const tc = tcMinRows.value > 0 && T >= tcMinRows.value;
+  const tcDown = tcDownMinRows.value > 0 && T >= tcDownMinRows.value;
   for (let t0 = 0; t0 < T; t0 += passRows) {
     const Tc = Math.min(passRows, T - t0), TKc = Tc * K;
     const x = t.a.addr + t0 * D * 2, experts = t.re.addr + t0 * K * 4, weights = t.rw.addr + t0 * K * 4;
@@ -146,12 +148,10 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
     const gridY = Math.min(E, TKc, MAX_GRID_Y);
     c.rt.launch('k_moe_group', [1, 1, 1], MOE_GROUP_THREADS, 0, [
       ['p', experts], ['i', TKc], ['i', K], ['i', E], ['i', I], ['i', t0], ['p', grp], ['p', hidden], ['p', c.errWord]]);
-    const tc = tcMinRows.value > 0 && T >= tcMinRows.value;
     c.rt.launch(tc ? 'k_moe_hidden_tc' : 'k_moe_hidden_g', tc ? [Math.ceil(I / MOE_TC_ROWS), gridY, 1]
       : [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
       ['i', act]]);
-    const tcDown = tcDownMinRows.value > 0 && T >= tcDownMinRows.value;
     c.rt.launch(tcDown ? 'k_moe_down_tc' : 'k_moe_down_g', tcDown ? [Math.ceil(D / MOE_TC_ROWS), gridY, 1]
       : [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], tcDown ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', hidden], ['p', grp], ['p', t.d.addr], ['p', ypair], ['i', TKc], ['i', D], ['i', I]]);

@@ -593,6 +593,11 @@ export const MOE_TC_THREADS = 128;
  */
 export const MOE_GROUPED_MIN_ROWS = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
 
+/** Whether the bf16 MoE kernels take these sizes: hidden D and intermediate I in whole 16-byte chunks. */
+export function moeVecSizes(D: number, I: number): boolean {
+  return D % 8 === 0 && I % 8 === 0 && I > 0;
+}
+
 /** Whether a T-token moeFfn with E experts, K a token, whose bf16 kernels apply, runs grouped. */
 export function moeRunsGrouped(T: number, E: number, K: number): boolean {
   const min = MOE_GROUPED_MIN_ROWS.value;
