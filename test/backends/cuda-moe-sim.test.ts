@@ -283,7 +283,7 @@ describe('CUDA MoE router on the warp simulator', { skip: SKIP ?? false }, () =>
 });
 
 describe('when moeFfn groups by expert, and its scratch (shared with the fit planner)', () => {
-  it('groups from MOE_GROUPED_MIN_ROWS tokens (0: never), up to 2048 experts; scratch for one pass of up to 256 tokens', () => {
+  it('groups from MOE_GROUPED_MIN_ROWS tokens (0: never), up to 2048 experts; scratch for one pass of up to MOE_PASS_ROWS tokens', () => {
     const old = MOE_GROUPED_MIN_ROWS.set(8);
     try {
       assert.equal(moeRunsGrouped(7, 128, 8), false);
@@ -294,11 +294,12 @@ describe('when moeFfn groups by expert, and its scratch (shared with the fit pla
     } finally {
       MOE_GROUPED_MIN_ROWS.set(old);
     }
+    assert.equal(MOE_PASS_ROWS.value, 2048, 'the default pass length');
     assert.deepEqual(moeGroupedScratch(16, 8, 2048, 768), [16 * 8 * 768 * 4, 16 * 8 * 2048 * 4, (2 + 3 * 128) * 4]);
-    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
-    const oldPass = MOE_PASS_ROWS.set(2048); // $LLMTS_CUDA_MOE_PASS_ROWS: longer passes, more scratch
+    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [2048 * 8 * 768 * 4, 2048 * 8 * 2048 * 4, (2 + 3 * 16384) * 4]);
+    const oldPass = MOE_PASS_ROWS.set(256); // $LLMTS_CUDA_MOE_PASS_ROWS: shorter passes, less scratch
     try {
-      assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [2048 * 8 * 768 * 4, 2048 * 8 * 2048 * 4, (2 + 3 * 16384) * 4]);
+      assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
     } finally {
       MOE_PASS_ROWS.set(oldPass);
     }
