@@ -177,9 +177,9 @@ export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
  * NVRTC module, the cuBLASLt handle.
  */
 export const CUDA_CONTEXT_BYTES: Constant = {
-  value: 558694144,
+  value: 560791296,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 16 processes: median 532.8 MiB (min 532.8, max 532.8)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 18 processes: median 534.8 MiB (min 534.8, max 534.8)",
 };
 
 /**
@@ -187,9 +187,9 @@ export const CUDA_CONTEXT_BYTES: Constant = {
  * session's tensor-core decode kernel) the attention split counters (attention.ts ATT_COUNTERS).
  */
 export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
-  value: 33554688 + 4 * 1024 * 1024,
+  value: 37748992,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: the pool's live bytes (memoryStats) right after createCudaBackend, 16 processes: 33554688 B; plus the 4 MiB of attention split counters the backend allocates at creation since 2026-11-30 (by construction, not yet re-measured)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: the pool's live bytes (memoryStats) right after createCudaBackend, 18 processes: 37748992 B",
 };
 
 /**
@@ -197,37 +197,37 @@ export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
  * lazily on first use, cuBLASLt's internal buffers, captured CUDA graphs.
  */
 export const CUDA_RUNTIME_GROWTH_BYTES: Constant = {
-  value: 144999424,
+  value: 139847680,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 16 cases: 138.3 MiB (gemma2 ctx 8192 chunk 1024); median 12.0 MiB",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 18 cases: 133.4 MiB (gemma2 ctx 8192 chunk 1024); median 8.0 MiB",
 };
 
 /** Fraction of peak HBM bandwidth at which a decode step reads the weights. */
 export const CUDA_DECODE_EFFICIENCY: Constant = {
-  value: 0.8426,
+  value: 0.8995,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. */
 export const CUDA_KV_READ_EFFICIENCY: Constant = {
-  value: 0.1518,
+  value: 0.6492,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. */
 export const CUDA_STEP_OVERHEAD_MS: Constant = {
-  value: 0.024,
+  value: 0.2023,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /** Time per kernel of a CUDA decode step (a replayed graph's small kernels and the gaps between them), ms. */
 export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
-  value: 0.001452,
+  value: 0,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /**
@@ -235,28 +235,27 @@ export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
  * kernel and its combine, latency-bound at decode sizes), ms.
  */
 export const CUDA_ATTENTION_LAYER_MS: Constant = {
-  value: 0.02049,
+  value: 0.02995,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /**
  * Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair.
- * Fitted to the session-3 kernels; session 6 replaced the router (191 us a layer at one token, now a
- * warp a token), made the vectorized kernels the default and groups 8+ tokens by expert, so this
- * and CUDA_MOE_LAYER_MS over-predict a MoE decode step on CUDA until bench/fit-cuda.ts refits them.
+ * Refitted in session 7 to the warp-a-token router, the vectorized kernels and the grouping by expert
+ * (the session-3 fit, 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed).
  */
 export const CUDA_MOE_EFFICIENCY: Constant = {
-  value: 0.301,
+  value: 0.7812,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /** Fixed time per MoE layer per CUDA decode step (k_moe_hidden / k_moe_down latency), ms. */
 export const CUDA_MOE_LAYER_MS: Constant = {
-  value: 0.219,
+  value: 0,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 16 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384; batch 1, 4, 16) against 4800 GB/s; fitted errors within +7.9% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst -30.7% (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
 };
 
 /**
@@ -266,9 +265,9 @@ export const CUDA_MOE_LAYER_MS: Constant = {
  * `value` multiplies that simulated step memory: 1 = as simulated.
  */
 export const CUDA_ACTIVATION_SCALE: Constant = {
-  value: 1,
+  value: 1.002,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, run at the tree committed as 8bae2a7 (2026-11-30; bench/results/fit-cuda-session3b/), recomputed offline from its recorded measurements at commit b7b25e0: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 16 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384; chunks 512, 2048, 128, 1024, 256): ratios 1.000-1.000, the largest kept (moe ctx 512 chunk 512 batch 4)",
+  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 18 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384, 32768, 65536; chunks 512, 2048, 128, 1024, 256, 4096): ratios 0.818-1.002, the largest kept (llama8b ctx 512 chunk 512 batch 16)",
 };
 export const CUDA_ACTIVATION_MODEL =
   'decoder graph, bf16 activations and op scratch on the CUDA pool size classes, one step live';
