@@ -20,3 +20,24 @@ export function tuneClassOf(M: number): number {
  * favoured algorithms that are slower when the weight streams from memory).
  */
 export const L2_FLUSH_BYTES = 128 * 1024 * 1024;
+
+/**
+ * Our GEMV kernels take a timed class when they time within this factor of cuBLASLt's best alone.
+ * Why not strictly faster: in a decode graph a GEMV is launched with programmatic dependent launch
+ * (its first weights load under the kernel before) and cuBLASLt's kernels are not, and the graph
+ * profile showed ours faster in place even without it (H200, 8B shapes, session 7: o 14.4 us vs
+ * cuBLASLt's 15.3, down 33.3 vs 33.6, where the lone timings read 15.8 vs 14.8 and 33.9 vs 33.7).
+ * With o and down on k_gemv_m1_u8, B=1 went 222.5 -> 227.1 tok/s. $LLMTS_CUDA_GEMV_MARGIN sets it
+ * (1: only when faster alone; $LLMTS_CUDA_GEMV=prefer: whatever the timings).
+ */
+export const GEMV_MARGIN = gemvMargin(process.env.LLMTS_CUDA_GEMV_MARGIN);
+
+function gemvMargin(v: string | undefined): number {
+  const n = Number(v);
+  return v !== undefined && v !== '' && Number.isFinite(n) && n >= 1 && n <= 4 ? n : 1.1;
+}
+
+/** The time a GEMV of a timed class must beat to take it: cuBLASLt's best x GEMV_MARGIN; 'prefer': any. */
+export function gemvBar(cublasLtMs: number, gemvMode: string | undefined, margin = GEMV_MARGIN): number {
+  return gemvMode === 'prefer' ? Infinity : cublasLtMs * margin;
+}

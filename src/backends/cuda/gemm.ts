@@ -7,7 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
+import { gemvBar, L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
@@ -245,10 +245,10 @@ export class LtGemm {
             plan.algo = r.algo;
           }
         }
-        // 'prefer': the fastest GEMV even when cuBLASLt timed faster alone (with programmatic
-        // dependent launch a GEMV overlaps its weight fetch with the kernel before, which a lone
-        // timing misses)
-        let bestMs = process.env.LLMTS_CUDA_GEMV === 'prefer' ? Infinity : record.cublasLtMs;
+        // a GEMV within GEMV_MARGIN of cuBLASLt alone wins (in a decode graph it overlaps its weight
+        // fetch with the kernel before, which a lone timing misses); 'prefer': the fastest GEMV
+        // whatever cuBLASLt timed
+        let bestMs = gemvBar(record.cublasLtMs, process.env.LLMTS_CUDA_GEMV);
         for (const r of p.runs) {
           if (!r.gemv) continue;
           const t = total(r.pairs) / TUNE_REPEATS;

@@ -1,0 +1,20 @@
+// The GEMM tuner's rules that need no GPU (gemm-tuning.ts): tuning classes and when our GEMV takes
+// a class from cuBLASLt.
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { GEMV_MARGIN, gemvBar, tuneClassOf } from '../../src/backends/cuda/gemm-tuning.ts';
+
+describe('the GEMM tuner', () => {
+  it('times rows exactly up to 8, then by classes of 16', () => {
+    assert.deepEqual([1, 2, 8, 9, 16, 17, 64].map(tuneClassOf), [1, 2, 8, 16, 16, 32, 64]);
+  });
+
+  it('gives a class to a GEMV within GEMV_MARGIN of cuBLASLt alone (default 1.1), to any GEMV with prefer', () => {
+    assert.equal(GEMV_MARGIN, 1.1, 'default when $LLMTS_CUDA_GEMV_MARGIN is unset');
+    assert.ok(Math.abs(gemvBar(14.8, 'auto') - 16.28) < 1e-9);
+    assert.ok(15.8 < gemvBar(14.8, 'auto'), 'o at 8B shapes: our 15.8 us against cuBLASLt 14.8 takes it');
+    assert.ok(!(16.5 < gemvBar(14.8, 'auto')), 'more than 10% slower alone keeps cuBLASLt');
+    assert.equal(gemvBar(14.8, undefined, 1), 14.8, 'margin 1: only when faster alone');
+    assert.equal(gemvBar(14.8, 'prefer'), Infinity);
+  });
+});
