@@ -83,12 +83,6 @@ export interface AttentionParams {
   window: number;
   /** 0 = none; else scores = cap * tanh(scores / cap) before the softmax */
   softcap: number;
-  /**
-   * A hint: the weight the op after this one reads (the output projection). A backend may start
-   * pulling it into its cache while attention runs, where attention leaves memory bandwidth idle
-   * (CUDA: decode steps of a few tokens prefetch it into L2). Never changes the result.
-   */
-  prefetch?: Tensor;
 }
 
 export interface MoeRouting {

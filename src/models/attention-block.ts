@@ -14,7 +14,7 @@ export function attention(model: ModelParts, l: number, h: Tensor, w: LayerWeigh
   const b = model.backend, c = model.config, a: AttentionWeights = w.attn;
   const T = h.shape[0];
   const paged = kv.kvOfLayer(l);
-  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap, prefetch: a.o };
+  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
   // one GEMM for q/k/v; norm, rope and the KV write in one pass over its output
   if (model.fused && a.qkv) return attentionFromQkv(model, l, b.matmul(h, a.qkv, a.qkvBias), w, layout, rope, kv);
   let q = b.matmul(h, a.q, a.qBias);
@@ -56,7 +56,7 @@ export function attentionFromQkv(model: ModelParts, l: number, qkv: Tensor, w: L
 export function attentionFromQ(model: ModelParts, l: number, q: Tensor, w: LayerWeights, layout: StepLayout,
   kv: KvAccess<RowSpan>): Tensor {
   const b = model.backend, c = model.config;
-  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap, prefetch: w.attn.o };
+  const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
   const o = b.attention(q, kv.kvOfLayer(l), layout, params);
   return b.matmul(b.reshape(o, [q.shape[0], c.numHeads * c.headDim]), w.attn.o, w.attn.oBias);
 }

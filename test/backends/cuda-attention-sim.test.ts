@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
-import { L2_PREFETCH_MAX_T, l2PrefetchBytes, planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
+import { planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
 import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
 
@@ -173,35 +173,5 @@ describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blo
     assert.equal(slots(128, 128), 128);
     assert.equal(slots(256, 128), 256);
     assert.equal(slots(8192, 128), 400);
-  });
-});
-
-describe('the L2 prefetch of the next GEMM\'s weight during decode attention', () => {
-  const shape = (T: number) => ({ T, H: 32, KVH: 8, D: 128, numBlocks: 100, blockSize: 16, R: T, maxBlocksPerRow: 64,
-    window: 0, qDtype: 'bf16' as const, poolDtype: 'bf16' as const });
-  it('rides the tensor-core decode kernel at up to L2_PREFETCH_MAX_T tokens (default 8), never the CUDA-core one', () => {
-    assert.equal(L2_PREFETCH_MAX_T.value, 8);
-    assert.equal(planAttention(shape(1), 132).prefetch, true);
-    assert.equal(planAttention(shape(8), 132).prefetch, true);
-    assert.equal(planAttention(shape(9), 132).prefetch, false);
-    const old = setDecodeKernelKind('cuda-core');
-    try {
-      assert.equal(planAttention(shape(1), 132).prefetch, false);
-    } finally {
-      setDecodeKernelKind(old);
-    }
-    const oldMax = L2_PREFETCH_MAX_T.set(0);
-    try {
-      assert.equal(planAttention(shape(1), 132).prefetch, false, '$LLMTS_CUDA_L2_PREFETCH=off');
-    } finally {
-      L2_PREFETCH_MAX_T.set(oldMax);
-    }
-  });
-  it('takes at most 3/4 of the L2, in whole 128-byte lines', () => {
-    const l2 = 50 * 2 ** 20;
-    assert.equal(l2PrefetchBytes(4096 * 4096 * 2, l2), 4096 * 4096 * 2, "8B's o projection: all of it");
-    assert.equal(l2PrefetchBytes(8192 * 8192 * 2, l2), l2 * 3 / 4, "70B's: the first 3/4 of the L2");
-    assert.equal(l2PrefetchBytes(200, l2), 128);
-    assert.equal(l2PrefetchBytes(100, l2), 0);
   });
 });

@@ -25,21 +25,7 @@
 //       counters[token, kv head]; the split that counts last merges the partials of the group's
 //       heads and writes the output, and sets the counter back to 0 for the next call (a graph
 //       replays the same buffer). At one row that saves a dependent launch per layer.
-//       With `pf` (attention.ts: decode steps of a few tokens), every block first asks L2 for its
-//       share of pfLines 128-byte lines from pf (the output projection's weight, which no kernel
-//       writes, so before the PDL wait): at a few rows this kernel is a chain of round trips that
-//       leaves HBM idle, and the GEMM after it then reads those lines from L2.
 export const ATTENTION_DECODE_TC_KERNELS = String.raw`
-// pfLines 128-byte lines from pf into L2, spread over the grid's threads (no-op in the simulator)
-__device__ __forceinline__ void att_l2_prefetch(const char* pf, int pfLines) {
-#ifdef __CUDA_ARCH__
-  if (!pf) return;
-  const int nth = gridDim.x * gridDim.y * blockDim.x;
-  for (int i = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < pfLines; i += nth)
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(pf + (i64)i * 128));
-#endif
-}
-
 // ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; not yet measured, so 0): with programmatic dependent
 // launch, a block reads its token's row, position and first block-table entries before it waits
 // for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
@@ -358,8 +344,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_d##D(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
-    float softcap, int W, int* err, int* counters, const char* pf, int pfLines) { \
-  att_l2_prefetch(pf, pfLines); \
+    float softcap, int W, int* err, int* counters) { \
   if (!ATT_TC_EARLY) PDL_ENTRY(); \
   att_decode_tc<D>(q, kpool, vpool, rows, poss, tables, plan, planReady, out, part, partml, T, H, KVH, NB, BS, R, \
     MBR, window, scale, softcap, W, err, counters); \

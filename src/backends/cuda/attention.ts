@@ -80,11 +80,6 @@ export interface AttentionCall extends AttentionShape {
   counters?: number;
   scale: number;
   softcap: number;
-  /**
-   * bytes from this address to ask L2 for while the decode kernel runs (the next GEMM's weight;
-   * used where the plan says so: AttentionPlan.prefetch)
-   */
-  prefetch?: { addr: number; bytes: number };
 }
 
 export type AttentionMode = 'auto' | 'generic';
@@ -113,28 +108,11 @@ export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {
   return decodeKind.set(k);
 }
 
-/**
- * Steps of at most this many tokens have the tensor-core decode kernel prefetch the next GEMM's
- * weight into L2 (AttentionCall.prefetch; 0: never). $LLMTS_CUDA_L2_PREFETCH sets it.
- */
-export const L2_PREFETCH_MAX_T = new Setting<number>(l2PrefetchMaxT(process.env.LLMTS_CUDA_L2_PREFETCH));
-
-function l2PrefetchMaxT(v: string | undefined): number {
-  if (v === 'off') return 0;
-  const n = Number(v);
-  return v !== undefined && v !== '' && Number.isSafeInteger(n) && n >= 0 ? n : 8;
-}
-
-/** Of a weight of `bytes`, how many to prefetch into an L2 of `l2Bytes`: at most 3/4 of it, whole 128-byte lines. */
-export function l2PrefetchBytes(bytes: number, l2Bytes: number): number {
-  return Math.floor(Math.min(bytes, (l2Bytes * 3) / 4) / 128) * 128;
-}
-
 export interface AttentionPlan {
   path: 'fast' | 'generic';
   /** fast path: the decode kernel, its query heads per block and blocks per kv head */
   decodeKernel?: KernelName;
-  /** the decode kernel is the tensor-core one (it takes the split counters and an L2 prefetch range as last arguments) */
+  /** the decode kernel is the tensor-core one (it takes the split counters as a last argument) */
   tensorCores?: boolean;
   headChunk?: number;
   headChunks?: number;
@@ -146,8 +124,6 @@ export interface AttentionPlan {
   combine: boolean;
   /** slots >= 2 on the tensor-core decode kernel: the last split of a token merges them itself */
   fusedCombine: boolean;
-  /** the tensor-core decode kernel asks L2 for call.prefetch (T <= L2_PREFETCH_MAX_T) */
-  prefetch: boolean;
   /** T > ATT_DEC_MAX_RUN: some token may be a prefill token */
   prefillKernel?: KernelName;
   prefillTiles: number;
@@ -181,7 +157,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const tiles = Math.ceil(s.T / ATT_BQ);
   const fast = mode.value === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
-  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefetch: false, prefillTiles: 0 };
+  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0 };
   const G = s.H / s.KVH;
   // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
   const tc = decodeKind.value === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
@@ -207,7 +183,6 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     planKernel: s.T > ATT_DEC_INLINE_T,
     combine: slots >= 2 && !fused,
     fusedCombine: fused,
-    prefetch: tc && s.T <= L2_PREFETCH_MAX_T.value,
     prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
     prefillTiles: prefill ? tiles : 0,
   };
@@ -226,7 +201,6 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
     return;
   }
   const W = p.slots;
-  const pf = p.prefetch && c.prefetch && c.prefetch.bytes >= 128 ? c.prefetch : undefined;
   const planBytes = (c.T + 1) * 4;
   const split = p.combine || p.fusedCombine;
   const partBytes = split ? W * c.H * c.D * 4 : 0;
@@ -242,7 +216,7 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
       ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],
       ['f', c.softcap], ['i', W], ['p', c.err],
-      ...(p.tensorCores ? [['p', p.fusedCombine ? c.counters! : 0], ['p', pf ? pf.addr : 0], ['i', pf ? Math.floor(pf.bytes / 128) : 0]] as KernelArg[] : [])]);
+      ...(p.tensorCores ? [['p', p.fusedCombine ? c.counters! : 0] as KernelArg] : [])]);
     if (p.combine) {
       dev.launch('k_attn_combine', [Math.ceil(W / 2), c.H, 1], 128, 0, [
         ['p', c.tokenRow], ['p', c.tokenPos], ['p', plan], ['p', part], ['p', partml], ['p', c.out], ['i', c.T],

@@ -3,7 +3,7 @@
 // attention.ts. Separate from cuda-backend.ts because they share the pool checks (poolDims, also
 // used by cuda-fused-ops.ts ropeQkvWriteKv) and are the only ops that address the paged pools.
 import type { AttentionParams, PagedKv, StepLayout, Tensor } from '../../contracts/backend.ts';
-import { enqueueAttention, l2PrefetchBytes } from './attention.ts';
+import { enqueueAttention } from './attention.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { ATT_MAX_HEAD_DIM } from './kernels.ts';
@@ -59,8 +59,6 @@ export function attention(c: CudaOpContext, counters: number, q: Tensor, kv: Pag
   expectDim(op, 'layout.tokenRow length', row.shape[0]!, T, () => `q ${describe(qq)}`);
   expectDim(op, 'layout.tokenPos length', pos.shape[0]!, T, () => `q ${describe(qq)}`);
   attentionParams(op, params);
-  // a hint, validated like any argument: the next GEMM's weight, pulled into L2 at a few tokens
-  const next = params.prefetch ? c.arg(op, 'params.prefetch', params.prefetch, FLOAT) : undefined;
   const { scale, window, softcap } = params;
   const [R, MBR] = bt.shape as [number, number];
   const y = c.out(qq.shape);
@@ -71,7 +69,6 @@ export function attention(c: CudaOpContext, counters: number, q: Tensor, kv: Pag
     q: qq.addr, k: kp.addr, v: vp.addr, tokenRow: row.addr, tokenPos: pos.addr, blockTables: bt.addr, out: y.addr,
     err: c.errWord, counters, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
     qDtype: qq.dtype, poolDtype: kp.dtype,
-    prefetch: next ? { addr: next.addr, bytes: l2PrefetchBytes(next.bytes, c.rt.l2Bytes) } : undefined,
   });
   return y;
 }

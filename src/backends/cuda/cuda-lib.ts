@@ -332,7 +332,6 @@ export function check(rc: number, what: string): void {
 
 export const CUDA_ERROR_NOT_READY = 600;
 export const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
-export const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38;
 export const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 export const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 export const CU_STREAM_NON_BLOCKING = 1;

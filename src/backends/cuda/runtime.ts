@@ -12,7 +12,7 @@ import koffi from 'koffi';
 
 import {
   check, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-  CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
   CudaUnavailableError, describeCuResult, type Driver, loadDriver, num, out64,
 } from './cuda-lib.ts';
 
@@ -74,8 +74,6 @@ export class CudaRuntime {
   readonly deviceName: string;
   readonly arch: string;
   readonly smCount: number;
-  /** the device's L2 cache, bytes */
-  readonly l2Bytes: number;
   readonly driverVersion: number;
   readonly stream: number;
   /** 'async' (NVRTC off the main thread) or 'sync (why)' (nvrtc.ts nvrtcCompileMode) */
@@ -189,7 +187,6 @@ export class CudaRuntime {
     let retained = false;
     try {
       this.smCount = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-      this.l2Bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
       const nameBuf = new Uint8Array(256);
       check(d.cuDeviceGetName(nameBuf, 256, devNo), 'cuDeviceGetName');
       this.deviceName = Buffer.from(nameBuf).toString('utf8').replace(/\0.*$/s, '');

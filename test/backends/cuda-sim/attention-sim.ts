@@ -14,7 +14,7 @@ const DECODE_KERNELS = [
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
   'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
 ];
-/** the tensor-core decode kernels take the split counters and an L2 prefetch range as last arguments */
+/** the tensor-core decode kernels take the split counters as a last argument */
 const TC_KERNELS = ['k_attn_decode_tc_d64', 'k_attn_decode_tc_d128'];
 
 const DRIVER = String.raw`
@@ -23,7 +23,7 @@ typedef void (*DecodeFn)(const u16*, const u16*, const u16*, const int*, const i
 struct Named { const char* name; DecodeFn fn; };
 static const Named DECODE[] = { ${DECODE_KERNELS.map((k) => `{"${k}", ${k}}`).join(', ')} };
 typedef void (*DecodeTcFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, int*, int, u16*,
-  float*, float*, int, int, int, int, int, int, int, int, float, float, int, int*, int*, const char*, int);
+  float*, float*, int, int, int, int, int, int, int, int, float, float, int, int*, int*);
 struct NamedTc { const char* name; DecodeTcFn fn; };
 static const NamedTc DECODE_TC[] = { ${TC_KERNELS.map((k) => `{"${k}", ${k}}`).join(', ')} };
 
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     if (tc) {
       tc(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
          part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data(),
-         fused ? counters.data() : 0, 0, 0);
+         fused ? counters.data() : 0);
     } else {
       fn(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
          part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data());
