@@ -7,7 +7,8 @@ import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
-  MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeDownStagedBytes, moeGroupedScratch, moeRunsGrouped, moeVecSizes,
+  MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
+  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecSizes,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
@@ -113,10 +114,9 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
     c.rt.launch('k_moe_hidden_v', hiddenGrid, MOE_THREADS, 0, [
       ['p', a.addr], ['p', re.addr], ['p', g.addr], ['p', u.addr], ['p', hidden], ['i', T * K], ['i', K], ['i', D],
       ['i', I], ['i', E], ['i', code], ['p', c.errWord]]);
-    const staged = moeDownStagedBytes(K, I);
-    c.rt.launch('k_moe_down_v', downGrid, MOE_THREADS, staged, [
+    c.rt.launch('k_moe_down_v', downGrid, MOE_THREADS, 0, [
       ['p', hidden], ['p', rw.addr], ['p', re.addr], ['p', d.addr], ['p', y.addr], ['i', T], ['i', K], ['i', D],
-      ['i', I], ['i', E], ['i', staged > 0 ? 1 : 0]]);
+      ['i', I], ['i', E]]);
   } else {
     c.rt.launch('k_moe_hidden', hiddenGrid, MOE_THREADS, 0, [
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', re.addr], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr],

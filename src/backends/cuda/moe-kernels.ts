@@ -41,10 +41,9 @@ export const MOE_KERNEL_SOURCE = String.raw`
 #define MOE_UNR_D 8
 #endif
 
-// 8 bf16 values (a chunk of a weight row) . the 8 f32 values at h (two 16-byte loads: cached global
-// ones, or from shared memory when shared)
-__device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h, int shared = 0) {
-  const uint4 h0 = shared ? h[0] : gemv_ld_cached(h), h1 = shared ? h[1] : gemv_ld_cached(h + 1);
+// 8 bf16 values (a chunk of a weight row) . the 8 f32 values at h (two 16-byte cached loads)
+__device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h) {
+  const uint4 h0 = gemv_ld_cached(h), h1 = gemv_ld_cached(h + 1);
   const unsigned* uw = (const unsigned*)&w;
   const unsigned* a = (const unsigned*)&h0;
   const unsigned* b = (const unsigned*)&h1;
@@ -122,36 +121,16 @@ __device__ __forceinline__ uint4 moe_down_load(const u16* down, int j, int k, in
 }
 
 // out[t, d] = bf16(sum_k weights[t, k] * (down_e[d, :] . hidden[t, k, :])), e = experts[t, k]
-// staged (the host: when K I + 2 K words fit in 48 KiB, moeDownStagedBytes): the block first copies
-// the token's hidden rows, routing weights and experts into its dynamic shared memory, so the loop
-// waits on nothing but its weight stream. Unstaged, each pass read them from L1/L2 between the
-// weight loads: at one token on Qwen3-30B-A3B shapes the kernel took 2.6x its bytes' time.
 extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* hidden, const float* weights,
-    const int* experts, const u16* down, u16* out, int T, int K, int D, int I, int E, int staged) {
+    const int* experts, const u16* down, u16* out, int T, int K, int D, int I, int E) {
   PDL_ENTRY();
   const int lane = threadIdx.x & 31;
   const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
-  // (warps past D stay for the staging barriers, uniform over the block: t depends on blockIdx only)
+  if (d >= D) return; // the whole warp: no block barrier follows
   const int nch = I >> 3, total = K * nch, step = 32 * MOE_UNR_D;
   const int passes = (total + step - 1) / step;
   for (int t = blockIdx.y; t < T; t += gridDim.y) {
-    const float* hid = hidden + (i64)t * K * I;
-    const float* wts = weights + (i64)t * K;
     const int* ex = experts + (i64)t * K;
-    if (staged) {
-      float* sh = (float*)gemvp_xs(); // the block's dynamic shared memory: hidden [K I], weights [K], experts [K]
-      __syncthreads(); // the previous token's reads are done
-      for (int i = threadIdx.x; i < K * I / 4; i += blockDim.x) ((uint4*)sh)[i] = gemv_ld_cached((const uint4*)hid + i);
-      for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        sh[K * I + i] = wts[i];
-        ((int*)sh)[K * I + K + i] = ex[i];
-      }
-      __syncthreads();
-      hid = sh;
-      wts = sh + K * I;
-      ex = (const int*)sh + K * I + K;
-    }
-    if (d >= D) continue;
     uint4 wv[MOE_UNR_D];
     int kv[MOE_UNR_D], ev[MOE_UNR_D]; // slot u's expert slot k (-1: none) and expert
     #pragma unroll
@@ -169,8 +148,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* h
       for (int u = 0; u < MOE_UNR_D; u++) {
         const int j = p * step + u * 32 + lane, k = kv[u];
         if (k >= 0) {
-          const uint4* h = (const uint4*)(hid + (i64)k * I) + 2 * (j - k * nch);
-          acc += wts[k] * moe_dot8f(wv[u], h, staged);
+          const uint4* h = (const uint4*)(hidden + ((i64)t * K + k) * I) + 2 * (j - k * nch);
+          acc += weights[(i64)t * K + k] * moe_dot8f(wv[u], h);
         }
         if (kn[u] >= 0) wv[u] = moe_down_load(down, j + step, kn[u], en[u], nch, d, D); // the ring, as above
         kv[u] = kn[u];
@@ -603,11 +582,6 @@ export const MOE_PASS_ROWS = new Setting<number>(passRows(process.env.LLMTS_CUDA
 function passRows(v: string | undefined): number {
   const n = Number(v);
   return v !== undefined && Number.isInteger(n) && n >= 16 && n <= 65536 ? n : 2048;
-}
-/** Dynamic shared memory k_moe_down_v stages a token's inputs in (K I hidden values, K weights, K experts), 0 past 48 KiB: unstaged. */
-export function moeDownStagedBytes(K: number, I: number): number {
-  const bytes = (K * I + 2 * K) * 4;
-  return bytes <= 48 * 1024 ? bytes : 0;
 }
 /** k_moe_hidden_tc / k_moe_down_tc: expert rows a block (MOE_TC_ROWS in their source) and threads */
 export const MOE_TC_ROWS = 64;

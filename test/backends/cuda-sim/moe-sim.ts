@@ -6,7 +6,7 @@
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
 import {
-  MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_PASS_ROWS, moeDownStagedBytes, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
+  MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_PASS_ROWS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
   MOE_THREADS,
 } from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
@@ -31,15 +31,14 @@ template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.d
 
 // argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped, 3 grouped with k_moe_hidden_tc, 4 with both
 // tensor-core kernels) T K D I E act gridY (the cap on grid
-// y) chunk (grouped: tokens a pass) staged (vec: k_moe_down_v's dynamic shared bytes, 0: unstaged); u16 x[T D] (bf16);
+// y) chunk (grouped: tokens a pass); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
 int main(int argc, char** argv) {
   FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
-  std::vector<int> hd(10);
+  std::vector<int> hd(9);
   if (!f || !rd(f, hd)) return 2;
   const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7], chunk = hd[8];
-  const int staged = hd[9];
   std::vector<u16> x((size_t)T * D), gate((size_t)E * I * D), up(gate.size()), down((size_t)E * D * I);
   std::vector<int> experts((size_t)T * K);
   std::vector<float> weights(experts.size());
@@ -88,8 +87,8 @@ int main(int argc, char** argv) {
       k_moe_hidden_v(x.data(), experts.data(), gate.data(), up.data(), hidden.data(), TK, K, D, I, E, act, err.data());
     });
     sim::launch(gd, ${MOE_THREADS}, [&] {
-      k_moe_down_v(hidden.data(), weights.data(), experts.data(), down.data(), out.data(), T, K, D, I, E, staged > 0);
-    }, (size_t)staged);
+      k_moe_down_v(hidden.data(), weights.data(), experts.data(), down.data(), out.data(), T, K, D, I, E);
+    });
   } else {
     sim::launch(gh, ${MOE_THREADS}, [&] {
       k_moe_hidden(x.data(), DT_BF16, experts.data(), gate.data(), DT_BF16, up.data(), DT_BF16, hidden.data(), TK, K, D, I,
@@ -122,8 +121,6 @@ export interface MoeSimCase {
   gridY?: number;
   /** grouped: tokens a pass (cuda-moe-ops.ts: MOE_PASS_ROWS) */
   chunk?: number;
-  /** vec: k_moe_down_v stages the token's inputs in shared memory (default: as the host decides, moeDownStagedBytes) */
-  stagedDown?: boolean;
 }
 
 export interface MoeSimResult {
@@ -143,7 +140,7 @@ export interface MoeSimResult {
 export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc' | 'grouped-tc2', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
   const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc', 'grouped-tc2'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
-    c.chunk ?? MOE_PASS_ROWS.value, c.stagedDown === false ? 0 : moeDownStagedBytes(K, I)), c.x,
+    c.chunk ?? MOE_PASS_ROWS.value), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
