@@ -23,7 +23,7 @@ import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import {
-  type MoeKernels, setMoeGroupedMinRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
+  type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
 } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { MOE_PASS_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
@@ -557,15 +557,19 @@ describe('mixture of experts', { skip: SKIP }, () => {
           // down too, then per (token, expert) pair
           const oldPass = MOE_PASS_ROWS.set(256); // two passes of the 300 tokens
           try {
-            for (const [minRows, tcRows, tcDownRows] of [[8, 0, 0], [8, 1, 0], [8, 1, 1], [0, 0, 0]] as const) {
+            // (down rows: a warp of the CUDA-core down projection takes 4 output rows, k_moe_down_g4, or 1)
+          for (const [minRows, tcRows, tcDownRows, downRows] of [[8, 0, 0, 4], [8, 0, 0, 1], [8, 1, 0, 4], [8, 1, 1, 4],
+            [0, 0, 0, 4]] as const) {
               const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows), oldDown = setMoeTcDownMinRows(tcDownRows);
+              const oldRows = setMoeDownRows(downRows);
               try {
-                await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, down from ${tcDownRows}`,
-                  (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
+                await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, down from ${tcDownRows}, ` +
+                  `${downRows} down rows a warp`, (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
               } finally {
                 setMoeGroupedMinRows(old);
                 setMoeTcMinRows(oldTc);
                 setMoeTcDownMinRows(oldDown);
+                setMoeDownRows(oldRows);
               }
             }
             const experts = new Int32Array(T * K).map((_, i) => i % E);

@@ -47,6 +47,18 @@ export function setMoeTcMinRows(n: number): number {
  */
 const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS ?? 64));
 
+/**
+ * Output rows a warp of the grouped CUDA-core down projection streams together: 4 (k_moe_down_g4,
+ * the default) or 1 (k_moe_down_g; $LLMTS_CUDA_MOE_DOWN_ROWS=1). Decode-sized groups (a few tokens
+ * an expert) made k_moe_down_g a long chain of short waves: see moe-kernels.ts.
+ */
+const downRows = new Setting<1 | 4>(process.env.LLMTS_CUDA_MOE_DOWN_ROWS === '1' ? 1 : 4);
+
+/** Sets the rows a warp of k_moe_down_g(4) takes (tests, benchmarks); returns the old one. */
+export function setMoeDownRows(r: 1 | 4): 1 | 4 {
+  return downRows.set(r);
+}
+
 /** Sets the token count from which grouped moeFfn runs the down projection on tensor cores (0: never); returns the old one. */
 export function setMoeTcDownMinRows(n: number): number {
   return tcDownMinRows.set(n);
@@ -154,8 +166,9 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
       : [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
       ['i', act]]);
-    c.rt.launch(tcDown ? 'k_moe_down_tc' : 'k_moe_down_g', tcDown ? [Math.ceil(D / MOE_TC_ROWS), gridY, 1]
-      : [Math.ceil(D / MOE_ROWS_PER_BLOCK), gridY, 1], tcDown ? MOE_TC_THREADS : MOE_THREADS, 0, [
+    const down = tcDown ? 'k_moe_down_tc' : downRows.value === 4 ? 'k_moe_down_g4' : 'k_moe_down_g';
+    c.rt.launch(down, tcDown ? [Math.ceil(D / MOE_TC_ROWS), gridY, 1]
+      : [Math.ceil(D / (MOE_ROWS_PER_BLOCK * downRows.value)), gridY, 1], tcDown ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', hidden], ['p', grp], ['p', t.d.addr], ['p', ypair], ['i', TKc], ['i', D], ['i', I]]);
     c.rt.launch('k_moe_combine', elementwiseGrid(Tc * D), ELEMWISE_THREADS, 0, [
       ['p', ypair], ['p', weights], ['p', experts], ['p', y], ['i', Tc], ['i', K], ['i', D], ['i', E]]);

@@ -41,9 +41,8 @@ export const MOE_KERNEL_SOURCE = String.raw`
 #define MOE_UNR_D 8
 #endif
 
-// 8 bf16 values (a chunk of a weight row) . the 8 f32 values at h (two 16-byte cached loads)
-__device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h) {
-  const uint4 h0 = gemv_ld_cached(h), h1 = gemv_ld_cached(h + 1);
+// 8 bf16 values (a chunk of a weight row) . 8 f32 values (h0, h1)
+__device__ __forceinline__ float moe_dot8v(const uint4& w, const uint4& h0, const uint4& h1) {
   const unsigned* uw = (const unsigned*)&w;
   const unsigned* a = (const unsigned*)&h0;
   const unsigned* b = (const unsigned*)&h1;
@@ -56,6 +55,10 @@ __device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h) {
     s += __uint_as_float(uw[k + 2] & 0xffff0000u) * __uint_as_float(b[2 * k + 1]);
   }
   return s;
+}
+// the same with the 8 f32 values at h (two 16-byte cached loads)
+__device__ __forceinline__ float moe_dot8f(const uint4& w, const uint4* h) {
+  return moe_dot8v(w, gemv_ld_cached(h), gemv_ld_cached(h + 1));
 }
 
 // hidden[tk, n] = act(gate_e[n, :] . x[t, :]) * (up_e[n, :] . x[t, :]), e = experts[tk], t = tk / K
@@ -321,54 +324,82 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x
 }
 
 // ypair[i, d] = down_e[d, :] . hidden[i, :] for every pair i of active expert e (as k_moe_hidden_g
-// walks them); warp = output d
-extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* hidden, const int* grp, const u16* down,
-    float* ypair, int TK, int D, int I) {
-  PDL_ENTRY();
+// walks them). A warp owns R output rows d = blockIdx.x 8 R + 8 r + warp (r < R) and streams them
+// together, U chunks a lane a row in flight, each hidden chunk read once for its R rows: k_moe_down_g
+// (R = 1, U = MOE_UNR_D) or k_moe_down_g4 (R = 4, U = 3: 128 registers without spills under nvcc 13,
+// one pass over Qwen3-30B-A3B's 768-wide rows; a quarter of the blocks, each with 4x the bytes in
+// flight: at a few tokens an expert, a block read little more than its group's ids before its
+// weights, so the launch was a chain of many short waves). A lane sums its chunks in the same order
+// for any R and U: the same bits.
+template <int R, int U>
+__device__ __forceinline__ void moe_down_g_rows(const float* hidden, const int* grp, const u16* down, float* ypair,
+    int TK, int D, int I) {
   const int lane = threadIdx.x & 31;
-  const int d = blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (d >= D) return; // the whole warp: no block barrier follows
+  const int d0 = blockIdx.x * 8 * R + (threadIdx.x >> 5);
+  if (d0 >= D) return; // the whole warp: no block barrier follows
   const MoeGroups G = moe_groups(grp, TK);
-  const int nch = I >> 3, step = 32 * MOE_UNR_D;
+  const int nch = I >> 3, step = 32 * U;
   const int passes = (nch + step - 1) / step;
   for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
     const int e = G.act[j], p1 = G.start[j + 1];
-    const uint4* dr = (const uint4*)down + ((i64)e * D + d) * nch;
+    const uint4* dr = (const uint4*)down + ((i64)e * D + d0) * nch; // row d0; row d0 + 8 r at + 8 r nch
     for (int b0 = G.start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
       const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
       int pr[MOE_GROUP_TOKENS];
-      float acc[MOE_GROUP_TOKENS];
+      float acc[R][MOE_GROUP_TOKENS];
       #pragma unroll
       for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
         pr[q] = q < nb ? G.order[b0 + q] : 0;
-        acc[q] = 0.0f;
+        #pragma unroll
+        for (int r = 0; r < R; r++) acc[r][q] = 0.0f;
       }
       for (int p = 0; p < passes; p++) {
-        uint4 wv[MOE_UNR_D];
+        uint4 wv[R][U];
         #pragma unroll
-        for (int u = 0; u < MOE_UNR_D; u++) {
-          const int c = p * step + u * 32 + lane;
-          wv[u] = c < nch ? gemv_ld_stream(dr + c) : make_uint4(0u, 0u, 0u, 0u);
+        for (int r = 0; r < R; r++) {
+          #pragma unroll
+          for (int u = 0; u < U; u++) {
+            const int c = p * step + u * 32 + lane;
+            wv[r][u] = c < nch && d0 + 8 * r < D ? gemv_ld_stream(dr + (i64)8 * r * nch + c) : make_uint4(0u, 0u, 0u, 0u);
+          }
         }
         #pragma unroll
-        for (int u = 0; u < MOE_UNR_D; u++) {
+        for (int u = 0; u < U; u++) {
           const int c = p * step + u * 32 + lane;
           if (c >= nch) continue;
           #pragma unroll
           for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
-            if (q < nb) acc[q] += moe_dot8f(wv[u], (const uint4*)(hidden + (i64)pr[q] * I) + 2 * c);
+            if (q >= nb) continue;
+            const uint4* h = (const uint4*)(hidden + (i64)pr[q] * I) + 2 * c;
+            const uint4 h0 = gemv_ld_cached(h), h1 = gemv_ld_cached(h + 1);
+            #pragma unroll
+            for (int r = 0; r < R; r++) acc[r][q] += moe_dot8v(wv[r][u], h0, h1);
           }
         }
       }
       #pragma unroll
-      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
-        if (q < nb) {
-          const float a = warp_sum(acc[q]);
-          if (lane == 0) ypair[(i64)pr[q] * D + d] = a;
+      for (int r = 0; r < R; r++) {
+        if (d0 + 8 * r >= D) continue; // warp-uniform
+        #pragma unroll
+        for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+          if (q < nb) {
+            const float a = warp_sum(acc[r][q]);
+            if (lane == 0) ypair[(i64)pr[q] * D + d0 + 8 * r] = a;
+          }
         }
       }
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g(const float* hidden, const int* grp, const u16* down,
+    float* ypair, int TK, int D, int I) {
+  PDL_ENTRY();
+  moe_down_g_rows<1, MOE_UNR_D>(hidden, grp, down, ypair, TK, D, I);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_g4(const float* hidden, const int* grp, const u16* down,
+    float* ypair, int TK, int D, int I) {
+  PDL_ENTRY();
+  moe_down_g_rows<4, 3>(hidden, grp, down, ypair, TK, D, I);
 }
 
 // hidden as k_moe_hidden_g makes it, on tensor cores (moeFfn from MOE_TC_MIN_ROWS tokens: prefill,
@@ -557,7 +588,8 @@ extern "C" __global__ void k_moe_combine(const float* ypair, const float* weight
 }
 `;
 
-export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_combine',
+export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_down_g4',
+  'k_moe_combine',
   'k_moe_hidden_tc', 'k_moe_down_tc'] as const;
 
 /** threads per block of both kernels (8 warps: 8 output rows a block) */
