@@ -162,8 +162,10 @@ describe('CUDA MoE FFN kernels on the warp simulator', { skip: SKIP ?? false }, 
       const want = reference(c);
       const grouped = runMoeSim('grouped', c), vec = runMoeSim('vec', c);
       assert.deepEqual([...grouped.err], [0, 0, 0, 0], label);
-      // a warp's 4 rows of k_moe_down_g4 (the default) against k_moe_down_g's one: the same bits
-      assert.deepEqual([...runMoeSim('grouped', { ...c, downRows: 1 }).out], [...grouped.out], `${label}: k_moe_down_g vs g4`);
+      // a warp's 4 rows of k_moe_down_g4 and 2 of k_moe_hidden_g2 (the defaults) against one row: the same bits
+      const oneRow = runMoeSim('grouped', { ...c, downRows: 1, hiddenRows: 1 });
+      assert.deepEqual([...oneRow.hidden], [...grouped.hidden], `${label}: k_moe_hidden_g vs g2`);
+      assert.deepEqual([...oneRow.out], [...grouped.out], `${label}: k_moe_down_g vs g4`);
       for (let i = 0; i < want.hidden.length; i++) {
         assert.ok(Object.is(grouped.hidden[i], vec.hidden[i]), `${label}: hidden[${i}] ${grouped.hidden[i]} vs vec ${vec.hidden[i]}`);
       }

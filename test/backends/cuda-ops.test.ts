@@ -23,7 +23,7 @@ import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
 import {
-  type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
+  type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeHiddenRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
 } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
 import { MOE_PASS_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
@@ -557,19 +557,21 @@ describe('mixture of experts', { skip: SKIP }, () => {
           // down too, then per (token, expert) pair
           const oldPass = MOE_PASS_ROWS.set(256); // two passes of the 300 tokens
           try {
-            // (down rows: a warp of the CUDA-core down projection takes 4 output rows, k_moe_down_g4, or 1)
-          for (const [minRows, tcRows, tcDownRows, downRows] of [[8, 0, 0, 4], [8, 0, 0, 1], [8, 1, 0, 4], [8, 1, 1, 4],
+            // (rows: a warp of the CUDA-core down projection takes 4 output rows, k_moe_down_g4, or 1, and of
+          // the gate/up products 2, k_moe_hidden_g2, or 1)
+          for (const [minRows, tcRows, tcDownRows, rows] of [[8, 0, 0, 4], [8, 0, 0, 1], [8, 1, 0, 4], [8, 1, 1, 4],
             [0, 0, 0, 4]] as const) {
               const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows), oldDown = setMoeTcDownMinRows(tcDownRows);
-              const oldRows = setMoeDownRows(downRows);
+              const oldRows = setMoeDownRows(rows), oldHidden = setMoeHiddenRows(rows === 4 ? 2 : 1);
               try {
                 await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, down from ${tcDownRows}, ` +
-                  `${downRows} down rows a warp`, (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
+                  `${rows} down rows a warp`, (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
               } finally {
                 setMoeGroupedMinRows(old);
                 setMoeTcMinRows(oldTc);
                 setMoeTcDownMinRows(oldDown);
                 setMoeDownRows(oldRows);
+                setMoeHiddenRows(oldHidden);
               }
             }
             const experts = new Int32Array(T * K).map((_, i) => i % E);

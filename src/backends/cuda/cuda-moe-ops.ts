@@ -54,6 +54,17 @@ const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_D
  */
 const downRows = new Setting<1 | 4>(process.env.LLMTS_CUDA_MOE_DOWN_ROWS === '1' ? 1 : 4);
 
+/**
+ * Rows a warp of the grouped CUDA-core gate/up products streams together: 2 (k_moe_hidden_g2, the
+ * default) or 1 (k_moe_hidden_g; $LLMTS_CUDA_MOE_HIDDEN_ROWS=1), as downRows for the down projection.
+ */
+const hiddenRows = new Setting<1 | 2>(process.env.LLMTS_CUDA_MOE_HIDDEN_ROWS === '1' ? 1 : 2);
+
+/** Sets the rows a warp of k_moe_hidden_g(2) takes (tests, benchmarks); returns the old one. */
+export function setMoeHiddenRows(r: 1 | 2): 1 | 2 {
+  return hiddenRows.set(r);
+}
+
 /** Sets the rows a warp of k_moe_down_g(4) takes (tests, benchmarks); returns the old one. */
 export function setMoeDownRows(r: 1 | 4): 1 | 4 {
   return downRows.set(r);
@@ -162,8 +173,9 @@ function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re:
     const gridY = Math.min(E, TKc, MAX_GRID_Y);
     c.rt.launch('k_moe_group', [1, 1, 1], MOE_GROUP_THREADS, 0, [
       ['p', experts], ['i', TKc], ['i', K], ['i', E], ['i', I], ['i', t0], ['p', grp], ['p', hidden], ['p', c.errWord]]);
-    c.rt.launch(tc ? 'k_moe_hidden_tc' : 'k_moe_hidden_g', tc ? [Math.ceil(I / MOE_TC_ROWS), gridY, 1]
-      : [Math.ceil(I / MOE_ROWS_PER_BLOCK), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
+    const hiddenKernel = tc ? 'k_moe_hidden_tc' : hiddenRows.value === 2 ? 'k_moe_hidden_g2' : 'k_moe_hidden_g';
+    c.rt.launch(hiddenKernel, tc ? [Math.ceil(I / MOE_TC_ROWS), gridY, 1]
+      : [Math.ceil(I / (MOE_ROWS_PER_BLOCK * hiddenRows.value)), gridY, 1], tc ? MOE_TC_THREADS : MOE_THREADS, 0, [
       ['p', x], ['p', grp], ['p', t.g.addr], ['p', t.u.addr], ['p', hidden], ['i', TKc], ['i', K], ['i', D], ['i', I],
       ['i', act]]);
     const down = tcDown ? 'k_moe_down_tc' : downRows.value === 4 ? 'k_moe_down_g4' : 'k_moe_down_g';

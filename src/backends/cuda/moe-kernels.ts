@@ -265,62 +265,89 @@ extern "C" __global__ void __launch_bounds__(1024) k_moe_group(const int* expert
 }
 
 // hidden[i, n] = act(gate_e[n, :] . x[i / K, :]) * (up_e[n, :] . x[i / K, :]) for every pair i of
-// active expert e = act[j], j = blockIdx.y, blockIdx.y + gridDim.y, ...; warp = row n. A lane's
-// chunks and their summation order are k_moe_hidden_v's, so each value is the same bits.
-extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x, const int* grp, const u16* gate,
-    const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
-  PDL_ENTRY();
+// active expert e = act[j], j = blockIdx.y, blockIdx.y + gridDim.y, ...; a warp owns R rows
+// n = blockIdx.x 8 R + 8 r + warp (r < R), their gate and up rows streamed together, U chunks a lane
+// a row in flight, for Q of the group's pairs at a time: k_moe_hidden_g (R = 1, U = MOE_UNR_H,
+// Q = MOE_GROUP_TOKENS) or k_moe_hidden_g2 (R = 2, U = 4, Q = 4: 128 registers without spills under
+// nvcc 13; half the blocks, as k_moe_down_g4 for the down projection; a group of more than 4 pairs
+// streams its rows again for each 4, from L2). A lane's chunks and their summation order are k_moe_hidden_v's for any R, U and
+// Q, so each value is the same bits.
+template <int R, int U, int Q>
+__device__ __forceinline__ void moe_hidden_g_rows(const u16* x, const int* grp, const u16* gate, const u16* up,
+    float* hidden, int TK, int K, int D, int I, int act) {
   const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
-  if (n >= I) return; // the whole warp: no block barrier follows
+  const int n0 = blockIdx.x * 8 * R + (threadIdx.x >> 5);
+  if (n0 >= I) return; // the whole warp: no block barrier follows
   const MoeGroups G = moe_groups(grp, TK);
-  const int nch = D >> 3, step = 32 * MOE_UNR_H;
+  const int nch = D >> 3, step = 32 * U;
   const int passes = (nch + step - 1) / step;
   for (int j = blockIdx.y; j < G.nAct; j += gridDim.y) {
     const int e = G.act[j], p1 = G.start[j + 1];
-    const i64 row = ((i64)e * I + n) * nch;
+    const i64 row = ((i64)e * I + n0) * nch; // row n0; row n0 + 8 r at + 8 r nch
     const uint4* gr = (const uint4*)gate + row;
     const uint4* ur = (const uint4*)up + row;
-    for (int b0 = G.start[j]; b0 < p1; b0 += MOE_GROUP_TOKENS) {
-      const int nb = min(MOE_GROUP_TOKENS, p1 - b0);
-      int tok[MOE_GROUP_TOKENS];
-      float g[MOE_GROUP_TOKENS], s[MOE_GROUP_TOKENS];
+    for (int b0 = G.start[j]; b0 < p1; b0 += Q) {
+      const int nb = min(Q, p1 - b0);
+      int tok[Q];
+      float g[R][Q], s[R][Q];
       #pragma unroll
-      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+      for (int q = 0; q < Q; q++) {
         tok[q] = q < nb ? G.order[b0 + q] / K : 0;
-        g[q] = s[q] = 0.0f;
+        #pragma unroll
+        for (int r = 0; r < R; r++) g[r][q] = s[r][q] = 0.0f;
       }
       for (int p = 0; p < passes; p++) {
-        uint4 gv[MOE_UNR_H], uv[MOE_UNR_H];
+        uint4 gv[R][U], uv[R][U];
         #pragma unroll
-        for (int u = 0; u < MOE_UNR_H; u++) {
-          const int c = p * step + u * 32 + lane;
-          gv[u] = c < nch ? gemv_ld_stream(gr + c) : make_uint4(0u, 0u, 0u, 0u);
-          uv[u] = c < nch ? gemv_ld_stream(ur + c) : make_uint4(0u, 0u, 0u, 0u);
+        for (int r = 0; r < R; r++) {
+          #pragma unroll
+          for (int u = 0; u < U; u++) {
+            const int c = p * step + u * 32 + lane;
+            const bool ok = c < nch && n0 + 8 * r < I;
+            gv[r][u] = ok ? gemv_ld_stream(gr + (i64)8 * r * nch + c) : make_uint4(0u, 0u, 0u, 0u);
+            uv[r][u] = ok ? gemv_ld_stream(ur + (i64)8 * r * nch + c) : make_uint4(0u, 0u, 0u, 0u);
+          }
         }
         #pragma unroll
-        for (int u = 0; u < MOE_UNR_H; u++) {
+        for (int u = 0; u < U; u++) {
           const int c = p * step + u * 32 + lane;
           if (c >= nch) continue;
           #pragma unroll
-          for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
+          for (int q = 0; q < Q; q++) {
             if (q < nb) {
               const uint4 xv = gemv_ld_cached((const uint4*)x + (i64)tok[q] * nch + c);
-              g[q] += gemv_dot8(gv[u], xv);
-              s[q] += gemv_dot8(uv[u], xv);
+              #pragma unroll
+              for (int r = 0; r < R; r++) {
+                g[r][q] += gemv_dot8(gv[r][u], xv);
+                s[r][q] += gemv_dot8(uv[r][u], xv);
+              }
             }
           }
         }
       }
       #pragma unroll
-      for (int q = 0; q < MOE_GROUP_TOKENS; q++) {
-        if (q < nb) {
-          const float gq = warp_sum(g[q]), sq = warp_sum(s[q]);
-          if (lane == 0) hidden[(i64)G.order[b0 + q] * I + n] = activate(gq, act) * sq;
+      for (int r = 0; r < R; r++) {
+        if (n0 + 8 * r >= I) continue; // warp-uniform
+        #pragma unroll
+        for (int q = 0; q < Q; q++) {
+          if (q < nb) {
+            const float gq = warp_sum(g[r][q]), sq = warp_sum(s[r][q]);
+            if (lane == 0) hidden[(i64)G.order[b0 + q] * I + n0 + 8 * r] = activate(gq, act) * sq;
+          }
         }
       }
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g(const u16* x, const int* grp, const u16* gate,
+    const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
+  PDL_ENTRY();
+  moe_hidden_g_rows<1, MOE_UNR_H, MOE_GROUP_TOKENS>(x, grp, gate, up, hidden, TK, K, D, I, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) k_moe_hidden_g2(const u16* x, const int* grp, const u16* gate,
+    const u16* up, float* hidden, int TK, int K, int D, int I, int act) {
+  PDL_ENTRY();
+  moe_hidden_g_rows<2, 4, 4>(x, grp, gate, up, hidden, TK, K, D, I, act);
 }
 
 // ypair[i, d] = down_e[d, :] . hidden[i, :] for every pair i of active expert e (as k_moe_hidden_g
@@ -588,7 +615,8 @@ extern "C" __global__ void k_moe_combine(const float* ypair, const float* weight
 }
 `;
 
-export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_down_g', 'k_moe_down_g4',
+export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_hidden_g2', 'k_moe_down_g',
+  'k_moe_down_g4',
   'k_moe_combine',
   'k_moe_hidden_tc', 'k_moe_down_tc'] as const;
 

@@ -31,15 +31,16 @@ template <class T> static bool rd(FILE* f, std::vector<T>& v) { return fread(v.d
 
 // argv: input, output. Input: i32 kind (0 scalar, 1 vec, 2 grouped, 3 grouped with k_moe_hidden_tc, 4 with both
 // tensor-core kernels) T K D I E act gridY (the cap on grid
-// y) chunk (grouped: tokens a pass) downRows (grouped on CUDA cores: 1 k_moe_down_g, 4 k_moe_down_g4); u16 x[T D] (bf16);
+// y) chunk (grouped: tokens a pass) downRows (grouped on CUDA cores: 1 k_moe_down_g, 4 k_moe_down_g4) hiddenRows (1
+// k_moe_hidden_g, 2 k_moe_hidden_g2); u16 x[T D] (bf16);
 // i32 experts[T K]; f32 weights[T K]; u16 gate[E I D], up[E I D], down[E D I] (bf16).
 // Output: f32 hidden[T K I] (NaN where never written); u16 out[T D] (0xffff where never written); i32 err[4].
 int main(int argc, char** argv) {
   FILE* f = argc == 3 ? fopen(argv[1], "rb") : 0;
-  std::vector<int> hd(10);
+  std::vector<int> hd(11);
   if (!f || !rd(f, hd)) return 2;
   const int vec = hd[0], T = hd[1], K = hd[2], D = hd[3], I = hd[4], E = hd[5], act = hd[6], capY = hd[7], chunk = hd[8];
-  const int downRows = hd[9];
+  const int downRows = hd[9], hiddenRows = hd[10];
   std::vector<u16> x((size_t)T * D), gate((size_t)E * I * D), up(gate.size()), down((size_t)E * D * I);
   std::vector<int> experts((size_t)T * K);
   std::vector<float> weights(experts.size());
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
       if (vec >= 3) {
         sim::launch(dim3{(unsigned)((I + ${MOE_TC_ROWS} - 1) / ${MOE_TC_ROWS}), gy, 1}, ${MOE_TC_THREADS}, [&] {
           k_moe_hidden_tc(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
+        });
+      } else if (hiddenRows == 2) {
+        sim::launch(dim3{(unsigned)((I + 2 * R - 1) / (2 * R)), gy, 1}, ${MOE_THREADS}, [&] {
+          k_moe_hidden_g2(x.data() + (size_t)t0 * D, grp.data(), gate.data(), up.data(), hid, TKc, K, D, I, act);
         });
       } else {
         sim::launch(dim3{(unsigned)((I + R - 1) / R), gy, 1}, ${MOE_THREADS}, [&] {
@@ -128,6 +133,8 @@ export interface MoeSimCase {
   chunk?: number;
   /** grouped on CUDA cores: output rows a warp of the down projection takes (cuda-moe-ops.ts: 4 by default) */
   downRows?: 1 | 4;
+  /** the same for the gate/up products (2 by default) */
+  hiddenRows?: 1 | 2;
 }
 
 export interface MoeSimResult {
@@ -141,13 +148,13 @@ export interface MoeSimResult {
 
 /**
  * The FFN kernels on one case: 'scalar' (k_moe_hidden / k_moe_down), 'vec' (k_moe_hidden_v /
- * k_moe_down_v), 'grouped' (k_moe_group, k_moe_hidden_g, k_moe_down_g4 or k_moe_down_g, k_moe_combine per chunk) or
+ * k_moe_down_v), 'grouped' (k_moe_group, k_moe_hidden_g2 or _g, k_moe_down_g4 or _g, k_moe_combine per chunk) or
  * 'grouped-tc' (the same with k_moe_hidden_tc) or 'grouped-tc2' (and k_moe_down_tc).
  */
 export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc' | 'grouped-tc2', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
   const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc', 'grouped-tc2'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
-    c.chunk ?? MOE_PASS_ROWS.value, c.downRows ?? 4), c.x,
+    c.chunk ?? MOE_PASS_ROWS.value, c.downRows ?? 4, c.hiddenRows ?? 2), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
