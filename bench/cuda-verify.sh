@@ -43,7 +43,7 @@ fi
 
 step "CUDA tests, cold kernel cache"
 CACHE=$(mktemp -d)
-LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 300)" node --import tsx --test --test-concurrency=1 \
+LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 130)" node --import tsx --test --test-concurrency=1 \
   test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts \
   test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts \
   test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts > "$OUT/cuda-tests.txt" 2>&1
@@ -54,7 +54,7 @@ for _ in $(seq 1 180); do [ -f "$MODEL_DIR.done" ] && break; sleep 1; done
 [ -f "$MODEL_DIR/config.json" ] || { echo "no model at $MODEL_DIR (see $OUT/make-model.log)"; exit 1; }
 
 step "B=1 decode and the GEMM tuning table"
-run_for "$(cap 90 200)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
+run_for "$(cap 90 100)" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" --prompt-tokens 512 \
   --decode-tokens 128 --repeats 2 --json "$OUT/generate.json" 2>&1 | grep -E '^(device|ready|prefill|decode|host|gemm)'
 
 for warm in ${SERVE_WARMUP:-default no}; do
@@ -67,7 +67,7 @@ for warm in ${SERVE_WARMUP:-default no}; do
 done
 
 step "decode attention alone, 256 rows"
-run_for "$(cap 60 100)" node --import tsx bench/cuda-attention.ts --decode 1024,2048 --prefill 1024 --batch 256 \
+run_for "$(cap 60 50)" node --import tsx bench/cuda-attention.ts --decode 1024,2048 --prefill 1024 --batch 256 \
   --json "$OUT/attention-b256.json" 2>&1 | tail -8
 
 step "throughput, 256 x 1k/1k greedy"
