@@ -25,6 +25,11 @@ import { describe, moeShapes, opError } from './validate.ts';
 export type MoeKernels = 'scalar' | 'vec';
 const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'scalar' ? 'scalar' : 'vec');
 
+/** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
+export function setMoeKernels(k: MoeKernels): MoeKernels {
+  return moeKernels.set(k);
+}
+
 /**
  * Grouped inputs of at least this many tokens make the experts' gate/up products on tensor cores
  * (k_moe_hidden_tc) instead of CUDA cores (k_moe_hidden_g): prefill. On the H200 (Qwen3-30B-A3B
@@ -47,6 +52,11 @@ export function setMoeTcMinRows(n: number): number {
  */
 const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS ?? 64));
 
+/** Sets the token count from which grouped moeFfn runs the down projection on tensor cores (0: never); returns the old one. */
+export function setMoeTcDownMinRows(n: number): number {
+  return tcDownMinRows.set(n);
+}
+
 /**
  * Output rows a warp of the grouped CUDA-core down projection streams together: 4 (k_moe_down_g4,
  * the default) or 1 (k_moe_down_g; $LLMTS_CUDA_MOE_DOWN_ROWS=1). Decode-sized groups (a few tokens
@@ -55,6 +65,11 @@ const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_D
  * (8.99 and 11.17 ms between tokens).
  */
 const downRows = new Setting<1 | 4>(process.env.LLMTS_CUDA_MOE_DOWN_ROWS === '1' ? 1 : 4);
+
+/** Sets the rows a warp of k_moe_down_g(4) takes (tests, benchmarks); returns the old one. */
+export function setMoeDownRows(r: 1 | 4): 1 | 4 {
+  return downRows.set(r);
+}
 
 /**
  * Rows a warp of the grouped CUDA-core gate/up products streams together: 2 (k_moe_hidden_g2, the
@@ -69,24 +84,9 @@ export function setMoeHiddenRows(r: 1 | 2): 1 | 2 {
   return hiddenRows.set(r);
 }
 
-/** Sets the rows a warp of k_moe_down_g(4) takes (tests, benchmarks); returns the old one. */
-export function setMoeDownRows(r: 1 | 4): 1 | 4 {
-  return downRows.set(r);
-}
-
-/** Sets the token count from which grouped moeFfn runs the down projection on tensor cores (0: never); returns the old one. */
-export function setMoeTcDownMinRows(n: number): number {
-  return tcDownMinRows.set(n);
-}
-
 /** Sets the token count from which moeFfn groups by expert (0: never; tests, benchmarks); returns the old one. */
 export function setMoeGroupedMinRows(n: number): number {
   return MOE_GROUPED_MIN_ROWS.set(n);
-}
-
-/** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
-export function setMoeKernels(k: MoeKernels): MoeKernels {
-  return moeKernels.set(k);
 }
 
 export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
