@@ -13,7 +13,8 @@
 # 2,048; the down projection on CUDA cores; every (token, expert) pair on its own, as before the
 # grouping). The
 # generic kernels ($LLMTS_CUDA_MOE=scalar) are not in the default list: their 16-request run took
-# over two minutes. Environment: LAYERS (24), MODEL_DIR (/tmp/llmts-qwen3moe-random); DEVICE=cpu
+# over two minutes. Environment: LAYERS (24), MODEL_DIR (/tmp/llmts-qwen3moe-random), PROFILE=1 (then
+# the defaults' decode graph profiled at 1 and 16 rows: bench/cuda-generate.ts --profile-batch); DEVICE=cpu
 # with a --tiny model (make_random_models.py) only tests the plumbing off the GPU machine.
 set -u
 cd "$(dirname "$0")/.."
@@ -42,3 +43,10 @@ for v in $VARIANTS; do
   IFS=, read -r -a envs <<< "$settings"
   run "$name" "${envs[@]}"
 done
+if [ "${PROFILE:-0}" = 1 ]; then # the defaults' decode graph, one layer call by call, at 1 and at 16 rows
+  for b in 1 16; do
+    echo "== profile, $b rows"
+    timeout 120 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens 512 \
+      --decode-tokens 32 --repeats 1 --profile-graph --profile-batch "$b" --json "$OUT/profile-$b.json" 2>&1 | grep -E '^(graph|layer|  )' | head -24
+  done
+fi

@@ -1,6 +1,7 @@
 // The CUDA backend's mixture-of-experts ops (Backend.moeRoute, moeFfn): top-k routing of each
-// token's expert logits, then each token's experts' GLU FFN weighted by its routing weights, in
-// two kernels through an f32 hidden scratch. Separate from cuda-backend.ts because only MoE
+// token's expert logits, then each token's experts' GLU FFN weighted by its routing weights: per
+// (token, expert) pair in two kernels through an f32 hidden scratch, or from MOE_GROUPED_MIN_ROWS
+// tokens grouped by expert in four kernels a pass (moeFfnGrouped). Separate from cuda-backend.ts because only MoE
 // models reach them and their checks (expert-stacked weights, routing pairs) are their own.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
