@@ -9,7 +9,8 @@
 # VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the switches measured in
 # session 6 against the defaults: the tuner's old write flush, the tensor-core decode's early reads,
 # the GLU epilogue off, rope and the KV write in the q/k/v GEMV's epilogue).
-# CONTEXTS (default "512 4096"), MODEL_DIR (default /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
+# CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
+# /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
 # with MODEL_DIR=models/demo tests the plumbing).
 set -u
 cd "$(dirname "$0")/.."
@@ -36,4 +37,4 @@ for ctx in ${CONTEXTS:-512 4096}; do
     gen "$name" "$ctx" "${envs[@]}"
   done
 done
-EXTRA=--profile-graph LINES_MAX=40 gen graph-profile 512 X=1
+EXTRA="--profile-graph --profile-batch ${PROFILE_BATCH:-1}" LINES_MAX=40 gen graph-profile 512 X=1
