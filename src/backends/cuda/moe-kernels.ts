@@ -270,8 +270,8 @@ extern "C" __global__ void __launch_bounds__(1024) k_moe_group(const int* expert
 // a row in flight, for Q of the group's pairs at a time: k_moe_hidden_g (R = 1, U = MOE_UNR_H,
 // Q = MOE_GROUP_TOKENS) or k_moe_hidden_g2 (R = 2, U = 4, Q = 4: 128 registers without spills under
 // nvcc 13; half the blocks, as k_moe_down_g4 for the down projection; a group of more than 4 pairs
-// streams its rows again for each 4, from L2). A lane's chunks and their summation order are k_moe_hidden_v's for any R, U and
-// Q, so each value is the same bits.
+// streams its rows again for each 4, from L2). A lane's chunks and their summation order are
+// k_moe_hidden_v's for any R, U and Q, so each value is the same bits.
 template <int R, int U, int Q>
 __device__ __forceinline__ void moe_hidden_g_rows(const u16* x, const int* grp, const u16* gate, const u16* up,
     float* hidden, int TK, int K, int D, int I, int act) {
@@ -616,9 +616,7 @@ extern "C" __global__ void k_moe_combine(const float* ypair, const float* weight
 `;
 
 export const MOE_KERNEL_NAMES = ['k_moe_hidden_v', 'k_moe_down_v', 'k_moe_group', 'k_moe_hidden_g', 'k_moe_hidden_g2', 'k_moe_down_g',
-  'k_moe_down_g4',
-  'k_moe_combine',
-  'k_moe_hidden_tc', 'k_moe_down_tc'] as const;
+  'k_moe_down_g4', 'k_moe_combine', 'k_moe_hidden_tc', 'k_moe_down_tc'] as const;
 
 /** threads per block of both kernels (8 warps: 8 output rows a block) */
 export const MOE_THREADS = 256;

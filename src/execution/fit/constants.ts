@@ -242,8 +242,10 @@ export const CUDA_ATTENTION_LAYER_MS: Constant = {
 
 /**
  * Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair.
- * Refitted in session 7 to the warp-a-token router, the vectorized kernels and the grouping by expert
- * (the session-3 fit, 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed).
+ * Refitted in session 7 to the warp-a-token router and the vectorized kernels (the session-3 fit,
+ * 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed). The fit's MoE cases
+ * decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8 tokens and more) is
+ * not in it.
  */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.7812,
