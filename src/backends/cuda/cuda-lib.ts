@@ -134,6 +134,8 @@ export interface Driver {
     params: P, extra: P): number;
   /** config: the address of a CUlaunchConfig in host memory (pdl.ts writes it) */
   cuLaunchKernelEx(config: P, f: P, params: P, extra: P): number;
+  cuProfilerStart(): number;
+  cuProfilerStop(): number;
   cuGetErrorString(code: number, out: (string | null)[]): number;
 }
 
@@ -260,6 +262,8 @@ export function loadDriver(): Driver {
         `unsigned int, unsigned int, unsigned int, ${u64}, ${u64}, ${u64})`,
       cuLaunchKernelEx: `int cuLaunchKernelEx(${u64}, ${u64}, ${u64}, ${u64})`,
       cuGetErrorString: 'int cuGetErrorString(int, _Out_ const char **)',
+      cuProfilerStart: 'int cuProfilerStart()',
+      cuProfilerStop: 'int cuProfilerStop()',
     });
     return driver;
   } catch (e) {

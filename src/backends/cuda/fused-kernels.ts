@@ -92,16 +92,46 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 // One block per (token, q or k head) of qkv [T, (H + 2 KVH) * D]: optional per-head rmsnorm
 // (weights [D]), rotate-half rope on the first 2*half dims, q to qOut [T, H, D]; a k head's block
 // also writes its k and the matching v head to the pools at slots[t] (-1 = skip).
+//
+// ROPE_EARLY=1 (the default; $LLMTS_CUDA_FUSED_DEFINES=ROPE_EARLY=0 for the old order): with
+// programmatic dependent launch, the position, the slot and the angle of the thread's first dim are
+// read and made before the wait for the kernel before (the q/k/v GEMV): they are step inputs the
+// host uploads, which no kernel of the step writes, and every kernel before the one this waits on
+// has completed when this one starts (PDL_ENTRY). At one row the kernel is a chain of global round
+// trips; these were two of its three.
+// ROPE_TIMING_SKIP=1: return after the wait (wrong outputs): only for timing what the kernel costs
+// in a decode step.
 #define ROPE_MAX_D 512
+#ifndef ROPE_EARLY
+#define ROPE_EARLY 1
+#endif
+#ifndef ROPE_TIMING_SKIP
+#define ROPE_TIMING_SKIP 0
+#endif
 extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, const float* invFreq, int invStride,
                                       float scaling, const void* qnw, const void* knw, int nwdt, float eps, float off,
                                       u16* qOut, void* kpool, void* vpool, int pdt, const int* slots, int T, int H,
                                       int KVH, int D, int half, i64 numSlots, int* err) {
-  PDL_ENTRY();
   __shared__ float xs[ROPE_MAX_D];
   __shared__ float red[32];
   const int t = blockIdx.x, hh = blockIdx.y;
   const bool isQ = hh < H;
+#if ROPE_EARLY
+  // the first dim's angle (d = threadIdx.x), as the loop below makes it
+  const int d0 = threadIdx.x, j0 = d0 < half ? d0 : d0 - half;
+  const float p = (float)pos[t];
+  const int slot = isQ ? -1 : slots[t];
+  float c0 = 0.0f, s0 = 0.0f;
+  if (d0 < 2 * half) {
+    const float ang = __fmul_rn(p, invFreq[(i64)t * invStride + j0]);
+    c0 = cosf(ang) * scaling;
+    s0 = sinf(ang) * scaling;
+  }
+  PDL_ENTRY();
+#else
+  PDL_ENTRY();
+#endif
+  if (ROPE_TIMING_SKIP) return;
   const i64 W = (i64)(H + 2 * KVH) * D;
   const i64 src = (i64)t * W + (i64)hh * D; // q heads, then k heads: head hh starts at hh * D
   for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = ld(qkv, xdt, src + d);
@@ -114,8 +144,10 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = bf2f(f2bf(xs[d] * inv * (off + ld(nw, nwdt, d))));
   }
   __syncthreads();
+#if !ROPE_EARLY
   const float p = (float)pos[t];
   const int slot = isQ ? -1 : slots[t];
+#endif
   const int kh = hh - H;
   if (!isQ && slot >= numSlots) {
     if (threadIdx.x == 0) report(err, 2, t, slot, (int)numSlots);
@@ -125,8 +157,18 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     float y = xs[d];
     if (d < 2 * half) {
       const int j = d < half ? d : d - half;
-      const float ang = __fmul_rn(p, invFreq[(i64)t * invStride + j]);
-      const float c = cosf(ang) * scaling, s = sinf(ang) * scaling;
+      float c, s;
+#if ROPE_EARLY
+      if (d == d0) {
+        c = c0;
+        s = s0;
+      } else
+#endif
+      {
+        const float ang = __fmul_rn(p, invFreq[(i64)t * invStride + j]);
+        c = cosf(ang) * scaling;
+        s = sinf(ang) * scaling;
+      }
       const float a = xs[j], b = xs[j + half];
       y = d < half ? a * c - b * s : b * c + a * s;
     }

@@ -479,7 +479,8 @@ export interface KernelModule<K extends string = string> {
 /**
  * Macros put before a module's source from $`variable`="NAME=VALUE,...", for experiments with its
  * tuning macros ($LLMTS_CUDA_ATT_DEFINES: the attention module, attention-kernels.ts;
- * $LLMTS_CUDA_GEMV_DEFINES: the gemv module, gemv-kernels.ts); the module's cache key is its source,
+ * $LLMTS_CUDA_GEMV_DEFINES: the gemv module, gemv-kernels.ts; $LLMTS_CUDA_FUSED_DEFINES: the fused
+ * module, fused-kernels.ts); the module's cache key is its source,
  * so each setting is compiled and cached apart.
  */
 function moduleDefines(variable: string): string {
@@ -503,7 +504,7 @@ function kernelModule<K extends string>(name: string, body: string, kernels: rea
 export const KERNEL_MODULES = [
   kernelModule('attention', moduleDefines('LLMTS_CUDA_ATT_DEFINES') + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
-  kernelModule('fused', FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
+  kernelModule('fused', moduleDefines('LLMTS_CUDA_FUSED_DEFINES') + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
   // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
   kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
     [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,

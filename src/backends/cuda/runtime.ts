@@ -82,6 +82,15 @@ export class CudaRuntime {
   kernelsMs: number | undefined = undefined;
   /** kernel launches so far (a tracked number: small kernels are launch-bound) */
   launches = 0;
+  /** graph launches so far (the profiler window counts them) */
+  private graphLaunches = 0;
+  /**
+   * $LLMTS_CUDA_PROFILER_GRAPHS=FROM[:COUNT]: graph launches FROM .. FROM+COUNT-1 (0-based, COUNT
+   * default 1) run between cuProfilerStart and cuProfilerStop, so that Nsight Compute started with
+   * --profile-from-start off measures those replays' kernels and nothing else (the GEMM tuner's
+   * timings, prefill, warm-up). A diagnostic: it synchronizes after the window's last launch.
+   */
+  private readonly profilerWindow = parseProfilerWindow(process.env.LLMTS_CUDA_PROFILER_GRAPHS);
   /** set while kernels are being timed (startProfile / stopProfile) */
   profiler: KernelProfiler | null = null;
   /**
@@ -330,7 +339,15 @@ export class CudaRuntime {
   /** Enqueues a captured graph (counted as one launch). */
   launchGraph(exec: number): void {
     const t0 = this.profiler?.begin();
+    const window = this.profilerWindow;
+    const inWindow = window !== null && this.graphLaunches >= window.from && this.graphLaunches < window.from + window.count;
+    if (inWindow && this.graphLaunches === window.from) check(this.d.cuProfilerStart(), 'cuProfilerStart');
     check(this.d.cuGraphLaunch(exec, this.stream), 'cuGraphLaunch');
+    if (inWindow && this.graphLaunches === window.from + window.count - 1) {
+      check(this.d.cuStreamSynchronize(this.stream), 'cuStreamSynchronize');
+      check(this.d.cuProfilerStop(), 'cuProfilerStop');
+    }
+    this.graphLaunches++;
     if (t0 !== undefined) this.profiler!.end('graph replay', t0);
     this.launches++;
   }
@@ -424,4 +441,13 @@ export class CudaRuntime {
     this.d.cuStreamDestroy_v2(this.stream);
     this.d.cuDevicePrimaryCtxRelease_v2(this.dev);
   }
+}
+
+/** $LLMTS_CUDA_PROFILER_GRAPHS ("FROM" or "FROM:COUNT"), or null when unset; throws on anything else. */
+export function parseProfilerWindow(v: string | undefined): { from: number; count: number } | null {
+  if (v === undefined || v === '') return null;
+  const m = /^(\d+)(?::(\d+))?$/.exec(v.trim());
+  const count = m ? Number(m[2] ?? '1') : 0;
+  if (!m || count < 1) throw new Error(`LLMTS_CUDA_PROFILER_GRAPHS must be FROM or FROM:COUNT (graph launches, COUNT >= 1), got ${JSON.stringify(v)}`);
+  return { from: Number(m[1]), count };
 }
