@@ -63,6 +63,13 @@ export interface StepLayout {
   /** i32 [R, maxBlocksPerRow]: physical block of each logical block; -1 where not held */
   blockTables: Tensor;
   blockSize: number;
+  /**
+   * true: no two tokens of the step share a row (the decode graphs' layouts, whose tokenRow is
+   * 0 .. B-1), so a backend may leave out work that only rows of several tokens need (the CUDA
+   * backend's prefill attention kernel). Absent or false: no promise. Whoever sets it must keep it:
+   * a backend does not check it on the device.
+   */
+  oneTokenPerRow?: boolean;
 }
 
 /** The host arrays a StepLayout is uploaded from (graph replays copy them into fixed buffers). */

@@ -143,6 +143,7 @@ export class DecodeGraphs {
     const pick = view(at.pick, B, [B]);
     const layouts: StepLayout[] = at.groups.map((g) => ({
       tokenRow, tokenPos, slots: view(g.slots, B, [B]), blockTables: view(g.tables, B * W, [B, W]), blockSize: this.blockSize,
+      oneTokenPerRow: true, // tokenRow is 0 .. B-1 (run)
     }));
     // One eager run first: whatever the backend settles on first use (GEMM algorithms timed on
     // the real shapes, kernels loaded) is settled before the capture freezes it. It computes

@@ -157,6 +157,19 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
   });
 });
 
+describe('the prefill kernel in the plan (planAttention)', () => {
+  const shape = { T: 16, H: 32, KVH: 8, D: 128, numBlocks: 64, blockSize: 16, R: 16, maxBlocksPerRow: 8, window: 0,
+    qDtype: 'bf16', poolDtype: 'bf16' } as const;
+  it('past ATT_DEC_MAX_RUN tokens, unless the layout promises one token a row (a decode graph)', () => {
+    assert.equal(planAttention(shape, 132).prefillKernel, 'k_attn_prefill_d128');
+    assert.equal(planAttention({ ...shape, T: 4 }, 132).prefillKernel, undefined);
+    const decodeOnly = planAttention({ ...shape, oneTokenPerRow: true }, 132);
+    assert.equal(decodeOnly.prefillKernel, undefined);
+    assert.equal(decodeOnly.prefillTiles, 0);
+    assert.equal(decodeOnly.decodeKernel, 'k_attn_decode_tc_d128');
+  });
+});
+
 describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blocks an SM)', () => {
   // the H200's 132 SMs, Llama-3.1-8B's 8 kv heads: a wave is 396 blocks
   const slots = (T: number, maxSplits: number) => tcDecodeSlots(T, 8, maxSplits, 132);

@@ -102,8 +102,31 @@ test('padding rows (10 rows in the 16-row bucket) write no KV and change no row'
     await e.close(0);
     return out.map((o) => o.tokenIds);
   };
-  const graphed = new ReplayingReference();
+  // the graphs' layouts promise one token a row (the CUDA backend then skips its prefill
+  // attention kernel); the reference backend checks the promise on every call that makes it
+  let promised = 0;
+  const graphed = new (class extends ReplayingReference {
+    override attention(...args: Parameters<ReplayingReference['attention']>) {
+      if (args[2].oneTokenPerRow) promised++;
+      return super.attention(...args);
+    }
+  })();
   const viaGraphs = await run(graphed);
   assert.deepEqual(viaGraphs, await run(new ReferenceBackend()));
   assert.ok(graphed.replays > 0);
+  assert.ok(promised > 0, 'no attention call of a decode graph promised one token a row');
+});
+
+test('the reference backend refuses a layout that breaks its one-token-a-row promise', () => {
+  const b = new ReferenceBackend();
+  const kv = { k: b.zeros([4, 4, 1, 8], 'f32'), v: b.zeros([4, 4, 1, 8], 'f32') };
+  const layout = (rows: number[]) => ({
+    tokenRow: b.upload(Int32Array.from(rows), [rows.length]), tokenPos: b.upload(Int32Array.from(rows.map((_, k) => k)), [rows.length]),
+    slots: b.upload(Int32Array.from(rows.map((_, k) => k)), [rows.length]), blockTables: b.upload(Int32Array.from([0, 1, 2, 3]), [2, 2]),
+    blockSize: 4, oneTokenPerRow: true,
+  });
+  const q = b.zeros([2, 1, 8], 'f32');
+  const params = { scale: 1, window: 0, softcap: 0 };
+  b.attention(q, kv, layout([0, 1]), params); // kept
+  assert.throws(() => b.attention(q, kv, layout([0, 0]), params), /promises one token a row/);
 });

@@ -8,7 +8,7 @@
 // evenly, because each decode kernel block derives its token, split and key range from tokenPos
 // on the device. The decode kernels always run (a step may hold decode tokens whatever its
 // shape); the prefill kernel runs whenever T > ATT_DEC_MAX_RUN (with fewer tokens every run is
-// short enough to be decode).
+// short enough to be decode), unless the layout promises one token a row (StepLayout.oneTokenPerRow).
 import type { DType } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
 import {
@@ -30,6 +30,7 @@ const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? 
  */
 const TC_DECODE_RESIDENT = Number(process.env.LLMTS_CUDA_ATT_TC_RESIDENT ?? '') || 3;
 const MAX_GRID_Y = 65535;
+const ONE_TOKEN_HINT = process.env.LLMTS_CUDA_ATT_ONE_TOKEN_HINT !== 'off';
 /**
  * Ints in the backend's buffer of split counters (AttentionCall.counters: zeroed once, every
  * counter set back to 0 by the kernel that used it): one per (decode token, kv head) of a call.
@@ -63,6 +64,8 @@ export interface AttentionShape {
   window: number;
   qDtype: DType;
   poolDtype: DType;
+  /** StepLayout.oneTokenPerRow: every token is a decode token, so the prefill kernel has nothing to do */
+  oneTokenPerRow?: boolean;
 }
 
 /** Device addresses and scalars of one call. */
@@ -171,7 +174,10 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const maxSplits = Math.ceil(maxKeys / (tc ? ATT_TC_MIN_CHUNK : ATT_MIN_CHUNK));
   const slots = tc ? tcDecodeSlots(s.T, s.KVH, maxSplits, smCount)
     : Math.max(1, Math.min(Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks)), s.T * maxSplits));
-  const prefill = s.T > ATT_DEC_MAX_RUN;
+  // a decode graph's layout promises one token a row: the prefill kernel's blocks would all exit
+  // (at 16 rows on the H200, 4.3 us a layer of an 8B step's 203 us; $LLMTS_CUDA_ATT_ONE_TOKEN_HINT=off
+  // launches it anyway, for A/B runs)
+  const prefill = s.T > ATT_DEC_MAX_RUN && !(s.oneTokenPerRow && ONE_TOKEN_HINT);
   const fused = tc && slots >= 2;
   return {
     path: 'fast',

@@ -264,6 +264,10 @@ export class ReferenceBackend implements Backend {
     const qv = f(q), kc = f(kv.k), vc = f(kv.v);
     const rows = i(layout.tokenRow), poss = i(layout.tokenPos), tables = i(layout.blockTables);
     const maxBlocks = layout.blockTables.shape[1];
+    if (layout.oneTokenPerRow && new Set(rows.subarray(0, T)).size !== T) {
+      // the oracle checks the promise a device backend acts on unchecked
+      throw new Error(`attention: the layout promises one token a row, but tokenRow is [${[...rows.subarray(0, T)].join(', ')}]`);
+    }
     const out = this.floats(q.shape);
     for (let t = 0; t < T; t++) {
       const r = rows[t], p = poss[t];
