@@ -80,7 +80,7 @@ function reference(s: SimCall): Float64Array {
 }
 
 function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number, sms = SIM_SMS,
-  defines: readonly string[] = []): void {
+  defines: readonly string[] = [], stages?: number): void {
   const s = build(c);
   const old = setDecodeKernelKind(kind);
   let plan;
@@ -91,7 +91,7 @@ function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: num
     setDecodeKernelKind(old);
   }
   assert.equal(plan.tensorCores, kind === 'tc', `${label}: the plan picked ${plan.decodeKernel}`);
-  const { out, err, countersLeft } = runAttentionSim(s, plan, defines);
+  const { out, err, countersLeft } = runAttentionSim(s, plan, defines, stages);
   assert.equal(err[0], expectErr ?? 0, `${label}: error word ${[...err].join(', ')}`);
   assert.equal(plan.fusedCombine, kind === 'tc' && plan.slots >= 2, `${label}: the tensor-core kernel merges its own splits`);
   assert.equal(countersLeft, 0, `${label}: every split counter is back to 0`);
@@ -146,6 +146,18 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       SIM_SMS, early);
     check('early 150 rows (the plan kernel)', { D: 64, H: 4, KVH: 2, BS: 16, rows: Array.from({ length: 150 }, (_, i) => ({ start: (i * 7) % 60 })),
       seed: 13 }, 'tc', undefined, SIM_SMS, early);
+  });
+
+  it('tc with a ring of 3 and 4 stages (3 or 4 tiles in flight; fewer tiles than stages; a hole; early reads): the same results', () => {
+    for (const stages of [3, 4]) {
+      for (const [label, c] of cases) check(`${stages} stages ${label}`, c, 'tc', undefined, SIM_SMS, [], stages);
+      check(`${stages} stages 40 rows`, { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })),
+        seed: 8 }, 'tc', undefined, SIM_SMS, [], stages);
+      check(`${stages} stages hole`, { D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 },
+        'tc', 4, SIM_SMS, [], stages);
+      check(`${stages} stages early`, { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 96 }, { start: 2 }], seed: 14 }, 'tc', undefined,
+        SIM_SMS, ['ATT_TC_EARLY=1'], stages);
+    }
   });
 
   it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {

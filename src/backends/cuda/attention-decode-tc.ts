@@ -12,9 +12,12 @@
 //   k_attn_decode_tc_d<D>  grid (W, KVH), 128 threads; same slots, splits, partials and combine as
 //       k_attn_decode_d<D>_g<GC> (it is a drop-in replacement when the GQA group G <= 16). The
 //       group's G query heads are the rows of one m16 tile (rows >= G are zeros, never written).
-//       Keys go in tiles of BK = 32, double-buffered: while tile it is used, tile it+1 loads (Q
-//       travels with tile 0, and each tile's block-table entries are read a tile ahead, so at one
-//       row, where the kernel is a chain of global round trips, a tile costs no extra one).
+//       Keys go in tiles of BK = 32 through a ring of ATT_TC_STAGES stages (attTcStages, default
+//       2): while tile it is used, tiles it+1 .. it+STAGES-1 load (Q travels with tile 0, and each
+//       tile's block-table entries are read a tile ahead, so at one row, where the kernel is a
+//       chain of global round trips, a tile costs no extra one). The ring is the launch's dynamic
+//       shared memory (attTcSharedBytes: past 48 KiB at 3 stages, so attention.ts raises the
+//       kernel's limit).
 //       Per tile: warp w computes the scores of keys [8w, 8w + 8) (S = Q K^T, mma m16n8k16) into
 //       shared memory; then every warp reads the whole tile's scores and runs the same online
 //       softmax (so all warps hold identical max and sum), and computes O[:, D/4 * w ..) += P V for
@@ -25,7 +28,16 @@
 //       counters[token, kv head]; the split that counts last merges the partials of the group's
 //       heads and writes the output, and sets the counter back to 0 for the next call (a graph
 //       replays the same buffer). At one row that saves a dependent launch per layer.
-export const ATTENTION_DECODE_TC_KERNELS = String.raw`
+export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
+const DECODE_TC_BODY = String.raw`
+// the ring of key / value tiles: the block's dynamic shared memory (the host warp simulator's
+// stand-in without __CUDA_ARCH__)
+#ifdef __CUDA_ARCH__
+extern __shared__ uint4 att_tc_dyn[];
+__device__ __forceinline__ uint4* att_tc_ring() { return att_tc_dyn; }
+#else
+__device__ __forceinline__ uint4* att_tc_ring() { return (uint4*)sim_dynamic_shared(); }
+#endif
 // ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; not yet measured, so 0): with programmatic dependent
 // launch, a block reads its token's row, position and first block-table entries before it waits
 // for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
@@ -58,16 +70,17 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     KST = D / 16,     // k-steps of Q.K^T
     DW = D / 4,       // head dims per warp in P.V
     DWT = DW / 8,     // n-tiles of O per warp
-    TILE = BK * LDS   // elements of one K or V tile
+    TILE = BK * LDS,  // elements of one K or V tile
+    NST = ATT_TC_STAGES
   };
-  ATT_STATIC_ASSERT(D % 64 == 0 && D <= 128 && 16 * LDS <= 2 * TILE, att_decode_tc_tile);
-  __shared__ uint4 s_kv4[2 * 2 * TILE / 8]; // [stage][K tile, V tile]; Q staging before the key loop
+  ATT_STATIC_ASSERT(D % 64 == 0 && D <= 128 && 16 * LDS <= 2 * TILE && NST >= 2 && NST <= 4, att_decode_tc_tile);
   __shared__ float s_sc[16][BK + 1];        // the tile's scores (log2 domain), rows = heads of the group
-  __shared__ int s_slot[2][BK];              // KV slot of each key of a stage's tile, -1: none
+  __shared__ int s_slot[NST][BK];            // KV slot of each key of a stage's tile, -1: none
   __shared__ int s_list[ATT_DEC_INLINE_T];
   __shared__ int s_wsum[32];
   __shared__ int s_last;
-  u16* const s_kv = (u16*)s_kv4;
+  // [stage][K tile, V tile] (NST 2 TILE elements); Q staged in the last stage before the key loop
+  u16* const s_kv = (u16*)att_tc_ring();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c4 = lane & 3; // mma fragment coordinates: rows g, g + 8; columns 2 c4, 2 c4 + 1
@@ -110,9 +123,9 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       waited = true;
     }
 #endif
-    // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through stage 1's K buffer
-    // (stage 0 takes the first key tile meanwhile: Q and that tile travel together)
-    u16* const s_q = s_kv + 2 * TILE;
+    // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the last stage's K
+    // buffer (the first tiles go to the others meanwhile: Q and they travel together)
+    u16* const s_q = s_kv + (NST - 1) * 2 * TILE;
     for (int c = tid; c < 16 * NCH; c += NTH) {
       const int qi = c / NCH, ch = c - qi * NCH;
       const bool ok = qi < G;
@@ -125,10 +138,10 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     for (int k = 0; k < DWT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g and g + 8
 
-    // slots of tile it into stage (it & 1) (its table entries in blkNext; then the next tile's are
+    // slots of tile it into stage it % NST (its table entries in blkNext; then the next tile's are
     // loaded into it), then its K and V copies (one commit group)
 #define ATT_TC_ISSUE(it) do { \
-      const int st_ = (it) & 1, j_ = k0 + (it) * BK + tid; \
+      const int st_ = (it) % NST, j_ = k0 + (it) * BK + tid; \
       if (tid < BK) { \
         int slot_ = -1; \
         if (j_ < k1) { \
@@ -151,26 +164,26 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       att_cp_commit(); \
     } while (0)
 
-    if (ntiles > 0) {
-      ATT_TC_ISSUE(0);
-      att_cp_wait<1>(); // Q has landed (tile 0 may still be in flight)
-    } else {
-      att_cp_wait<0>();
+    // tiles 0 .. NST-2, a commit group each (an empty group for a tile past the last, so that the
+    // waits below count the same groups whatever ntiles is)
+    for (int k = 0; k < NST - 1; k++) {
+      if (k < ntiles) ATT_TC_ISSUE(k);
+      else att_cp_commit();
     }
+    att_cp_wait<NST - 1>(); // Q has landed (the tiles may still be in flight)
     __syncthreads();
     unsigned qa[KST][4];
 #pragma unroll
     for (int k = 0; k < KST; k++) att_ldsm4(qa[k], s_q + (lane & 15) * LDS + k * 16 + (lane >> 4) * 8);
-    // (tile 1's copies into stage 1 start after the barrier in its ATT_TC_ISSUE: these reads are done)
+    // (tile NST-1's copies into the last stage start after the barrier in its ATT_TC_ISSUE: these
+    // reads are done)
 
     for (int it = 0; it < ntiles; it++) {
-      const int st = it & 1;
-      if (it + 1 < ntiles) {
-        ATT_TC_ISSUE(it + 1);
-        att_cp_wait<1>(); // tile it has landed (it + 1 may still be in flight)
-      } else {
-        att_cp_wait<0>();
-      }
+      const int st = it % NST;
+      // into the stage tile it - 1 used (free since the barrier that ended its iteration)
+      if (it + NST - 1 < ntiles) ATT_TC_ISSUE(it + NST - 1);
+      else att_cp_commit();
+      att_cp_wait<NST - 1>(); // tile it has landed (the NST - 1 after it may still be in flight)
       __syncthreads();
       const u16* sK = s_kv + st * 2 * TILE;
       const u16* sV = sK + TILE;
@@ -365,3 +378,29 @@ extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_
 ATT_DECODE_TC_KERNEL(64)
 ATT_DECODE_TC_KERNEL(128)
 `;
+
+/**
+ * Stages of the tensor-core decode kernel's key / value ring ($LLMTS_CUDA_ATT_TC_STAGES, 2-4; default
+ * 2): more stages keep more bytes in flight a block, where a batch's many rows make the kernel
+ * bandwidth-bound.
+ */
+export function attTcStages(v: string | undefined): number {
+  if (v === undefined || v === '') return 2;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 2 || n > 4) throw new Error(`LLMTS_CUDA_ATT_TC_STAGES must be 2, 3 or 4, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+/** the stages the kernels are compiled with (the ring's size on the host, attTcSharedBytes, follows it) */
+export const ATT_TC_STAGES = attTcStages(process.env.LLMTS_CUDA_ATT_TC_STAGES);
+
+/**
+ * The module's source of the kernel, at ATT_TC_STAGES stages (the define comes last before the
+ * body, so $LLMTS_CUDA_ATT_DEFINES cannot set a ring size the host does not launch with).
+ */
+export const ATTENTION_DECODE_TC_KERNELS = attDecodeTcKernels(ATT_TC_STAGES);
+
+/** Dynamic shared memory of a k_attn_decode_tc_d<D> launch: its ring, stages x (K and V tiles of 32 keys, rows of D + 8) bf16. */
+export function attTcSharedBytes(D: number, stages = ATT_TC_STAGES): number {
+  return stages * 2 * 32 * (D + 8) * 2;
+}

@@ -14,6 +14,7 @@ import { Setting } from '../common/setting.ts';
 import {
   ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_MIN_CHUNK,
 } from './attention-kernels.ts';
+import { attTcSharedBytes } from './attention-decode-tc.ts';
 import { DT_CODE } from './cuda-tensor.ts';
 import { ATT_THREADS, type KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
@@ -41,6 +42,8 @@ export const ATT_COUNTERS = 1 << 20;
 export interface AttentionDevice {
   readonly smCount: number;
   launch(name: KernelName, grid: [number, number, number], block: number, shmem: number, args: KernelArg[]): void;
+  /** lets `name` launch with up to `bytes` of dynamic shared memory (past the 48 KiB that need no opt-in) */
+  allowDynamicShared(name: KernelName, bytes: number): void;
 }
 
 /** Stream-ordered scratch memory (DevicePool): released blocks are reused only by later work. */
@@ -117,6 +120,8 @@ export interface AttentionPlan {
   decodeKernel?: KernelName;
   /** the decode kernel is the tensor-core one (it takes the split counters as a last argument) */
   tensorCores?: boolean;
+  /** the decode kernel's dynamic shared memory (the tensor-core kernel's ring of tiles, attTcSharedBytes) */
+  decodeSharedBytes: number;
   headChunk?: number;
   headChunks?: number;
   /** decode slots (grid x of the decode kernel): the decode tokens share them on the device */
@@ -160,7 +165,9 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const tiles = Math.ceil(s.T / ATT_BQ);
   const fast = mode.value === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
-  if (!fast) return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0 };
+  if (!fast) {
+    return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0, decodeSharedBytes: 0 };
+  }
   const G = s.H / s.KVH;
   // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
   const tc = decodeKind.value === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
@@ -183,6 +190,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
     tensorCores: tc,
+    decodeSharedBytes: tc ? attTcSharedBytes(s.D) : 0,
     headChunk,
     headChunks,
     slots,
@@ -217,7 +225,8 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
   const partml = mlBytes ? scratch.alloc(mlBytes).addr : 0;
   try {
     if (p.planKernel) dev.launch('k_attn_plan', [1, 1, 1], 1024, 0, [['p', c.tokenRow], ['i', c.T], ['p', plan]]);
-    dev.launch(p.decodeKernel!, [W, c.KVH * p.headChunks!, 1], 128, 0, [
+    if (p.decodeSharedBytes > 48 * 1024) dev.allowDynamicShared(p.decodeKernel!, p.decodeSharedBytes);
+    dev.launch(p.decodeKernel!, [W, c.KVH * p.headChunks!, 1], 128, p.decodeSharedBytes, [
       ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', plan],
       ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],

@@ -18,6 +18,7 @@ import {
 
 /** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
 const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 import { KERNEL_MODULES, type KernelModule, type KernelName } from './kernels.ts';
 import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMode } from './nvrtc.ts';
 import { GraphProfiler } from './graph-profiler.ts';
@@ -82,6 +83,8 @@ export class CudaRuntime {
   kernelsMs: number | undefined = undefined;
   /** kernel launches so far (a tracked number: small kernels are launch-bound) */
   launches = 0;
+  /** allowDynamicShared's limits so far */
+  private readonly dynamicSharedAllowed = new Map<KernelName, number>();
   /** graph launches so far (the profiler window counts them) */
   private graphLaunches = 0;
   /**
@@ -355,6 +358,17 @@ export class CudaRuntime {
   destroyGraph(exec: number): void {
     this.graphProfiler?.destroyGraph(exec);
     this.d.cuGraphExecDestroy(exec);
+  }
+
+  /**
+   * Lets `name` launch with up to `bytes` of dynamic shared memory: past 48 KiB a kernel must opt in
+   * (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); raised once, never lowered.
+   */
+  allowDynamicShared(name: KernelName, bytes: number): void {
+    if ((this.dynamicSharedAllowed.get(name) ?? 0) >= bytes) return;
+    check(this.d.cuFuncSetAttribute(this.fn(name), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
+      `cuFuncSetAttribute (${name}: ${bytes} bytes of dynamic shared memory)`);
+    this.dynamicSharedAllowed.set(name, bytes);
   }
 
   /** The driver handle of a kernel (attributes such as dynamic shared memory limits). */

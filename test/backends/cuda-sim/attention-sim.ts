@@ -5,7 +5,7 @@
 // the emulation itself gets wrong: warp-sim.h follows the PTX ISA's fragment layouts).
 import { buildSim, bytesOf, runSim } from './build.ts';
 import { ATTENTION_KERNELS } from '../../../src/backends/cuda/attention-kernels.ts';
-import { ATTENTION_DECODE_TC_KERNELS } from '../../../src/backends/cuda/attention-decode-tc.ts';
+import { ATT_TC_STAGES, attDecodeTcKernels, attTcSharedBytes } from '../../../src/backends/cuda/attention-decode-tc.ts';
 import { type AttentionPlan } from '../../../src/backends/cuda/attention.ts';
 
 export { simUnavailable } from './build.ts';
@@ -34,7 +34,8 @@ template <class T> static std::vector<T> take(FILE* f, size_t n) {
 }
 
 // argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
-// ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine;
+// ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine
+// decodeShared (the decode kernel's dynamic shared bytes);
 // f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
 // poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4]; i32 the split counters' sum afterwards.
 int main(int argc, char** argv) {
@@ -43,10 +44,10 @@ int main(int argc, char** argv) {
   if (!f) return 2;
   char name[64], prefill[64];
   if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
-  std::vector<int> hd = take<int>(f, 15);
+  std::vector<int> hd = take<int>(f, 16);
   const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
   const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
-  const int fused = hd[14];
+  const int fused = hd[14], decodeShared = hd[15];
   std::vector<float> fl = take<float>(f, 2);
   std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
   std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
       fn(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
          part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data());
     }
-  });
+  }, (size_t)decodeShared);
   if (combine) {
     sim::launch(dim3{(unsigned)((W + 1) / 2), (unsigned)H, 1}, 128, [&] {
       k_attn_combine(rows.data(), poss.data(), plan.data(), part.data(), partml.data(), out.data(), T, H, D, R, window, W);
@@ -104,9 +105,9 @@ int main(int argc, char** argv) {
  * The attention module's kernels and the driver, built once per process (cached on disk), with
  * `defines` (NAME=VALUE: the tuning macros $LLMTS_CUDA_ATT_DEFINES sets) put first.
  */
-function attentionSim(defines: readonly string[] = []): string {
+function attentionSim(defines: readonly string[], stages: number): string {
   const head = defines.map((d) => `#define ${d.replace('=', ' ')}\n`).join('');
-  return buildSim('attention', `${head}${ATTENTION_KERNELS}\n${ATTENTION_DECODE_TC_KERNELS}\n${DRIVER}`);
+  return buildSim('attention', `${head}${ATTENTION_KERNELS}\n${attDecodeTcKernels(stages)}\n${DRIVER}`);
 }
 
 export interface SimCall {
@@ -117,8 +118,12 @@ export interface SimCall {
   rows: Int32Array; poss: Int32Array; tables: Int32Array;
 }
 
-/** Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns the bf16 output bits and the error word. */
-export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = []):
+/**
+ * Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns
+ * the bf16 output bits and the error word. `stages`: the tensor-core kernel's ring, compiled and
+ * sized for that many stages (default: the host's ATT_TC_STAGES, the plan's decodeSharedBytes).
+ */
+export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = [], stages = ATT_TC_STAGES):
   { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
   const name = Buffer.alloc(128);
@@ -126,8 +131,9 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
-    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0]);
-  const buf = runSim(attentionSim(defines), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
+    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes]);
+  const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
     c.rows, c.poss, c.tables)]));
   const n = c.T * c.H * c.D;
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
