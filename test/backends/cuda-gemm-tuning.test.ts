@@ -1,8 +1,9 @@
-// The GEMM tuner's rules that need no GPU (gemm-tuning.ts): tuning classes and when our GEMV takes
-// a class from cuBLASLt.
+// The GEMM tuner's rules that need no GPU (gemm-tuning.ts): tuning classes, when our GEMV takes
+// a class from cuBLASLt, and the per-shape picks of $LLMTS_CUDA_GEMV_PICKS (applied on the GPU by
+// cuda-ops.test.ts).
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { GEMV_MARGIN, gemvBar, tuneClassOf } from '../../src/backends/cuda/gemm-tuning.ts';
+import { GEMV_MARGIN, gemvBar, parseGemvPicks, tuneClassOf } from '../../src/backends/cuda/gemm-tuning.ts';
 
 describe('the GEMM tuner', () => {
   it('times rows exactly up to 8, then by classes of 16', () => {
@@ -16,5 +17,15 @@ describe('the GEMM tuner', () => {
     assert.ok(!(16.5 < gemvBar(14.8, 'auto')), 'more than 10% slower alone keeps cuBLASLt');
     assert.equal(gemvBar(14.8, undefined, 1), 14.8, 'margin 1: only when faster alone');
     assert.equal(gemvBar(14.8, 'prefer'), Infinity);
+  });
+
+  it('$LLMTS_CUDA_GEMV_PICKS: MxNxK=launch label or cublaslt, each shape once; anything else is refused', () => {
+    assert.deepEqual(parseGemvPicks(undefined), new Map());
+    assert.deepEqual(parseGemvPicks(''), new Map());
+    assert.deepEqual([...parseGemvPicks(' 1x4096x4096=k_gemv_m1_u8/w4, 1x128256x4096=cublaslt ,1x4096x14336=k_gemvp_m1_u16/w2/b2')], [
+      ['1x4096x4096', 'k_gemv_m1_u8/w4'], ['1x128256x4096', 'cublaslt'], ['1x4096x14336', 'k_gemvp_m1_u16/w2/b2']]);
+    assert.throws(() => parseGemvPicks('1x4096=k_gemv_m1_u8/w4'), /"1x4096=k_gemv_m1_u8\/w4" is not MxNxK=PICK/);
+    assert.throws(() => parseGemvPicks('1x2x3='), /is not MxNxK=PICK/);
+    assert.throws(() => parseGemvPicks('1x2x8=a,1x2x8=b'), /1x2x8 is listed twice/);
   });
 });

@@ -250,6 +250,26 @@ describe('matmul', { skip: SKIP }, () => {
     }
   });
 
+  it('$LLMTS_CUDA_GEMV_PICKS: listed shapes run their pick untimed and exact; a pick its shape has no launch for is refused', async () => {
+    const r = rng(14);
+    const old = process.env.LLMTS_CUDA_GEMV_PICKS;
+    process.env.LLMTS_CUDA_GEMV_PICKS = '1x300x4104=k_gemv_m1_u16/w4,1x37x20488=cublaslt,1x13x8=k_gemv_m1_u8/w16';
+    const on = await createCudaBackend();
+    try {
+      for (const [N, K] of [[300, 4104], [37, 20488]] as const) {
+        const x = randomF32(r, K), w = randomF32(r, N * K);
+        await compare(`picked 1x${N}x${K}`, async (b) => [b.matmul(act(b, x, [1, K]), act(b, w, [N, K]))], GEMM, on);
+      }
+      assert.deepEqual(on.gemmTuning.filter((t) => t.shape === '1x300x4104' || t.shape === '1x37x20488'), [], 'picked shapes are not timed');
+      assert.throws(() => on.matmul(act(on, randomF32(r, 8), [1, 8]), act(on, randomF32(r, 13 * 8), [13, 8])),
+        /k_gemv_m1_u8\/w16 is not a launch for 1x13x8/);
+    } finally {
+      if (old === undefined) delete process.env.LLMTS_CUDA_GEMV_PICKS;
+      else process.env.LLMTS_CUDA_GEMV_PICKS = old;
+      await on.close();
+    }
+  });
+
   it('GEMM shapes of one tuning class share one timing; the others adopt its winner and stay exact', async () => {
     const r = rng(13);
     const N = 96, K = 136; // a shape no other test uses

@@ -41,3 +41,21 @@ function gemvMargin(v: string | undefined): number {
 export function gemvBar(cublasLtMs: number, gemvMode: string | undefined, margin = GEMV_MARGIN): number {
   return gemvMode === 'prefer' ? Infinity : cublasLtMs * margin;
 }
+
+/**
+ * $LLMTS_CUDA_GEMV_PICKS="MxNxK=PICK,...": the pick of each listed shape, untimed: a GEMV launch label
+ * (gemvLabel, e.g. k_gemv_m1_u8/w4) or `cublaslt` (cuBLASLt's heuristic choice). For runs that must
+ * reproduce another run's choices, such as one under Nsight Compute, whose overhead changes the
+ * timings (take the picks from a plain run's bench/cuda-generate.ts JSON, gemmTuning[].chosen).
+ * Throws on a malformed entry; gemm.ts throws when a pick is not a candidate of its shape.
+ */
+export function parseGemvPicks(v: string | undefined): Map<string, string> {
+  const picks = new Map<string, string>();
+  for (const entry of (v ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')) {
+    const m = /^(\d+x\d+x\d+)=(\S+)$/.exec(entry);
+    if (!m) throw new Error(`LLMTS_CUDA_GEMV_PICKS: "${entry}" is not MxNxK=PICK (a GEMV launch label or cublaslt)`);
+    if (picks.has(m[1]!)) throw new Error(`LLMTS_CUDA_GEMV_PICKS: ${m[1]} is listed twice`);
+    picks.set(m[1]!, m[2]!);
+  }
+  return picks;
+}

@@ -7,7 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { gemvBar, L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
+import { gemvBar, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
@@ -106,6 +106,8 @@ export class LtGemm {
   /** one entry per tuned shape, in the order their timings were read */
   readonly tuned: TuneRecord[] = [];
   private pending: PendingTune[] = [];
+  /** $LLMTS_CUDA_GEMV_PICKS (gemm-tuning.ts parseGemvPicks): picks by shape, read when the backend starts */
+  private readonly gemvPicks = parseGemvPicks(process.env.LLMTS_CUDA_GEMV_PICKS);
 
   constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool) {
     this.version = Number(lt.cublasLtGetVersion());
@@ -341,28 +343,38 @@ export class LtGemm {
       if (candidates.length > 0) {
         plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
         if (shared && !known) this.picks.set(bucketKey, candidates[0]!);
-        if (tune) {
-          const classKey = `${wt}.${xt}.${dt}.${tuneClassOf(M)}.${N}.${K}`;
-          let cls = this.classes.get(classKey);
-          if (!cls) this.classes.set(classKey, (cls = { state: 'untuned', waiting: [] }));
-          if (cls.state === 'untuned' && candidates.length < 2 && gemv.length === 0) {
-            cls.state = 'done'; // nothing to choose between
-            cls.algo = plan.algo;
-          } else if (cls.state === 'untuned') {
-            // this shape times the class (on its first run outside a capture)
-            cls.state = 'pending';
-            plan.tuneClass = cls;
-            plan.candidates = candidates;
-            plan.gemvCandidates = gemv;
-          } else if (cls.state === 'pending') cls.waiting.push(plan);
-          else this.adopt(plan, cls);
-        }
-        // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies (its first candidate), or
-        // =<gemvLabel> (e.g. k_gemvp_m1_u16/w1/b2): that launch; untimed (tests, A/B runs)
-        const forced = gemv.find((g) => g.kernel === gemvMode) ?? gemv.find((g) => gemvLabel(g) === gemvMode);
-        if (forced) {
-          plan.gemv = forced;
-          plan.gemvCandidates = [];
+        // $LLMTS_CUDA_GEMV_PICKS: this shape's pick, untimed, outside any tuning class
+        const pick = this.gemvPicks.get(`${M}x${N}x${K}`);
+        if (pick !== undefined) {
+          const chosen = gemv.find((g) => gemvLabel(g) === pick);
+          if (!chosen && pick !== 'cublaslt') {
+            throw new Error(`LLMTS_CUDA_GEMV_PICKS: ${pick} is not a launch for ${M}x${N}x${K} (${gemv.map(gemvLabel).join(', ') || 'no GEMV applies'}, or cublaslt)`);
+          }
+          plan.gemv = chosen;
+        } else {
+          if (tune) {
+            const classKey = `${wt}.${xt}.${dt}.${tuneClassOf(M)}.${N}.${K}`;
+            let cls = this.classes.get(classKey);
+            if (!cls) this.classes.set(classKey, (cls = { state: 'untuned', waiting: [] }));
+            if (cls.state === 'untuned' && candidates.length < 2 && gemv.length === 0) {
+              cls.state = 'done'; // nothing to choose between
+              cls.algo = plan.algo;
+            } else if (cls.state === 'untuned') {
+              // this shape times the class (on its first run outside a capture)
+              cls.state = 'pending';
+              plan.tuneClass = cls;
+              plan.candidates = candidates;
+              plan.gemvCandidates = gemv;
+            } else if (cls.state === 'pending') cls.waiting.push(plan);
+            else this.adopt(plan, cls);
+          }
+          // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies (its first candidate), or
+          // =<gemvLabel> (e.g. k_gemvp_m1_u16/w1/b2): that launch; untimed (tests, A/B runs)
+          const forced = gemv.find((g) => g.kernel === gemvMode) ?? gemv.find((g) => gemvLabel(g) === gemvMode);
+          if (forced) {
+            plan.gemv = forced;
+            plan.gemvCandidates = [];
+          }
         }
       }
     }
