@@ -13,7 +13,8 @@ import {
 import { FitPlanner, realBackendCaps } from '../../src/execution/fit/plan.ts';
 import { cpuMachine, gpuMachine } from '../../src/execution/fit/machines.ts';
 import * as K from '../../src/execution/fit/constants.ts';
-import { decodeSeconds, termSeconds, type DecodeTerm } from '../../src/execution/fit/decode-model.ts';
+import { decodeSeconds, groupedExpertReads, termSeconds, type DecodeTerm } from '../../src/execution/fit/decode-model.ts';
+import { MOE_GROUPED_MIN_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
 import { nnls, fitDecodeConstants, meanTerms, type DecodeSample } from '../../src/execution/fit/calibrate.ts';
 import { CUDA_L2_FLUSH_BYTES, DryRunBackend } from '../../src/execution/fit/dry-run-backend.ts';
 import { ExactModel } from '../../src/execution/fit/allocator.ts';
@@ -81,6 +82,24 @@ test('CPU decode: matrices under 1 MiB run on one thread, the rest on the OpenMP
   assert.equal(q1.small.count, 48);
   const q4 = (await q.decodeStep(CPU, 0, 4, 'f32')).features;
   assert.ok(Math.abs(q4.parallel.count - (dense + 48 * 3 * 128 * (1 - (15 / 16) ** 4))) < 1e-9);
+});
+
+test('CUDA MoE decode: each (token, expert) pair reads its expert below 8 rows; from 8, grouped, each chosen expert once', async () => {
+  const q = await qwen();
+  const expert = 3 * 768 * 2048 * 2; // gate, up and down of one Qwen3-30B-A3B expert, bf16
+  const at = async (rows: number) => (await q.decodeStep(H200, 0, rows, 'bf16')).features.expertPairBytes;
+  assert.equal(await at(1), 48 * 8 * expert);
+  assert.equal(await at(4), 48 * 4 * 8 * expert);
+  // 16 rows: 128 (1 - (15/16)^16) = 82.4 distinct experts a layer, not 128 pairs
+  assert.ok(Math.abs(await at(16) - 48 * 128 * (1 - (15 / 16) ** 16) * expert) < 1);
+  const saved = MOE_GROUPED_MIN_ROWS.set(0); // never grouped: per pair again
+  try {
+    assert.equal(await at(16), 48 * 16 * 8 * expert);
+  } finally {
+    MOE_GROUPED_MIN_ROWS.set(saved);
+  }
+  // one pass past MOE_PASS_ROWS tokens reads the experts again
+  assert.ok(Math.abs(groupedExpertReads(2048 + 16, 128, 8) - 128 * ((1 - (15 / 16) ** 2048) + (1 - (15 / 16) ** 16))) < 1e-9);
 });
 
 test('CPU decode: a one-thread matrix costs the longer of streaming it and its multiply-adds (batch rows cost once compute-bound)', async () => {

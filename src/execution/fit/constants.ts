@@ -244,8 +244,11 @@ export const CUDA_ATTENTION_LAYER_MS: Constant = {
  * Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair.
  * Refitted in session 7 to the warp-a-token router and the vectorized kernels (the session-3 fit,
  * 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed). The fit's MoE cases
- * decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8 tokens and more) is
- * not in it.
+ * decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8 tokens and more),
+ * which decode-model.ts now counts as each chosen expert read once (groupedExpertReads), is not in
+ * it. Against the 16-row profile of session 7 (Qwen3-30B-A3B layers, 245 us a layer of MoE kernels
+ * with event nodes) this value gives 208 us for the 778 MB of distinct experts; the per-pair count
+ * gave 322.
  */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.7812,

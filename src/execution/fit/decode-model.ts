@@ -18,10 +18,11 @@
 //         + attention layers x head dim / 128 x a fixed time: the split-KV decode kernel and its
 //           combine are latency-bound at decode sizes, longer with the head dim (a key's row is
 //           8 bf16 values a lane: 256 takes a whole warp per key where 128 takes half)
-//         + MoE: the expert rows k_moe_hidden / k_moe_down read, one warp per output row and
-//           (token, expert) pair with no sharing between a batch's tokens: rows x top-k experts'
-//           bytes / (peak bandwidth x MoE efficiency), plus a fixed time per MoE layer (those
-//           kernels' loops are latency-bound, far from the bandwidth at decode sizes)
+//         + MoE: the expert rows the MoE kernels read: below 8 rows one warp per output row and
+//           (token, expert) pair with no sharing between a batch's tokens (rows x top-k experts'
+//           bytes), from 8 rows grouped by expert (each chosen expert once: groupedExpertReads),
+//           / (peak bandwidth x MoE efficiency), plus a fixed time per MoE
+//           layer (those kernels' loops are latency-bound, far from the bandwidth at decode sizes)
 //
 // The longer-of choices (rooflines) are made with the constants' current values, so each term
 // stays linear in one constant: the benches fit the constants by non-negative least squares over
@@ -31,6 +32,7 @@ import os from 'node:os';
 import * as K from './constants.ts';
 import type { ConstantName } from './constants.ts';
 import type { Machine } from './machines.ts';
+import { MOE_PASS_ROWS, moeRunsGrouped } from '../../backends/cuda/moe-kernels.ts';
 
 /** A 2-D weight matrix a decode step reads whole. */
 export interface MatrixRead {
@@ -46,8 +48,12 @@ export interface DecodeWeights {
   vectorBytes: number;
   /** one embedding row (a token reads one row of the table) */
   embeddingRowBytes: number;
-  /** MoE layers: the matrices of one expert (gate, up, down) and the routing */
-  experts?: { layers: number; perExpert: MatrixRead[]; numExperts: number; topK: number };
+  /**
+   * MoE layers: the matrices of one expert (gate, up, down) and the routing; groupedKernels: the
+   * CUDA backend's bf16 expert kernels apply (bf16 stacks, sizes in 16-byte chunks), so a step of
+   * MOE_GROUPED_MIN_ROWS rows or more runs grouped by expert
+   */
+  experts?: { layers: number; perExpert: MatrixRead[]; numExperts: number; topK: number; groupedKernels?: boolean };
 }
 
 export interface DecodeFeatures {
@@ -106,10 +112,12 @@ export function decodeFeatures(
   };
   for (const m of w.matrices) read(m, 1, m.params * rows);
   if (w.experts && kind === 'cuda') {
-    // backends/cuda/kernels.ts k_moe_hidden / k_moe_down: every (token, expert) pair reads its expert's rows
-    // (from 8 rows the backend now groups by expert and reads fewer: moe-kernels.ts; refit pending, constants.ts)
-    const { layers: n, perExpert, topK: k } = w.experts;
-    for (const m of perExpert) f.expertPairBytes += m.bytes * n * rows * k;
+    // backends/cuda/moe-kernels.ts: below MOE_GROUPED_MIN_ROWS every (token, expert) pair reads its
+    // expert's rows (k_moe_hidden_v / k_moe_down_v); from there the step is grouped by expert and
+    // each chosen expert's rows stream from HBM once (groupedExpertReads)
+    const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
+    const reads = w.experts.groupedKernels && moeRunsGrouped(rows, E, k) ? groupedExpertReads(rows, E, k) : rows * k;
+    for (const m of perExpert) f.expertPairBytes += m.bytes * n * reads;
   } else if (w.experts) {
     const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
     // uniform routing: B rows touch 1 - (1 - k/E)^B of the experts, and every row passes k of them
@@ -117,6 +125,20 @@ export function decodeFeatures(
     for (const m of perExpert) read(m, n * touched, m.params * n * rows * k);
   }
   return f;
+}
+
+/**
+ * Expert reads from HBM of one grouped MoE layer under uniform routing: each pass of up to
+ * MOE_PASS_ROWS tokens reads every expert its tokens chose once, E (1 - (1 - k / E)^tokens) of them
+ * (16 rows, 8 of 128 experts: 82.4 reads where per pair it was 128). A block that takes an expert's
+ * rows for more than 4 or 8 of its tokens (k_moe_hidden_g2 / k_moe_down_g4) reads them again right
+ * away, from L2; the tensor-core kernels (64 tokens and more) likewise.
+ */
+export function groupedExpertReads(rows: number, E: number, k: number): number {
+  const pass = MOE_PASS_ROWS.value;
+  let reads = 0;
+  for (let done = 0; done < rows; done += pass) reads += E * (1 - (1 - Math.min(1, k / E)) ** Math.min(pass, rows - done));
+  return reads;
 }
 
 /**
