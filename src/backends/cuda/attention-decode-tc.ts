@@ -30,14 +30,6 @@
 //       replays the same buffer). At one row that saves a dependent launch per layer.
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
 const DECODE_TC_BODY = String.raw`
-// the ring of key / value tiles: the block's dynamic shared memory (the host warp simulator's
-// stand-in without __CUDA_ARCH__)
-#ifdef __CUDA_ARCH__
-extern __shared__ uint4 att_tc_dyn[];
-__device__ __forceinline__ uint4* att_tc_ring() { return att_tc_dyn; }
-#else
-__device__ __forceinline__ uint4* att_tc_ring() { return (uint4*)sim_dynamic_shared(); }
-#endif
 // ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; not yet measured, so 0): with programmatic dependent
 // launch, a block reads its token's row, position and first block-table entries before it waits
 // for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
@@ -80,7 +72,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   __shared__ int s_wsum[32];
   __shared__ int s_last;
   // [stage][K tile, V tile] (NST 2 TILE elements); Q staged in the last stage before the key loop
-  u16* const s_kv = (u16*)att_tc_ring();
+  u16* const s_kv = (u16*)dyn_smem(); // the launch's dynamic shared memory
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c4 = lane & 3; // mma fragment coordinates: rows g, g + 8; columns 2 c4, 2 c4 + 1

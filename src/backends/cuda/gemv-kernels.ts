@@ -415,14 +415,8 @@ GEMV_KERNEL(8, 4)
 // opt-in attribute), and the loop reads x chunks from there. MODE 0 reads x as gemv_rows does
 // (through L1, where it stays: the weight loads do not allocate there).
 
-// MODE 1 / 2's staged x, [M, K / 8] chunks: the block's dynamic shared memory (the host warp
-// simulator's stand-in without __CUDA_ARCH__)
-#ifdef __CUDA_ARCH__
-extern __shared__ uint4 gemvp_smem[];
-__device__ __forceinline__ uint4* gemvp_xs() { return gemvp_smem; }
-#else
-__device__ __forceinline__ uint4* gemvp_xs() { return (uint4*)sim_dynamic_shared(); }
-#endif
+// MODE 1 / 2's staged x, [M, K / 8] chunks: the block's dynamic shared memory
+__device__ __forceinline__ uint4* gemvp_xs() { return dyn_smem(); }
 
 // A warp's share of the row groups (the same in every warp of a block, except row and cBegin)
 struct GemvpLayout {

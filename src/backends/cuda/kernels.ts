@@ -53,6 +53,15 @@ inline float h2f(u16 h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 inline u16 f2h(float f) { _Float16 v = (_Float16)f; u16 h; memcpy(&h, &v, 2); return h; }
 #endif
 
+// The launch's dynamic shared memory, 16-byte aligned (the host warp simulator's stand-in without
+// __CUDA_ARCH__)
+#ifdef __CUDA_ARCH__
+extern __shared__ uint4 dyn_smem_[];
+__device__ __forceinline__ uint4* dyn_smem() { return dyn_smem_; }
+#else
+inline uint4* dyn_smem() { return (uint4*)sim_dynamic_shared(); }
+#endif
+
 __device__ __forceinline__ float ld(const void* p, int dt, i64 i) {
   if (dt == DT_BF16) return bf2f(((const u16*)p)[i]);
   if (dt == DT_F32) return ((const float*)p)[i];
