@@ -85,9 +85,14 @@ const m = await loadModel(backend, values.model!);
 await backend.sync();
 const tLoaded = performance.now();
 const cfg = m.config;
+// --profile-graph --profile-batch N: N requests decode together. Their prompts prefill at most a
+// token budget a step (the engine's default 512) while the first ones already decode, so each
+// decodes long enough to outlast all the prefill: the last steps hold all N (with 32 tokens each,
+// 64 prompts of 1k never decoded together and the profile showed the 16-row graph)
+const profileDecodeTokens = profileBatch > 1 ? 32 + Math.ceil((profileBatch * promptTokens) / (tokenBudget ?? 512)) : 0;
 const maxModelLen = values['max-model-len'] !== undefined
   ? Number(values['max-model-len'])
-  : Math.max(promptTokens + decodeTokens, ...sweep.map((n) => n + 1)) + 16;
+  : Math.max(promptTokens + decodeTokens, promptTokens + profileDecodeTokens, ...sweep.map((n) => n + 1)) + 16;
 const engine = new Engine(m.model, m, {
   maxBatch: profileBatch, tokenBudget, maxModelLen, kvTokens: maxModelLen * profileBatch, prefixCache: { promptCacheBytes: 0 },
 });
@@ -221,8 +226,8 @@ type GraphRows = {
 const gprof = backend as Backend & { graphProfile?: () => Promise<GraphRows> };
 if (values['profile-graph'] && gprof.graphProfile) {
   if (profileBatch > 1) {
-    const runs = await Promise.all(Array.from({ length: profileBatch }, (_, i) => once(promptIds(promptTokens, 1000 + i), 32)));
-    if (runs.some((r) => r.tokens !== 32)) throw new Error('a batch request stopped early');
+    const runs = await Promise.all(Array.from({ length: profileBatch }, (_, i) => once(promptIds(promptTokens, 1000 + i), profileDecodeTokens)));
+    if (runs.some((r) => r.tokens !== profileDecodeTokens)) throw new Error('a batch request stopped early');
   }
   const graphs = await gprof.graphProfile();
   (result as Record<string, unknown>).graphProfile = graphs;
