@@ -24,6 +24,8 @@ interface Case {
   window?: number; softcap?: number; scale?: number; seed?: number;
   /** table entries to knock out (row, block): attending them reports error 4 */
   holes?: [number, number][];
+  /** the layout promises one token a row (StepLayout.oneTokenPerRow; every row has count 1) */
+  oneTokenPerRow?: boolean;
 }
 
 function build(c: Case): SimCall {
@@ -86,7 +88,7 @@ function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: num
   let plan;
   try {
     plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
-      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, sms);
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: c.oneTokenPerRow }, sms);
   } finally {
     setDecodeKernelKind(old);
   }
@@ -160,6 +162,21 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     }
   });
 
+  it('tc with a one-token-a-row layout: every token in order, no list made (no k_attn_plan past 128 rows); holes; early reads', () => {
+    const one = (c: Case): Case => ({ ...c, oneTokenPerRow: true });
+    for (const [label, c] of cases) check(`one token a row ${label}`, one(c), 'tc');
+    const many = one({ D: 64, H: 4, KVH: 2, BS: 16, rows: Array.from({ length: 150 }, (_, i) => ({ start: (i * 7) % 60 })), seed: 13 });
+    const s = build(many);
+    const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R, maxBlocksPerRow: s.MBR,
+      window: 0, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: true }, SIM_SMS);
+    assert.ok(plan.identityList && !plan.planKernel && !plan.prefillKernel, '150 rows: no plan kernel, no prefill kernel');
+    check('one token a row, 150 rows', many, 'tc');
+    check('one token a row, hole', one({ D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }),
+      'tc', 4);
+    check('one token a row, early', one({ D: 128, H: 8, KVH: 2, BS: 16, rows: [0, 16, 299].map((start) => ({ start })), seed: 15 }), 'tc',
+      undefined, SIM_SMS, ['ATT_TC_EARLY=1']);
+  });
+
   it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {
     const many: Case = { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })), seed: 8 };
     for (const kind of ['cuda-core', 'tc'] as const) {
@@ -179,6 +196,19 @@ describe('the prefill kernel in the plan (planAttention)', () => {
     assert.equal(decodeOnly.prefillKernel, undefined);
     assert.equal(decodeOnly.prefillTiles, 0);
     assert.equal(decodeOnly.decodeKernel, 'k_attn_decode_tc_d128');
+    assert.ok(decodeOnly.identityList, 'the tensor-core kernel takes every token in order');
+    assert.ok(!planAttention(shape, 132).identityList);
+    // past 128 rows: k_attn_plan lists the decode tokens, unless one token a row makes the list every token
+    assert.ok(planAttention({ ...shape, T: 200, R: 200 }, 132).planKernel);
+    assert.ok(!planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132).planKernel);
+    // the CUDA-core kernel (its k_attn_combine reads a stored list) never takes the identity
+    const old = setDecodeKernelKind('cuda-core');
+    try {
+      const cc = planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132);
+      assert.ok(!cc.identityList && cc.planKernel && !cc.prefillKernel);
+    } finally {
+      setDecodeKernelKind(old);
+    }
   });
 });
 

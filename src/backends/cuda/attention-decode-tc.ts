@@ -83,7 +83,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 #if ATT_TC_EARLY
   // before the wait only what no kernel of the step writes: the step's rows, positions and block
   // tables (uploaded before the graph), and the error word; k_attn_plan's list is its output
-  bool waited = planReady != 0;
+  bool waited = planReady == 1;
   if (waited) PDL_ENTRY();
 #endif
   const int* list;
@@ -96,7 +96,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const int bsShift = att_bs_shift(BS);
   const int s = seff > 1 ? w % seff : 0;
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
-    const int t = list[i];
+    const int t = list ? list[i] : i;
     AttDecodeItem item;
     if (!att_decode_item(t, s, seff, ATT_TC_MIN_CHUNK, rows, poss, tables, R, MBR, window, err, item)) continue;
     const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;

@@ -208,12 +208,17 @@ extern "C" __global__ void __launch_bounds__(1024) k_attn_plan(const int* rows, 
   if (threadIdx.x == 0) plan[0] = n;
 }
 
-// The decode tokens of a call, for every block of a decode kernel: k_attn_plan's list (planReady),
-// or listed here in shared memory (s_list, s_wsum), block (0, 0) storing it for k_attn_combine
-// when storePlan (the tensor-core kernel merges its own splits: it reads no stored plan). Returns
-// how many; *list points at them.
+// The decode tokens of a call, for every block of a decode kernel: k_attn_plan's list (planReady 1),
+// every token in order (planReady 2, *list null: a layout of one token a row, given only to the
+// tensor-core kernel, which stores no plan), or listed here in shared memory (s_list, s_wsum), block
+// (0, 0) storing it for k_attn_combine when storePlan (the tensor-core kernel merges its own splits:
+// it reads no stored plan). Returns how many; *list points at them.
 __device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* plan, int planReady, int* s_list,
     int* s_wsum, const int** list, bool storePlan) {
+  if (planReady == 2) {
+    *list = 0;
+    return T;
+  }
   if (planReady) {
     *list = plan + 1;
     return plan[0];

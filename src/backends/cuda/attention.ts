@@ -126,8 +126,13 @@ export interface AttentionPlan {
   headChunks?: number;
   /** decode slots (grid x of the decode kernel): the decode tokens share them on the device */
   slots: number;
-  /** T > ATT_DEC_INLINE_T: k_attn_plan lists the decode tokens first */
+  /** T > ATT_DEC_INLINE_T: k_attn_plan lists the decode tokens first (not with identityList) */
   planKernel: boolean;
+  /**
+   * the tensor-core decode kernel takes every token as a decode token, in order (planReady 2): the
+   * layout promises one token a row, so no list is made, by k_attn_plan or inline from tokenRow
+   */
+  identityList: boolean;
   /** slots >= 2: some token may be split, k_attn_combine merges the splits */
   combine: boolean;
   /** slots >= 2 on the tensor-core decode kernel: the last split of a token merges them itself */
@@ -166,7 +171,10 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   const fast = mode.value === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) {
-    return { path: 'generic', slots: 0, planKernel: false, combine: false, fusedCombine: false, prefillTiles: 0, decodeSharedBytes: 0 };
+    return {
+      path: 'generic', slots: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false, prefillTiles: 0,
+      decodeSharedBytes: 0,
+    };
   }
   const G = s.H / s.KVH;
   // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
@@ -184,8 +192,10 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   // a decode graph's layout promises one token a row: the prefill kernel's blocks would all exit
   // (at 16 rows on the H200, 4.3 us a layer of an 8B step's 203 us; $LLMTS_CUDA_ATT_ONE_TOKEN_HINT=off
   // launches it anyway, for A/B runs)
-  const prefill = s.T > ATT_DEC_MAX_RUN && !(s.oneTokenPerRow && ONE_TOKEN_HINT);
+  const oneToken = !!s.oneTokenPerRow && ONE_TOKEN_HINT;
+  const prefill = s.T > ATT_DEC_MAX_RUN && !oneToken;
   const fused = tc && slots >= 2;
+  const identityList = tc && oneToken;
   return {
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
@@ -194,7 +204,8 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     headChunk,
     headChunks,
     slots,
-    planKernel: s.T > ATT_DEC_INLINE_T,
+    planKernel: s.T > ATT_DEC_INLINE_T && !identityList,
+    identityList,
     combine: slots >= 2 && !fused,
     fusedCombine: fused,
     prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
@@ -228,7 +239,7 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
     if (p.decodeSharedBytes > 48 * 1024) dev.allowDynamicShared(p.decodeKernel!, p.decodeSharedBytes);
     dev.launch(p.decodeKernel!, [W, c.KVH * p.headChunks!, 1], 128, p.decodeSharedBytes, [
       ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', plan],
-      ['i', p.planKernel ? 1 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
+      ['i', p.planKernel ? 1 : p.identityList ? 2 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],
       ['f', c.softcap], ['i', W], ['p', c.err],
       ...(p.tensorCores ? [['p', p.fusedCombine ? c.counters! : 0] as KernelArg] : [])]);

@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   std::vector<int> plan(T + 1, 0), err(4, 0);
   std::vector<float> part((size_t)W * H * D + 1), partml((size_t)W * H * 2 + 1);
   const float scale = fl[0], softcap = fl[1];
-  if (planKernel) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
+  // planKernel: the decode kernel's planReady (1: k_attn_plan first; 2: every token in order)
+  if (planKernel == 1) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
   sim::launch(dim3{(unsigned)W, (unsigned)gridY, 1}, 128, [&] {
     if (tc) {
       tc(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
@@ -131,7 +132,7 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
   const c = call;
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
-    c.KVH * plan.headChunks!, plan.planKernel ? 1 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
+    c.KVH * plan.headChunks!, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
     plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes]);
   const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
     c.rows, c.poss, c.tables)]));
