@@ -30,7 +30,7 @@
 //       replays the same buffer). At one row that saves a dependent launch per layer.
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
 const DECODE_TC_BODY = String.raw`
-// ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; not yet measured, so 0): with programmatic dependent
+// ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; +0.0-0.5% at B=1 on the H200, sessions 7-8: noise, so 0): with programmatic dependent
 // launch, a block reads its token's row, position and first block-table entries before it waits
 // for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
 // global round trips, and these are the first ones.

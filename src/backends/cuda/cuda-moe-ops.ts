@@ -9,7 +9,7 @@ import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
   MOE_GROUP_THREADS, MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
-  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecSizes,
+  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply,
 } from './moe-kernels.ts';
 import { describe, moeShapes, opError } from './validate.ts';
 
@@ -127,7 +127,7 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;
   // (pool blocks are 256-byte aligned, so the hidden scratch needs no check)
-  const vec = moeKernels.value === 'vec' && [a, g, u, d].every((t) => t.dtype === 'bf16') && moeVecSizes(D, I) &&
+  const vec = moeKernels.value === 'vec' && moeVecKernelsApply([a, g, u, d].map((t) => t.dtype), D, I) &&
     [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
   if (vec && moeRunsGrouped(T, E, K)) {
     moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code);

@@ -31,6 +31,7 @@
 // here nothing can be fetched ahead of it (the kernels are not in pdl.ts' PDL_KERNELS).
 // k_moe_down_v multiplies each chunk's partial dot by its routing weight (sum_k sum_c w_k p_kc
 // instead of sum_k w_k sum_c p_kc): a reassociation of the same f32 sums.
+import type { DType } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
 
 export const MOE_KERNEL_SOURCE = String.raw`
@@ -656,6 +657,15 @@ export const MOE_GROUPED_MIN_ROWS = new Setting<number>(Number(process.env.LLMTS
 /** Whether the bf16 MoE kernels take these sizes: hidden D and intermediate I in whole 16-byte chunks. */
 export function moeVecSizes(D: number, I: number): boolean {
   return D % 8 === 0 && I % 8 === 0 && I > 0;
+}
+
+/**
+ * Whether the bf16 MoE kernels (per pair, and grouped by expert from MOE_GROUPED_MIN_ROWS tokens)
+ * take operands of these dtypes and sizes: every one bf16, moeVecSizes (cuda-moe-ops.ts also wants
+ * 16-byte aligned addresses; the fit planner's dry run and decode model ask this of the weights).
+ */
+export function moeVecKernelsApply(dtypes: readonly DType[], D: number, I: number): boolean {
+  return dtypes.every((t) => t === 'bf16') && moeVecSizes(D, I);
 }
 
 /** Whether a T-token moeFfn with E experts, K a token, whose bf16 kernels apply, runs grouped. */

@@ -120,24 +120,28 @@ export function decodeFeatures(
     for (const m of perExpert) f.expertPairBytes += m.bytes * n * reads;
   } else if (w.experts) {
     const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
-    // uniform routing: B rows touch 1 - (1 - k/E)^B of the experts, and every row passes k of them
-    const touched = E * (1 - (1 - k / E) ** rows);
-    for (const m of perExpert) read(m, n * touched, m.params * n * rows * k);
+    // every row passes k experts; the touched ones are read once (touchedExperts)
+    for (const m of perExpert) read(m, n * touchedExperts(rows, E, k), m.params * n * rows * k);
   }
   return f;
 }
 
+/** Experts that `tokens` tokens choose k of E each touch under uniform routing: E (1 - (1 - k / E)^tokens). */
+export function touchedExperts(tokens: number, E: number, k: number): number {
+  return E * (1 - (1 - Math.min(1, k / E)) ** tokens);
+}
+
 /**
  * Expert reads from HBM of one grouped MoE layer under uniform routing: each pass of up to
- * MOE_PASS_ROWS tokens reads every expert its tokens chose once, E (1 - (1 - k / E)^tokens) of them
- * (16 rows, 8 of 128 experts: 82.4 reads where per pair it was 128). A block that takes an expert's
- * rows for more than 4 or 8 of its tokens (k_moe_hidden_g2 / k_moe_down_g4) reads them again right
- * away, from L2; the tensor-core kernels (64 tokens and more) likewise.
+ * MOE_PASS_ROWS tokens reads every expert its tokens chose once (touchedExperts; 16 rows, 8 of 128
+ * experts: 82.4 reads where per pair it was 128). A block that takes an expert's rows for more than
+ * 4 or 8 of its tokens (k_moe_hidden_g2 / k_moe_down_g4) reads them again right away, from L2; the
+ * tensor-core kernels (64 tokens and more) likewise.
  */
 export function groupedExpertReads(rows: number, E: number, k: number): number {
   const pass = MOE_PASS_ROWS.value;
   let reads = 0;
-  for (let done = 0; done < rows; done += pass) reads += E * (1 - (1 - Math.min(1, k / E)) ** Math.min(pass, rows - done));
+  for (let done = 0; done < rows; done += pass) reads += touchedExperts(Math.min(pass, rows - done), E, k);
   return reads;
 }
 

@@ -18,7 +18,7 @@ import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
-import { MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped, moeVecSizes } from '../../backends/cuda/moe-kernels.ts';
+import { MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -407,8 +407,7 @@ export class DryRunBackend implements Backend {
     // backends/cuda/cuda-moe-ops.ts: bf16 experts with D and I multiples of 8 run grouped by expert
     // from MOE_GROUPED_MIN_ROWS tokens (4 kernels a pass of up to MOE_PASS_ROWS tokens, scratch
     // moeGroupedScratch), otherwise per (token, expert) pair (2 kernels, an f32 hidden [T K, I])
-    const grouped = this.name === 'cuda' && gate.dtype === 'bf16' && moeVecSizes(D, I) &&
-      moeRunsGrouped(T, E, K);
+    const grouped = this.name === 'cuda' && moeVecKernelsApply([gate.dtype], D, I) && moeRunsGrouped(T, E, K);
     this.kernels += grouped ? 4 * Math.ceil(T / MOE_PASS_ROWS.value) : 2;
     const y = this.out([T, D]);
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert

@@ -41,7 +41,7 @@ import { type CudaTuning, DryRunBackend, DryTensor } from './dry-run-backend.ts'
 import type { Machine } from './machines.ts';
 import * as K from './constants.ts';
 import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFeatures, type DecodeTerm, type DecodeWeights } from './decode-model.ts';
-import { moeVecSizes } from '../../backends/cuda/moe-kernels.ts';
+import { moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
 
 /** the engine's defaults (engine.ts): block size and per-step token budget */
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -361,7 +361,7 @@ export class FitPlanner {
         // [E, rows, cols] stacks: one expert's gate, up and down
         const E = stacks[0]!.shape[0]!;
         // the CUDA backend's bf16 expert kernels (grouped by expert from 8 rows): bf16 stacks, gate [E, I, D]
-        const groupedKernels = stacks.every((t) => t.dtype === 'bf16') && moeVecSizes(stacks[0]!.shape[2]!, stacks[0]!.shape[1]!);
+        const groupedKernels = moeVecKernelsApply(stacks.map((t) => t.dtype), stacks[0]!.shape[2]!, stacks[0]!.shape[1]!);
         dw.experts ??= {
           layers: 0, perExpert: stacks.map((t) => ({ bytes: (t as DryTensor).bytes / E, params: numel(t.shape) / E })), numExperts: E,
           topK: this.config.moe?.topK ?? 1, groupedKernels,
