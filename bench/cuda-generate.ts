@@ -24,7 +24,7 @@ import { parseArgs } from 'node:util';
 
 import type { Backend, Tensor } from '../src/contracts/backend.ts';
 import { dtypeBytes } from '../src/contracts/backend.ts';
-import { Engine } from '../src/execution/engine.ts';
+import { DEFAULT_TOKEN_BUDGET, Engine } from '../src/execution/engine.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 
 const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
@@ -86,10 +86,10 @@ await backend.sync();
 const tLoaded = performance.now();
 const cfg = m.config;
 // --profile-graph --profile-batch N: N requests decode together. Their prompts prefill at most a
-// token budget a step (the engine's default 512) while the first ones already decode, so each
+// token budget a step while the first ones already decode, so each
 // decodes long enough to outlast all the prefill: the last steps hold all N (with 32 tokens each,
 // 64 prompts of 1k never decoded together and the profile showed the 16-row graph)
-const profileDecodeTokens = profileBatch > 1 ? 32 + Math.ceil((profileBatch * promptTokens) / (tokenBudget ?? 512)) : 0;
+const profileDecodeTokens = profileBatch > 1 ? 32 + Math.ceil((profileBatch * promptTokens) / (tokenBudget ?? DEFAULT_TOKEN_BUDGET)) : 0;
 const maxModelLen = values['max-model-len'] !== undefined
   ? Number(values['max-model-len'])
   : Math.max(promptTokens + decodeTokens, promptTokens + profileDecodeTokens, ...sweep.map((n) => n + 1)) + 16;

@@ -75,6 +75,10 @@ export interface Completion {
 const YIELD_EVERY_MS = 5;
 
 export class ContextLengthError extends Error {}
+
+/** prompt tokens a step prefills at most, unless EngineOptions.tokenBudget says otherwise */
+export const DEFAULT_TOKEN_BUDGET = 512;
+
 export class EngineClosedError extends Error {}
 
 export interface EngineStats {
@@ -127,7 +131,7 @@ export class Engine {
     this.opts = {
       maxBatch: options.maxBatch ?? 16,
       maxQueued: options.maxQueued ?? 256,
-      tokenBudget: options.tokenBudget ?? 512,
+      tokenBudget: options.tokenBudget ?? DEFAULT_TOKEN_BUDGET,
       blockSize: options.blockSize ?? 16,
       streamBuffer: options.streamBuffer ?? 256,
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,

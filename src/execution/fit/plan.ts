@@ -42,10 +42,11 @@ import type { Machine } from './machines.ts';
 import * as K from './constants.ts';
 import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFeatures, type DecodeTerm, type DecodeWeights } from './decode-model.ts';
 import { moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
+import { DEFAULT_TOKEN_BUDGET } from '../engine.ts';
 
 /** the engine's defaults (engine.ts): block size and per-step token budget */
 export const DEFAULT_BLOCK_SIZE = 16;
-export const DEFAULT_CHUNK = 512;
+export const DEFAULT_CHUNK = DEFAULT_TOKEN_BUDGET;
 
 export type KvDtype = 'f32' | 'bf16' | 'f16';
 export const KV_DTYPES: readonly KvDtype[] = ['f32', 'bf16', 'f16'];
