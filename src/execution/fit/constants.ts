@@ -246,9 +246,9 @@ export const CUDA_ATTENTION_LAYER_MS: Constant = {
  * 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed). The fit's MoE cases
  * decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8 tokens and more),
  * which decode-model.ts now counts as each chosen expert read once (groupedExpertReads), is not in
- * it. Against the 16-row profile of session 7 (Qwen3-30B-A3B layers, 245 us a layer of MoE kernels
- * with event nodes) this value gives 208 us for the 778 MB of distinct experts; the per-pair count
- * gave 322.
+ * it. Against the 16-row profile of session 8 (call 1, bench/results/cuda-session8/1/moe-run.log:
+ * Qwen3-30B-A3B layers, 245 us a layer of MoE kernels with event nodes) this value gives 208 us for
+ * the 778 MB of distinct experts; the per-pair count gave 322.
  */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.7812,
