@@ -32,12 +32,29 @@ export const L2_FLUSH_BYTES = 128 * 1024 * 1024;
  */
 export const GEMV_MARGIN = gemvMargin(process.env.LLMTS_CUDA_GEMV_MARGIN);
 
-function gemvMargin(v: string | undefined): number {
+function gemvMargin(v: string | undefined, fallback = 1.1): number {
   const n = Number(v);
-  return v !== undefined && v !== '' && Number.isFinite(n) && n >= 1 && n <= 4 ? n : 1.1;
+  return v !== undefined && v !== '' && Number.isFinite(n) && n >= 1 && n <= 4 ? n : fallback;
 }
 
-/** The time a GEMV of a timed class must beat to take it: cuBLASLt's best x GEMV_MARGIN; 'prefer': any. */
+/**
+ * The margin a GEMV gets where the shape is tuned right after an attention kernel (the o
+ * projection): 1, only when faster alone ($LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION sets it). What
+ * GEMV_MARGIN's PDL overlap buys behind a bandwidth-bound kernel's tail does not happen behind the
+ * decode attention, a latency-bound chain: there the GEMV's early blocks only add their loads to
+ * the attention's. H200, 8B shapes, session 9: o on cuBLASLt (14.5 us alone against
+ * k_gemv_m1_u8/w4's 15.3) made B=1 0.5-0.7% faster at a 512-token context (3 alternations) and
+ * 1.5% at 4k, where down on cuBLASLt too made it 1.5% slower.
+ */
+export const GEMV_MARGIN_AFTER_ATTENTION = gemvMargin(process.env.LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION, 1);
+
+/** The GEMV margin of a shape tuned with `previousKernel` the last kernel enqueued before it. */
+export function gemvMarginAfter(previousKernel: string | undefined, margin = GEMV_MARGIN,
+    afterAttention = GEMV_MARGIN_AFTER_ATTENTION): number {
+  return previousKernel !== undefined && previousKernel.startsWith('k_attn_') ? afterAttention : margin;
+}
+
+/** The time a GEMV of a timed class must beat to take it: cuBLASLt's best x the margin; 'prefer': any. */
 export function gemvBar(cublasLtMs: number, gemvMode: string | undefined, margin = GEMV_MARGIN): number {
   return gemvMode === 'prefer' ? Infinity : cublasLtMs * margin;
 }

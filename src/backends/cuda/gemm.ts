@@ -7,7 +7,7 @@
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { gemvBar, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
+import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
@@ -71,7 +71,8 @@ interface PendingTune {
   /** per candidate: its (start, end) event pairs */
   runs: { algo?: Uint8Array; gemv?: GemvChoice; pairs: [number, number][] }[];
   /** every event created for it, in record order (the last completes last) */
-  events: number[];
+  events: number[];  /** the GEMV margin (gemvMarginAfter the kernel enqueued before the shape's first run) */
+  margin: number;
 }
 
 /** What tuning measured for one shape (for benchmarks and the profiler's report). */
@@ -84,6 +85,8 @@ export interface TuneRecord {
   /** by gemvLabel (kernel/warps per row[/blocks per SM of a persistent kernel]) */
   gemvMs: Record<string, number>;
   chosen: string;
+  /** the margin a GEMV had over cuBLASLt alone (gemvMarginAfter: 1 right after an attention kernel) */
+  gemvMargin: number;
 }
 
 /** rows per bucket of untuned shapes that share the heuristic's pick ($LLMTS_CUDA_GEMM_PICK_BUCKET=1: none share) */
@@ -155,6 +158,7 @@ export class LtGemm {
     checkLt(rc, `cublasLtMatmul (M=${M} N=${N} K=${K}, w ${wt}, x ${xt}, out ${dt})`);
     if (t0 !== undefined) prof!.end(`gemm ${M}x${N}x${K}`, t0);
     this.rt.launches++;
+    this.rt.lastLaunch = undefined;
     return true;
   }
 
@@ -170,7 +174,10 @@ export class LtGemm {
     const d = this.rt.d;
     const flush = this.pool.alloc(L2_FLUSH_BYTES).addr; // pooled: freeing an exact block (cuMemFree) waits for the device
     const events: number[] = [];
-    const pending: PendingTune = { plan, record: { shape, cublasLtMs: Infinity, firstMs: NaN, gemvMs: {}, chosen: 'cublaslt' }, runs: [], events };
+    const margin = gemvMarginAfter(this.rt.lastLaunch);
+    const pending: PendingTune = {
+      plan, record: { shape, cublasLtMs: Infinity, firstMs: NaN, gemvMs: {}, chosen: 'cublaslt', gemvMargin: margin }, runs: [], events, margin,
+    };
     /** enqueues one candidate's warm-up and timed calls; false when a call could not be enqueued */
     const time = (run: () => boolean): [number, number][] | null => {
       if (!run()) return null; // warm-up; a candidate that fails here is skipped
@@ -247,10 +254,10 @@ export class LtGemm {
             plan.algo = r.algo;
           }
         }
-        // a GEMV within GEMV_MARGIN of cuBLASLt alone wins (in a decode graph it overlaps its weight
+        // a GEMV within the margin (GEMV_MARGIN, or 1 right after attention) of cuBLASLt alone wins (in a decode graph it overlaps its weight
         // fetch with the kernel before, which a lone timing misses); 'prefer': the fastest GEMV
         // whatever cuBLASLt timed
-        let bestMs = gemvBar(record.cublasLtMs, process.env.LLMTS_CUDA_GEMV);
+        let bestMs = gemvBar(record.cublasLtMs, process.env.LLMTS_CUDA_GEMV, p.margin);
         for (const r of p.runs) {
           if (!r.gemv) continue;
           const t = total(r.pairs) / TUNE_REPEATS;

@@ -302,7 +302,15 @@ export class CudaRuntime {
     check(rc, `launching ${name} (grid ${grid.join('x')}, block ${block}, shared ${shmem} B)`);
     if (t0 !== undefined) prof!.end(name, t0);
     this.launches++;
+    this.lastLaunch = name;
   }
+
+  /**
+   * The kernel this runtime enqueued last, for choices that depend on what runs just before
+   * (gemvMarginAfter); undefined after a graph launch, and set so by callers that enqueue work of
+   * their own (cuBLASLt). Other stream work (copies) leaves it as it was: it steers tuning, not results.
+   */
+  lastLaunch: string | undefined = undefined;
 
   /** true between beginCapture and endCapture: enqueued work is recorded, not run */
   capturing = false;
@@ -353,6 +361,7 @@ export class CudaRuntime {
     this.graphLaunches++;
     if (t0 !== undefined) this.profiler!.end('graph replay', t0);
     this.launches++;
+    this.lastLaunch = undefined;
   }
 
   destroyGraph(exec: number): void {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# session 9, call 6: no GEMV margin for a shape tuned right after attention (o): the CUDA tests on a cold cache,
+# B=1 at 512 / 4096 against the old margin (LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1), 8 x 512/256 both ways
+set -u
+OUT=$1
+W=/tmp/s9c6; mkdir -p $W
+T0=$(date +%s)
+ML=/tmp/llmts-llama8b-random
+[ -f $ML/config.json ] || (timeout 200 python3 bench/make_random_llama.py --out $ML --tokenizer models/demo/tokenizer.json > $W/make-llama.log 2>&1) &
+(timeout 60 node scripts/build-native.mjs > $W/build-native.log 2>&1 || echo "native build failed")
+CACHE=$(mktemp -d)
+LLMTS_CACHE_DIR=$CACHE timeout 220 node --import tsx --test --test-concurrency=1 \
+  test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts \
+  test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts \
+  test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts > $W/cuda-tests.txt 2>&1
+echo "tests exit $? at $(( $(date +%s) - T0 )) s"
+grep -E '^# (tests|pass|fail|skipped)|^not ok|^ +not ok' $W/cuda-tests.txt | head -20
+xz -9 $W/cuda-tests.txt
+wait
+gen() { # name, ctx, then NAME=VALUE settings
+  local name=$1 ctx=$2; shift 2
+  echo "== $name $ctx ($(( $(date +%s) - T0 )) s)"
+  env "$@" timeout 70 node --import tsx bench/cuda-generate.ts --device cuda --model $ML --prompt-tokens $ctx \
+    --decode-tokens 128 --repeats 2 --json $W/$name-$ctx.json 2>&1 | grep -E "^decode|rror|1x4096x4096" | cut -c1-200 | head -4
+}
+for i in 1 2; do
+  gen default$i 512 X=1
+  gen old-margin$i 512 LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1
+done
+gen default 4096 X=1
+gen old-margin 4096 LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1
+for v in default:X=1 old-margin:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1; do
+  echo "== throughput 8 x 512/256 ${v%%:*} ($(( $(date +%s) - T0 )) s)"
+  env ${v#*:} timeout 50 node --import tsx bench/cuda-throughput.ts --device cuda --model $ML --requests 8 --max-batch 8 \
+    --input-tokens 512 --output-tokens 256 --json $W/tp8-${v%%:*}.json 2>&1 | grep -E '^ +(output|TTFT)|rror' | head -3
+done
+echo "all done at $(( $(date +%s) - T0 )) s"
+cp .device/s9-call6.sh $W/
+tar -czf $OUT/s9c6.tar.gz -C /tmp s9c6
