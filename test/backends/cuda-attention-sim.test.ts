@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
+import { attTcMinChunk } from '../../src/backends/cuda/attention-kernels.ts';
 import { planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
 import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
@@ -228,5 +229,13 @@ describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blo
     assert.equal(slots(128, 128), 128);
     assert.equal(slots(256, 128), 256);
     assert.equal(slots(8192, 128), 400);
+  });
+  it('$LLMTS_CUDA_ATT_TC_MIN_CHUNK: a multiple of 32 from 32 to 1024 (default 128), not through $LLMTS_CUDA_ATT_DEFINES', () => {
+    assert.equal(attTcMinChunk(undefined, undefined), 128);
+    assert.equal(attTcMinChunk('', ''), 128);
+    assert.equal(attTcMinChunk('32', 'ATT_TC_EARLY=1'), 32);
+    assert.equal(attTcMinChunk('1024', undefined), 1024);
+    for (const bad of ['16', '48', '2048', 'x', '64.5']) assert.throws(() => attTcMinChunk(bad, undefined), /multiple of 32 from 32 to 1024/);
+    assert.throws(() => attTcMinChunk(undefined, 'ATT_TC_EARLY=1,ATT_TC_MIN_CHUNK=32'), /use LLMTS_CUDA_ATT_TC_MIN_CHUNK/);
   });
 });

@@ -49,10 +49,24 @@ export const ATT_DEC_INLINE_T = 128;
 export const ATT_MIN_CHUNK = 64;
 /**
  * The same for the tensor-core decode kernel (attention-decode-tc.ts), whose splits merge in the
- * kernel (the last split reads every partial of its token: fewer, longer splits shorten that tail);
- * a macro default, so $LLMTS_CUDA_ATT_DEFINES=ATT_TC_MIN_CHUNK=N tries others.
+ * kernel (the last split reads every partial of its token: fewer, longer splits shorten that tail).
+ * $LLMTS_CUDA_ATT_TC_MIN_CHUNK sets it for the host's slot plan and the kernel alike (a multiple of
+ * 32 from 32 to 1024; the macro alone, as sessions 7-8 tried it, left the host's slots at the
+ * default's: at a 512-token context that capped a token at 5 splits whatever the macro said).
  */
-export const ATT_TC_MIN_CHUNK = 128;
+export const ATT_TC_MIN_CHUNK = attTcMinChunk(process.env.LLMTS_CUDA_ATT_TC_MIN_CHUNK);
+
+export function attTcMinChunk(v: string | undefined, attDefines = process.env.LLMTS_CUDA_ATT_DEFINES): number {
+  if (/\bATT_TC_MIN_CHUNK\b/.test(attDefines ?? '')) {
+    throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_MIN_CHUNK (the host plans the slots with it): use LLMTS_CUDA_ATT_TC_MIN_CHUNK');
+  }
+  if (v === undefined || v === '') return 128;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 32 || n > 1024 || n % 32 !== 0) {
+    throw new Error(`LLMTS_CUDA_ATT_TC_MIN_CHUNK must be a multiple of 32 from 32 to 1024, got ${JSON.stringify(v)}`);
+  }
+  return n;
+}
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
 /** head dims with fast kernels */
@@ -125,9 +139,7 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_DEC_MAX_RUN ${ATT_DEC_MAX_RUN}
 #define ATT_DEC_INLINE_T ${ATT_DEC_INLINE_T}
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
-#ifndef ATT_TC_MIN_CHUNK
 #define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
-#endif
 #define ATT_BQ ${ATT_BQ}
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
