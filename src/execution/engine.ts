@@ -20,6 +20,7 @@ import { StepLauncher, returnDraws, type InFlight } from './step-launch.ts';
 import { DecodePipeline } from './pipeline.ts';
 import { TokenAcceptor } from './token-accept.ts';
 import { recomputeStaleKv } from './stale-kv.ts';
+import { envSwitch } from '../backends/common/env.ts';
 
 export interface EngineOptions {
   /** rows decoding together (default 16) */
@@ -137,8 +138,8 @@ export class Engine {
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     };
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
-    this.pipeline = (options.pipeline ?? true) && process.env.LLMTS_PIPELINE !== 'off' && typeof model.backend.argmax === 'function';
-    this.deviceSampling = (options.deviceSampling ?? true) && process.env.LLMTS_DEVICE_SAMPLING !== 'off' &&
+    this.pipeline = (options.pipeline ?? true) && envSwitch('LLMTS_PIPELINE', true) && typeof model.backend.argmax === 'function';
+    this.deviceSampling = (options.deviceSampling ?? true) && envSwitch('LLMTS_DEVICE_SAMPLING', true) &&
       typeof model.backend.sampleRows === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;

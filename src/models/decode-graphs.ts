@@ -12,11 +12,12 @@
 
 import type { Backend, CapturedGraph, HostStepLayout, StepLayout, Tensor } from '../contracts/backend.ts';
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
+import { envSwitch } from '../backends/common/env.ts';
 
 export type GraphBackend = Backend & Required<Pick<Backend, 'captureGraph' | 'copyInto' | 'rowView'>>;
 
 export function canCaptureGraphs(b: Backend): b is GraphBackend {
-  return !!(b.captureGraph && b.copyInto && b.rowView) && process.env.LLMTS_GRAPHS !== 'off';
+  return !!(b.captureGraph && b.copyInto && b.rowView) && envSwitch('LLMTS_GRAPHS', true);
 }
 
 /** What a captured step body reads: views into the packed input buffer. */

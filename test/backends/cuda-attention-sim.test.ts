@@ -231,11 +231,12 @@ describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blo
     assert.equal(slots(8192, 128), 400);
   });
   it('$LLMTS_CUDA_ATT_TC_MIN_CHUNK: a multiple of 32 from 32 to 1024 (default 128), not through $LLMTS_CUDA_ATT_DEFINES', () => {
-    assert.equal(attTcMinChunk(undefined, undefined), 128);
-    assert.equal(attTcMinChunk('', ''), 128);
-    assert.equal(attTcMinChunk('32', 'ATT_TC_EARLY=1'), 32);
-    assert.equal(attTcMinChunk('1024', undefined), 1024);
-    for (const bad of ['16', '48', '2048', 'x', '64.5']) assert.throws(() => attTcMinChunk(bad, undefined), /multiple of 32 from 32 to 1024/);
-    assert.throws(() => attTcMinChunk(undefined, 'ATT_TC_EARLY=1,ATT_TC_MIN_CHUNK=32'), /use LLMTS_CUDA_ATT_TC_MIN_CHUNK/);
+    const chunk = (v?: string, defines?: string) => attTcMinChunk({ LLMTS_CUDA_ATT_TC_MIN_CHUNK: v, LLMTS_CUDA_ATT_DEFINES: defines });
+    assert.equal(chunk(), 128);
+    assert.equal(chunk(''), 128);
+    assert.equal(chunk('32', 'ATT_TC_EARLY=1'), 32);
+    assert.equal(chunk('1024'), 1024);
+    for (const bad of ['16', '48', '2048', 'x', '64.5']) assert.throws(() => chunk(bad), /LLMTS_CUDA_ATT_TC_MIN_CHUNK must be a multiple of 32 from 32 to 1024/);
+    assert.throws(() => chunk(undefined, 'ATT_TC_EARLY=1,ATT_TC_MIN_CHUNK=32'), /use LLMTS_CUDA_ATT_TC_MIN_CHUNK/);
   });
 });

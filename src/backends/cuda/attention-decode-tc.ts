@@ -28,6 +28,8 @@
 //       counters[token, kv head]; the split that counts last merges the partials of the group's
 //       heads and writes the output, and sets the counter back to 0 for the next call (a graph
 //       replays the same buffer). At one row that saves a dependent launch per layer.
+import { envInt } from '../common/env.ts';
+
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
 const DECODE_TC_BODY = String.raw`
 // ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; +0.0-0.5% at B=1 on the H200, sessions 7-8: noise, so 0): with programmatic dependent
@@ -376,15 +378,12 @@ ATT_DECODE_TC_KERNEL(128)
  * 2): more stages keep more bytes in flight a block, where a batch's many rows make the kernel
  * bandwidth-bound.
  */
-export function attTcStages(v: string | undefined): number {
-  if (v === undefined || v === '') return 2;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 2 || n > 4) throw new Error(`LLMTS_CUDA_ATT_TC_STAGES must be 2, 3 or 4, got ${JSON.stringify(v)}`);
-  return n;
+export function attTcStages(env: Readonly<Record<string, string | undefined>> = process.env): number {
+  return envInt('LLMTS_CUDA_ATT_TC_STAGES', 2, { min: 2, max: 4 }, env);
 }
 
 /** the stages the kernels are compiled with (the ring's size on the host, attTcSharedBytes, follows it) */
-export const ATT_TC_STAGES = attTcStages(process.env.LLMTS_CUDA_ATT_TC_STAGES);
+export const ATT_TC_STAGES = attTcStages();
 
 /**
  * The module's source of the kernel, at ATT_TC_STAGES stages (the define comes last before the

@@ -40,6 +40,7 @@
 // (row, position, entry) and is left out of the softmax.
 
 import { ATTENTION_DECODE_TC_KERNELS } from './attention-decode-tc.ts';
+import { envInt } from '../common/env.ts';
 
 /** runs of at most this many tokens of one row take the decode (split-KV) path */
 export const ATT_DEC_MAX_RUN = 4;
@@ -54,18 +55,13 @@ export const ATT_MIN_CHUNK = 64;
  * 32 from 32 to 1024; the macro alone, as sessions 7-8 tried it, left the host's slots at the
  * default's: at a 512-token context that capped a token at 5 splits whatever the macro said).
  */
-export const ATT_TC_MIN_CHUNK = attTcMinChunk(process.env.LLMTS_CUDA_ATT_TC_MIN_CHUNK);
+export const ATT_TC_MIN_CHUNK = attTcMinChunk();
 
-export function attTcMinChunk(v: string | undefined, attDefines = process.env.LLMTS_CUDA_ATT_DEFINES): number {
-  if (/\bATT_TC_MIN_CHUNK\b/.test(attDefines ?? '')) {
+export function attTcMinChunk(env: Readonly<Record<string, string | undefined>> = process.env): number {
+  if (/\bATT_TC_MIN_CHUNK\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
     throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_MIN_CHUNK (the host plans the slots with it): use LLMTS_CUDA_ATT_TC_MIN_CHUNK');
   }
-  if (v === undefined || v === '') return 128;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 32 || n > 1024 || n % 32 !== 0) {
-    throw new Error(`LLMTS_CUDA_ATT_TC_MIN_CHUNK must be a multiple of 32 from 32 to 1024, got ${JSON.stringify(v)}`);
-  }
-  return n;
+  return envInt('LLMTS_CUDA_ATT_TC_MIN_CHUNK', 128, { min: 32, max: 1024, multipleOf: 32 }, env);
 }
 /** query tokens per prefill block */
 export const ATT_BQ = 64;

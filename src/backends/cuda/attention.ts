@@ -18,20 +18,21 @@ import { attTcSharedBytes } from './attention-decode-tc.ts';
 import { DT_CODE } from './cuda-tensor.ts';
 import { ATT_THREADS, type KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
+import { envChoice, envInt, envSwitch } from '../common/env.ts';
 
 /**
  * decode blocks aimed for per SM (about two waves at the decode kernels' 3-4 resident blocks);
  * $LLMTS_CUDA_ATT_DECODE_BLOCKS overrides it, for experiments
  */
-const DECODE_BLOCKS_PER_SM = Number(process.env.LLMTS_CUDA_ATT_DECODE_BLOCKS ?? '') || 8;
+const DECODE_BLOCKS_PER_SM = envInt('LLMTS_CUDA_ATT_DECODE_BLOCKS', 8, { min: 1, max: 64 });
 /**
  * Blocks of the tensor-core decode kernel resident per SM (its __launch_bounds__ minimum,
  * ATT_TC_MINB: 128 threads of at most 168 registers; 154 at d128 on the H200 in session 5), the wave
  * size its slots are planned in; $LLMTS_CUDA_ATT_TC_RESIDENT overrides it
  */
-const TC_DECODE_RESIDENT = Number(process.env.LLMTS_CUDA_ATT_TC_RESIDENT ?? '') || 3;
+const TC_DECODE_RESIDENT = envInt('LLMTS_CUDA_ATT_TC_RESIDENT', 3, { min: 1, max: 32 });
 const MAX_GRID_Y = 65535;
-const ONE_TOKEN_HINT = process.env.LLMTS_CUDA_ATT_ONE_TOKEN_HINT !== 'off';
+const ONE_TOKEN_HINT = envSwitch('LLMTS_CUDA_ATT_ONE_TOKEN_HINT', true);
 /**
  * Ints in the backend's buffer of split counters (AttentionCall.counters: zeroed once, every
  * counter set back to 0 by the kernel that used it): one per (decode token, kv head) of a call.
@@ -90,7 +91,7 @@ export interface AttentionCall extends AttentionShape {
 
 export type AttentionMode = 'auto' | 'generic';
 
-const mode = new Setting<AttentionMode>(process.env.LLMTS_CUDA_ATTENTION === 'generic' ? 'generic' : 'auto');
+const mode = new Setting<AttentionMode>(envChoice('LLMTS_CUDA_ATTENTION', ['auto', 'generic']));
 
 /**
  * 'generic' forces the plain k_attention kernel for every call (A/B checks and benchmarks);
@@ -107,7 +108,7 @@ export function setAttentionMode(m: AttentionMode): AttentionMode {
  * (k_attn_decode_d<D>_g<GC>: every other shape, and everywhere with $LLMTS_CUDA_ATT_DECODE=cuda-core).
  */
 export type DecodeKernelKind = 'cuda-core' | 'tc';
-const decodeKind = new Setting<DecodeKernelKind>(process.env.LLMTS_CUDA_ATT_DECODE === 'cuda-core' ? 'cuda-core' : 'tc');
+const decodeKind = new Setting<DecodeKernelKind>(envChoice('LLMTS_CUDA_ATT_DECODE', ['tc', 'cuda-core']));
 
 /** Sets the decode kernel kind for later calls (tests, benchmarks); returns the old one. */
 export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {

@@ -43,6 +43,7 @@ import {
 import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
 import { CudaWeightLoader } from './cuda-weight-loader.ts';
+import { envChoice, envInt } from '../common/env.ts';
 
 export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from './cuda-fused-ops.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
@@ -697,14 +698,14 @@ export type { KernelArg };
 export async function createCudaBackend(options: CudaBackendOptions = {}): Promise<CudaBackend> {
   const probe = probeCuda();
   if (!probe.ok) throw new CudaUnavailableError(probe.reason ?? 'CUDA is not usable');
-  const ordinal = options.device ?? Number(process.env.LLMTS_CUDA_DEVICE ?? 0);
+  const ordinal = options.device ?? envInt('LLMTS_CUDA_DEVICE', 0, { min: 0, max: 1023 });
   // The kernel modules start compiling (off the main thread) inside create; the rest of the setup
   // (cuBLASLt included) overlaps with them, and so does weight loading with kernels: 'background'.
   const rt = await CudaRuntime.create(ordinal, {}, { background: true });
   const pool = new DevicePool(rt);
   let gemm: LtGemm | null = null;
   let note: string;
-  const mode = options.gemm ?? (process.env.LLMTS_CUDA_GEMM === 'simple' ? 'simple' : 'cublaslt');
+  const mode = options.gemm ?? envChoice('LLMTS_CUDA_GEMM', ['cublaslt', 'simple']);
   if (mode === 'simple') {
     note = 'simple (forced)';
   } else {

@@ -6,6 +6,7 @@
 import type { Activation, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor } from '../../contracts/backend.ts';
 import { numel } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
+import { envSwitch } from '../common/env.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X } from './cuda-op-context.ts';
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
@@ -24,7 +25,7 @@ import { describe, expectDim, expectFinite, opError, sameShape } from './validat
 const FUSED_GEMV_MAX_ROWS = 1;
 
 /** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (off: on the H200 at B=1 210.3 tok/s fused vs 212.4, the persistent loop at K=14336 slower than the tuned GEMV) */
-const FUSE_GLU = new Setting<boolean>(process.env.LLMTS_CUDA_FUSE_GLU === 'on');
+const FUSE_GLU = new Setting<boolean>(envSwitch('LLMTS_CUDA_FUSE_GLU', false));
 
 /** Turns the GLU-into-GEMV fusion of gluMatmul on or off (tests, benchmarks); returns the old setting. */
 export function setCudaFuseGlu(on: boolean): boolean {
@@ -35,7 +36,7 @@ export function setCudaFuseGlu(on: boolean): boolean {
  * addRmsnormMatmul fuses the norm into the decode GEMV unless $LLMTS_CUDA_FUSE_NORM=off: B=1 decode
  * of the 8B on the H200 211.8 tok/s fused (mid, input and final norms), 204.7 unfused
  */
-const FUSE_NORM = new Setting<boolean>(process.env.LLMTS_CUDA_FUSE_NORM !== 'off');
+const FUSE_NORM = new Setting<boolean>(envSwitch('LLMTS_CUDA_FUSE_NORM', true));
 
 /** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
 export function setCudaFuseNorm(on: boolean): boolean {
@@ -51,7 +52,7 @@ export function setCudaFuseNorm(on: boolean): boolean {
  * early blocks: compiled at 79 registers (GEMVP_M1_UNR=8) it lost as much (219.9 vs 224.4). Why
  * is not known.
  */
-const ROPE_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_ROPE_EPILOGUE === 'on');
+const ROPE_EPILOGUE = new Setting<boolean>(envSwitch('LLMTS_CUDA_ROPE_EPILOGUE', false));
 
 /** Turns the rope epilogue of addRmsnormQkvRope on or off (tests, benchmarks); returns the old setting. */
 export function setCudaRopeEpilogue(on: boolean): boolean {
@@ -64,7 +65,7 @@ export function setCudaRopeEpilogue(on: boolean): boolean {
  * addRmsnormMatmul + gluPacked) unless $LLMTS_CUDA_GLU_EPILOGUE=off: +1.3% at B=1 on the H200
  * (session 6: 221.8 vs 219.0 tok/s; with the read flush 222.2-222.9 vs 216.0-216.3).
  */
-const GLU_EPILOGUE = new Setting<boolean>(process.env.LLMTS_CUDA_GLU_EPILOGUE !== 'off');
+const GLU_EPILOGUE = new Setting<boolean>(envSwitch('LLMTS_CUDA_GLU_EPILOGUE', true));
 
 /** Turns the GLU epilogue of addRmsnormGateUpGlu on or off (tests, benchmarks); returns the old setting. */
 export function setCudaGluEpilogue(on: boolean): boolean {

@@ -4,6 +4,7 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import koffi, { type LibraryHandle } from 'koffi';
+import { envNumber } from '../common/env.ts';
 
 export class CudaUnavailableError extends Error {}
 
@@ -181,7 +182,7 @@ const u64 = 'uint64_t';
  * stalls: a call that waits for the device (cuMemFree, cuStreamSynchronize, a full launch queue)
  * blocks the whole server while the GPU finishes what is queued.
  */
-const SLOW_CALL_MS = Number(process.env.LLMTS_CUDA_SLOW_CALL_MS ?? '') || 0;
+const SLOW_CALL_MS = envNumber('LLMTS_CUDA_SLOW_CALL_MS', 0, { min: 0, max: 1e6 });
 
 function traced(name: string, f: (...args: unknown[]) => unknown): (...args: unknown[]) => unknown {
   const g = (...args: unknown[]): unknown => {

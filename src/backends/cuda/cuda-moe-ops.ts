@@ -4,6 +4,7 @@
 // tokens grouped by expert in four kernels a pass (moeFfnGrouped). Separate from cuda-backend.ts because only MoE
 // models reach them and their checks (expert-stacked weights, routing pairs) are their own.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
+import { envChoice, envInt } from '../common/env.ts';
 import { Setting } from '../common/setting.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
@@ -24,7 +25,7 @@ import { describe, moeShapes, opError } from './validate.ts';
  * $LLMTS_CUDA_MOE=scalar picks 'scalar' at startup.
  */
 export type MoeKernels = 'scalar' | 'vec';
-const moeKernels = new Setting<MoeKernels>(process.env.LLMTS_CUDA_MOE === 'scalar' ? 'scalar' : 'vec');
+const moeKernels = new Setting<MoeKernels>(envChoice('LLMTS_CUDA_MOE', ['vec', 'scalar']));
 
 /** Sets the FFN kernels for later moeFfn calls (tests, benchmarks); returns the old setting. */
 export function setMoeKernels(k: MoeKernels): MoeKernels {
@@ -37,7 +38,7 @@ export function setMoeKernels(k: MoeKernels): MoeKernels {
  * layers, session 6) a 2048-token prefill ran 4,179 tok/s with them and 2,828 without, 16 x 512/256
  * 849 output tok/s and 712 (TTFT 1.98 s and 2.91). $LLMTS_CUDA_MOE_TC_MIN_ROWS sets it (0: never).
  */
-const tcMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_MIN_ROWS ?? 64));
+const tcMinRows = new Setting<number>(envInt('LLMTS_CUDA_MOE_TC_MIN_ROWS', 64, { min: 0, max: 1 << 20 }));
 
 /** Sets the token count from which grouped moeFfn runs gate/up on tensor cores (0: never); returns the old one. */
 export function setMoeTcMinRows(n: number): number {
@@ -51,7 +52,7 @@ export function setMoeTcMinRows(n: number): number {
  * 9,605 tok/s with it and 4,086 without; 16 x 512/256 1,113 output tok/s and 843 (TTFT 0.84 s and
  * 2.02). $LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS sets it (default 64; 0: never).
  */
-const tcDownMinRows = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS ?? 64));
+const tcDownMinRows = new Setting<number>(envInt('LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS', 64, { min: 0, max: 1 << 20 }));
 
 /** Sets the token count from which grouped moeFfn runs the down projection on tensor cores (0: never); returns the old one. */
 export function setMoeTcDownMinRows(n: number): number {
@@ -65,7 +66,7 @@ export function setMoeTcDownMinRows(n: number): number {
  * (Qwen3-30B-A3B layers, session 7) 16 x 512/256 ran 1,420 output tok/s with 4 and 1,189 with 1
  * (8.99 and 11.17 ms between tokens).
  */
-const downRows = new Setting<1 | 4>(process.env.LLMTS_CUDA_MOE_DOWN_ROWS === '1' ? 1 : 4);
+const downRows = new Setting<1 | 4>(envChoice('LLMTS_CUDA_MOE_DOWN_ROWS', ['4', '1']) === '1' ? 1 : 4);
 
 /** Sets the rows a warp of k_moe_down_g(4) takes (tests, benchmarks); returns the old one. */
 export function setMoeDownRows(r: 1 | 4): 1 | 4 {
@@ -78,7 +79,7 @@ export function setMoeDownRows(r: 1 | 4): 1 | 4 {
  * On the H200 (as above, with 4 down rows) 1,641 output tok/s with 2 and 1,415 with 1 (7.43 and
  * 8.99 ms between tokens).
  */
-const hiddenRows = new Setting<1 | 2>(process.env.LLMTS_CUDA_MOE_HIDDEN_ROWS === '1' ? 1 : 2);
+const hiddenRows = new Setting<1 | 2>(envChoice('LLMTS_CUDA_MOE_HIDDEN_ROWS', ['2', '1']) === '1' ? 1 : 2);
 
 /** Sets the rows a warp of k_moe_hidden_g(2) takes (tests, benchmarks); returns the old one. */
 export function setMoeHiddenRows(r: 1 | 2): 1 | 2 {

@@ -1,6 +1,8 @@
 // Which GEMMs the cuBLASLt tuner (gemm.ts) times, and what timing holds: plain values, so the fit
 // planner's dry run (execution/fit/dry-run-backend.ts) models the tuner from the same numbers.
 
+import { envNumber } from '../common/env.ts';
+
 /**
  * GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
  * first pick read 4096 x 4096 bf16 weights at 2.0 TB/s on the H200, the best of its list faster).
@@ -30,12 +32,8 @@ export const L2_FLUSH_BYTES = 128 * 1024 * 1024;
  * With o and down on k_gemv_m1_u8, B=1 went 222.5 -> 227.1 tok/s. $LLMTS_CUDA_GEMV_MARGIN sets it
  * (1: only when faster alone; $LLMTS_CUDA_GEMV=prefer: whatever the timings).
  */
-export const GEMV_MARGIN = gemvMargin(process.env.LLMTS_CUDA_GEMV_MARGIN);
+export const GEMV_MARGIN = envNumber('LLMTS_CUDA_GEMV_MARGIN', 1.1, { min: 1, max: 4 });
 
-function gemvMargin(v: string | undefined, fallback = 1.1): number {
-  const n = Number(v);
-  return v !== undefined && v !== '' && Number.isFinite(n) && n >= 1 && n <= 4 ? n : fallback;
-}
 
 /**
  * The margin a GEMV gets where the shape is tuned right after an attention kernel (the o
@@ -46,7 +44,7 @@ function gemvMargin(v: string | undefined, fallback = 1.1): number {
  * k_gemv_m1_u8/w4's 15.3) made B=1 0.5-0.7% faster at a 512-token context (3 alternations) and
  * 1.5% at 4k, where down on cuBLASLt too made it 1.5% slower.
  */
-export const GEMV_MARGIN_AFTER_ATTENTION = gemvMargin(process.env.LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION, 1);
+export const GEMV_MARGIN_AFTER_ATTENTION = envNumber('LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION', 1, { min: 1, max: 4 });
 
 /** The GEMV margin of a shape tuned with `previousKernel` the last kernel enqueued before it. */
 export function gemvMarginAfter(previousKernel: string | undefined, margin = GEMV_MARGIN,

@@ -9,6 +9,7 @@ import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
+import { envChoice, envInt, envSwitch } from '../common/env.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 /**
@@ -17,7 +18,7 @@ export type GemmType = 'f32' | 'f16' | 'bf16';
  * of dirty lines. On the H200 (8B shapes) the write flush timed q/k/v at 22.7 us and o at 17.8 where
  * the read flush times 18.4 and 14.7, and its picks decode 1.3% slower at B=1 (session 6).
  */
-const TUNE_FLUSH_READ = process.env.LLMTS_CUDA_TUNE_FLUSH !== 'write';
+const TUNE_FLUSH_READ = envChoice('LLMTS_CUDA_TUNE_FLUSH', ['read', 'write']) === 'read';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
 const CUBLAS_COMPUTE_32F = 68;
 const CUBLASLT_MATMUL_DESC_TRANSA = 3;
@@ -90,7 +91,7 @@ export interface TuneRecord {
 }
 
 /** rows per bucket of untuned shapes that share the heuristic's pick ($LLMTS_CUDA_GEMM_PICK_BUCKET=1: none share) */
-const PICK_BUCKET_ROWS = Math.max(1, Number(process.env.LLMTS_CUDA_GEMM_PICK_BUCKET ?? '') || 64);
+const PICK_BUCKET_ROWS = envInt('LLMTS_CUDA_GEMM_PICK_BUCKET', 64, { min: 1, max: 1 << 20 });
 const TUNE_CANDIDATES = 16;
 const TUNE_REPEATS = 3;
 
@@ -102,7 +103,7 @@ export class LtGemm {
   private readonly classes = new Map<string, TuneClass>();
   /** untuned shapes: the heuristic's pick per row bucket (PICK_BUCKET_ROWS) */
   private readonly picks = new Map<string, Uint8Array>();
-  private readonly tuneMaxM = Number(process.env.LLMTS_CUDA_GEMM_TUNE_MAX_M ?? '') || TUNE_MAX_M;
+  private readonly tuneMaxM = envInt('LLMTS_CUDA_GEMM_TUNE_MAX_M', TUNE_MAX_M, { min: 1, max: 1 << 20 });
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
   readonly version: number;
@@ -319,7 +320,7 @@ export class LtGemm {
     const a = layout(wt, K, N, K);
     const b = layout(xt, K, M, K);
     const d = layout(dt, N, M, N);
-    const tune = M <= this.tuneMaxM && process.env.LLMTS_CUDA_GEMM_TUNE !== 'off';
+    const tune = M <= this.tuneMaxM && envSwitch('LLMTS_CUDA_GEMM_TUNE', true);
     // an untuned shape takes the heuristic's pick of the first shape in its row bucket where
     // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the first
     // query of a process took 70-190 ms on the H200; later ones stayed under the slow-call tracer's

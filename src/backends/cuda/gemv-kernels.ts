@@ -18,6 +18,8 @@
 // persistent, software-pipelined gemvp_rows (k_gemvp_*: a resident grid that loops over the row
 // groups with its next loads always in flight; why and how where their section starts below). The tuner times
 // both; the fused GLU / norm paths use the persistent twins, which make their x once per block.
+import { envChoice } from '../common/env.ts';
+
 export const GEMV_KERNEL_SOURCE = String.raw`
 // (without __CUDA_ARCH__: plain loads, for the host warp simulator of test/backends/cuda-sim)
 __device__ __forceinline__ uint4 gemv_ld_stream(const uint4* p) {
@@ -657,8 +659,7 @@ export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
  * flight an SM; $LLMTS_CUDA_GEMVP_FUSED_BPS=1 or 3 for experiments: one leaves half the SM's registers
  * to the next kernel's early blocks under PDL, three needs GEMVP_MINB=3 in $LLMTS_CUDA_GEMV_DEFINES)
  */
-export const GEMVP_FUSED_BLOCKS_PER_SM = [1, 3].includes(Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS))
-  ? Number(process.env.LLMTS_CUDA_GEMVP_FUSED_BPS) : 2;
+export const GEMVP_FUSED_BLOCKS_PER_SM = Number(envChoice('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3']));
 
 interface Variant {
   name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;

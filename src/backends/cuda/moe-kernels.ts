@@ -32,6 +32,7 @@
 // k_moe_down_v multiplies each chunk's partial dot by its routing weight (sum_k sum_c w_k p_kc
 // instead of sum_k w_k sum_c p_kc): a reassociation of the same f32 sums.
 import type { DType } from '../../contracts/backend.ts';
+import { envInt } from '../common/env.ts';
 import { Setting } from '../common/setting.ts';
 
 export const MOE_KERNEL_SOURCE = String.raw`
@@ -636,12 +637,7 @@ export const MOE_GROUP_THREADS = 1024;
  * cores) passes of 2048 against 256: 2048-token prefill 9,797 tok/s vs 9,605, 16 x 512/256 TTFT
  * 0.61 s vs 0.84. $LLMTS_CUDA_MOE_PASS_ROWS sets it (16 to 65536; default 2048).
  */
-export const MOE_PASS_ROWS = new Setting<number>(passRows(process.env.LLMTS_CUDA_MOE_PASS_ROWS));
-
-function passRows(v: string | undefined): number {
-  const n = Number(v);
-  return v !== undefined && Number.isInteger(n) && n >= 16 && n <= 65536 ? n : 2048;
-}
+export const MOE_PASS_ROWS = new Setting<number>(envInt('LLMTS_CUDA_MOE_PASS_ROWS', 2048, { min: 16, max: 65536 }));
 /** k_moe_hidden_tc / k_moe_down_tc: expert rows a block (MOE_TC_ROWS in their source) and threads */
 export const MOE_TC_ROWS = 64;
 export const MOE_TC_THREADS = 128;
@@ -652,7 +648,7 @@ export const MOE_TC_THREADS = 128;
  * its tokens instead of once per token); $LLMTS_CUDA_MOE_GROUPED_MIN_ROWS sets it (0: never). Here,
  * not in cuda-moe-ops.ts, because the fit planner's dry run (execution/fit) sizes the same scratch.
  */
-export const MOE_GROUPED_MIN_ROWS = new Setting<number>(Number(process.env.LLMTS_CUDA_MOE_GROUPED_MIN_ROWS ?? 8));
+export const MOE_GROUPED_MIN_ROWS = new Setting<number>(envInt('LLMTS_CUDA_MOE_GROUPED_MIN_ROWS', 8, { min: 0, max: 1 << 20 }));
 
 /** Whether the bf16 MoE kernels take these sizes: hidden D and intermediate I in whole 16-byte chunks. */
 export function moeVecSizes(D: number, I: number): boolean {

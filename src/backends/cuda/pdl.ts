@@ -11,6 +11,7 @@ import {
   GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
+import { envSwitch } from '../common/env.ts';
 
 export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_embedding', 'k_rmsnorm', 'k_gather_rows', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_write_kv', 'k_rope',
@@ -33,7 +34,7 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
  * vs 196.5 at 4k.
  */
 export function pdlEnabled(ccMajor: number): boolean {
-  return ccMajor >= 9 && process.env.LLMTS_CUDA_PDL !== 'off';
+  return ccMajor >= 9 && envSwitch('LLMTS_CUDA_PDL', true);
 }
 
 // CUlaunchConfig (cuda.h): 7 unsigned ints (grid xyz, block xyz, shared bytes), 4 bytes padding,

@@ -24,6 +24,7 @@ import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMod
 import { GraphProfiler } from './graph-profiler.ts';
 import { KernelProfiler } from './profiler.ts';
 import { LAUNCH_CONFIG_BYTES, PDL_KERNELS, pdlEnabled, writePdlLaunchConfig } from './pdl.ts';
+import { envChoice } from '../common/env.ts';
 
 /** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
 export type KernelArg = ['p' | 'i' | 'f', number];
@@ -222,7 +223,7 @@ export class CudaRuntime {
       this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
       this.launchConfig = this.hostAlloc(LAUNCH_CONFIG_BYTES);
       this.launchConfigView = new DataView(this.launchConfig.view.buffer, this.launchConfig.view.byteOffset, LAUNCH_CONFIG_BYTES);
-      this.graphProfiler = process.env.LLMTS_CUDA_GRAPH_PROFILE === '1' ? new GraphProfiler(this.d, this.stream) : null;
+      this.graphProfiler = envChoice('LLMTS_CUDA_GRAPH_PROFILE', ['0', '1']) === '1' ? new GraphProfiler(this.d, this.stream) : null;
       // a profiled graph has event nodes between its kernels, where programmatic edges would join
       // kernel to kernel: profile without PDL
       this.pdl = pdlEnabled(major) && !this.graphProfiler;

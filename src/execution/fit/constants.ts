@@ -17,6 +17,7 @@
 // choices, not measurements, and say so.
 
 import os from 'node:os';
+import { envInt } from '../../backends/common/env.ts';
 
 export interface Constant {
   value: number;
@@ -150,9 +151,7 @@ export const CPU_ROW_OVERHEAD_MS: Constant = {
  * library reads it). A property of the code, not a measurement.
  */
 export function cpuGemvParallelMinBytes(): number {
-  const e = process.env.LLMTS_GEMV_PAR_MIN_BYTES;
-  const v = e ? Number(e) : NaN;
-  return Number.isFinite(v) && v >= 0 ? v : 2 ** 20;
+  return envInt('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 });
 }
 
 /** Policy: RAM left to the operating system and other processes when planning for a CPU. */

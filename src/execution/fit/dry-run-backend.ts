@@ -19,6 +19,7 @@ import { ScopeStack } from '../../backends/common/scopes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
 import { MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
+import { envSwitch } from '../../backends/common/env.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -136,7 +137,7 @@ export class DryRunBackend implements Backend {
     this.activationDtype = opts.activationDtype;
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
-    this.gemmTune = process.env.LLMTS_CUDA_GEMM_TUNE === 'off' ? 'off' : opts.gemmTune ?? 'always';
+    this.gemmTune = !envSwitch('LLMTS_CUDA_GEMM_TUNE', true) ? 'off' : opts.gemmTune ?? 'always';
     this.cudaTuning = opts.cudaTuning ?? { maxM: CUDA_TUNE_MAX_M, byClass: true };
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
     if (opts.fused || opts.graphs) {
