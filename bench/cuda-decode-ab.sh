@@ -15,20 +15,14 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
-MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+source bench/cuda-device-lib.sh
 VARIANTS=${VARIANTS:-"flush-write:LLMTS_CUDA_TUNE_FLUSH=write tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1 glu-off:LLMTS_CUDA_GLU_EPILOGUE=off rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-if [ ! -f "$MODEL_DIR/config.json" ]; then
-  timeout 200 python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json > "$OUT/make-model.log" 2>&1 \
-    || { echo "making the model failed (see $OUT/make-model.log)"; exit 1; }
-fi
-gen() { # name, context, then NAME=VALUE settings
-  local name=$1 ctx=$2; shift 2
-  echo "== $name, ${ctx}-token context"
-  env "$@" timeout 90 node --import tsx bench/cuda-generate.ts --device "${DEVICE:-cuda}" --model "$MODEL_DIR" --prompt-tokens "$ctx" \
-    --decode-tokens 128 --repeats 2 ${EXTRA:-} --json "$OUT/$name-$ctx.json" 2>&1 | grep -E "^(decode|graph|layer|  |rror)|Error" | head -"${LINES_MAX:-3}"
-}
+make_model "$OUT/make-model.log" || exit 1
+GEN_DIR=$OUT
+GEN_GREP="^(decode|graph|layer|  |rror)|Error"
+gen() { b1_gen "$@"; }
 for ctx in ${CONTEXTS:-512 4096}; do
   gen default "$ctx" X=1
   for v in $VARIANTS; do
@@ -37,4 +31,4 @@ for ctx in ${CONTEXTS:-512 4096}; do
     gen "$name" "$ctx" "${envs[@]}"
   done
 done
-EXTRA="--profile-graph --profile-batch ${PROFILE_BATCH:-1}" LINES_MAX=40 gen graph-profile 512 X=1
+GEN_EXTRA="--profile-graph --profile-batch ${PROFILE_BATCH:-1}" GEN_LINES=40 gen graph-profile 512 X=1

@@ -21,9 +21,8 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-verify}
-MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+source bench/cuda-device-lib.sh
 BUDGET_S=${BUDGET_S:-540}
-DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 START=$(date +%s)
@@ -36,17 +35,12 @@ run_for() { local t=$1; shift; if [ "$t" -le 0 ]; then echo "skipped: no time le
 # the model, in the background (a file marks it done: waiting on a process name would match this
 # script's own command line)
 rm -f "$MODEL_DIR.done"
-if [ -f "$MODEL_DIR/config.json" ]; then touch "$MODEL_DIR.done"; else
-  (python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json > "$OUT/make-model.log" 2>&1
-   touch "$MODEL_DIR.done") &
-fi
+(make_model "$OUT/make-model.log"; touch "$MODEL_DIR.done") &
 
 step "CUDA tests, cold kernel cache"
 CACHE=$(mktemp -d)
-LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 130)" node --import tsx --test --test-concurrency=1 \
-  test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts \
-  test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts \
-  test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts > "$OUT/cuda-tests.txt" 2>&1
+LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 130)" node --import tsx --test --test-concurrency=1 "${CUDA_TEST_FILES[@]}" \
+  > "$OUT/cuda-tests.txt" 2>&1
 echo "exit $?"
 grep -E '^# (tests|pass|fail|skipped)|^not ok|^ +not ok|NVRTC .*: attention|ms/step|agree' "$OUT/cuda-tests.txt" | head -30
 

@@ -1,0 +1,90 @@
+# Shared by the GPU-machine scripts (cuda-verify.sh, cuda-decode-ab.sh, cuda-step-costs.sh) and by a
+# session's one-off device-call scripts: the CUDA test list, the random 8B-shaped model, one B=1
+# decode run, and a one-off call's start and finish. Source it from the repository root:
+#
+#   source bench/cuda-device-lib.sh
+#
+# A one-off call (device time is scarce: everything it learns goes under $OUT as it goes):
+#
+#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash .device/sN-callM.sh $OUT
+#   # where sN-callM.sh is:
+#   source bench/cuda-device-lib.sh
+#   call_start sNcM "$1"            # W=/tmp/sNcM; the model and the CPU library build in the background
+#   cold_tests "$W/cuda-tests.txt"  # every CUDA test on a cold kernel cache, its summary printed
+#   call_wait_model
+#   b1_gen default 512 X=1          # B=1 decode, its line printed, JSON in $W/default-512.json
+#   b1_gen pdl-off 512 LLMTS_CUDA_PDL=off
+#   call_finish                     # the script and $W, tarred into $OUT/sNcM.tar.gz
+#
+# Settings: MODEL_DIR (default /tmp/llmts-llama8b-random), DEVICE (cuda; cpu with MODEL_DIR=models/demo
+# runs the plumbing off the GPU machine), GEN_DIR (where b1_gen writes JSON; call_start sets it to $W),
+# GEN_GREP / GEN_LINES / GEN_EXTRA / GEN_TIMEOUT (b1_gen's output filter, lines, extra arguments, limit).
+
+MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+DEVICE=${DEVICE:-cuda}
+
+# Every CUDA test (the native CPU library must be built for the last two: block copies and the prefix
+# cache's device tier).
+CUDA_TEST_FILES=(
+  test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts
+  test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts
+  test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts
+)
+
+# make_model LOG: Llama-3.1-8B shapes with random weights at $MODEL_DIR unless one is there (~26 s)
+make_model() {
+  [ -f "$MODEL_DIR/config.json" ] && return 0
+  timeout 200 python3 bench/make_random_llama.py --out "$MODEL_DIR" --tokenizer models/demo/tokenizer.json > "$1" 2>&1 \
+    || { echo "making the model failed (see $1)"; return 1; }
+}
+
+# cold_tests LOG [LIMIT_S]: the CUDA tests on a fresh kernel cache (each module's build time shows),
+# the log xz-compressed afterwards; prints the exit status and the summary
+cold_tests() {
+  local log=$1 cache rc
+  cache=$(mktemp -d)
+  LLMTS_CACHE_DIR=$cache timeout "${2:-220}" node --import tsx --test --test-concurrency=1 "${CUDA_TEST_FILES[@]}" > "$log" 2>&1
+  rc=$?
+  echo "tests exit $rc"
+  grep -E '^# (tests|pass|fail|skipped)|^not ok|^ +not ok' "$log" | head -20
+  xz -9f "$log"
+  return $rc
+}
+
+# b1_gen NAME CTX [NAME=VALUE...]: bench/cuda-generate.ts at batch 1 (CTX prompt tokens, 2 x 128
+# decode tokens) with those settings; JSON in $GEN_DIR/NAME-CTX.json
+b1_gen() {
+  local name=$1 ctx=$2
+  shift 2
+  echo "== $name, ${ctx}-token context"
+  # shellcheck disable=SC2086 # GEN_EXTRA is a list of arguments
+  env "$@" timeout "${GEN_TIMEOUT:-90}" node --import tsx bench/cuda-generate.ts --device "$DEVICE" --model "$MODEL_DIR" \
+    --prompt-tokens "$ctx" --decode-tokens 128 --repeats 2 ${GEN_EXTRA:-} --json "${GEN_DIR:-.}/$name-$ctx.json" 2>&1 \
+    | grep -E "${GEN_GREP:-^decode|rror}" | cut -c1-400 | head -"${GEN_LINES:-3}"
+}
+
+# call_start NAME OUT: a one-off call's work folder W=/tmp/NAME (also GEN_DIR), its clock, and in the
+# background the model and the native CPU library (call_wait_model waits for both)
+call_start() {
+  CALL_NAME=$1
+  CALL_OUT=$2
+  CALL_SCRIPT=$(readlink -f "$0")
+  W=/tmp/$CALL_NAME
+  GEN_DIR=$W
+  CALL_T0=$(date +%s)
+  mkdir -p "$W"
+  (make_model "$W/make-model.log") &
+  CALL_MODEL_PID=$!
+  (timeout 60 node scripts/build-native.mjs > "$W/build-native.log" 2>&1 || echo "native build failed (see $W/build-native.log)")
+}
+
+call_wait_model() { wait "$CALL_MODEL_PID"; }
+
+# seconds since call_start
+call_elapsed() { echo $(($(date +%s) - CALL_T0)); }
+
+call_finish() {
+  echo "all done at $(call_elapsed) s"
+  cp "$CALL_SCRIPT" "$W/"
+  tar -czf "$CALL_OUT/$CALL_NAME.tar.gz" -C /tmp "$CALL_NAME"
+}
