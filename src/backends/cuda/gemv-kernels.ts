@@ -719,7 +719,7 @@ function persistentWarpsPerRow(v: Variant, K: number): number[] {
  * The GEMV launches that can compute an M-row product with inner size K (none when M or K rule them
  * out): the smallest kernels that hold M rows (one row: both unrolls), each with the fewest warps per
  * row that give each lane one pass of loads, and twice that; then the smallest persistent kernel that holds M rows, at one and
- * two blocks an SM, with each of persistentWarpsPerRow and twice its most while that half-fills a lane's ring.
+ * two blocks an SM, with each of persistentWarpsPerRow.
  */
 export function gemvCandidates(M: number, K: number): GemvChoice[] {
   if (!fits(M, K)) return [];
@@ -732,13 +732,7 @@ export function gemvCandidates(M: number, K: number): GemvChoice[] {
     out.push(...[...new Set([wpr, Math.min(8, wpr * 2)])].map((w) => ({ kernel: v.name, warpsPerRow: w })));
   }
   const p = PERSISTENT.find((x) => x.mmax >= M)!;
-  const wprs = persistentWarpsPerRow(p, K);
-  // and twice the most that fill a lane's ring, while a warp's share still fills half of it: more,
-  // smaller row groups balance a grid of 2 blocks an SM better where N / (8 / wpr) groups divide
-  // unevenly (down at 8B shapes: 1,024 groups of 4 rows over 264 blocks)
-  const wider = 2 * Math.max(...wprs);
-  if (wider <= 8 && chunks / wider >= 16 * p.unroll) wprs.push(wider);
-  for (const w of wprs) {
+  for (const w of persistentWarpsPerRow(p, K)) {
     for (const b of [1, 2]) out.push({ kernel: p.name, warpsPerRow: w, blocksPerSm: b });
   }
   return out;
