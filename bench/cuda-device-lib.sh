@@ -1,6 +1,7 @@
-# Shared by the GPU-machine scripts (cuda-verify.sh, cuda-decode-ab.sh, cuda-step-costs.sh) and by a
-# session's one-off device-call scripts: the CUDA test list, the random 8B-shaped model, one B=1
-# decode run, and a one-off call's start and finish. Source it from the repository root:
+# Shared by the GPU-machine scripts (cuda-verify.sh, cuda-decode-ab.sh, cuda-step-costs.sh,
+# cuda-llama8b.sh, cuda-throughput.sh) and by a session's one-off device-call scripts: the CUDA test
+# list, the random 8B-shaped model, one B=1 decode run, a time budget with steps inside it, the
+# machine's description, and a one-off call's start and finish. Source it from the repository root:
 #
 #   source bench/cuda-device-lib.sh
 #
@@ -87,4 +88,49 @@ call_finish() {
   echo "all done at $(call_elapsed) s"
   cp "$CALL_SCRIPT" "$W/"
   tar -czf "$CALL_OUT/$CALL_NAME.tar.gz" -C /tmp "$CALL_NAME"
+}
+
+# ---- a time budget with steps inside it (cuda-llama8b.sh, cuda-throughput.sh, cuda-verify.sh) -------
+
+# budget_start SECONDS: left / cap count against it from now (BUDGET_T0)
+budget_start() {
+  BUDGET_S=$1
+  BUDGET_T0=$(date +%s)
+}
+
+# seconds of the budget left
+left() { echo $((BUDGET_S - ($(date +%s) - BUDGET_T0))); }
+
+# cap WANT RESERVE: min(WANT, what is left less RESERVE), for a step's limit
+cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+
+# budget_step NAME LIMIT_S cmd...: runs cmd under the limit (skipped when none is left), its name, exit
+# status and seconds appended to $OUT/steps.txt
+budget_step() {
+  local name=$1 limit=$2 t rc
+  t=$(date +%s)
+  shift 2
+  echo "== $name: started $(date +%T), limit ${limit} s, $(left) s of the budget left"
+  if [ "$limit" -le 0 ]; then echo "== $name: skipped (no time left)"; echo "$name skipped 0" >> "$OUT/steps.txt"; return 1; fi
+  timeout --kill-after=10 "$limit" "$@"
+  rc=$?
+  echo "== $name: rc $rc after $(($(date +%s) - t)) s"
+  echo "$name $rc $(($(date +%s) - t))" >> "$OUT/steps.txt"
+  return $rc
+}
+
+# machine_info: the commit, time, GPU, CPUs, memory, the model's disk, torch/transformers and node
+# (extra lines from the caller follow it in the same file)
+machine_info() {
+  echo "commit $LLMTS_COMMIT"
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv 2>&1
+  echo "cpus $(nproc)"; free -g | head -2; df -h "$(dirname "$MODEL_DIR")" | tail -1
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1
+}
+
+# node on PATH (.device/env.sh where the machine has none) and LLMTS_COMMIT for the JSON files
+device_node_env() {
+  if ! command -v node >/dev/null && [ -f .device/env.sh ]; then source .device/env.sh; fi
+  export LLMTS_COMMIT=${LLMTS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 }

@@ -24,7 +24,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-llama8b}
-MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+source bench/cuda-device-lib.sh
 BUDGET_S=${BUDGET_S:-450}
 PEER_COMPILE=${PEER_COMPILE:-0}
 PEER_COMPILE_MIN_S=${PEER_COMPILE_MIN_S:-180}
@@ -35,31 +35,12 @@ read -r -a MAKE_MODEL_ARGS <<< "${MAKE_MODEL_ARGS:-}"  # e.g. --tiny, to test th
 read -r -a LLMTS_ARGS <<< "${LLMTS_ARGS:-}"            # e.g. --device cpu, likewise
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-START=$(date +%s)
-left() { echo $((BUDGET_S - ($(date +%s) - START))); }
-cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
-
-if ! command -v node >/dev/null && [ -f .device/env.sh ]; then source .device/env.sh; fi
-export LLMTS_COMMIT=${LLMTS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-
-step() {  # step NAME LIMIT_S cmd...
-  local name=$1 limit=$2 t=$(date +%s) rc
-  shift 2
-  echo "== $name: started $(date +%T), limit ${limit} s, $(left) s of the budget left"
-  if [ "$limit" -le 0 ]; then echo "== $name: skipped (no time left)"; echo "$name skipped 0" >> "$OUT/steps.txt"; return 1; fi
-  timeout --kill-after=10 "$limit" "$@"
-  rc=$?
-  echo "== $name: rc $rc after $(($(date +%s) - t)) s"
-  echo "$name $rc $(($(date +%s) - t))" >> "$OUT/steps.txt"
-  return $rc
-}
+budget_start "$BUDGET_S"
+device_node_env
+step() { budget_step "$@"; }
 
 {
-  echo "commit $LLMTS_COMMIT"
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv 2>&1
-  echo "cpus $(nproc)"; free -g | head -2; df -h "$(dirname "$MODEL_DIR")" | tail -1
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1
+  machine_info
   echo "node $(node --version 2>&1)"
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
@@ -80,11 +61,11 @@ step llmts "$(cap 300 90)" node --import tsx bench/cuda-generate.ts --model "$MO
   "${CEIL[@]}" "${LLMTS_ARGS[@]}" --json "$OUT/llmts.json"
 
 COMPILE=()
-if [ "$PEER_COMPILE" = 1 ]; then COMPILE=(--compile --compile-until $((START + BUDGET_S - PEER_COMPILE_MIN_S))); fi
+if [ "$PEER_COMPILE" = 1 ]; then COMPILE=(--compile --compile-until $((BUDGET_T0 + BUDGET_S - PEER_COMPILE_MIN_S))); fi
 step transformers "$(cap 600 5)" python3 bench/peers/transformers_gpu.py --model "$MODEL_DIR" \
   --prompt-tokens "$PROMPT_TOKENS" --decode-tokens "$DECODE_TOKENS" --repeats 3 --prefill-prompts "$PREFILL_PROMPTS" --prefill-repeats 2 \
   "${CEIL[@]}" --launch-time "$(date +%s.%N)" "${COMPILE[@]}" --json "$OUT/transformers.json"
 
 python3 bench/cuda_llama8b_report.py "$OUT" > "$OUT/summary.md"
 cat "$OUT/summary.md"
-echo "== done in $(($(date +%s) - START)) s"
+echo "== done in $(($(date +%s) - BUDGET_T0)) s"

@@ -27,7 +27,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-throughput}
-MODEL_DIR=${MODEL_DIR:-/tmp/llmts-llama8b-random}
+source bench/cuda-device-lib.sh
 BUDGET_S=${BUDGET_S:-540}
 LLMTS_S=${LLMTS_S:-260}
 PEER_MIN_S=${PEER_MIN_S:-200}
@@ -43,31 +43,12 @@ read -r -a LLMTS_ARGS <<< "${LLMTS_ARGS:-}"
 read -r -a PEER_ARGS <<< "${PEER_ARGS:-}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-START=$(date +%s)
-left() { echo $((BUDGET_S - ($(date +%s) - START))); }
-cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
-
-if ! command -v node >/dev/null && [ -f .device/env.sh ]; then source .device/env.sh; fi
-export LLMTS_COMMIT=${LLMTS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-
-step() {  # step NAME LIMIT_S cmd...
-  local name=$1 limit=$2 t=$(date +%s) rc
-  shift 2
-  echo "== $name: started $(date +%T), limit ${limit} s, $(left) s of the budget left"
-  if [ "$limit" -le 0 ]; then echo "== $name: skipped (no time left)"; echo "$name skipped 0" >> "$OUT/steps.txt"; return 1; fi
-  timeout --kill-after=10 "$limit" "$@"
-  rc=$?
-  echo "== $name: rc $rc after $(($(date +%s) - t)) s"
-  echo "$name $rc $(($(date +%s) - t))" >> "$OUT/steps.txt"
-  return $rc
-}
+budget_start "$BUDGET_S"
+device_node_env
+step() { budget_step "$@"; }
 
 {
-  echo "commit $LLMTS_COMMIT"
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv 2>&1
-  echo "cpus $(nproc)"; free -g | head -2; df -h "$(dirname "$MODEL_DIR")" | tail -1
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1
+  machine_info
   python3 -c 'import importlib.util as u; print("flash_attn", u.find_spec("flash_attn") is not None, "kernels", u.find_spec("kernels") is not None)' 2>&1
   echo "node $(node --version 2>&1)"
   echo "workload $REQUESTS requests x ($INPUT_TOKENS in, $OUTPUT_TOKENS out); llmts max batch $MAX_BATCH, token budget $TOKEN_BUDGET; peer mode $PEER_MODE"
@@ -175,4 +156,4 @@ out.append(f"For context only (not measured here; FP8, another engine): TensorRT
 print('\n'.join(out))
 EOF
 cat "$OUT/summary.md"
-echo "== done in $(($(date +%s) - START)) s"
+echo "== done in $(($(date +%s) - BUDGET_T0)) s"

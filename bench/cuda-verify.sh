@@ -25,9 +25,7 @@ source bench/cuda-device-lib.sh
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
-START=$(date +%s)
-left() { echo $((BUDGET_S - ($(date +%s) - START))); }
-cap() { local l; l=$(($(left) - $2)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # min(want, left - reserve)
+budget_start "$BUDGET_S"
 step() { echo; echo "== $1 ($(left) s of the budget left)"; }
 # timeout that skips a step the budget left no time for (a smaller BUDGET_S than the reserves assume)
 run_for() { local t=$1; shift; if [ "$t" -le 0 ]; then echo "skipped: no time left in BUDGET_S"; return 125; fi; timeout "$t" "$@"; }
@@ -75,4 +73,4 @@ if [ "${SAMPLING:-0}" = 1 ]; then
     --temperature 0.8 --top-p 0.95 --requests 64 --max-batch 64 --input-tokens 512 --output-tokens 256 \
     --json "$OUT/throughput-sampling.json" 2>&1 | grep -iE 'output|steps' | head -4
 fi
-echo; echo "done in $(($(date +%s) - START)) s"
+echo; echo "done in $(($(date +%s) - BUDGET_T0)) s"
