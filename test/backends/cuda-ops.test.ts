@@ -270,6 +270,27 @@ describe('matmul', { skip: SKIP }, () => {
     }
   });
 
+  it('$LLMTS_CUDA_GEMV_BULK=on: the bulk-streamed one-row GEMV (k_gemvt_m1), picked, matches the CPU at the 8B\'s o shape, K up to 16384 and a row a block', async () => {
+    const r = rng(15);
+    const old = { bulk: process.env.LLMTS_CUDA_GEMV_BULK, picks: process.env.LLMTS_CUDA_GEMV_PICKS };
+    const shapes = [[4096, 4096], [300, 4104], [37, 16384], [5, 8], [1000, 14336]] as const;
+    process.env.LLMTS_CUDA_GEMV_BULK = 'on';
+    process.env.LLMTS_CUDA_GEMV_PICKS = shapes.map(([N, K]) => `1x${N}x${K}=k_gemvt_m1`).join(',');
+    const on = await createCudaBackend();
+    try {
+      for (const [N, K] of shapes) {
+        const x = randomF32(r, K), w = randomF32(r, N * K);
+        await compare(`bulk 1x${N}x${K}`, async (b) => [b.matmul(act(b, x, [1, K]), act(b, w, [N, K]))], GEMM, on);
+      }
+    } finally {
+      for (const [k, v] of [['LLMTS_CUDA_GEMV_BULK', old.bulk], ['LLMTS_CUDA_GEMV_PICKS', old.picks]] as const) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+      await on.close();
+    }
+  });
+
   it('GEMM shapes of one tuning class share one timing; the others adopt its winner and stay exact', async () => {
     const r = rng(13);
     const N = 96, K = 136; // a shape no other test uses

@@ -19,6 +19,7 @@ import {
   GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
 import { MOE_KERNEL_NAMES, MOE_KERNEL_SOURCE } from './moe-kernels.ts';
+import { GEMVT_KERNEL_NAMES, GEMVT_KERNEL_SOURCE } from './gemv-bulk-kernels.ts';
 import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
 
 /**
@@ -515,9 +516,9 @@ export const KERNEL_MODULES = [
   kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', moduleDefines('LLMTS_CUDA_FUSED_DEFINES') + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
   // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
-  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + GEMVT_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
     [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
-      ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
+      ...GEMVP_NORMROPE_KERNEL_NAMES, ...GEMVT_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
 ] as const;
 

@@ -21,6 +21,8 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
   'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
   'k_gemv_m1_u16', 'k_gemv_m1_u8', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4',
+  // the bulk-streamed GEMV: its ring's first copies before PDL_ENTRY
+  'k_gemvt_m1',
   // the persistent GEMVs: their first ring of weight loads before PDL_ENTRY, their staged x after
   ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
   ...GEMVP_NORMROPE_KERNEL_NAMES,

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 #include <ucontext.h>
 
@@ -253,6 +254,54 @@ template <int N> inline void att_cp_wait() {
     f.cpGroups.erase(f.cpGroups.begin());
   }
 }
+// Bulk copies completing on mbarriers (gemv-bulk-kernels.ts): a copy poisons its destination at
+// issue and lands when a thread waits on its barrier; a wait on a phase that no copy completes, a
+// second copy on a barrier before its phase completed, or a copy on a barrier never initialized
+// aborts, as a kernel with those bugs would hang or corrupt on a GPU.
+namespace sim {
+struct SimBarrier {
+  int completed = 0;
+  void* dst = nullptr;
+  std::vector<unsigned char> data;
+  bool pending = false;
+};
+inline std::map<const void*, SimBarrier> barriers;
+inline SimBarrier& barrierAt(const void* bar, const char* what) {
+  auto it = barriers.find(bar);
+  if (it == barriers.end()) {
+    std::fprintf(stderr, "warp-sim: %s on an mbarrier that was never initialized\n", what);
+    std::abort();
+  }
+  return it->second;
+}
+}  // namespace sim
+inline void sim_bar_init(unsigned long long* bar) { sim::barriers[bar] = sim::SimBarrier{}; }
+inline void sim_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  sim::SimBarrier& b = sim::barrierAt(bar, "bulk copy");
+  if (b.pending) {
+    std::fprintf(stderr, "warp-sim: a second bulk copy on an mbarrier whose phase has not completed\n");
+    std::abort();
+  }
+  b.dst = dst;
+  b.data.assign((const unsigned char*)src, (const unsigned char*)src + bytes);
+  std::memset(dst, 0xff, bytes);
+  b.pending = true;
+}
+inline void sim_bar_wait(unsigned long long* bar, unsigned parity) {
+  sim::SimBarrier& b = sim::barrierAt(bar, "wait");
+  if (b.pending) {
+    std::memcpy(b.dst, b.data.data(), b.data.size());
+    b.pending = false;
+    b.completed++;
+  }
+  // try_wait.parity(p) passes once the phase of parity p has completed: the current phase's is not p
+  if ((unsigned)(b.completed & 1) == (parity & 1u)) {
+    std::fprintf(stderr, "warp-sim: block (%u, %u) waits on mbarrier phase parity %u, which no copy completes (a hang on a GPU)\n",
+      sim::blockIdx_.x, sim::blockIdx_.y, parity);
+    std::abort();
+  }
+}
+
 inline unsigned short sim_at(const void* row, int col) { return ((const unsigned short*)row)[col]; }
 // ldmatrix .x4: matrix m's row r is at the address of lane 8 m + r; lane l receives, of each
 // matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of the transposed matrix)

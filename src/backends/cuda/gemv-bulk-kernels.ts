@@ -1,0 +1,190 @@
+// CUDA source and host layout of the bulk-streamed one-row GEMV, k_gemvt_m1: y[1, N] = x[1, K] · w[N, K]^T
+// with each SM's share of w streamed through a ring of shared memory by the copy engine (TMA bulk
+// copies, cp.async.bulk, completing on mbarriers). Part of the gemv module (kernels.ts), after
+// gemv-kernels.ts' loaders. An experiment, offered to the GEMM tuner only with $LLMTS_CUDA_GEMV_BULK=on.
+//
+// Why: our one-row GEMVs and cuBLASLt lose ~6 us a kernel to bandwidth on the H200 (o, 33.5 MB:
+// 14.5-15.3 us alone against 7.8 at copy bandwidth), the ramp and the tail of blocks that each load
+// a little and exit. Here one 256-thread block an SM owns a contiguous run of rows and keeps its
+// ring full from start to end: thread 0 asks the copy engine for whole row chunks (16-28 KB each,
+// up to ~200 KB in flight an SM, 26 MB on 132 SMs), before the PDL wait as far as the ring reaches,
+// and refills a stage as soon as the block has read it; the warps only wait on the stage's mbarrier
+// and multiply. (Session 8's staged GEMV held its rows with per-thread cp.async and lost: a block an
+// SM issuing 16-byte copies could not keep HBM busy; bulk copies are one instruction a chunk.)
+//
+// Layout (gemvtLayout): block b takes rows [b R, b R + R) (R = ceil(N / SMs)); chunk c of its rows is
+// rows c C .. c C + C - 1 (C rows of K, ~16 KB or one row), in stage c % S of the ring (S stages,
+// within GEMVT_SHARED_BYTES). Thread t holds x's 16-byte chunks t, t + 256, ... in registers (K <=
+// 16384); a row's sum is each thread's, then the warp's, then the 8 warps' in shared memory: a fixed
+// order, the same bits every run. Requires K % 8 == 0 and 16-byte aligned w and x (gemm.ts checks).
+//
+// Compiled for sm_90 with PTX 8.0 (CUDA 12) and newer; elsewhere the kernel traps and the host
+// never offers it (gemvtAvailable). Without __CUDA_ARCH__ (the host warp simulator) the copies and
+// barriers are the simulator's: a stage is poisoned when its copy is issued and filled when a
+// thread waits on its barrier, so reading a stage early or refilling one still being read fails.
+import { envSwitch } from '../common/env.ts';
+
+export const GEMVT_KERNEL_SOURCE = String.raw`
+#define GEMVT_THREADS 256
+#define GEMVT_XMAX 8 // x chunks a thread holds: K <= 8 x 256 x 8 = 16384
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDACC_VER_MAJOR__ >= 12)
+#define GEMVT_BULK 1
+__device__ __forceinline__ unsigned gemvt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void gemvt_bar_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(gemvt_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void gemvt_bar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// one arrival (thread 0) that expects the copy's bytes, then the copy, which completes the phase
+__device__ __forceinline__ void gemvt_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); // the block's reads of this stage come first
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(gemvt_smem(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+    :: "r"(gemvt_smem(dst)), "l"(src), "r"(bytes), "r"(gemvt_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void gemvt_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+      : "=r"(done) : "r"(gemvt_smem(bar)), "r"(parity) : "memory");
+  }
+}
+#elif !defined(__CUDA_ARCH__)
+#define GEMVT_BULK 1
+inline void gemvt_bar_init(unsigned long long* bar) { sim_bar_init(bar); }
+inline void gemvt_bar_fence_init() {}
+inline void gemvt_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) { sim_bulk_load(dst, src, bytes, bar); }
+inline void gemvt_wait(unsigned long long* bar, unsigned parity) { sim_bar_wait(bar, parity); }
+#else
+#define GEMVT_BULK 0
+#endif
+
+// rowsPerBlock R, rowsPerChunk C, stages S (gemvtLayout); dynamic shared memory: S C K bf16, then S
+// 8-byte mbarriers
+extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const u16* w, const u16* x, u16* y, int N, int K,
+    int rowsPerBlock, int rowsPerChunk, int stages) {
+#if GEMVT_BULK
+  __shared__ float red[2][8]; // [row of the pair][warp]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 chunkElems = (i64)rowsPerChunk * K;
+  u16* const ring = (u16*)dyn_smem();
+  unsigned long long* const bars = (unsigned long long*)(ring + stages * chunkElems);
+  const int r0 = blockIdx.x * rowsPerBlock;
+  const int rows = max(0, min(rowsPerBlock, N - r0));
+  const int nChunks = (rows + rowsPerChunk - 1) / rowsPerChunk;
+  const u16* const src = w + (i64)r0 * K;
+  // the weights do not depend on the kernel before: the ring fills before the PDL wait
+  if (tid == 0) {
+    for (int s = 0; s < stages; s++) gemvt_bar_init(&bars[s]);
+    gemvt_bar_fence_init();
+    for (int c = 0; c < nChunks && c < stages; c++) {
+      const int nr = min(rowsPerChunk, rows - c * rowsPerChunk);
+      gemvt_load(ring + c * chunkElems, src + c * chunkElems, (unsigned)(nr * K * 2), &bars[c]);
+    }
+  }
+  __syncthreads(); // the barriers exist before anyone waits on them
+  PDL_ENTRY();
+  const int nch = K >> 3;
+  const uint4* const xv = (const uint4*)x;
+  uint4 xr[GEMVT_XMAX];
+#pragma unroll
+  for (int j = 0; j < GEMVT_XMAX; j++) {
+    const int c = tid + j * GEMVT_THREADS;
+    xr[j] = c < nch ? gemv_ld_cached(xv + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  for (int c = 0; c < nChunks; c++) {
+    const int stage = c % stages;
+    gemvt_wait(&bars[stage], (unsigned)((c / stages) & 1));
+    const u16* const ch = ring + stage * chunkElems;
+    const int nr = min(rowsPerChunk, rows - c * rowsPerChunk);
+    // rows in pairs: two sums a barrier (red[2]), the last pair's barrier also frees the stage
+    for (int rr = 0; rr < nr; rr += 2) {
+      float a0 = 0.0f, a1 = 0.0f;
+      const uint4* const row0 = (const uint4*)(ch + (i64)rr * K);
+      const uint4* const row1 = (const uint4*)(ch + (i64)(rr + 1) * K);
+#pragma unroll
+      for (int j = 0; j < GEMVT_XMAX; j++) {
+        const int k = tid + j * GEMVT_THREADS;
+        if (k < nch) {
+          a0 += gemv_dot8(row0[k], xr[j]);
+          if (rr + 1 < nr) a1 += gemv_dot8(row1[k], xr[j]);
+        }
+      }
+      a0 = warp_sum(a0);
+      a1 = warp_sum(a1);
+      if (lane == 0) {
+        red[0][warp] = a0;
+        red[1][warp] = a1;
+      }
+      __syncthreads(); // red is full; the pair's rows of the stage are read
+      if (tid < 2 && rr + tid < nr) {
+        float v = 0.0f;
+        for (int q = 0; q < 8; q++) v += red[tid][q];
+        y[r0 + c * rowsPerChunk + rr + tid] = f2bf(v);
+      }
+      if (tid == 0 && rr + 2 >= nr && c + stages < nChunks) { // the stage is free: its next chunk
+        const int cn = c + stages;
+        const int nn = min(rowsPerChunk, rows - cn * rowsPerChunk);
+        gemvt_load(ring + stage * chunkElems, src + cn * chunkElems, (unsigned)(nn * K * 2), &bars[stage]);
+      }
+      __syncthreads(); // red is read before the next pair writes it
+    }
+  }
+#else
+  __trap();
+#endif
+}
+`;
+
+export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1'] as const;
+
+/**
+ * $LLMTS_CUDA_GEMV_BULK=on (read when a backend starts): the GEMM tuner also times k_gemvt_m1 for
+ * one-row shapes (gemm.ts gemvChoices) and takes it where it wins as our other GEMVs do. Off by
+ * default: not yet run on a GPU (session 9 wrote it and tested it on the warp simulator only).
+ */
+export function gemvBulkSetting(): boolean {
+  return envSwitch('LLMTS_CUDA_GEMV_BULK', false);
+}
+
+/** threads a block (GEMVT_THREADS) */
+export const GEMVT_THREADS = 256;
+/** the most K a thread's registers hold x for (GEMVT_XMAX chunks of 8 a thread) */
+export const GEMVT_MAX_K = 8 * 256 * 8;
+/** the ring's budget a block: ~200 KiB of the H200's 227 KiB of shared memory a block */
+export const GEMVT_SHARED_BYTES = 200 * 1024;
+/** a chunk's target size (a chunk is whole rows: at least one) */
+const GEMVT_CHUNK_BYTES = 16 * 1024;
+const GEMVT_MAX_STAGES = 16;
+
+export interface GemvtLayout {
+  grid: number;
+  rowsPerBlock: number;
+  rowsPerChunk: number;
+  stages: number;
+  /** dynamic shared memory a block: the ring, then one 8-byte mbarrier a stage */
+  sharedBytes: number;
+}
+
+/**
+ * How k_gemvt_m1 covers N rows of inner size K on smCount SMs: one block an SM over a contiguous
+ * run of ceil(N / SMs) rows, chunks of whole rows of about GEMVT_CHUNK_BYTES (at most a block's
+ * rows), as many stages as fit the ring's budget (at most GEMVT_MAX_STAGES and a block's chunks, at
+ * least 2); null where K rules it out or the ring holds fewer than 2 chunks. (The
+ * ring and chunk sizes are parameters for the simulator's tests, which wrap small rings many times.)
+ */
+export function gemvtLayout(N: number, K: number, smCount: number, ringBytes = GEMVT_SHARED_BYTES,
+    chunkTarget = GEMVT_CHUNK_BYTES): GemvtLayout | null {
+  if (!Number.isInteger(N) || N < 1 || !Number.isInteger(K) || K < 8 || K % 8 !== 0 || K > GEMVT_MAX_K) return null;
+  const rowBytes = K * 2;
+  const rowsPerBlock = Math.ceil(N / Math.max(1, smCount));
+  const rowsPerChunk = Math.min(rowsPerBlock, Math.max(1, Math.floor(chunkTarget / rowBytes)));
+  const chunkBytes = rowsPerChunk * rowBytes;
+  const fit = Math.floor(ringBytes / chunkBytes);
+  if (fit < 2) return null;
+  // no more stages than a block has chunks (but two: a ring)
+  const stages = Math.min(GEMVT_MAX_STAGES, fit, Math.max(2, Math.ceil(rowsPerBlock / rowsPerChunk)));
+  return { grid: Math.ceil(N / rowsPerBlock), rowsPerBlock, rowsPerChunk, stages, sharedBytes: stages * chunkBytes + stages * 8 };
+}

@@ -1,0 +1,58 @@
+// The bulk-streamed one-row GEMV (gemv-bulk-kernels.ts, k_gemvt_m1: rows streamed through a ring of
+// shared memory by bulk copies completing on mbarriers) on the warp simulator, against a float64
+// product of the same bf16 inputs; and its launch layout. Rings of 2-3 stages wrapped many times,
+// partial last chunks, odd rows a chunk, K up to its 16384 limit. The simulator poisons a stage when
+// its copy is issued and fills it at the first wait, so a stage read before its wait or refilled
+// while the block still reads it gives NaNs here; a wait no copy completes aborts.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+
+import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
+import { GEMVT_MAX_K, GEMVT_SHARED_BYTES, gemvtLayout } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
+import { simUnavailable } from './cuda-sim/build.ts';
+import { runGemvtSim } from './cuda-sim/gemv-bulk-sim.ts';
+import { randomF32, rng } from './helpers.ts';
+
+const SKIP = simUnavailable();
+if (SKIP) console.log(`# cuda-gemv-bulk-sim: skipping: ${SKIP}`);
+
+describe('bulk-streamed GEMV layout (gemvtLayout)', () => {
+  it('one block an SM over contiguous rows, ~16 KB chunks of whole rows, as many stages as 200 KiB holds', () => {
+    // the 8B's o projection on the H200: 2 rows a chunk, 12 stages, 32 rows a block on 128 of 132 SMs
+    assert.deepEqual(gemvtLayout(4096, 4096, 132), { grid: 128, rowsPerBlock: 32, rowsPerChunk: 2, stages: 12, sharedBytes: 12 * 16384 + 96 });
+    // its down projection: a 28 KB row a chunk, 7 stages
+    assert.deepEqual(gemvtLayout(4096, 14336, 132), { grid: 128, rowsPerBlock: 32, rowsPerChunk: 1, stages: 7, sharedBytes: 7 * 28672 + 56 });
+    // a row a block: a chunk of that row, 2 stages (no more than the block's chunks, but a ring)
+    assert.deepEqual(gemvtLayout(7, 8, 132), { grid: 7, rowsPerBlock: 1, rowsPerChunk: 1, stages: 2, sharedBytes: 2 * 16 + 16 });
+    // lm_head-sized: 972 rows a block, 2 rows a chunk, 12 stages
+    assert.equal(gemvtLayout(128256, 4096, 132)!.stages, 12);
+    for (const [N, K] of [[0, 4096], [8, 4100], [8, 4], [8, GEMVT_MAX_K + 8], [1.5, 4096]]) assert.equal(gemvtLayout(N!, K!, 132), null, `N ${N} K ${K}`);
+    assert.equal(gemvtLayout(8, 4096, 1, 16384), null, 'a ring of fewer than 2 chunks (2 rows of 8 KB a chunk)');
+  });
+});
+
+describe('bulk-streamed GEMV on the warp simulator', { skip: SKIP ?? false }, () => {
+  it('k_gemvt_m1: rings wrapped many times, partial and odd chunks, K up to 16384, matches float64', () => {
+    const r = rng(71);
+    const cases: { N: number; K: number; sms: number; ring: number; chunk: number }[] = [
+      { N: 50, K: 264, sms: 2, ring: 3 * 1056, chunk: 1100 },   // 2 rows a chunk, 3 stages, 13 chunks a block (last of 1 row)
+      { N: 9, K: 4104, sms: 4, ring: 2 * 8208, chunk: 16384 },  // 1 row a chunk, 2 stages; 3 rows a block
+      { N: 7, K: 8, sms: 132, ring: GEMVT_SHARED_BYTES, chunk: 16384 }, // a row a block, more blocks than rows
+      { N: 3, K: 16384, sms: 1, ring: 2 * 32768, chunk: 32768 }, // every x register of a thread in use
+      { N: 33, K: 520, sms: 3, ring: 2 * 3120, chunk: 3120 },   // 3 rows a chunk (odd), 2 stages, 11 rows a block
+    ];
+    for (const c of cases) {
+      const l = gemvtLayout(c.N, c.K, c.sms, c.ring, c.chunk)!;
+      assert.ok(l, `layout for ${JSON.stringify(c)}`);
+      const w = encodeHalf(randomF32(r, c.N * c.K), 'bf16'), x = encodeHalf(randomF32(r, c.K), 'bf16');
+      const got = decodeHalf(runGemvtSim(l, c.N, c.K, w, x), 'bf16');
+      for (let n = 0; n < c.N; n++) {
+        let want = 0;
+        for (let k = 0; k < c.K; k++) want += bf16ToF32(x[k]!) * bf16ToF32(w[n * c.K + k]!);
+        const y = got[n]!;
+        assert.ok(Math.abs(y - want) <= 2e-3 + 8e-3 * Math.abs(want),
+          `N=${c.N} K=${c.K} (${l.rowsPerChunk} rows a chunk, ${l.stages} stages, ${l.rowsPerBlock} rows a block): y[${n}] = ${y}, want ${want}`);
+      }
+    }
+  });
+});
