@@ -1,9 +1,10 @@
 // The bulk-streamed one-row GEMV (gemv-bulk-kernels.ts, k_gemvt_m1: rows streamed through a ring of
 // shared memory by bulk copies completing on mbarriers) on the warp simulator, against a float64
 // product of the same bf16 inputs; and its launch layout. Rings of 2-3 stages wrapped many times,
-// partial last chunks, odd rows a chunk, K up to its 16384 limit. The simulator poisons a stage when
-// its copy is issued and fills it at the first wait, so a stage read before its wait or refilled
-// while the block still reads it gives NaNs here; a wait no copy completes aborts.
+// partial last chunks, odd rows a chunk, K up to its 16384 limit. The simulator poisons a stage
+// when its copy is issued and fills it at the first wait, so a stage read before its wait gives
+// NaNs, and one refilled while other warps still read it gives NaNs when warp 0 runs ahead (runSim
+// runs both schedules and requires the same bytes); a wait no copy completes aborts.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 

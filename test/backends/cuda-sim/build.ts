@@ -52,15 +52,32 @@ export function buildSim(name: string, source: string): string {
   return bin;
 }
 
-/** Runs a simulator binary on one input file; returns its output file's bytes (a buffer of their own). */
+/**
+ * Runs a simulator binary on one input file; returns its output file's bytes (a buffer of their
+ * own). Unless $WARP_SIM_SCHEDULE picks one, it runs under both of warp-sim.h's schedules and
+ * requires the same bytes from each.
+ */
 export function runSim(bin: string, input: Buffer): ArrayBuffer {
   mkdirSync(DIR, { recursive: true });
   const inp = path.join(DIR, `in-${process.pid}-${Math.random().toString(36).slice(2)}.bin`);
   const outp = `${inp}.out`;
   writeFileSync(inp, input);
   try {
-    execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000 });
-    const raw = readFileSync(outp);
+    // both schedules (warp-sim.h): a kernel whose result depends on which warp runs ahead has a race
+    const run = (schedule: string) => {
+      execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000,
+        env: { ...process.env, WARP_SIM_SCHEDULE: schedule } });
+      return readFileSync(outp);
+    };
+    const chosen = process.env.WARP_SIM_SCHEDULE;
+    const raw = run(chosen ?? 'round-robin');
+    if (chosen === undefined) {
+      const other = run('warp-first');
+      if (!raw.equals(other)) {
+        throw new Error(`warp-sim: ${path.basename(bin)} gave different bytes when each warp ran ahead (warp-first) ` +
+          'than round-robin: the kernel has a race between warps');
+      }
+    }
     return raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
   } finally {
     rmSync(inp, { force: true });

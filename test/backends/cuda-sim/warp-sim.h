@@ -1,6 +1,7 @@
 // A host emulation of the CUDA execution model, enough to run the attention kernels' source on a
 // CPU (cuda-sim.ts compiles it with g++): the threads of a block are fibers (ucontext) on one OS
-// thread, switched only at barriers, so every run is deterministic. Blocks run one after another,
+// thread, switched only at barriers, so every run is deterministic (round-robin: every thread to
+// its next barrier; $WARP_SIM_SCHEDULE=warp-first: each warp as far as it can go before the next). Blocks run one after another,
 // which makes `__shared__` a function-static array. Warp collectives (shuffles, ballots, ldmatrix,
 // mma.sync m16n8k16) exchange through per-warp scratch between two warp barriers, in the register
 // layouts of the PTX ISA. A barrier some threads never reach (divergence) aborts with a message
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <vector>
@@ -108,16 +110,34 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
       blockOr = 0;
       std::memset(dynShared.data(), 0xff, shared);
       std::memset(dynShared.data() + shared, 0x5a, DYN_SHARED_GUARD);
+      const char* schedule = std::getenv("WARP_SIM_SCHEDULE");
+      const bool warpFirst = schedule != nullptr && std::strcmp(schedule, "warp-first") == 0;
+      auto runFiber = [&](unsigned t) {
+        current = (int)t;
+        threadIdx_ = dim3{t, 0, 0};
+        swapcontext(&schedCtx, &fibers[t].ctx);
+      };
       for (;;) {
-        bool ran = false;
-        for (unsigned t = 0; t < threads; t++) {
-          if (fibers[t].state != RUNNABLE) continue;
-          current = (int)t;
-          threadIdx_ = dim3{t, 0, 0};
-          swapcontext(&schedCtx, &fibers[t].ctx);
-          ran = true;
+        if (warpFirst) {
+          // each warp in turn runs as far as it can (through its warp collectives) before the next
+          // starts: an early warp's writes land before later warps' reads, which the round-robin
+          // order (every thread to its next barrier) hides
+          for (unsigned w = 0; w < nw; w++) {
+            for (;;) {
+              const unsigned lo = w * 32, hi = std::min(threads, lo + 32);
+              for (unsigned t = lo; t < hi; t++) if (fibers[t].state == RUNNABLE) runFiber(t);
+              unsigned atWarp = 0, exited = 0;
+              for (unsigned t = lo; t < hi; t++) {
+                atWarp += fibers[t].state == WAIT_WARP;
+                exited += fibers[t].state == DONE;
+              }
+              if (atWarp == 0 || atWarp + exited != hi - lo) break;
+              for (unsigned t = lo; t < hi; t++) if (fibers[t].state == WAIT_WARP) fibers[t].state = RUNNABLE;
+            }
+          }
+        } else {
+          for (unsigned t = 0; t < threads; t++) if (fibers[t].state == RUNNABLE) runFiber(t);
         }
-        (void)ran;
         unsigned done = 0, atBlock = 0;
         for (const Fiber& f : fibers) {
           done += f.state == DONE;
