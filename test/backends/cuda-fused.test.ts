@@ -14,7 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
+import { setCudaFuseGlu, setCudaFuseNorm, setCudaGemvBulk, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -164,6 +164,28 @@ describe('fused ops', { skip: SKIP }, () => {
       }
     } finally {
       setCudaFuseNorm(old);
+    }
+  });
+
+  it('addRmsnormMatmul with $LLMTS_CUDA_GEMV_BULK=on: the bulk-streamed norm twin (k_gemvt_norm_m1) at one row, the 8B\'s q/k/v shape among them', async () => {
+    const r = rng(16);
+    const old = setCudaGemvBulk(true);
+    try {
+      for (const [D, N, rScale, off] of [[4096, 6144, 1, 0], [520, 40, 0.5, 1], [16384, 37, 1, 0], [8, 3, 1, 0]] as const) {
+        const x = randomF32(r, D, 2), res = randomF32(r, D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
+        await compare(`bulk addRmsnormMatmul 1x${D} -> ${N}`, async (b) => {
+          const xx = act(b, x, [1, D]), rr = act(b, res, [1, D]), g = act(b, nw, [D]), ww = act(b, w, [N, D]);
+          if (b.name === 'cuda') {
+            const f = b.addRmsnormMatmul!(xx, rr, rScale, g, 1e-5, off, ww);
+            return [f.sum, f.y];
+          }
+          const sum = await roundedBf16(b, b.add(xx, rr, rScale));
+          const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
+          return [sum, b.matmul(normed, ww)];
+        }, longK(D, 0.6));
+      }
+    } finally {
+      setCudaGemvBulk(old);
     }
   });
 

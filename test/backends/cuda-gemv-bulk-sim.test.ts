@@ -8,10 +8,10 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
-import { GEMVT_MAX_K, GEMVT_SHARED_BYTES, gemvtLayout } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
+import { bf16ToF32, decodeHalf, encodeHalf, f32ToBf16 } from '../../src/backends/common/half.ts';
+import { GEMVT_MAX_K, GEMVT_SHARED_BYTES, gemvtLayout, gemvtNormLayout } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
-import { runGemvtSim } from './cuda-sim/gemv-bulk-sim.ts';
+import { runGemvtNormSim, runGemvtSim } from './cuda-sim/gemv-bulk-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -29,6 +29,16 @@ describe('bulk-streamed GEMV layout (gemvtLayout)', () => {
     assert.equal(gemvtLayout(128256, 4096, 132)!.stages, 12);
     for (const [N, K] of [[0, 4096], [8, 4100], [8, 4], [8, GEMVT_MAX_K + 8], [1.5, 4096]]) assert.equal(gemvtLayout(N!, K!, 132), null, `N ${N} K ${K}`);
     assert.equal(gemvtLayout(8, 4096, 1, 16384), null, 'a ring of fewer than 2 chunks (2 rows of 8 KB a chunk)');
+  });
+
+  it('the norm twin: the ring less the normed row, which follows the barriers at a 16-byte boundary', () => {
+    // the 8B's q/k/v (6144 rows, K 4096): 47 rows a block on 131 SMs; 192 KiB of ring is 12 chunks of 16 KB; 12 barriers; 8 KB of x
+    assert.deepEqual(gemvtNormLayout(6144, 4096, 132), { grid: 131, rowsPerBlock: 47, rowsPerChunk: 2, stages: 12,
+      sharedBytes: 12 * 16384 + 12 * 8 + 8192 });
+    // an odd stage count rounds the barriers up to an even one
+    const l = gemvtNormLayout(50, 264, 2, 3 * 1056 + 528, 1100)!;
+    assert.equal(l.stages, 3);
+    assert.equal(l.sharedBytes, 3 * 1056 + 4 * 8 + 528);
   });
 });
 
@@ -53,6 +63,35 @@ describe('bulk-streamed GEMV on the warp simulator', { skip: SKIP ?? false }, ()
         const y = got[n]!;
         assert.ok(Math.abs(y - want) <= 2e-3 + 8e-3 * Math.abs(want),
           `N=${c.N} K=${c.K} (${l.rowsPerChunk} rows a chunk, ${l.stages} stages, ${l.rowsPerBlock} rows a block): y[${n}] = ${y}, want ${want}`);
+      }
+    }
+  });
+
+  it('k_gemvt_norm_m1: the residual sum as k_add_rmsnorm stores it (block 0), y from the bf16 normed row', () => {
+    const r = rng(72);
+    for (const c of [{ N: 29, K: 4096, sms: 2, rScale: 1, off: 0 }, { N: 40, K: 520, sms: 3, rScale: 0.5, off: 1 },
+      { N: 5, K: 24, sms: 132, rScale: 2, off: 0 }]) {
+      const l = gemvtNormLayout(c.N, c.K, c.sms, 4 * 2 * c.K * 2 + c.K * 2, 2 * c.K * 2)!; // 2 rows a chunk, 4 stages
+      assert.ok(l, `layout for ${JSON.stringify(c)}`);
+      const label = `norm N=${c.N} K=${c.K} (${l.rowsPerChunk} rows a chunk, ${l.stages} stages, ${l.rowsPerBlock} rows a block)`;
+      const w = encodeHalf(randomF32(r, c.N * c.K), 'bf16'), nw = encodeHalf(randomF32(r, c.K), 'bf16'), eps = 1e-5;
+      const x = encodeHalf(randomF32(r, c.K, 2), 'bf16'), res = encodeHalf(randomF32(r, c.K, 2), 'bf16');
+      const got = runGemvtNormSim(l, c.N, c.K, w, x, res, nw, c.rScale, eps, c.off);
+      const sum = new Float64Array(c.K);
+      let ss = 0;
+      for (let k = 0; k < c.K; k++) {
+        const bits = f32ToBf16(Math.fround(bf16ToF32(x[k]!) + Math.fround(c.rScale * bf16ToF32(res[k]!))));
+        assert.equal(got.sum[k], bits, `${label}: sum[${k}]`);
+        sum[k] = bf16ToF32(bits);
+        ss += sum[k]! * sum[k]!;
+      }
+      const inv = 1 / Math.sqrt(ss / c.K + eps);
+      const normed = decodeHalf(encodeHalf(Float32Array.from(sum, (v, k) => v * inv * (c.off + bf16ToF32(nw[k]!))), 'bf16'), 'bf16');
+      const y = decodeHalf(got.y, 'bf16');
+      for (let n = 0; n < c.N; n++) {
+        let want = 0;
+        for (let k = 0; k < c.K; k++) want += normed[k]! * bf16ToF32(w[n * c.K + k]!);
+        assert.ok(Math.abs(y[n]! - want) <= 4e-3 + 1e-2 * Math.abs(want), `${label}: y[${n}] = ${y[n]}, want ${want}`);
       }
     }
   });

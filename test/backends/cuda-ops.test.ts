@@ -26,6 +26,7 @@ import {
   type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeHiddenRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
 } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
+import { setCudaGemvBulk } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
 import { MOE_PASS_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -272,10 +273,10 @@ describe('matmul', { skip: SKIP }, () => {
 
   it('$LLMTS_CUDA_GEMV_BULK=on: the bulk-streamed one-row GEMV (k_gemvt_m1), picked, matches the CPU at the 8B\'s o shape, K up to 16384 and a row a block', async () => {
     const r = rng(15);
-    const old = { bulk: process.env.LLMTS_CUDA_GEMV_BULK, picks: process.env.LLMTS_CUDA_GEMV_PICKS };
+    const oldPicks = process.env.LLMTS_CUDA_GEMV_PICKS;
     const shapes = [[4096, 4096], [300, 4104], [37, 16384], [5, 8], [1000, 14336]] as const;
-    process.env.LLMTS_CUDA_GEMV_BULK = 'on';
     process.env.LLMTS_CUDA_GEMV_PICKS = shapes.map(([N, K]) => `1x${N}x${K}=k_gemvt_m1`).join(',');
+    const oldBulk = setCudaGemvBulk(true);
     const on = await createCudaBackend();
     try {
       for (const [N, K] of shapes) {
@@ -283,10 +284,9 @@ describe('matmul', { skip: SKIP }, () => {
         await compare(`bulk 1x${N}x${K}`, async (b) => [b.matmul(act(b, x, [1, K]), act(b, w, [N, K]))], GEMM, on);
       }
     } finally {
-      for (const [k, v] of [['LLMTS_CUDA_GEMV_BULK', old.bulk], ['LLMTS_CUDA_GEMV_PICKS', old.picks]] as const) {
-        if (v === undefined) delete process.env[k];
-        else process.env[k] = v;
-      }
+      setCudaGemvBulk(oldBulk);
+      if (oldPicks === undefined) delete process.env.LLMTS_CUDA_GEMV_PICKS;
+      else process.env.LLMTS_CUDA_GEMV_PICKS = oldPicks;
       await on.close();
     }
   });

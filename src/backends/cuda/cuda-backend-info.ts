@@ -47,7 +47,7 @@ export function backendInfo(rt: CudaRuntime, gemmNote: string): CudaBackendInfo 
   }));
   return {
     device: rt.deviceName, arch: rt.arch, sms: rt.smCount, driverVersion: rt.driverVersion,
-    nvrtcVersion: rt.modules.find((m) => m.compiled)?.compiled!.nvrtcVersion ?? '',
+    nvrtcVersion: rt.nvrtcVersion(),
     kernels: modules.every((m) => m.kernels === 'cache') ? 'cache' : 'nvrtc', kernelCompileMs: rt.kernelsMs,
     kernelCachePath: cudaCacheDir(), kernelCompile: rt.compileMode, kernelModules: modules, gemm: gemmNote,
   };

@@ -46,6 +46,7 @@ import { CudaWeightLoader } from './cuda-weight-loader.ts';
 import { envChoice, envInt } from '../common/env.ts';
 
 export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from './cuda-fused-ops.ts';
+export { setCudaGemvBulk } from './gemv-bulk-kernels.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;

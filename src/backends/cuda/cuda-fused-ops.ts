@@ -14,6 +14,7 @@ import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
+import { GEMV_BULK, GEMVT_THREADS, gemvBulkRuns, gemvtNormLayout } from './gemv-bulk-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
 
@@ -149,8 +150,21 @@ export class CudaFusedOps {
     const N = m.shape[0]!;
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
-    const gemv = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
-      ? gemvFusedChoice(T, N, D) : undefined;
+    const fuse = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
+    // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
+    const bulk = fuse && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
+      ? gemvtNormLayout(N, D, this.c.rt.smCount) : null;
+    if (bulk) {
+      const sum = this.c.out([T, D]);
+      const y = this.c.out([T, N]);
+      this.c.rt.allowDynamicShared('k_gemvt_norm_m1', bulk.sharedBytes);
+      this.c.rt.launch('k_gemvt_norm_m1', [bulk.grid, 1, 1], GEMVT_THREADS, bulk.sharedBytes, [
+        ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+        ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', N], ['i', D], ['i', bulk.rowsPerBlock], ['i', bulk.rowsPerChunk],
+        ['i', bulk.stages]]);
+      return { sum, y };
+    }
+    const gemv = fuse ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.c.matmul(normed, m, bias);

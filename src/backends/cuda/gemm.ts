@@ -8,7 +8,7 @@ import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
-import { GEMVT_THREADS, gemvBulkSetting, gemvtLayout } from './gemv-bulk-kernels.ts';
+import { GEMV_BULK, GEMVT_THREADS, gemvBulkRuns, gemvtLayout } from './gemv-bulk-kernels.ts';
 import { GEMV_BULK_CHOICE, GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 import { envChoice, envInt, envSwitch } from '../common/env.ts';
 
@@ -113,8 +113,6 @@ export class LtGemm {
   private pending: PendingTune[] = [];
   /** $LLMTS_CUDA_GEMV_PICKS (gemm-tuning.ts parseGemvPicks): picks by shape, read when the backend starts */
   private readonly gemvPicks = parseGemvPicks(process.env.LLMTS_CUDA_GEMV_PICKS);
-  /** $LLMTS_CUDA_GEMV_BULK=on: k_gemvt_m1 among the one-row candidates (gemvChoices) */
-  private readonly gemvBulk = gemvBulkSetting();
 
   constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool) {
     this.version = Number(lt.cublasLtGetVersion());
@@ -304,14 +302,12 @@ export class LtGemm {
    */
   private gemvChoices(M: number, K: number): GemvChoice[] {
     const out = gemvCandidates(M, K);
-    if (M === 1 && this.gemvBulk && this.bulkCapable() && gemvtLayout(1, K, this.rt.smCount)) out.push(GEMV_BULK_CHOICE);
+    if (M === 1 && GEMV_BULK.value && this.bulkRuns() && gemvtLayout(1, K, this.rt.smCount)) out.push(GEMV_BULK_CHOICE);
     return out;
   }
 
-  private bulkCapable(): boolean {
-    const arch = Number(/^sm_(\d+)/.exec(this.rt.arch)?.[1] ?? 0);
-    const nvrtc = Number((this.rt.modules.find((m) => m.compiled)?.compiled!.nvrtcVersion ?? '0').split('.')[0]);
-    return arch >= 90 && nvrtc >= 12;
+  private bulkRuns(): boolean {
+    return gemvBulkRuns(this.rt.arch, this.rt.nvrtcVersion());
   }
 
   /** A shape of a timed class takes its winner: the same GEMV launch, or the algorithm where cuBLASLt accepts it. */

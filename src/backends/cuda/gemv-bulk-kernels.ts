@@ -1,7 +1,9 @@
 // CUDA source and host layout of the bulk-streamed one-row GEMV, k_gemvt_m1: y[1, N] = x[1, K] · w[N, K]^T
 // with each SM's share of w streamed through a ring of shared memory by the copy engine (TMA bulk
-// copies, cp.async.bulk, completing on mbarriers). Part of the gemv module (kernels.ts), after
-// gemv-kernels.ts' loaders. An experiment, offered to the GEMM tuner only with $LLMTS_CUDA_GEMV_BULK=on.
+// copies, cp.async.bulk, completing on mbarriers), and its add + rmsnorm twin k_gemvt_norm_m1 (the
+// q/k/v projection's addRmsnormMatmul). Part of the gemv module (kernels.ts), after gemv-kernels.ts'
+// loaders and norm staging. An experiment: used only with $LLMTS_CUDA_GEMV_BULK=on (the GEMM tuner
+// times k_gemvt_m1 beside the other one-row GEMVs; addRmsnormMatmul takes k_gemvt_norm_m1 untimed).
 //
 // Why: our one-row GEMVs and cuBLASLt lose ~6 us a kernel to bandwidth on the H200 (o, 33.5 MB:
 // 14.5-15.3 us alone against 7.8 at copy bandwidth), the ramp and the tail of blocks that each load
@@ -23,6 +25,7 @@
 // barriers are the simulator's: a stage is poisoned when its copy is issued and filled when a
 // thread waits on its barrier, so reading a stage early or refilling one still being read fails.
 import { envSwitch } from '../common/env.ts';
+import { Setting } from '../common/setting.ts';
 
 export const GEMVT_KERNEL_SOURCE = String.raw`
 #define GEMVT_THREADS 256
@@ -62,8 +65,11 @@ inline void gemvt_wait(unsigned long long* bar, unsigned parity) { sim_bar_wait(
 #endif
 
 // rowsPerBlock R, rowsPerChunk C, stages S (gemvtLayout); dynamic shared memory: S C K bf16, then S
-// 8-byte mbarriers
-extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const u16* w, const u16* x, u16* y, int N, int K,
+// 8-byte mbarriers, then (MODE 2) the normed x, K bf16 at the next 16-byte boundary. MODE 0: x as
+// given; MODE 2: add + rmsnorm of x and r (gemv-kernels.ts gemvp_stage_x, block 0 storing the new
+// residual), as k_gemvp_norm_* makes it.
+template <int MODE>
+__device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y, int N, int K,
     int rowsPerBlock, int rowsPerChunk, int stages) {
 #if GEMVT_BULK
   __shared__ float red[2][8]; // [row of the pair][warp]
@@ -71,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const 
   const i64 chunkElems = (i64)rowsPerChunk * K;
   u16* const ring = (u16*)dyn_smem();
   unsigned long long* const bars = (unsigned long long*)(ring + stages * chunkElems);
+  uint4* const xs = (uint4*)(bars + ((stages + 1) & ~1)); // 16-byte aligned: an even count of 8-byte barriers
   const int r0 = blockIdx.x * rowsPerBlock;
   const int rows = max(0, min(rowsPerBlock, N - r0));
   const int nChunks = (rows + rowsPerChunk - 1) / rowsPerChunk;
@@ -87,12 +94,12 @@ extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const 
   __syncthreads(); // the barriers exist before anyone waits on them
   PDL_ENTRY();
   const int nch = K >> 3;
-  const uint4* const xv = (const uint4*)x;
+  if (MODE == 2) gemvp_stage_x<1, 2>(in, 1, nch, K, xs); // ends with a barrier
   uint4 xr[GEMVT_XMAX];
 #pragma unroll
   for (int j = 0; j < GEMVT_XMAX; j++) {
     const int c = tid + j * GEMVT_THREADS;
-    xr[j] = c < nch ? gemv_ld_cached(xv + c) : make_uint4(0u, 0u, 0u, 0u);
+    xr[j] = c >= nch ? make_uint4(0u, 0u, 0u, 0u) : MODE == 2 ? xs[c] : gemv_ld_cached((const uint4*)in.x + c);
   }
   for (int c = 0; c < nChunks; c++) {
     const int stage = c % stages;
@@ -136,17 +143,40 @@ extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const 
   __trap();
 #endif
 }
+
+extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const u16* w, const u16* x, u16* y, int N, int K,
+    int rowsPerBlock, int rowsPerChunk, int stages) {
+  GemvIn in = GemvIn();
+  in.x = x;
+  gemvt_rows<0>(w, in, y, N, K, rowsPerBlock, rowsPerChunk, stages);
+}
+
+// addRmsnormMatmul at one row: y = rmsnorm(x + rScale r) · w^T and the new residual sum (block 0)
+extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_norm_m1(const u16* w, const u16* x, const u16* r,
+    float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int N, int K, int rowsPerBlock,
+    int rowsPerChunk, int stages) {
+  gemvt_rows<2>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, N, K, rowsPerBlock, rowsPerChunk, stages);
+}
 `;
 
-export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1'] as const;
+export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1', 'k_gemvt_norm_m1'] as const;
 
 /**
- * $LLMTS_CUDA_GEMV_BULK=on (read when a backend starts): the GEMM tuner also times k_gemvt_m1 for
- * one-row shapes (gemm.ts gemvChoices) and takes it where it wins as our other GEMVs do. Off by
- * default: not yet run on a GPU (session 9 wrote it and tested it on the warp simulator only).
+ * $LLMTS_CUDA_GEMV_BULK=on: the GEMM tuner also times k_gemvt_m1 for one-row shapes (gemm.ts
+ * gemvChoices) and takes it where it wins as our other GEMVs do, and a one-row addRmsnormMatmul
+ * runs k_gemvt_norm_m1. Off by default: not yet run on a GPU (session 9 wrote them and tested them
+ * on the warp simulator only).
  */
-export function gemvBulkSetting(): boolean {
-  return envSwitch('LLMTS_CUDA_GEMV_BULK', false);
+export const GEMV_BULK = new Setting<boolean>(envSwitch('LLMTS_CUDA_GEMV_BULK', false));
+
+/** Turns the bulk-streamed GEMVs on or off for backends' later plans (tests); returns the old setting. */
+export function setCudaGemvBulk(on: boolean): boolean {
+  return GEMV_BULK.set(on);
+}
+
+/** Whether a device and NVRTC run the bulk-streamed kernels: sm_90+ and NVRTC 12+ (elsewhere they are compiled as a trap). */
+export function gemvBulkRuns(arch: string, nvrtcVersion: string): boolean {
+  return Number(/^sm_(\d+)/.exec(arch)?.[1] ?? 0) >= 90 && Number(nvrtcVersion.split('.')[0]) >= 12;
 }
 
 /** threads a block (GEMVT_THREADS) */
@@ -187,4 +217,16 @@ export function gemvtLayout(N: number, K: number, smCount: number, ringBytes = G
   // no more stages than a block has chunks (but two: a ring)
   const stages = Math.min(GEMVT_MAX_STAGES, fit, Math.max(2, Math.ceil(rowsPerBlock / rowsPerChunk)));
   return { grid: Math.ceil(N / rowsPerBlock), rowsPerBlock, rowsPerChunk, stages, sharedBytes: stages * chunkBytes + stages * 8 };
+}
+
+/**
+ * k_gemvt_norm_m1's layout: gemvtLayout's within the ring's budget less the normed row (K bf16),
+ * which follows the barriers (rounded to an even count: 16-byte alignment) in shared memory.
+ */
+export function gemvtNormLayout(N: number, K: number, smCount: number, ringBytes = GEMVT_SHARED_BYTES,
+    chunkTarget = GEMVT_CHUNK_BYTES): GemvtLayout | null {
+  const l = gemvtLayout(N, K, smCount, ringBytes - K * 2, chunkTarget);
+  if (!l) return null;
+  const ring = l.stages * l.rowsPerChunk * K * 2;
+  return { ...l, sharedBytes: ring + ((l.stages + 1) & ~1) * 8 + K * 2 };
 }

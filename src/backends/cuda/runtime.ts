@@ -348,6 +348,11 @@ export class CudaRuntime {
     return num(exec);
   }
 
+  /** The NVRTC version the kernel modules were built with ('' before any module is), e.g. '13.0'. */
+  nvrtcVersion(): string {
+    return this.modules.find((m) => m.compiled)?.compiled!.nvrtcVersion ?? '';
+  }
+
   /** Enqueues a captured graph (counted as one launch). */
   launchGraph(exec: number): void {
     const t0 = this.profiler?.begin();
