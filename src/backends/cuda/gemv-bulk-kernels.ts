@@ -33,7 +33,7 @@ export const GEMVT_KERNEL_SOURCE = String.raw`
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDACC_VER_MAJOR__ >= 12)
 #define GEMVT_BULK 1
-__device__ __forceinline__ unsigned gemvt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned gemvt_smem(const void* p) { return att_smem(p); } // ATTENTION_PRIMITIVES' (the gemv module has them)
 __device__ __forceinline__ void gemvt_bar_init(unsigned long long* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(gemvt_smem(bar)) : "memory");
 }
