@@ -84,6 +84,24 @@ describe('packed weights', { skip: SKIP }, () => {
   });
 });
 
+/**
+ * addRmsnormMatmul of [T, D] rows into N outputs on the CUDA backend; elsewhere the reference
+ * composes the ops, rounding the sum and the normed rows to bf16 where the CUDA kernels store them.
+ */
+function addRmsnormMatmulGraph(T: number, D: number, N: number, x: Float32Array, res: Float32Array, nw: Float32Array,
+  w: Float32Array, rScale: number, off: number): (b: Backend) => Promise<Tensor[]> {
+  return async (b) => {
+    const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [N, D]);
+    if (b.name === 'cuda') {
+      const f = b.addRmsnormMatmul!(xx, rr, rScale, g, 1e-5, off, ww);
+      return [f.sum, f.y];
+    }
+    const sum = await roundedBf16(b, b.add(xx, rr, rScale));
+    const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
+    return [sum, b.matmul(normed, ww)];
+  };
+}
+
 describe('fused ops', { skip: SKIP }, () => {
   it('addRmsnorm: vector and generic paths, weight dtypes, offsets, residual scales', async () => {
     const r = rng(12);
@@ -148,18 +166,8 @@ describe('fused ops', { skip: SKIP }, () => {
         for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0],
           [1, 264, 3000, 1, 0], [2, 4096, 900, 1, 0], [5, 4096, 40, 1, 0], [6, 4096, 50, 1, 0]] as const) { // 6 x 4096: unfused
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
-          // the reference composes the ops, rounding the sum and the normed rows to bf16 where the
-          // CUDA kernels store them
-          await compare(`addRmsnormMatmul ${T}x${D} -> ${N} fused ${fuse}`, async (b) => {
-            const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [N, D]);
-            if (b.name === 'cuda') {
-              const f = b.addRmsnormMatmul!(xx, rr, rScale, g, 1e-5, off, ww);
-              return [f.sum, f.y];
-            }
-            const sum = await roundedBf16(b, b.add(xx, rr, rScale));
-            const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
-            return [sum, b.matmul(normed, ww)];
-          }, longK(D, 0.6));
+          await compare(`addRmsnormMatmul ${T}x${D} -> ${N} fused ${fuse}`, addRmsnormMatmulGraph(T, D, N, x, res, nw, w, rScale, off),
+            longK(D, 0.6));
         }
       }
     } finally {
@@ -173,16 +181,7 @@ describe('fused ops', { skip: SKIP }, () => {
     try {
       for (const [D, N, rScale, off] of [[4096, 6144, 1, 0], [520, 40, 0.5, 1], [16384, 37, 1, 0], [8, 3, 1, 0]] as const) {
         const x = randomF32(r, D, 2), res = randomF32(r, D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
-        await compare(`bulk addRmsnormMatmul 1x${D} -> ${N}`, async (b) => {
-          const xx = act(b, x, [1, D]), rr = act(b, res, [1, D]), g = act(b, nw, [D]), ww = act(b, w, [N, D]);
-          if (b.name === 'cuda') {
-            const f = b.addRmsnormMatmul!(xx, rr, rScale, g, 1e-5, off, ww);
-            return [f.sum, f.y];
-          }
-          const sum = await roundedBf16(b, b.add(xx, rr, rScale));
-          const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, off));
-          return [sum, b.matmul(normed, ww)];
-        }, longK(D, 0.6));
+        await compare(`bulk addRmsnormMatmul 1x${D} -> ${N}`, addRmsnormMatmulGraph(1, D, N, x, res, nw, w, rScale, off), longK(D, 0.6));
       }
     } finally {
       setCudaGemvBulk(old);
