@@ -188,18 +188,20 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 
-  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row)', async () => {
+  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row; with $LLMTS_CUDA_GEMV_BULK=on the bulk twin)', async () => {
     const r = rng(16);
     const old = setCudaGluEpilogue(false);
     try {
-      for (const epi of [false, true]) {
+      // epilogue on and off; then on with $LLMTS_CUDA_GEMV_BULK=on: one row runs k_gemvt_normglu_m1
+      for (const [epi, bulk] of [[false, false], [true, false], [true, true]] as const) {
         setCudaGluEpilogue(epi);
+        const oldBulk = setCudaGemvBulk(bulk);
         for (const [T, D, I] of [[1, 520, 40], [1, 4096, 700], [3, 264, 17], [1, 264, 1500]] as const) {
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, 2 * I * D);
           for (const a of ['silu', 'gelu_tanh'] as const) {
             // the reference composes the ops, rounding the sum, the normed rows and the gate/up
             // product to bf16 where the CUDA kernels store them
-            await compare(`addRmsnormGateUpGlu ${T}x${D} -> ${I} ${a} epilogue ${epi}`, async (b) => {
+            await compare(`addRmsnormGateUpGlu ${T}x${D} -> ${I} ${a} epilogue ${epi} bulk ${bulk}`, async (b) => {
               const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [2 * I, D]);
               if (b.name === 'cuda') {
                 const f = b.addRmsnormGateUpGlu!(xx, rr, 1, g, 1e-5, 0, ww, a);
@@ -211,6 +213,7 @@ describe('fused ops', { skip: SKIP }, () => {
             }, longK(D, 1.5));
           }
         }
+        setCudaGemvBulk(oldBulk);
       }
     } finally {
       setCudaGluEpilogue(old);

@@ -9,9 +9,11 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf, f32ToBf16 } from '../../src/backends/common/half.ts';
+import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { GEMVT_MAX_K, GEMVT_SHARED_BYTES, gemvtLayout, gemvtNormLayout } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { runGemvtNormSim, runGemvtSim } from './cuda-sim/gemv-bulk-sim.ts';
+import { runGluPackedSim } from './cuda-sim/fused-sim.ts';
 import { randomF32, rng } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -93,6 +95,24 @@ describe('bulk-streamed GEMV on the warp simulator', { skip: SKIP ?? false }, ()
         for (let k = 0; k < c.K; k++) want += normed[k]! * bf16ToF32(w[n * c.K + k]!);
         assert.ok(Math.abs(y[n]! - want) <= 4e-3 + 1e-2 * Math.abs(want), `${label}: y[${n}] = ${y[n]}, want ${want}`);
       }
+    }
+  });
+
+  it('k_gemvt_normglu_m1: a chunk\'s gate and up rows as two copies on one barrier; the norm twin\'s residual and sums, then the GLU, bit for bit', () => {
+    const r = rng(73);
+    for (const c of [{ I: 21, K: 520, sms: 2, rScale: 0.5, off: 1, act: 'silu' }, { I: 9, K: 4096, sms: 4, rScale: 1, off: 0, act: 'gelu_tanh' },
+      { I: 3, K: 16, sms: 132, rScale: 2, off: 0, act: 'silu' }] as const) {
+      // 2 outputs a chunk (4 weight rows), 3 stages: the ring wraps
+      const l = gemvtNormLayout(c.I, c.K, c.sms, 3 * 2 * 2 * c.K * 2 + c.K * 2, 2 * 2 * c.K * 2, 2)!;
+      assert.ok(l, `layout for ${JSON.stringify(c)}`);
+      const label = `normglu I=${c.I} K=${c.K} ${c.act} (${l.rowsPerChunk} outputs a chunk, ${l.stages} stages, ${l.rowsPerBlock} a block)`;
+      const w = encodeHalf(randomF32(r, 2 * c.I * c.K), 'bf16'), nw = encodeHalf(randomF32(r, c.K), 'bf16');
+      const x = encodeHalf(randomF32(r, c.K, 2), 'bf16'), res = encodeHalf(randomF32(r, c.K, 2), 'bf16');
+      const got = runGemvtNormSim(l, c.I, c.K, w, x, res, nw, c.rScale, 1e-5, c.off, ACT_CODE[c.act]!);
+      // the norm twin over all 2I rows gives each row's bf16 sum in the same order; then k_glu_packed
+      const gu = runGemvtNormSim(gemvtNormLayout(2 * c.I, c.K, c.sms)!, 2 * c.I, c.K, w, x, res, nw, c.rScale, 1e-5, c.off);
+      assert.deepEqual([...got.sum], [...gu.sum], `${label}: the new residual`);
+      assert.deepEqual([...got.y], [...runGluPackedSim(1, c.I, gu.y, ACT_CODE[c.act]!)], `${label}: the GLU`);
     }
   });
 });

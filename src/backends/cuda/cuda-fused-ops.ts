@@ -199,8 +199,21 @@ export class CudaFusedOps {
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const I = N2 / 2;
-    const fuse = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
-      ? gemvNormGluChoice(T, I, D) : undefined;
+    const applies = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
+    // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
+    const bulk = applies && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
+      ? gemvtNormLayout(I, D, this.c.rt.smCount, undefined, undefined, 2) : null;
+    if (bulk) {
+      const sum = this.c.out([T, D]);
+      const y = this.c.out([T, I]);
+      this.c.rt.allowDynamicShared('k_gemvt_normglu_m1', bulk.sharedBytes);
+      this.c.rt.launch('k_gemvt_normglu_m1', [bulk.grid, 1, 1], GEMVT_THREADS, bulk.sharedBytes, [
+        ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
+        ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', I], ['i', D], ['i', bulk.rowsPerBlock], ['i', bulk.rowsPerChunk],
+        ['i', bulk.stages], ['i', code]]);
+      return { sum, y };
+    }
+    const fuse = applies ? gemvNormGluChoice(T, I, D) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const y = this.gluPacked(f.y, act);

@@ -1,9 +1,10 @@
 // CUDA source and host layout of the bulk-streamed one-row GEMV, k_gemvt_m1: y[1, N] = x[1, K] · w[N, K]^T
 // with each SM's share of w streamed through a ring of shared memory by the copy engine (TMA bulk
-// copies, cp.async.bulk, completing on mbarriers), and its add + rmsnorm twin k_gemvt_norm_m1 (the
-// q/k/v projection's addRmsnormMatmul). Part of the gemv module (kernels.ts), after gemv-kernels.ts'
-// loaders and norm staging. An experiment: used only with $LLMTS_CUDA_GEMV_BULK=on (the GEMM tuner
-// times k_gemvt_m1 beside the other one-row GEMVs; addRmsnormMatmul takes k_gemvt_norm_m1 untimed).
+// copies, cp.async.bulk, completing on mbarriers), and its add + rmsnorm twins k_gemvt_norm_m1 (the
+// q/k/v projection's addRmsnormMatmul) and k_gemvt_normglu_m1 (gate/up with the GLU,
+// addRmsnormGateUpGlu). Part of the gemv module (kernels.ts), after gemv-kernels.ts' loaders and norm
+// staging. An experiment: used only with $LLMTS_CUDA_GEMV_BULK=on (the GEMM tuner times k_gemvt_m1
+// beside the other one-row GEMVs; the two fused ops take their twins untimed at one row).
 //
 // Why: our one-row GEMVs and cuBLASLt lose ~6 us a kernel to bandwidth on the H200 (o, 33.5 MB:
 // 14.5-15.3 us alone against 7.8 at copy bandwidth), the ramp and the tail of blocks that each load
@@ -40,10 +41,12 @@ __device__ __forceinline__ void gemvt_bar_init(unsigned long long* bar) {
 __device__ __forceinline__ void gemvt_bar_fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// one arrival (thread 0) that expects the copy's bytes, then the copy, which completes the phase
-__device__ __forceinline__ void gemvt_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+// the phase's one arrival (thread 0), expecting the bytes its copies will bring
+__device__ __forceinline__ void gemvt_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); // the block's reads of this stage come first
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(gemvt_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void gemvt_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
     :: "r"(gemvt_smem(dst)), "l"(src), "r"(bytes), "r"(gemvt_smem(bar)) : "memory");
 }
@@ -58,38 +61,47 @@ __device__ __forceinline__ void gemvt_wait(unsigned long long* bar, unsigned par
 #define GEMVT_BULK 1
 inline void gemvt_bar_init(unsigned long long* bar) { sim_bar_init(bar); }
 inline void gemvt_bar_fence_init() {}
-inline void gemvt_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) { sim_bulk_load(dst, src, bytes, bar); }
+inline void gemvt_expect(unsigned long long* bar, unsigned bytes) { sim_bar_expect(bar, bytes); }
+inline void gemvt_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) { sim_bulk_load(dst, src, bytes, bar); }
 inline void gemvt_wait(unsigned long long* bar, unsigned parity) { sim_bar_wait(bar, parity); }
 #else
 #define GEMVT_BULK 0
 #endif
 
-// rowsPerBlock R, rowsPerChunk C, stages S (gemvtLayout); dynamic shared memory: S C K bf16, then S
-// 8-byte mbarriers, then (MODE 2) the normed x, K bf16 at the next 16-byte boundary. MODE 0: x as
-// given; MODE 2: add + rmsnorm of x and r (gemv-kernels.ts gemvp_stage_x, block 0 storing the new
-// residual), as k_gemvp_norm_* makes it.
-template <int MODE>
+// rowsPerBlock R (outputs), rowsPerChunk C, stages S (gemvtLayout). Dynamic shared memory: S stages of
+// C rows of K bf16 (GLU: C gate rows, then C up rows), then S 8-byte mbarriers, then (MODE 2) the
+// normed x, K bf16 at the next 16-byte boundary. MODE 0: x as given; MODE 2: add + rmsnorm of x and r
+// (gemv-kernels.ts gemvp_stage_x, block 0 storing the new residual), as k_gemvp_norm_* makes it.
+// GLU: w is packed gate/up rows [2N, K]; output n is act(bf16(gate n)) bf16(up n), rounded as
+// k_gemvp_normglu_* rounds it; a chunk's gate and up rows travel as two copies on one barrier.
+template <int MODE, bool GLU>
 __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y, int N, int K,
-    int rowsPerBlock, int rowsPerChunk, int stages) {
+    int rowsPerBlock, int rowsPerChunk, int stages, int act) {
 #if GEMVT_BULK
-  __shared__ float red[2][8]; // [row of the pair][warp]
+  __shared__ float red[2][8]; // [row of the pair (GLU: gate, up)][warp]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const i64 chunkElems = (i64)rowsPerChunk * K;
+  const i64 chunkElems = (i64)rowsPerChunk * K * (GLU ? 2 : 1);
   u16* const ring = (u16*)dyn_smem();
   unsigned long long* const bars = (unsigned long long*)(ring + stages * chunkElems);
   uint4* const xs = (uint4*)(bars + ((stages + 1) & ~1)); // 16-byte aligned: an even count of 8-byte barriers
   const int r0 = blockIdx.x * rowsPerBlock;
   const int rows = max(0, min(rowsPerBlock, N - r0));
   const int nChunks = (rows + rowsPerChunk - 1) / rowsPerChunk;
-  const u16* const src = w + (i64)r0 * K;
+  // chunk c of the block's rows into stage st: its rows (GLU: and their up rows, C rows further on)
+#define GEMVT_ISSUE(c, st) do { \
+    const int nr_ = min(rowsPerChunk, rows - (c) * rowsPerChunk); \
+    const unsigned bytes_ = (unsigned)(nr_ * K * 2); \
+    const i64 row_ = (i64)r0 + (i64)(c) * rowsPerChunk; \
+    u16* const dst_ = ring + (st) * chunkElems; \
+    gemvt_expect(&bars[st], GLU ? 2u * bytes_ : bytes_); \
+    gemvt_copy(dst_, w + row_ * K, bytes_, &bars[st]); \
+    if (GLU) gemvt_copy(dst_ + (i64)rowsPerChunk * K, w + ((i64)N + row_) * K, bytes_, &bars[st]); \
+  } while (0)
   // the weights do not depend on the kernel before: the ring fills before the PDL wait
   if (tid == 0) {
     for (int s = 0; s < stages; s++) gemvt_bar_init(&bars[s]);
     gemvt_bar_fence_init();
-    for (int c = 0; c < nChunks && c < stages; c++) {
-      const int nr = min(rowsPerChunk, rows - c * rowsPerChunk);
-      gemvt_load(ring + c * chunkElems, src + c * chunkElems, (unsigned)(nr * K * 2), &bars[c]);
-    }
+    for (int c = 0; c < nChunks && c < stages; c++) GEMVT_ISSUE(c, c);
   }
   __syncthreads(); // the barriers exist before anyone waits on them
   PDL_ENTRY();
@@ -101,22 +113,23 @@ __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const Gemv
     const int c = tid + j * GEMVT_THREADS;
     xr[j] = c >= nch ? make_uint4(0u, 0u, 0u, 0u) : MODE == 2 ? xs[c] : gemv_ld_cached((const uint4*)in.x + c);
   }
+  const int step = GLU ? 1 : 2; // outputs a barrier: a pair of rows, or one gate/up pair
   for (int c = 0; c < nChunks; c++) {
     const int stage = c % stages;
     gemvt_wait(&bars[stage], (unsigned)((c / stages) & 1));
     const u16* const ch = ring + stage * chunkElems;
     const int nr = min(rowsPerChunk, rows - c * rowsPerChunk);
-    // rows in pairs: two sums a barrier (red[2]), the last pair's barrier also frees the stage
-    for (int rr = 0; rr < nr; rr += 2) {
+    for (int rr = 0; rr < nr; rr += step) {
+      const bool two = GLU || rr + 1 < nr;
       float a0 = 0.0f, a1 = 0.0f;
       const uint4* const row0 = (const uint4*)(ch + (i64)rr * K);
-      const uint4* const row1 = (const uint4*)(ch + (i64)(rr + 1) * K);
+      const uint4* const row1 = (const uint4*)(ch + (i64)(GLU ? rowsPerChunk + rr : rr + 1) * K);
 #pragma unroll
       for (int j = 0; j < GEMVT_XMAX; j++) {
         const int k = tid + j * GEMVT_THREADS;
         if (k < nch) {
           a0 += gemv_dot8(row0[k], xr[j]);
-          if (rr + 1 < nr) a1 += gemv_dot8(row1[k], xr[j]);
+          if (two) a1 += gemv_dot8(row1[k], xr[j]);
         }
       }
       a0 = warp_sum(a0);
@@ -125,20 +138,26 @@ __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const Gemv
         red[0][warp] = a0;
         red[1][warp] = a1;
       }
-      __syncthreads(); // red is full; the pair's rows of the stage are read
-      if (tid < 2 && rr + tid < nr) {
+      __syncthreads(); // red is full; these rows of the stage are read
+      if (GLU) {
+        if (tid == 0) {
+          float g = 0.0f, u = 0.0f;
+          for (int q = 0; q < 8; q++) {
+            g += red[0][q];
+            u += red[1][q];
+          }
+          y[r0 + c * rowsPerChunk + rr] = f2bf(activate(bf2f(f2bf(g)), act) * bf2f(f2bf(u)));
+        }
+      } else if (tid < 2 && rr + tid < nr) {
         float v = 0.0f;
         for (int q = 0; q < 8; q++) v += red[tid][q];
         y[r0 + c * rowsPerChunk + rr + tid] = f2bf(v);
       }
-      if (tid == 0 && rr + 2 >= nr && c + stages < nChunks) { // the stage is free: its next chunk
-        const int cn = c + stages;
-        const int nn = min(rowsPerChunk, rows - cn * rowsPerChunk);
-        gemvt_load(ring + stage * chunkElems, src + cn * chunkElems, (unsigned)(nn * K * 2), &bars[stage]);
-      }
-      __syncthreads(); // red is read before the next pair writes it
+      if (tid == 0 && rr + step >= nr && c + stages < nChunks) GEMVT_ISSUE(c + stages, stage); // the stage is free
+      __syncthreads(); // red is read before the next rows write it
     }
   }
+#undef GEMVT_ISSUE
 #else
   __trap();
 #endif
@@ -148,23 +167,30 @@ extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_m1(const 
     int rowsPerBlock, int rowsPerChunk, int stages) {
   GemvIn in = GemvIn();
   in.x = x;
-  gemvt_rows<0>(w, in, y, N, K, rowsPerBlock, rowsPerChunk, stages);
+  gemvt_rows<0, false>(w, in, y, N, K, rowsPerBlock, rowsPerChunk, stages, 0);
 }
 
 // addRmsnormMatmul at one row: y = rmsnorm(x + rScale r) · w^T and the new residual sum (block 0)
 extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_norm_m1(const u16* w, const u16* x, const u16* r,
     float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int N, int K, int rowsPerBlock,
     int rowsPerChunk, int stages) {
-  gemvt_rows<2>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, N, K, rowsPerBlock, rowsPerChunk, stages);
+  gemvt_rows<2, false>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, N, K, rowsPerBlock, rowsPerChunk, stages, 0);
+}
+
+// addRmsnormGateUpGlu at one row: y [N] = glu(rmsnorm(x + rScale r) · w^T) over packed gate/up rows w [2N, K]
+extern "C" __global__ void __launch_bounds__(GEMVT_THREADS, 1) k_gemvt_normglu_m1(const u16* w, const u16* x, const u16* r,
+    float rScale, const void* nw, int nwdt, float eps, float off, u16* sum, u16* y, int N, int K, int rowsPerBlock,
+    int rowsPerChunk, int stages, int act) {
+  gemvt_rows<2, true>(w, gemv_norm_in(x, r, rScale, nw, nwdt, eps, off, sum), y, N, K, rowsPerBlock, rowsPerChunk, stages, act);
 }
 `;
 
-export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1', 'k_gemvt_norm_m1'] as const;
+export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1', 'k_gemvt_norm_m1', 'k_gemvt_normglu_m1'] as const;
 
 /**
  * $LLMTS_CUDA_GEMV_BULK=on: the GEMM tuner also times k_gemvt_m1 for one-row shapes (gemm.ts
  * gemvChoices) and takes it where it wins as our other GEMVs do, and a one-row addRmsnormMatmul
- * runs k_gemvt_norm_m1. Off by default: not yet run on a GPU (session 9 wrote them and tested them
+ * runs k_gemvt_norm_m1, a one-row addRmsnormGateUpGlu k_gemvt_normglu_m1. Off by default: not yet run on a GPU (session 9 wrote them and tested them
  * on the warp simulator only).
  */
 export const GEMV_BULK = new Setting<boolean>(envSwitch('LLMTS_CUDA_GEMV_BULK', false));
@@ -206,9 +232,9 @@ export interface GemvtLayout {
  * ring and chunk sizes are parameters for the simulator's tests, which wrap small rings many times.)
  */
 export function gemvtLayout(N: number, K: number, smCount: number, ringBytes = GEMVT_SHARED_BYTES,
-    chunkTarget = GEMVT_CHUNK_BYTES): GemvtLayout | null {
+    chunkTarget = GEMVT_CHUNK_BYTES, weightRowsPerOutput: 1 | 2 = 1): GemvtLayout | null {
   if (!Number.isInteger(N) || N < 1 || !Number.isInteger(K) || K < 8 || K % 8 !== 0 || K > GEMVT_MAX_K) return null;
-  const rowBytes = K * 2;
+  const rowBytes = K * 2 * weightRowsPerOutput; // an output's weight rows (GLU: its gate and up rows)
   const rowsPerBlock = Math.ceil(N / Math.max(1, smCount));
   const rowsPerChunk = Math.min(rowsPerBlock, Math.max(1, Math.floor(chunkTarget / rowBytes)));
   const chunkBytes = rowsPerChunk * rowBytes;
@@ -220,13 +246,14 @@ export function gemvtLayout(N: number, K: number, smCount: number, ringBytes = G
 }
 
 /**
- * k_gemvt_norm_m1's layout: gemvtLayout's within the ring's budget less the normed row (K bf16),
- * which follows the barriers (rounded to an even count: 16-byte alignment) in shared memory.
+ * k_gemvt_norm_m1's layout (weightRowsPerOutput 2: k_gemvt_normglu_m1's, N outputs of packed gate/up
+ * rows [2N, K], a chunk's gate rows and then its up rows): gemvtLayout's within the ring's budget less
+ * the normed row (K bf16), which follows the barriers (rounded to an even count: 16-byte alignment).
  */
 export function gemvtNormLayout(N: number, K: number, smCount: number, ringBytes = GEMVT_SHARED_BYTES,
-    chunkTarget = GEMVT_CHUNK_BYTES): GemvtLayout | null {
-  const l = gemvtLayout(N, K, smCount, ringBytes - K * 2, chunkTarget);
+    chunkTarget = GEMVT_CHUNK_BYTES, weightRowsPerOutput: 1 | 2 = 1): GemvtLayout | null {
+  const l = gemvtLayout(N, K, smCount, ringBytes - K * 2, chunkTarget, weightRowsPerOutput);
   if (!l) return null;
-  const ring = l.stages * l.rowsPerChunk * K * 2;
+  const ring = l.stages * l.rowsPerChunk * K * 2 * weightRowsPerOutput;
   return { ...l, sharedBytes: ring + ((l.stages + 1) & ~1) * 8 + K * 2 };
 }

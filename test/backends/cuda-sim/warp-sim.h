@@ -274,16 +274,22 @@ template <int N> inline void att_cp_wait() {
     f.cpGroups.erase(f.cpGroups.begin());
   }
 }
-// Bulk copies completing on mbarriers (gemv-bulk-kernels.ts): a copy poisons its destination at
-// issue and lands when a thread waits on its barrier; a wait on a phase that no copy completes, a
-// second copy on a barrier before its phase completed, or a copy on a barrier never initialized
-// aborts, as a kernel with those bugs would hang or corrupt on a GPU.
+// Bulk copies completing on mbarriers (gemv-bulk-kernels.ts): a phase's arrival names the bytes
+// its copies bring (expect_tx); a copy poisons its destination at issue; the phase completes, and
+// its copies land, when a thread waits on the barrier. A wait on a phase that nothing completes, a
+// copy or an expectation on a barrier never initialized, two expectations in one phase, or copies
+// whose bytes differ from the expectation abort, as they would hang or corrupt on a GPU.
 namespace sim {
+struct SimCopy {
+  void* dst;
+  std::vector<unsigned char> data;
+};
 struct SimBarrier {
   int completed = 0;
-  void* dst = nullptr;
-  std::vector<unsigned char> data;
-  bool pending = false;
+  bool armed = false;     // the phase's arrival (expect_tx) happened
+  unsigned expected = 0;  // its bytes
+  unsigned arrived = 0;   // the bytes of its copies so far
+  std::vector<SimCopy> copies;
 };
 inline std::map<const void*, SimBarrier> barriers;
 inline SimBarrier& barrierAt(const void* bar, const char* what) {
@@ -296,23 +302,40 @@ inline SimBarrier& barrierAt(const void* bar, const char* what) {
 }
 }  // namespace sim
 inline void sim_bar_init(unsigned long long* bar) { sim::barriers[bar] = sim::SimBarrier{}; }
-inline void sim_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  sim::SimBarrier& b = sim::barrierAt(bar, "bulk copy");
-  if (b.pending) {
-    std::fprintf(stderr, "warp-sim: a second bulk copy on an mbarrier whose phase has not completed\n");
+inline void sim_bar_expect(unsigned long long* bar, unsigned bytes) {
+  sim::SimBarrier& b = sim::barrierAt(bar, "expect_tx");
+  if (b.armed) {
+    std::fprintf(stderr, "warp-sim: a second arrival on an mbarrier (count 1) before its phase completed\n");
     std::abort();
   }
-  b.dst = dst;
-  b.data.assign((const unsigned char*)src, (const unsigned char*)src + bytes);
+  b.armed = true;
+  b.expected = bytes;
+  b.arrived = 0;
+}
+inline void sim_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  sim::SimBarrier& b = sim::barrierAt(bar, "bulk copy");
+  sim::SimCopy c;
+  c.dst = dst;
+  c.data.assign((const unsigned char*)src, (const unsigned char*)src + bytes);
   std::memset(dst, 0xff, bytes);
-  b.pending = true;
+  b.copies.push_back(std::move(c));
+  b.arrived += bytes;
 }
 inline void sim_bar_wait(unsigned long long* bar, unsigned parity) {
   sim::SimBarrier& b = sim::barrierAt(bar, "wait");
-  if (b.pending) {
-    std::memcpy(b.dst, b.data.data(), b.data.size());
-    b.pending = false;
+  if (b.armed) {
+    if (b.arrived != b.expected) {
+      std::fprintf(stderr, "warp-sim: an mbarrier phase expects %u bytes, its copies bring %u (a hang or an early completion on a GPU)\n",
+        b.expected, b.arrived);
+      std::abort();
+    }
+    for (sim::SimCopy& c : b.copies) std::memcpy(c.dst, c.data.data(), c.data.size());
+    b.copies.clear();
+    b.armed = false;
     b.completed++;
+  } else if (!b.copies.empty()) {
+    std::fprintf(stderr, "warp-sim: bulk copies on an mbarrier phase with no arrival (it never completes on a GPU)\n");
+    std::abort();
   }
   // try_wait.parity(p) passes once the phase of parity p has completed: the current phase's is not p
   if ((unsigned)(b.completed & 1) == (parity & 1u)) {
