@@ -33,6 +33,23 @@ describe('bulk-streamed GEMV layout (gemvtLayout)', () => {
     assert.equal(gemvtLayout(8, 4096, 1, 16384), null, 'a ring of fewer than 2 chunks (2 rows of 8 KB a chunk)');
   });
 
+  it('every layout fits the 227 KiB of shared memory a block may opt into on sm_90, for every K and N shape class', () => {
+    const SM90_MAX_DYNAMIC = 232448;
+    let checked = 0;
+    for (let K = 8; K <= GEMVT_MAX_K; K += K < 1024 ? 8 : 1016) {
+      for (const N of [1, 7, 4096, 14336, 128256]) {
+        for (const l of [gemvtLayout(N, K, 132), gemvtNormLayout(N, K, 132), gemvtNormLayout(N, K, 132, undefined, undefined, 2)]) {
+          if (!l) continue;
+          assert.ok(l.sharedBytes <= SM90_MAX_DYNAMIC, `N ${N} K ${K}: ${l.sharedBytes} bytes`);
+          assert.ok(l.stages >= 2 && l.rowsPerChunk >= 1 && l.grid * l.rowsPerBlock >= N && (l.grid - 1) * l.rowsPerBlock < N);
+          checked++;
+        }
+      }
+    }
+    assert.ok(checked > 300, `${checked} layouts`);
+    assert.ok(gemvtNormLayout(4096, GEMVT_MAX_K, 132, undefined, undefined, 2), 'the GLU twin at the largest K');
+  });
+
   it('the norm twin: the ring less the normed row, which follows the barriers at a 16-byte boundary', () => {
     // the 8B's q/k/v (6144 rows, K 4096): 47 rows a block on 131 SMs; 192 KiB of ring is 12 chunks of 16 KB; 12 barriers; 8 KB of x
     assert.deepEqual(gemvtNormLayout(6144, 4096, 132), { grid: 131, rowsPerBlock: 47, rowsPerChunk: 2, stages: 12,
