@@ -21,10 +21,19 @@
 // 16384); a row's sum is each thread's, then the warp's, then the 8 warps' in shared memory: a fixed
 // order, the same bits every run. Requires K % 8 == 0 and 16-byte aligned w and x (gemm.ts checks).
 //
-// Compiled for sm_90 with PTX 8.0 (CUDA 12) and newer; elsewhere the kernel traps and the host
-// never offers it (gemvtAvailable). Without __CUDA_ARCH__ (the host warp simulator) the copies and
+// Compiled for sm_90 with PTX 8.0 (CUDA 12) and newer; elsewhere the kernels trap and the host
+// never offers them (gemvBulkRuns). Without __CUDA_ARCH__ (the host warp simulator) the copies and
 // barriers are the simulator's: a stage is poisoned when its copy is issued and filled when a
-// thread waits on its barrier, so reading a stage early or refilling one still being read fails.
+// thread waits on its barrier, so reading a stage early, or (under its warp-first schedule)
+// refilling one other warps still read, fails.
+//
+// Unmeasured cost to watch: the block reduces and barriers twice per pair of rows (~0.3 us at one
+// 16 KB chunk of K 4096, where the chunk's bytes arrive in ~0.5 us at an SM's share of HBM); if the
+// kernel is consumer-bound, reduce a whole chunk's rows per barrier.
+//
+// With PDL a block of the next kernel starts on an SM as soon as this kernel's block there exits
+// (~200 KB of shared memory leaves no room beside it) and fills its ring before its wait: one SM's
+// tail overlaps the next kernel's head SM by SM.
 import { envSwitch } from '../common/env.ts';
 import { Setting } from '../common/setting.ts';
 
