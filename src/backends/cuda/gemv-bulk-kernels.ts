@@ -27,9 +27,9 @@
 // thread waits on its barrier, so reading a stage early, or (under its warp-first schedule)
 // refilling one other warps still read, fails.
 //
-// Unmeasured cost to watch: the block reduces and barriers twice per pair of rows (~0.3 us at one
-// 16 KB chunk of K 4096, where the chunk's bytes arrive in ~0.5 us at an SM's share of HBM); if the
-// kernel is consumer-bound, reduce a whole chunk's rows per barrier.
+// Unmeasured cost to watch: one barrier a chunk (its rows' sums double-buffered in shared memory)
+// and a warp reduction a row; a 16 KB chunk's bytes arrive in ~0.5 us at an SM's share of HBM, so
+// the block has about that long for its arithmetic, reductions and barrier.
 //
 // With PDL a block of the next kernel starts on an SM as soon as this kernel's block there exits
 // (~200 KB of shared memory leaves no room beside it) and fills its ring before its wait: one SM's
@@ -40,6 +40,7 @@ import { Setting } from '../common/setting.ts';
 export const GEMVT_KERNEL_SOURCE = String.raw`
 #define GEMVT_THREADS 256
 #define GEMVT_XMAX 8 // x chunks a thread holds: K <= 8 x 256 x 8 = 16384
+#define GEMVT_CHUNK_ROWS 16 // most outputs a chunk (gemvtLayout caps rowsPerChunk)
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDACC_VER_MAJOR__ >= 12)
 #define GEMVT_BULK 1
@@ -87,7 +88,9 @@ template <int MODE, bool GLU>
 __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y, int N, int K,
     int rowsPerBlock, int rowsPerChunk, int stages, int act) {
 #if GEMVT_BULK
-  __shared__ float red[2][8]; // [row of the pair (GLU: gate, up)][warp]
+  // [chunk parity][sum: a row's, or an output's gate then up][warp]: one barrier a chunk, the next
+  // chunk's sums in the other half while the last ones are read
+  __shared__ float red[2][2 * GEMVT_CHUNK_ROWS][8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const i64 chunkElems = (i64)rowsPerChunk * K * (GLU ? 2 : 1);
   u16* const ring = (u16*)dyn_smem();
@@ -122,13 +125,13 @@ __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const Gemv
     const int c = tid + j * GEMVT_THREADS;
     xr[j] = c >= nch ? make_uint4(0u, 0u, 0u, 0u) : MODE == 2 ? xs[c] : gemv_ld_cached((const uint4*)in.x + c);
   }
-  const int step = GLU ? 1 : 2; // outputs a barrier: a pair of rows, or one gate/up pair
   for (int c = 0; c < nChunks; c++) {
-    const int stage = c % stages;
+    const int stage = c % stages, par = c & 1;
     gemvt_wait(&bars[stage], (unsigned)((c / stages) & 1));
     const u16* const ch = ring + stage * chunkElems;
     const int nr = min(rowsPerChunk, rows - c * rowsPerChunk);
-    for (int rr = 0; rr < nr; rr += step) {
+    // two weight rows at a time (two sums in flight): rows rr and rr + 1, or output rr's gate and up
+    for (int rr = 0; rr < nr; rr += GLU ? 1 : 2) {
       const bool two = GLU || rr + 1 < nr;
       float a0 = 0.0f, a1 = 0.0f;
       const uint4* const row0 = (const uint4*)(ch + (i64)rr * K);
@@ -144,27 +147,29 @@ __device__ __forceinline__ void gemvt_rows(const u16* __restrict__ w, const Gemv
       a0 = warp_sum(a0);
       a1 = warp_sum(a1);
       if (lane == 0) {
-        red[0][warp] = a0;
-        red[1][warp] = a1;
+        const int i0 = GLU ? 2 * rr : rr; // a row's sum, or the output's gate sum (its up sum follows)
+        red[par][i0][warp] = a0;
+        if (two) red[par][i0 + 1][warp] = a1;
       }
-      __syncthreads(); // red is full; these rows of the stage are read
-      if (GLU) {
-        if (tid == 0) {
-          float g = 0.0f, u = 0.0f;
-          for (int q = 0; q < 8; q++) {
-            g += red[0][q];
-            u += red[1][q];
-          }
-          y[r0 + c * rowsPerChunk + rr] = f2bf(activate(bf2f(f2bf(g)), act) * bf2f(f2bf(u)));
-        }
-      } else if (tid < 2 && rr + tid < nr) {
-        float v = 0.0f;
-        for (int q = 0; q < 8; q++) v += red[tid][q];
-        y[r0 + c * rowsPerChunk + rr + tid] = f2bf(v);
-      }
-      if (tid == 0 && rr + step >= nr && c + stages < nChunks) GEMVT_ISSUE(c + stages, stage); // the stage is free
-      __syncthreads(); // red is read before the next rows write it
     }
+    __syncthreads(); // the chunk's sums are in red; the stage is read
+    if (tid < nr) {
+      if (GLU) {
+        float g = 0.0f, u = 0.0f;
+        for (int q = 0; q < 8; q++) {
+          g += red[par][2 * tid][q];
+          u += red[par][2 * tid + 1][q];
+        }
+        y[r0 + c * rowsPerChunk + tid] = f2bf(activate(bf2f(f2bf(g)), act) * bf2f(f2bf(u)));
+      } else {
+        float v = 0.0f;
+        for (int q = 0; q < 8; q++) v += red[par][tid][q];
+        y[r0 + c * rowsPerChunk + tid] = f2bf(v);
+      }
+    }
+    if (tid == 0 && c + stages < nChunks) GEMVT_ISSUE(c + stages, stage); // the stage is free
+    // no second barrier: the next chunk writes red[!par], and the one after can only write red[par]
+    // once every thread has passed the next chunk's barrier, i.e. finished reading these sums
   }
 #undef GEMVT_ISSUE
 #else
@@ -223,6 +228,8 @@ export const GEMVT_SHARED_BYTES = 200 * 1024;
 /** a chunk's target size (a chunk is whole rows: at least one) */
 const GEMVT_CHUNK_BYTES = 16 * 1024;
 const GEMVT_MAX_STAGES = 16;
+/** most outputs a chunk: the kernels' GEMVT_CHUNK_ROWS (their reduction array's size) */
+const GEMVT_CHUNK_ROWS = 16;
 
 export interface GemvtLayout {
   grid: number;
@@ -245,7 +252,7 @@ export function gemvtLayout(N: number, K: number, smCount: number, ringBytes = G
   if (!Number.isInteger(N) || N < 1 || !Number.isInteger(K) || K < 8 || K % 8 !== 0 || K > GEMVT_MAX_K) return null;
   const rowBytes = K * 2 * weightRowsPerOutput; // an output's weight rows (GLU: its gate and up rows)
   const rowsPerBlock = Math.ceil(N / Math.max(1, smCount));
-  const rowsPerChunk = Math.min(rowsPerBlock, Math.max(1, Math.floor(chunkTarget / rowBytes)));
+  const rowsPerChunk = Math.min(rowsPerBlock, GEMVT_CHUNK_ROWS, Math.max(1, Math.floor(chunkTarget / rowBytes)));
   const chunkBytes = rowsPerChunk * rowBytes;
   const fit = Math.floor(ringBytes / chunkBytes);
   if (fit < 2) return null;

@@ -134,8 +134,9 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     c.KVH * plan.headChunks!, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
     plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes]);
-  const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
-    c.rows, c.poss, c.tables)]));
   const n = c.T * c.H * c.D;
+  // the error word's details (after its code) name whichever missing key a thread reported first
+  const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+    c.rows, c.poss, c.tables)]), { scheduleDependent: [[n * 2 + 4, n * 2 + 16]] });
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
 }

@@ -1,7 +1,8 @@
 // A host emulation of the CUDA execution model, enough to run the attention kernels' source on a
 // CPU (cuda-sim.ts compiles it with g++): the threads of a block are fibers (ucontext) on one OS
 // thread, switched only at barriers, so every run is deterministic (round-robin: every thread to
-// its next barrier; $WARP_SIM_SCHEDULE=warp-first: each warp as far as it can go before the next). Blocks run one after another,
+// its next barrier; $WARP_SIM_SCHEDULE=warp-first: each warp as far as it can go before the next;
+// warp-first-reverse: the same from the last warp to the first). Blocks run one after another,
 // which makes `__shared__` a function-static array. Warp collectives (shuffles, ballots, ldmatrix,
 // mma.sync m16n8k16) exchange through per-warp scratch between two warp barriers, in the register
 // layouts of the PTX ISA. A barrier some threads never reach (divergence) aborts with a message
@@ -111,7 +112,8 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
       std::memset(dynShared.data(), 0xff, shared);
       std::memset(dynShared.data() + shared, 0x5a, DYN_SHARED_GUARD);
       const char* schedule = std::getenv("WARP_SIM_SCHEDULE");
-      const bool warpFirst = schedule != nullptr && std::strcmp(schedule, "warp-first") == 0;
+      const bool reverse = schedule != nullptr && std::strcmp(schedule, "warp-first-reverse") == 0;
+      const bool warpFirst = reverse || (schedule != nullptr && std::strcmp(schedule, "warp-first") == 0);
       auto runFiber = [&](unsigned t) {
         current = (int)t;
         threadIdx_ = dim3{t, 0, 0};
@@ -122,7 +124,8 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
           // each warp in turn runs as far as it can (through its warp collectives) before the next
           // starts: an early warp's writes land before later warps' reads, which the round-robin
           // order (every thread to its next barrier) hides
-          for (unsigned w = 0; w < nw; w++) {
+          for (unsigned i = 0; i < nw; i++) {
+            const unsigned w = reverse ? nw - 1 - i : i;
             for (;;) {
               const unsigned lo = w * 32, hi = std::min(threads, lo + 32);
               for (unsigned t = lo; t < hi; t++) if (fibers[t].state == RUNNABLE) runFiber(t);
