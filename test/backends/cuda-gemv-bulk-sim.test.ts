@@ -33,8 +33,8 @@ describe('bulk-streamed GEMV layout (gemvtLayout)', () => {
     assert.equal(gemvtLayout(8, 4096, 1, 16384), null, 'a ring of fewer than 2 chunks (2 rows of 8 KB a chunk)');
   });
 
-  it('every layout fits the 227 KiB of shared memory a block may opt into on sm_90, for every K and N shape class', () => {
-    const SM90_MAX_DYNAMIC = 232448;
+  it('every layout fits the 227 KiB of shared memory a block may opt into on sm_90 (with the kernels\' static arrays), for every K and N shape class', () => {
+    const SM90_MAX_DYNAMIC = 232448 - 4096; // a block's 227 KiB less the kernels' static arrays (2 KiB of sums, nvcc 13)
     let checked = 0;
     for (let K = 8; K <= GEMVT_MAX_K; K += K < 1024 ? 8 : 1016) {
       for (const N of [1, 7, 4096, 14336, 128256]) {
