@@ -32,8 +32,8 @@ run_for() { local t=$1; shift; if [ "$t" -le 0 ]; then echo "skipped: no time le
 
 # the model, in the background (a file marks it done: waiting on a process name would match this
 # script's own command line)
-rm -f "$MODEL_DIR.done"
-(make_model "$OUT/make-model.log"; touch "$MODEL_DIR.done") &
+rm -f "$OUT/model.done"
+(make_model "$OUT/make-model.log"; touch "$OUT/model.done") &
 
 step "CUDA tests, cold kernel cache"
 CACHE=$(mktemp -d)
@@ -42,7 +42,7 @@ LLMTS_CACHE_DIR=$CACHE run_for "$(cap 200 130)" node --import tsx --test --test-
 echo "exit $?"
 grep -E '^# (tests|pass|fail|skipped)|^not ok|^ +not ok|NVRTC .*: attention|ms/step|agree' "$OUT/cuda-tests.txt" | head -30
 
-for _ in $(seq 1 180); do [ -f "$MODEL_DIR.done" ] && break; sleep 1; done
+for _ in $(seq 1 180); do [ -f "$OUT/model.done" ] && break; sleep 1; done
 [ -f "$MODEL_DIR/config.json" ] || { echo "no model at $MODEL_DIR (see $OUT/make-model.log)"; exit 1; }
 
 step "B=1 decode and the GEMM tuning table"
