@@ -4,13 +4,13 @@
 // Row-major [M, N] = x [M, K] · w [N, K]^T is, in cuBLASLt's column-major terms,
 // D (N x M, ld N) = op(A) · B with A = w viewed as K x N (ld K) transposed, B = x as K x M (ld K):
 // the "TN" layout. Plans (descriptors + the heuristic's algorithm) are cached per shape and types.
+import { envChoice, envInt, envSwitch } from '../common/env.ts';
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_BULK, GEMVT_THREADS, gemvBulkRuns, gemvtLayout } from './gemv-bulk-kernels.ts';
 import { GEMV_BULK_CHOICE, GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
-import { envChoice, envInt, envSwitch } from '../common/env.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 /**
@@ -73,7 +73,8 @@ interface PendingTune {
   /** per candidate: its (start, end) event pairs */
   runs: { algo?: Uint8Array; gemv?: GemvChoice; pairs: [number, number][] }[];
   /** every event created for it, in record order (the last completes last) */
-  events: number[];  /** the GEMV margin (gemvMarginAfter the kernel enqueued before the shape's first run) */
+  events: number[];
+  /** the GEMV margin (gemvMarginAfter the kernel enqueued before the shape's first run) */
   margin: number;
 }
 
