@@ -34,7 +34,6 @@ export const L2_FLUSH_BYTES = 128 * 1024 * 1024;
  */
 export const GEMV_MARGIN = envNumber('LLMTS_CUDA_GEMV_MARGIN', 1.1, { min: 1, max: 4 });
 
-
 /**
  * The margin a GEMV gets where the shape is tuned right after an attention kernel (the o
  * projection): 1, only when faster alone ($LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION sets it). What

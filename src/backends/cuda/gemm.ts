@@ -266,9 +266,9 @@ export class LtGemm {
             plan.algo = r.algo;
           }
         }
-        // a GEMV within the margin (GEMV_MARGIN, or 1 right after attention) of cuBLASLt alone wins (in a decode graph it overlaps its weight
-        // fetch with the kernel before, which a lone timing misses); 'prefer': the fastest GEMV
-        // whatever cuBLASLt timed
+        // a GEMV within the margin of cuBLASLt alone wins (GEMV_MARGIN: in a decode graph it overlaps
+        // its weight fetch with the kernel before, which a lone timing misses; 1 right after an
+        // attention kernel); 'prefer': the fastest GEMV whatever cuBLASLt timed
         let bestMs = gemvBar(record.cublasLtMs, process.env.LLMTS_CUDA_GEMV, p.margin);
         for (const r of p.runs) {
           if (!r.gemv) continue;

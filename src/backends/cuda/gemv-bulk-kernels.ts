@@ -37,10 +37,19 @@
 import { envSwitch } from '../common/env.ts';
 import { Setting } from '../common/setting.ts';
 
+/** threads a block */
+export const GEMVT_THREADS = 256;
+/** x's 16-byte chunks a thread holds in registers */
+const GEMVT_XMAX = 8;
+/** the most K a block's registers hold x for: GEMVT_XMAX chunks of 8 a thread */
+export const GEMVT_MAX_K = GEMVT_XMAX * GEMVT_THREADS * 8;
+/** most outputs a chunk (gemvtLayout caps rowsPerChunk; the kernels' reduction array holds that many) */
+const GEMVT_CHUNK_ROWS = 16;
+
 export const GEMVT_KERNEL_SOURCE = String.raw`
-#define GEMVT_THREADS 256
-#define GEMVT_XMAX 8 // x chunks a thread holds: K <= 8 x 256 x 8 = 16384
-#define GEMVT_CHUNK_ROWS 16 // most outputs a chunk (gemvtLayout caps rowsPerChunk)
+#define GEMVT_THREADS ${GEMVT_THREADS}
+#define GEMVT_XMAX ${GEMVT_XMAX}
+#define GEMVT_CHUNK_ROWS ${GEMVT_CHUNK_ROWS}
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDACC_VER_MAJOR__ >= 12)
 #define GEMVT_BULK 1
@@ -204,8 +213,8 @@ export const GEMVT_KERNEL_NAMES = ['k_gemvt_m1', 'k_gemvt_norm_m1', 'k_gemvt_nor
 /**
  * $LLMTS_CUDA_GEMV_BULK=on: the GEMM tuner also times k_gemvt_m1 for one-row shapes (gemm.ts
  * gemvChoices) and takes it where it wins as our other GEMVs do, and a one-row addRmsnormMatmul
- * runs k_gemvt_norm_m1, a one-row addRmsnormGateUpGlu k_gemvt_normglu_m1. Off by default: not yet run on a GPU (session 9 wrote them and tested them
- * on the warp simulator only).
+ * runs k_gemvt_norm_m1, a one-row addRmsnormGateUpGlu k_gemvt_normglu_m1. Off by default: not yet
+ * run on a GPU (session 9 wrote them and tested them on the warp simulator only).
  */
 export const GEMV_BULK = new Setting<boolean>(envSwitch('LLMTS_CUDA_GEMV_BULK', false));
 
@@ -219,17 +228,11 @@ export function gemvBulkRuns(arch: string, nvrtcVersion: string): boolean {
   return Number(/^sm_(\d+)/.exec(arch)?.[1] ?? 0) >= 90 && Number(nvrtcVersion.split('.')[0]) >= 12;
 }
 
-/** threads a block (GEMVT_THREADS) */
-export const GEMVT_THREADS = 256;
-/** the most K a thread's registers hold x for (GEMVT_XMAX chunks of 8 a thread) */
-export const GEMVT_MAX_K = 8 * 256 * 8;
 /** the ring's budget a block: ~200 KiB of the H200's 227 KiB of shared memory a block */
 export const GEMVT_SHARED_BYTES = 200 * 1024;
 /** a chunk's target size (a chunk is whole rows: at least one) */
 const GEMVT_CHUNK_BYTES = 16 * 1024;
 const GEMVT_MAX_STAGES = 16;
-/** most outputs a chunk: the kernels' GEMVT_CHUNK_ROWS (their reduction array's size) */
-const GEMVT_CHUNK_ROWS = 16;
 
 export interface GemvtLayout {
   grid: number;

@@ -15,16 +15,17 @@ import {
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
   CudaUnavailableError, describeCuResult, type Driver, loadDriver, num, out64,
 } from './cuda-lib.ts';
-
-/** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
-const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
-const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 import { KERNEL_MODULES, type KernelModule, type KernelName } from './kernels.ts';
 import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMode } from './nvrtc.ts';
 import { GraphProfiler } from './graph-profiler.ts';
 import { KernelProfiler } from './profiler.ts';
 import { LAUNCH_CONFIG_BYTES, PDL_KERNELS, pdlEnabled, writePdlLaunchConfig } from './pdl.ts';
 import { envChoice } from '../common/env.ts';
+
+/** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
+const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+/** CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: allowDynamicShared's opt-in past 48 KiB */
+const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 /** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
 export type KernelArg = ['p' | 'i' | 'f', number];

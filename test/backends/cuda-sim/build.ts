@@ -64,7 +64,7 @@ export function runSim(bin: string, input: Buffer, opts: { scheduleDependent?: r
   const outp = `${inp}.out`;
   writeFileSync(inp, input);
   try {
-    // both schedules (warp-sim.h): a kernel whose result depends on which warp runs ahead has a race
+    // each schedule (warp-sim.h): a kernel whose result depends on which warp runs ahead has a race
     const run = (schedule: string) => {
       execFileSync(bin, [inp, outp], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 120_000,
         env: { ...process.env, WARP_SIM_SCHEDULE: schedule } });

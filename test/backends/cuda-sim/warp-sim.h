@@ -119,6 +119,18 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
         threadIdx_ = dim3{t, 0, 0};
         swapcontext(&schedCtx, &fibers[t].ctx);
       };
+      // warp w passes its collective once every lane that has not exited waits at it; true if released
+      auto releaseWarp = [&](unsigned w) {
+        const unsigned lo = w * 32, hi = std::min(threads, lo + 32);
+        unsigned atWarp = 0, exited = 0;
+        for (unsigned t = lo; t < hi; t++) {
+          atWarp += fibers[t].state == WAIT_WARP;
+          exited += fibers[t].state == DONE;
+        }
+        if (atWarp == 0 || atWarp + exited != hi - lo) return false;
+        for (unsigned t = lo; t < hi; t++) if (fibers[t].state == WAIT_WARP) fibers[t].state = RUNNABLE;
+        return true;
+      };
       for (;;) {
         if (warpFirst) {
           // each warp in turn runs as far as it can (through its warp collectives) before the next
@@ -126,17 +138,9 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
           // order (every thread to its next barrier) hides
           for (unsigned i = 0; i < nw; i++) {
             const unsigned w = reverse ? nw - 1 - i : i;
-            for (;;) {
-              const unsigned lo = w * 32, hi = std::min(threads, lo + 32);
-              for (unsigned t = lo; t < hi; t++) if (fibers[t].state == RUNNABLE) runFiber(t);
-              unsigned atWarp = 0, exited = 0;
-              for (unsigned t = lo; t < hi; t++) {
-                atWarp += fibers[t].state == WAIT_WARP;
-                exited += fibers[t].state == DONE;
-              }
-              if (atWarp == 0 || atWarp + exited != hi - lo) break;
-              for (unsigned t = lo; t < hi; t++) if (fibers[t].state == WAIT_WARP) fibers[t].state = RUNNABLE;
-            }
+            do {
+              for (unsigned t = w * 32; t < std::min(threads, w * 32 + 32); t++) if (fibers[t].state == RUNNABLE) runFiber(t);
+            } while (releaseWarp(w));
           }
         } else {
           for (unsigned t = 0; t < threads; t++) if (fibers[t].state == RUNNABLE) runFiber(t);
@@ -156,17 +160,7 @@ inline void launch(dim3 grid, unsigned threads, const std::function<void()>& ker
           for (Fiber& f : fibers) if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
           released = true;
         } else {
-          for (unsigned w = 0; w < nw; w++) {
-            unsigned n = 0, lanes = 0, exited = 0;
-            for (unsigned t = w * 32; t < threads && t < w * 32 + 32; t++, lanes++) {
-              n += fibers[t].state == WAIT_WARP;
-              exited += fibers[t].state == DONE;
-            }
-            if (n > 0 && n + exited == lanes) {
-              for (unsigned t = w * 32; t < w * 32 + lanes; t++) if (fibers[t].state == WAIT_WARP) fibers[t].state = RUNNABLE;
-              released = true;
-            }
-          }
+          for (unsigned w = 0; w < nw; w++) released = releaseWarp(w) || released;
         }
         if (!released) {
           std::fprintf(stderr, "warp-sim: deadlock in block (%u, %u): %u of %u threads done, %u at __syncthreads, "
