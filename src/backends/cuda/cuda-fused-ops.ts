@@ -14,7 +14,7 @@ import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
-import { GEMV_BULK, GEMVT_THREADS, type GemvtLayout, gemvBulkRuns, gemvtNormLayout } from './gemv-bulk-kernels.ts';
+import { GEMV_BULK, GEMVT_THREADS, type GemvtLayout, gemvBulkRuns, gemvtLayout } from './gemv-bulk-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
@@ -107,8 +107,8 @@ export class CudaFusedOps {
     this.c.rt.allowDynamicShared(kernel, l.sharedBytes);
     this.c.rt.launch(kernel, [l.grid, 1, 1], GEMVT_THREADS, l.sharedBytes, [
       ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
-      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', N], ['i', D], ['i', l.rowsPerBlock], ['i', l.rowsPerChunk],
-      ['i', l.stages], ...(act === undefined ? [] : [['i', act] as KernelArg])]);
+      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', N], ['i', D], ['i', l.rowsPerBlock], ['i', l.partCols],
+      ['i', l.slots], ...(act === undefined ? [] : [['i', act] as KernelArg])]);
     return { sum, y };
   }
 
@@ -172,7 +172,7 @@ export class CudaFusedOps {
     const fuse = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
     // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
     const bulk = fuse && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
-      ? gemvtNormLayout(N, D, this.c.rt.smCount) : null;
+      ? gemvtLayout(N, D, this.c.rt.smCount) : null;
     if (bulk) return this.bulkNorm('k_gemvt_norm_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, N);
     const gemv = fuse ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
@@ -212,7 +212,7 @@ export class CudaFusedOps {
     const applies = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
     // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
     const bulk = applies && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
-      ? gemvtNormLayout(I, D, this.c.rt.smCount, undefined, undefined, 2) : null;
+      ? gemvtLayout(I, D, this.c.rt.smCount, true) : null;
     if (bulk) return this.bulkNorm('k_gemvt_normglu_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, I, code);
     const fuse = applies ? gemvNormGluChoice(T, I, D) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {

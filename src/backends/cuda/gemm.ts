@@ -147,7 +147,7 @@ export class LtGemm {
         const l = gemvtLayout(N, K, this.rt.smCount)!;
         this.rt.allowDynamicShared(c.kernel, l.sharedBytes);
         this.rt.launch(c.kernel, [l.grid, 1, 1], GEMVT_THREADS, l.sharedBytes, [['p', w], ['p', x], ['p', d], ['i', N], ['i', K],
-          ['i', l.rowsPerBlock], ['i', l.rowsPerChunk], ['i', l.stages]]);
+          ['i', l.rowsPerBlock], ['i', l.partCols], ['i', l.slots]]);
         return;
       }
       this.rt.launch(c.kernel, [gemvLaunchGrid(c, N, this.rt.smCount), 1, 1], GEMV_THREADS, 0, [

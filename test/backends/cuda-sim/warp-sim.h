@@ -197,6 +197,7 @@ inline void warpBarrier() { yield(WAIT_WARP); }
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { sim::yield(sim::WAIT_BLOCK); }
+inline void __syncwarp(unsigned = 0xffffffffu) { sim::warpBarrier(); }
 inline void* sim_dynamic_shared() { return sim::dynamicShared(); }
 inline int __syncthreads_or(int p) {
   sim::blockOr |= p != 0;
