@@ -14,7 +14,8 @@ import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
-import { GEMV_BULK, GEMVT_THREADS, type GemvtLayout, gemvBulkRuns, gemvtLayout } from './gemv-bulk-kernels.ts';
+import { bulkAsyncRuns } from './arch.ts';
+import { GEMV_BULK, GEMVT_THREADS, type GemvtLayout, gemvtLayout } from './gemv-bulk-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
@@ -171,7 +172,7 @@ export class CudaFusedOps {
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
     const fuse = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
     // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
-    const bulk = fuse && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
+    const bulk = fuse && T === 1 && GEMV_BULK.value && bulkAsyncRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
       ? gemvtLayout(N, D, this.c.rt.smCount) : null;
     if (bulk) return this.bulkNorm('k_gemvt_norm_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, N);
     const gemv = fuse ? gemvFusedChoice(T, N, D) : undefined;
@@ -211,7 +212,7 @@ export class CudaFusedOps {
     const I = N2 / 2;
     const applies = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
     // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
-    const bulk = applies && T === 1 && GEMV_BULK.value && gemvBulkRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
+    const bulk = applies && T === 1 && GEMV_BULK.value && bulkAsyncRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
       ? gemvtLayout(I, D, this.c.rt.smCount, true) : null;
     if (bulk) return this.bulkNorm('k_gemvt_normglu_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, I, code);
     const fuse = applies ? gemvNormGluChoice(T, I, D) : undefined;

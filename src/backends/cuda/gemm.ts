@@ -9,7 +9,8 @@ import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
-import { GEMV_BULK, GEMVT_THREADS, gemvBulkRuns, gemvtLayout } from './gemv-bulk-kernels.ts';
+import { bulkAsyncRuns } from './arch.ts';
+import { GEMV_BULK, GEMVT_THREADS, gemvtLayout } from './gemv-bulk-kernels.ts';
 import { GEMV_BULK_CHOICE, GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
@@ -308,7 +309,7 @@ export class LtGemm {
   }
 
   private bulkRuns(): boolean {
-    return gemvBulkRuns(this.rt.arch, this.rt.nvrtcVersion());
+    return bulkAsyncRuns(this.rt.arch, this.rt.nvrtcVersion());
   }
 
   /** A shape of a timed class takes its winner: the same GEMV launch, or the algorithm where cuBLASLt accepts it. */

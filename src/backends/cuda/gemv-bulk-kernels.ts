@@ -38,7 +38,7 @@
 // w and x (gemm.ts checks).
 //
 // Compiled for sm_90 with PTX 8.0 (CUDA 12) and newer; elsewhere the kernels trap and the host
-// never offers them (gemvBulkRuns). Without __CUDA_ARCH__ (the host warp simulator) the copies and
+// never offers them (arch.ts bulkAsyncRuns). Without __CUDA_ARCH__ (the host warp simulator) the copies and
 // barriers are the simulator's: a slot is poisoned when its copy is issued and filled when a
 // thread waits on its barrier, so reading a slot early, or refilling one before the warp has read
 // it, fails.
@@ -263,11 +263,6 @@ export const GEMV_BULK = new Setting<boolean>(envSwitch('LLMTS_CUDA_GEMV_BULK', 
 /** Turns the bulk-streamed GEMVs on or off for backends' later plans (tests); returns the old setting. */
 export function setCudaGemvBulk(on: boolean): boolean {
   return GEMV_BULK.set(on);
-}
-
-/** Whether a device and NVRTC run the bulk-streamed kernels: sm_90+ and NVRTC 12+ (elsewhere they are compiled as a trap). */
-export function gemvBulkRuns(arch: string, nvrtcVersion: string): boolean {
-  return Number(/^sm_(\d+)/.exec(arch)?.[1] ?? 0) >= 90 && Number(nvrtcVersion.split('.')[0]) >= 12;
 }
 
 /** dynamic shared memory a block: sm_90's 227 KiB a block less 4 KiB for the kernels' static arrays (the norm staging's) */

@@ -17,6 +17,8 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_embedding', 'k_rmsnorm', 'k_gather_rows', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_write_kv', 'k_rope',
   'k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax_part', 'k_argmax_final',
   'k_attn_plan', 'k_attn_combine',
+  // the weight prefetch hint: its wait last, so it completes after the kernel before (l2-prefetch.ts)
+  'k_l2_prefetch',
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
   'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
   'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
