@@ -6,8 +6,8 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the bulk-streamed GEMVs, session 9's
-# experiment, and the GEMV margin behind attention as it was before session 9; session 6's switches were
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the GEMV margin behind attention as it
+# was before session 9, and the attention's reads before its PDL wait; session 6's switches were
 # flush-write:LLMTS_CUDA_TUNE_FLUSH=write tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1
 # glu-off:LLMTS_CUDA_GLU_EPILOGUE=off rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"bulk:LLMTS_CUDA_GEMV_BULK=on margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1"}
+VARIANTS=${VARIANTS:-"margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1 tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 make_model "$OUT/make-model.log" || exit 1

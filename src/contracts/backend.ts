@@ -263,14 +263,6 @@ export interface Backend {
     qkNorm: QkNorm | undefined, kv: PagedKv, layout: StepLayout): Tensor;
 
   /**
-   * Optional, a hint no value depends on: the ops after the next one will read these weights, in
-   * order, and the next one leaves memory bandwidth idle (the decode attention before its output
-   * projection); a backend may start pulling them into its cache now (CUDA: into L2, opt-in,
-   * l2-prefetch.ts). `rows`: the step's token rows (where the gap is worth it is the backend's call).
-   */
-  prefetchWeights?(weights: readonly Tensor[], rows: number): void;
-
-  /**
    * Optional: index of the largest value of each row of x [R, V] (lowest index on ties, NaN never
    * chosen; -1 for a row with nothing above -Infinity) -> i32 [R]. Greedy rows then read back one
    * id instead of V logits.

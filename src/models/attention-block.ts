@@ -57,8 +57,6 @@ export function attentionFromQ(model: ModelParts, l: number, q: Tensor, w: Layer
   kv: KvAccess<RowSpan>): Tensor {
   const b = model.backend, c = model.config;
   const params = { scale: c.attentionScale, window: c.layers[l].window, softcap: c.attnLogitSoftcap };
-  // the attention reads little: the weights read after it may start coming in meanwhile
-  b.prefetchWeights?.(w.mlp.kind === 'dense' && w.mlp.gateUp ? [w.attn.o, w.mlp.gateUp] : [w.attn.o], q.shape[0]);
   const o = b.attention(q, kv.kvOfLayer(l), layout, params);
   return b.matmul(b.reshape(o, [q.shape[0], c.numHeads * c.headDim]), w.attn.o, w.attn.oBias);
 }

@@ -14,7 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu, setCudaFuseNorm, setCudaGemvBulk, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
+import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
 import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
 
 const probe = probeCuda();
@@ -175,33 +175,18 @@ describe('fused ops', { skip: SKIP }, () => {
     }
   });
 
-  it('addRmsnormMatmul with $LLMTS_CUDA_GEMV_BULK=on: the bulk-streamed norm twin (k_gemvt_norm_m1) at one row, the 8B\'s q/k/v shape among them', async () => {
-    const r = rng(16);
-    const old = setCudaGemvBulk(true);
-    try {
-      for (const [D, N, rScale, off] of [[4096, 6144, 1, 0], [520, 40, 0.5, 1], [16384, 37, 1, 0], [8, 3, 1, 0]] as const) {
-        const x = randomF32(r, D, 2), res = randomF32(r, D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
-        await compare(`bulk addRmsnormMatmul 1x${D} -> ${N}`, addRmsnormMatmulGraph(1, D, N, x, res, nw, w, rScale, off), longK(D, 0.6));
-      }
-    } finally {
-      setCudaGemvBulk(old);
-    }
-  });
-
-  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row; with $LLMTS_CUDA_GEMV_BULK=on the bulk twin)', async () => {
+  it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row)', async () => {
     const r = rng(16);
     const old = setCudaGluEpilogue(false);
     try {
-      // epilogue on and off; then on with $LLMTS_CUDA_GEMV_BULK=on: one row runs k_gemvt_normglu_m1
-      for (const [epi, bulk] of [[false, false], [true, false], [true, true]] as const) {
+      for (const epi of [false, true]) {
         setCudaGluEpilogue(epi);
-        const oldBulk = setCudaGemvBulk(bulk);
         for (const [T, D, I] of [[1, 520, 40], [1, 4096, 700], [3, 264, 17], [1, 264, 1500]] as const) {
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, 2 * I * D);
           for (const a of ['silu', 'gelu_tanh'] as const) {
             // the reference composes the ops, rounding the sum, the normed rows and the gate/up
             // product to bf16 where the CUDA kernels store them
-            await compare(`addRmsnormGateUpGlu ${T}x${D} -> ${I} ${a} epilogue ${epi} bulk ${bulk}`, async (b) => {
+            await compare(`addRmsnormGateUpGlu ${T}x${D} -> ${I} ${a} epilogue ${epi}`, async (b) => {
               const xx = act(b, x, [T, D]), rr = act(b, res, [T, D]), g = act(b, nw, [D]), ww = act(b, w, [2 * I, D]);
               if (b.name === 'cuda') {
                 const f = b.addRmsnormGateUpGlu!(xx, rr, 1, g, 1e-5, 0, ww, a);
@@ -213,7 +198,6 @@ describe('fused ops', { skip: SKIP }, () => {
             }, longK(D, 1.5));
           }
         }
-        setCudaGemvBulk(oldBulk);
       }
     } finally {
       setCudaGluEpilogue(old);

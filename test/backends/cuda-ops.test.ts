@@ -26,8 +26,6 @@ import {
   type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeHiddenRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
 } from '../../src/backends/cuda/cuda-moe-ops.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
-import { setCudaGemvBulk } from '../../src/backends/cuda/gemv-bulk-kernels.ts';
-import { setCudaL2PrefetchBytes } from '../../src/backends/cuda/l2-prefetch.ts';
 import { MOE_PASS_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
 import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
 
@@ -269,55 +267,6 @@ describe('matmul', { skip: SKIP }, () => {
       if (old === undefined) delete process.env.LLMTS_CUDA_GEMV_PICKS;
       else process.env.LLMTS_CUDA_GEMV_PICKS = old;
       await on.close();
-    }
-  });
-
-  it('$LLMTS_CUDA_GEMV_BULK=on: the bulk-streamed one-row GEMV (k_gemvt_m1), picked, matches the CPU at the 8B\'s o shape, K up to 16384 and a row a block', async () => {
-    const r = rng(15);
-    const oldPicks = process.env.LLMTS_CUDA_GEMV_PICKS;
-    const shapes = [[4096, 4096], [300, 4104], [37, 16384], [5, 8], [1000, 14336]] as const;
-    process.env.LLMTS_CUDA_GEMV_PICKS = shapes.map(([N, K]) => `1x${N}x${K}=k_gemvt_m1`).join(',');
-    const oldBulk = setCudaGemvBulk(true);
-    const on = await createCudaBackend();
-    try {
-      for (const [N, K] of shapes) {
-        const x = randomF32(r, K), w = randomF32(r, N * K);
-        await compare(`bulk 1x${N}x${K}`, async (b) => [b.matmul(act(b, x, [1, K]), act(b, w, [N, K]))], GEMM, on);
-      }
-    } finally {
-      setCudaGemvBulk(oldBulk);
-      if (oldPicks === undefined) delete process.env.LLMTS_CUDA_GEMV_PICKS;
-      else process.env.LLMTS_CUDA_GEMV_PICKS = oldPicks;
-      await on.close();
-    }
-  });
-
-  it('prefetchWeights: k_l2_prefetch within $LLMTS_CUDA_L2_PREFETCH_MB at one-row steps on sm_90+ (a launch for two weights), nothing else; the GEMM after it unchanged', async () => {
-    const r = rng(17);
-    const N = 640, K = 512;
-    const x = randomF32(r, K), w1 = randomF32(r, N * K), w2 = randomF32(r, N * K);
-    const old = setCudaL2PrefetchBytes(1024 * 1024);
-    try {
-      const sm90 = Number(cuda.describe().match(/sm_(\d+)/)?.[1] ?? 0) >= 90;
-      const ww = await Promise.all([weight(w1, 'bf16', [N, K])(cuda), weight(w2, 'bf16', [N, K])(cuda)]);
-      const launches = (f: () => void) => {
-        const before = cuda.launches;
-        f();
-        return cuda.launches - before;
-      };
-      assert.equal(launches(() => cuda.prefetchWeights(ww, 1)), sm90 ? 1 : 0, 'two weights, one launch');
-      assert.equal(launches(() => cuda.prefetchWeights(ww, 2)), 0, 'two rows: no launch');
-      setCudaL2PrefetchBytes(0);
-      assert.equal(launches(() => cuda.prefetchWeights(ww, 1)), 0, 'no budget: no launch');
-      setCudaL2PrefetchBytes(1024 * 1024);
-      assert.throws(() => cuda.prefetchWeights(ww, -1), /prefetchWeights.*rows/);
-      await compare('matmul after a prefetch of its weight', (b) => {
-        const wt = b === cuda ? ww[1]! : b.upload(bf(w2), [N, K]);
-        b.prefetchWeights?.([wt], 1);
-        return [b.matmul(act(b, x, [1, K]), wt)];
-      }, GEMM);
-    } finally {
-      setCudaL2PrefetchBytes(old);
     }
   });
 

@@ -44,11 +44,8 @@ import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
 import { CudaWeightLoader } from './cuda-weight-loader.ts';
 import { envChoice, envInt } from '../common/env.ts';
-import { bulkAsyncRuns } from './arch.ts';
-import { L2_PREFETCH_BYTES, L2_PREFETCH_MAX_ROWS, l2PrefetchPrefixes } from './l2-prefetch.ts';
 
 export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from './cuda-fused-ops.ts';
-export { setCudaGemvBulk } from './gemv-bulk-kernels.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;
@@ -633,24 +630,6 @@ export class CudaBackend implements Backend {
   addRmsnormQkvRope(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
     heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor } {
     return this.fused.addRmsnormQkvRope(x, r, rScale, normW, eps, weightOffset, qkv, heads, pos, invFreq, attentionScaling, kv, layout);
-  }
-
-  /**
-   * The weight prefetch hint (l2-prefetch.ts): k_l2_prefetch over the weights' leading bytes within
-   * $LLMTS_CUDA_L2_PREFETCH_MB, at steps of at most L2_PREFETCH_MAX_ROWS rows, on sm_90+ with NVRTC 12+; else nothing.
-   */
-  prefetchWeights(weights: readonly Tensor[], rows: number): void {
-    const op = 'prefetchWeights';
-    this.assertOpen(op);
-    const ws = weights.map((w, i) => this.arg(op, `weights[${i}]`, w, ANY));
-    if (!Number.isInteger(rows) || rows < 0) throw opError(op, `rows must be a whole number >= 0, got ${rows}`);
-    if (L2_PREFETCH_BYTES.value === 0 || rows > L2_PREFETCH_MAX_ROWS || !bulkAsyncRuns(this.rt.arch, this.rt.nvrtcVersion())) return;
-    const take = l2PrefetchPrefixes(ws.map((w) => (w.addr % 16 === 0 ? w.bytes : 0)), L2_PREFETCH_BYTES.value);
-    const ranges = ws.map((w, i): [number, number] => [w.addr, take[i]!]).filter(([, n]) => n > 0);
-    for (let i = 0; i < ranges.length; i += 2) {
-      const [p1, n1] = ranges[i]!, [p2, n2] = ranges[i + 1] ?? [0, 0];
-      this.rt.launch('k_l2_prefetch', [this.rt.smCount, 1, 1], 32, 0, [['p', p1], ['p', n1], ['p', p2], ['p', n2]]);
-    }
   }
 
   argmax(x: Tensor): Tensor {

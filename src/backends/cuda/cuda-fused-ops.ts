@@ -14,8 +14,6 @@ import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
-import { bulkAsyncRuns } from './arch.ts';
-import { GEMV_BULK, GEMVT_THREADS, type GemvtLayout, gemvtLayout } from './gemv-bulk-kernels.ts';
 import type { KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
@@ -96,24 +94,6 @@ export class CudaFusedOps {
   }
 
   /**
-   * A one-row bulk-streamed add + rmsnorm GEMV (gemv-bulk-kernels.ts: k_gemvt_norm_m1, or with the
-   * GLU's activation code k_gemvt_normglu_m1 over packed gate/up rows) producing N outputs and the
-   * new residual.
-   */
-  private bulkNorm(kernel: 'k_gemvt_norm_m1' | 'k_gemvt_normglu_m1', l: GemvtLayout, m: CudaTensor, a: CudaTensor, rr: CudaTensor,
-    rScale: number, g: CudaTensor, eps: number, weightOffset: number, N: number, act?: number): { sum: Tensor; y: Tensor } {
-    const D = a.shape[1]!;
-    const sum = this.c.out([1, D]);
-    const y = this.c.out([1, N]);
-    this.c.rt.allowDynamicShared(kernel, l.sharedBytes);
-    this.c.rt.launch(kernel, [l.grid, 1, 1], GEMVT_THREADS, l.sharedBytes, [
-      ['p', m.addr], ['p', a.addr], ['p', rr.addr], ['f', rScale], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['f', eps],
-      ['f', weightOffset], ['p', sum.addr], ['p', y.addr], ['i', N], ['i', D], ['i', l.rowsPerBlock], ['i', l.partCols],
-      ['i', l.slots], ...(act === undefined ? [] : [['i', act] as KernelArg])]);
-    return { sum, y };
-  }
-
-  /**
    * Whether a launch of `name` with `dynamicBytes` of dynamic shared memory stays within the
    * 48 KiB a block may use without opting in (static + dynamic: the fused GEMV kernels' own
    * reduction arrays count too; 6 rows x 4096 of staged x alone is 48 KiB).
@@ -171,10 +151,6 @@ export class CudaFusedOps {
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
     const fuse = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
-    // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
-    const bulk = fuse && T === 1 && GEMV_BULK.value && bulkAsyncRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
-      ? gemvtLayout(N, D, this.c.rt.smCount) : null;
-    if (bulk) return this.bulkNorm('k_gemvt_norm_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, N);
     const gemv = fuse ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
@@ -211,10 +187,6 @@ export class CudaFusedOps {
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const I = N2 / 2;
     const applies = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
-    // $LLMTS_CUDA_GEMV_BULK=on, one row: the bulk-streamed twin (gemv-bulk-kernels.ts; an experiment)
-    const bulk = applies && T === 1 && GEMV_BULK.value && bulkAsyncRuns(this.c.rt.arch, this.c.rt.nvrtcVersion())
-      ? gemvtLayout(I, D, this.c.rt.smCount, true) : null;
-    if (bulk) return this.bulkNorm('k_gemvt_normglu_m1', bulk, m, a, rr, rScale, g, eps, weightOffset, I, code);
     const fuse = applies ? gemvNormGluChoice(T, I, D) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes

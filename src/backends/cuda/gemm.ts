@@ -9,9 +9,7 @@ import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
 import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
-import { bulkAsyncRuns } from './arch.ts';
-import { GEMV_BULK, GEMVT_THREADS, gemvtLayout } from './gemv-bulk-kernels.ts';
-import { GEMV_BULK_CHOICE, GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
+import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 /**
@@ -143,17 +141,8 @@ export class LtGemm {
     // the GEMV kernels load 16-byte chunks: operands off that alignment take cuBLASLt
     const aligned = (w % 16) === 0 && (x % 16) === 0;
     // (one-shot and persistent kernels take the same arguments; a persistent grid is sized to stay resident)
-    const gemv = (c: GemvChoice) => {
-      if (c.kernel === 'k_gemvt_m1') {
-        const l = gemvtLayout(N, K, this.rt.smCount)!;
-        this.rt.allowDynamicShared(c.kernel, l.sharedBytes);
-        this.rt.launch(c.kernel, [l.grid, 1, 1], GEMVT_THREADS, l.sharedBytes, [['p', w], ['p', x], ['p', d], ['i', N], ['i', K],
-          ['i', l.rowsPerBlock], ['i', l.partCols], ['i', l.slots]]);
-        return;
-      }
-      this.rt.launch(c.kernel, [gemvLaunchGrid(c, N, this.rt.smCount), 1, 1], GEMV_THREADS, 0, [
-        ['p', w], ['p', x], ['p', d], ['i', M], ['i', N], ['i', K], ['i', c.warpsPerRow]]);
-    };
+    const gemv = (c: GemvChoice) => this.rt.launch(c.kernel, [gemvLaunchGrid(c, N, this.rt.smCount), 1, 1], GEMV_THREADS, 0, [
+      ['p', w], ['p', x], ['p', d], ['i', M], ['i', N], ['i', K], ['i', c.warpsPerRow]]);
     // the shape that times its class does so on its first run outside a capture (a class must
     // settle: shapes of it planned meanwhile wait for the winner)
     if ((plan.candidates.length > 0 || plan.gemvCandidates.length > 0) && !this.rt.capturing) {
@@ -297,24 +286,9 @@ export class LtGemm {
     });
   }
 
-  /**
-   * Our GEMV launches for an M-row product of inner size K: gemvCandidates, and at one row the
-   * bulk-streamed k_gemvt_m1 where $LLMTS_CUDA_GEMV_BULK=on and the device and NVRTC can run it
-   * (sm_90+, NVRTC 12+: elsewhere it is compiled as a trap).
-   */
-  private gemvChoices(M: number, K: number): GemvChoice[] {
-    const out = gemvCandidates(M, K);
-    if (M === 1 && GEMV_BULK.value && this.bulkRuns() && gemvtLayout(1, K, this.rt.smCount)) out.push(GEMV_BULK_CHOICE);
-    return out;
-  }
-
-  private bulkRuns(): boolean {
-    return bulkAsyncRuns(this.rt.arch, this.rt.nvrtcVersion());
-  }
-
   /** A shape of a timed class takes its winner: the same GEMV launch, or the algorithm where cuBLASLt accepts it. */
   private adopt(plan: Plan, cls: TuneClass): void {
-    if (cls.gemv && this.gemvChoices(plan.M, plan.K).some((g) => gemvLabel(g) === gemvLabel(cls.gemv!))) {
+    if (cls.gemv && gemvCandidates(plan.M, plan.K).some((g) => gemvLabel(g) === gemvLabel(cls.gemv!))) {
       plan.gemv = cls.gemv;
       return;
     }
@@ -374,7 +348,7 @@ export class LtGemm {
         if (state === 0 && wsNeeded <= WORKSPACE_BYTES) candidates.push(results.slice(base, base + 64));
       }
       const gemvMode = process.env.LLMTS_CUDA_GEMV ?? 'auto';
-      const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? this.gemvChoices(M, K) : [];
+      const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
       if (candidates.length > 0) {
         plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
         if (shared && !known) this.picks.set(bucketKey, candidates[0]!);

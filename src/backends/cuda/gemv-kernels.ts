@@ -689,17 +689,13 @@ const PERSISTENT: Variant[] = [
  * the persistent kernels (k_gemvp_*), how many blocks an SM the grid holds.
  */
 export interface GemvChoice {
-  kernel: GemvKernelName | 'k_gemvt_m1';
+  kernel: GemvKernelName;
   warpsPerRow: number;
   /** persistent kernels only: grid = min(row groups, SMs x this) (gemvLaunchGrid) */
   blocksPerSm?: number;
 }
 
-/** The bulk-streamed one-row GEMV as a choice (gemv-bulk-kernels.ts; its launch is gemvtLayout's, not gemvLaunchGrid's) */
-export const GEMV_BULK_CHOICE: GemvChoice = Object.freeze({ kernel: 'k_gemvt_m1', warpsPerRow: 0 });
-
 export function gemvLabel(c: GemvChoice): string {
-  if (c.kernel === 'k_gemvt_m1') return c.kernel;
   return `${c.kernel}/w${c.warpsPerRow}${c.blocksPerSm ? `/b${c.blocksPerSm}` : ''}`;
 }
 

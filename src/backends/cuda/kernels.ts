@@ -19,8 +19,6 @@ import {
   GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
 import { MOE_KERNEL_NAMES, MOE_KERNEL_SOURCE } from './moe-kernels.ts';
-import { GEMVT_KERNEL_NAMES, GEMVT_KERNEL_SOURCE } from './gemv-bulk-kernels.ts';
-import { L2_PREFETCH_KERNEL_SOURCE } from './l2-prefetch.ts';
 import { SAMPLING_KERNEL_NAMES, SAMPLING_KERNEL_SOURCE } from './sampling-kernels.ts';
 
 /**
@@ -474,7 +472,7 @@ extern "C" __global__ void k_l2_flush_read(const uint4* p, i64 n, unsigned* sink
 const BASE_KERNEL_NAMES = [
   'k_convert', 'k_embedding', 'k_rmsnorm', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_rope', 'k_write_kv',
   'k_attention', 'k_gather_rows', 'k_moe_route', 'k_moe_hidden', 'k_moe_down', 'k_matmul_finish', 'k_matmul_simple',
-  'k_l2_flush_read', 'k_l2_prefetch',
+  'k_l2_flush_read',
 ] as const;
 
 /** One NVRTC module: its own source, cache entry (nvrtc.ts) and kernels. */
@@ -514,12 +512,12 @@ function kernelModule<K extends string>(name: string, body: string, kernels: rea
  */
 export const KERNEL_MODULES = [
   kernelModule('attention', moduleDefines('LLMTS_CUDA_ATT_DEFINES') + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
-  kernelModule('base', BASE_KERNEL_SOURCE + L2_PREFETCH_KERNEL_SOURCE, BASE_KERNEL_NAMES),
+  kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
   kernelModule('fused', moduleDefines('LLMTS_CUDA_FUSED_DEFINES') + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
   // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
-  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + GEMVT_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
     [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
-      ...GEMVP_NORMROPE_KERNEL_NAMES, ...GEMVT_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
+      ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
   kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
 ] as const;
 

@@ -17,14 +17,10 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_embedding', 'k_rmsnorm', 'k_gather_rows', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_write_kv', 'k_rope',
   'k_add_rmsnorm', 'k_glu_packed', 'k_rope_qkv', 'k_argmax_part', 'k_argmax_final',
   'k_attn_plan', 'k_attn_combine',
-  // the weight prefetch hint: its wait last, so it completes after the kernel before (l2-prefetch.ts)
-  'k_l2_prefetch',
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
   'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8',
   'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
   'k_gemv_m1_u16', 'k_gemv_m1_u8', 'k_gemv_m2_u16', 'k_gemv_m4_u8', 'k_gemv_m8_u4',
-  // the bulk-streamed GEMV: its ring's first copies before PDL_ENTRY
-  'k_gemvt_m1',
   // the persistent GEMVs: their first ring of weight loads before PDL_ENTRY, their staged x after
   ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
   ...GEMVP_NORMROPE_KERNEL_NAMES,

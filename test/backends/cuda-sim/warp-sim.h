@@ -18,7 +18,6 @@
 #include <cstring>
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <vector>
 #include <ucontext.h>
 
@@ -197,7 +196,6 @@ inline void warpBarrier() { yield(WAIT_WARP); }
 #define __launch_bounds__(...)
 
 inline void __syncthreads() { sim::yield(sim::WAIT_BLOCK); }
-inline void __syncwarp(unsigned = 0xffffffffu) { sim::warpBarrier(); }
 inline void* sim_dynamic_shared() { return sim::dynamicShared(); }
 inline int __syncthreads_or(int p) {
   sim::blockOr |= p != 0;
@@ -272,77 +270,6 @@ template <int N> inline void att_cp_wait() {
     f.cpGroups.erase(f.cpGroups.begin());
   }
 }
-// Bulk copies completing on mbarriers (gemv-bulk-kernels.ts): a phase's arrival names the bytes
-// its copies bring (expect_tx); a copy poisons its destination at issue; the phase completes, and
-// its copies land, when a thread waits on the barrier. A wait on a phase that nothing completes, a
-// copy or an expectation on a barrier never initialized, two expectations in one phase, or copies
-// whose bytes differ from the expectation abort, as they would hang or corrupt on a GPU.
-namespace sim {
-struct SimCopy {
-  void* dst;
-  std::vector<unsigned char> data;
-};
-struct SimBarrier {
-  int completed = 0;
-  bool armed = false;     // the phase's arrival (expect_tx) happened
-  unsigned expected = 0;  // its bytes
-  unsigned arrived = 0;   // the bytes of its copies so far
-  std::vector<SimCopy> copies;
-};
-inline std::map<const void*, SimBarrier> barriers;
-inline SimBarrier& barrierAt(const void* bar, const char* what) {
-  auto it = barriers.find(bar);
-  if (it == barriers.end()) {
-    std::fprintf(stderr, "warp-sim: %s on an mbarrier that was never initialized\n", what);
-    std::abort();
-  }
-  return it->second;
-}
-}  // namespace sim
-inline void sim_bar_init(unsigned long long* bar) { sim::barriers[bar] = sim::SimBarrier{}; }
-inline void sim_bar_expect(unsigned long long* bar, unsigned bytes) {
-  sim::SimBarrier& b = sim::barrierAt(bar, "expect_tx");
-  if (b.armed) {
-    std::fprintf(stderr, "warp-sim: a second arrival on an mbarrier (count 1) before its phase completed\n");
-    std::abort();
-  }
-  b.armed = true;
-  b.expected = bytes;
-  b.arrived = 0;
-}
-inline void sim_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  sim::SimBarrier& b = sim::barrierAt(bar, "bulk copy");
-  sim::SimCopy c;
-  c.dst = dst;
-  c.data.assign((const unsigned char*)src, (const unsigned char*)src + bytes);
-  std::memset(dst, 0xff, bytes);
-  b.copies.push_back(std::move(c));
-  b.arrived += bytes;
-}
-inline void sim_bar_wait(unsigned long long* bar, unsigned parity) {
-  sim::SimBarrier& b = sim::barrierAt(bar, "wait");
-  if (b.armed) {
-    if (b.arrived != b.expected) {
-      std::fprintf(stderr, "warp-sim: an mbarrier phase expects %u bytes, its copies bring %u (a hang or an early completion on a GPU)\n",
-        b.expected, b.arrived);
-      std::abort();
-    }
-    for (sim::SimCopy& c : b.copies) std::memcpy(c.dst, c.data.data(), c.data.size());
-    b.copies.clear();
-    b.armed = false;
-    b.completed++;
-  } else if (!b.copies.empty()) {
-    std::fprintf(stderr, "warp-sim: bulk copies on an mbarrier phase with no arrival (it never completes on a GPU)\n");
-    std::abort();
-  }
-  // try_wait.parity(p) passes once the phase of parity p has completed: the current phase's is not p
-  if ((unsigned)(b.completed & 1) == (parity & 1u)) {
-    std::fprintf(stderr, "warp-sim: block (%u, %u) waits on mbarrier phase parity %u, which no copy completes (a hang on a GPU)\n",
-      sim::blockIdx_.x, sim::blockIdx_.y, parity);
-    std::abort();
-  }
-}
-
 inline unsigned short sim_at(const void* row, int col) { return ((const unsigned short*)row)[col]; }
 // ldmatrix .x4: matrix m's row r is at the address of lane 8 m + r; lane l receives, of each
 // matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of the transposed matrix)
