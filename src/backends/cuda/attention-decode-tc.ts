@@ -108,8 +108,13 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     // The block-table entry of key k0 + it BK + tid (tid < BK) of tile it, loaded a tile ahead of
     // its use (blkNext): a tile's issue then waits on no global load, where reading the table
     // there cost a round trip per tile (at one row, the kernel is a chain of such round trips).
+    // The first NST tiles' entries load together (blkFirst): loaded each in the issue of the tile
+    // before, the ring's first fill waited on NST - 1 round trips in a row before the first score.
 #define ATT_TC_TABLE(it) (tid < BK ? att_tc_table_entry(tab, k0 + (it) * BK + tid, k1, BS, bsShift, MBR) : -1)
-    int blkNext = ATT_TC_TABLE(0);
+    int blkFirst[NST];
+#pragma unroll
+    for (int k = 0; k < NST; k++) blkFirst[k] = ATT_TC_TABLE(k);
+    int blkNext = blkFirst[0];
 
 #if ATT_TC_EARLY
     if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
@@ -132,9 +137,9 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     for (int k = 0; k < DWT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g and g + 8
 
-    // slots of tile it into stage it % NST (its table entries in blkNext; then the next tile's are
-    // loaded into it), then its K and V copies (one commit group)
-#define ATT_TC_ISSUE(it) do { \
+    // slots of tile it into stage it % NST (its table entries in blkNext; then the next tile's,
+    // the argument next, go into it), then its K and V copies (one commit group)
+#define ATT_TC_ISSUE(it, next) do { \
       const int st_ = (it) % NST, j_ = k0 + (it) * BK + tid; \
       if (tid < BK) { \
         int slot_ = -1; \
@@ -145,7 +150,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
           else report(err, 4, r, j_, blk_); \
         } \
         s_slot[st_][tid] = slot_; \
-        blkNext = ATT_TC_TABLE((it) + 1); \
+        blkNext = (next); \
       } \
       __syncthreads(); \
       u16* kd_ = s_kv + st_ * 2 * TILE; \
@@ -160,8 +165,9 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 
     // tiles 0 .. NST-2, a commit group each (an empty group for a tile past the last, so that the
     // waits below count the same groups whatever ntiles is)
+#pragma unroll
     for (int k = 0; k < NST - 1; k++) {
-      if (k < ntiles) ATT_TC_ISSUE(k);
+      if (k < ntiles) ATT_TC_ISSUE(k, blkFirst[k + 1]);
       else att_cp_commit();
     }
     att_cp_wait<NST - 1>(); // Q has landed (the tiles may still be in flight)
@@ -175,7 +181,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     for (int it = 0; it < ntiles; it++) {
       const int st = it % NST;
       // into the stage tile it - 1 used (free since the barrier that ended its iteration)
-      if (it + NST - 1 < ntiles) ATT_TC_ISSUE(it + NST - 1);
+      if (it + NST - 1 < ntiles) ATT_TC_ISSUE(it + NST - 1, ATT_TC_TABLE(it + NST));
       else att_cp_commit();
       att_cp_wait<NST - 1>(); // tile it has landed (the NST - 1 after it may still be in flight)
       __syncthreads();
