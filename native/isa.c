@@ -1,3 +1,4 @@
+#include <ctype.h>
 #include <stdlib.h>
 // Which instruction set the hand-dispatched kernels (matmul, attention) use.
 #include "llm.h"
@@ -36,7 +37,10 @@ static size_t gemv_par_min = (size_t)-1;
 
 size_t llm_gemv_parallel_min_bytes(void) {
   if (gemv_par_min == (size_t)-1) {
+    // native-lib.ts checks the value when it loads this library; blanks around it are allowed
+    // there, and only blanks mean unset, as there
     const char *e = getenv("LLMTS_GEMV_PAR_MIN_BYTES");
+    while (e && isspace((unsigned char)*e)) e++;
     gemv_par_min = e && *e ? (size_t)strtoull(e, NULL, 10) : GEMV_PAR_MIN_BYTES_DEFAULT;
   }
   return gemv_par_min;

@@ -7,6 +7,7 @@ import { spawnSync } from 'node:child_process';
 import { describe, it } from 'node:test';
 
 import { envChoice, envInt, envNumber, envSwitch } from '../../src/backends/common/env.ts';
+import { gemvParallelMinBytes } from '../../src/backends/cpu/native-lib.ts';
 
 describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
   it('integers: the default when unset or empty; range, step and form checked', () => {
@@ -56,5 +57,20 @@ describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
       assert.notEqual(run.status, 0, `${module} with ${name}=${value} loaded`);
       assert.match(run.stderr, want, `${module}: ${run.stderr.slice(0, 400)}`);
     }
+  });
+
+  it('LLMTS_GEMV_PAR_MIN_BYTES (read by the native library itself) is checked when the CPU backend loads it', () => {
+    assert.equal(gemvParallelMinBytes({}), 2 ** 20);
+    assert.equal(gemvParallelMinBytes({ LLMTS_GEMV_PAR_MIN_BYTES: ' 4096 ' }), 4096);
+    assert.equal(gemvParallelMinBytes({ LLMTS_GEMV_PAR_MIN_BYTES: '   ' }), 2 ** 20, 'blanks: unset, as the C side reads them');
+    for (const bad of ['abc', '1e6', '-1', '4k']) {
+      assert.throws(() => gemvParallelMinBytes({ LLMTS_GEMV_PAR_MIN_BYTES: bad }), /LLMTS_GEMV_PAR_MIN_BYTES must be an integer from 0 to/, bad);
+    }
+    const run = spawnSync(process.execPath, ['--import', 'tsx', '-e',
+      `const { createCpuBackend } = await import('./src/backends/cpu/index.ts'); await createCpuBackend();`], {
+      env: { ...process.env, LLMTS_GEMV_PAR_MIN_BYTES: 'abc' }, encoding: 'utf8',
+    });
+    assert.notEqual(run.status, 0, 'the CPU backend started with LLMTS_GEMV_PAR_MIN_BYTES=abc');
+    assert.match(run.stderr, /LLMTS_GEMV_PAR_MIN_BYTES must be an integer from 0 to \d+, got "abc"/);
   });
 });

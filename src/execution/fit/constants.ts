@@ -17,7 +17,7 @@
 // choices, not measurements, and say so.
 
 import os from 'node:os';
-import { envInt } from '../../backends/common/env.ts';
+import { gemvParallelMinBytes } from '../../backends/cpu/native-lib.ts';
 
 export interface Constant {
   value: number;
@@ -151,7 +151,7 @@ export const CPU_ROW_OVERHEAD_MS: Constant = {
  * library reads it). A property of the code, not a measurement.
  */
 export function cpuGemvParallelMinBytes(): number {
-  return envInt('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 });
+  return gemvParallelMinBytes();
 }
 
 /** Policy: RAM left to the operating system and other processes when planning for a CPU. */
