@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process';
 import { describe, it } from 'node:test';
 
 import { envChoice, envInt, envNumber, envSwitch } from '../../src/backends/common/env.ts';
-import { gemvParallelMinBytes } from '../../src/backends/cpu/native-lib.ts';
+import { gemvParallelMinBytes } from '../../src/backends/cpu/cpu-knobs.ts';
 
 describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
   it('integers: the default when unset or empty; range, step and form checked', () => {

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import koffi from 'koffi';
 
 import type { DType } from '../../contracts/backend.ts';
-import { envInt } from '../common/env.ts';
+import { gemvParallelMinBytes } from './cpu-knobs.ts';
 
 /** dtype codes of native/llm.h */
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
@@ -78,16 +78,6 @@ export const defaultLibraryPath = fileURLToPath(new URL('../../../build/libllmts
 let loaded: NativeLib | null = null;
 
 /** Loads the library once per process (the command queue and its worker thread are process-wide). */
-/**
- * Weight bytes below which the native library runs a small-M matmul on one thread
- * ($LLMTS_GEMV_PAR_MIN_BYTES, default 1 MiB: native/isa.c reads the variable itself). Checked here
- * when the library loads, so that a value the C side would read as something else (strtoull reads
- * "abc" as 0: every matmul parallel) stops the process with a line naming the variable instead.
- */
-export function gemvParallelMinBytes(env: Readonly<Record<string, string | undefined>> = process.env): number {
-  return envInt('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 }, env);
-}
-
 export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibraryPath): NativeLib {
   if (loaded) return loaded;
   gemvParallelMinBytes();

@@ -17,7 +17,7 @@
 // choices, not measurements, and say so.
 
 import os from 'node:os';
-import { gemvParallelMinBytes } from '../../backends/cpu/native-lib.ts';
+import { gemvParallelMinBytes } from '../../backends/cpu/cpu-knobs.ts';
 
 export interface Constant {
   value: number;
