@@ -27,6 +27,8 @@ interface Case {
   holes?: [number, number][];
   /** the layout promises one token a row (StepLayout.oneTokenPerRow; every row has count 1) */
   oneTokenPerRow?: boolean;
+  /** added to every value (outputs near it rather than near 0: a wrong normalization shows) */
+  vOffset?: number;
 }
 
 function build(c: Case): SimCall {
@@ -43,7 +45,8 @@ function build(c: Case): SimCall {
     T, H: c.H, KVH: c.KVH, D: c.D, NB, BS: c.BS, R, MBR, window: c.window ?? 0,
     scale: c.scale ?? 4 / Math.sqrt(c.D), softcap: c.softcap ?? 0,
     q: encodeHalf(randomF32(r, T * c.H * c.D, 2), 'bf16'),
-    k: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D), 'bf16'), v: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D), 'bf16'),
+    k: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D), 'bf16'),
+    v: encodeHalf(randomF32(r, NB * c.BS * c.KVH * c.D).map((x) => x + (c.vOffset ?? 0)), 'bf16'),
     rows: Int32Array.from(tokens, (t) => t[0]!), poss: Int32Array.from(tokens, (t) => t[1]!), tables,
   };
 }
@@ -138,6 +141,15 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 16);
     assert.ok(plan.slots >= 20, `${plan.slots} slots: the case must split its 2,560 keys 20 ways (128 keys each)`);
     check('tc long row', c, 'tc', undefined, 16);
+  });
+
+  it('tc: one row split 131 ways on a 64-SM simulated GPU (the merge folds more than 128 splits a head, a lane several of them)', () => {
+    const c: Case = { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 16700 }], seed: 13, vOffset: 1 }; // 16 heads x 64 dims: two passes of outputs
+    const s = build(c);
+    const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 64);
+    assert.equal(plan.slots, 131, 'the case must split its 16,701 keys 131 ways (128 keys each)');
+    check('tc 131 splits', c, 'tc', undefined, 64);
   });
 
   it('tc with ATT_TC_EARLY=1 (its first reads before the PDL wait): the same results, holes and many rows', () => {

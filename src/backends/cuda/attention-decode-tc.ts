@@ -314,38 +314,69 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       __syncthreads();
       if (s_last) {
         __threadfence();
-        // one pass over the splits, 8 at a time with all their loads in flight (a pass for the
-        // max and another for the sums cost two chains of dependent L2 reads)
-        for (int e = tid; e < G * D; e += NTH) {
-          const int row = e / D, d = e - row * D, h = h0 + row;
-          const i64 base = (i64)i * seff * H + h;
-          float mx = NEG_INF, L = 0.0f, O = 0.0f;
-          for (int sp0 = 0; sp0 < ns; sp0 += 8) {
-            float mi[8], li[8], oi[8];
+        // (1) a warp a head: its splits' maxima and sums, each lane's splits with their loads 4
+        // deep, folded online into the head's largest maximum M and 1 / its weighted sum (in s_sc,
+        // free now); (2) each output: its splits' partials weighted by exp2(m - M), 4 outputs x 8
+        // splits a thread with their loads in flight. At 5 splits two round trips, at 33 (4k
+        // context) six; before, a thread's outputs went one after another, a round trip each per 8
+        // splits (4 and 20: the merging block's tail was a chain of them).
+        const i64 base0 = (i64)i * seff * H + h0; // (head h0 + row, split sp): base0 + sp H + row
+        for (int row = warp; row < G; row += NTH / 32) {
+          float mx = NEG_INF, L = 0.0f; // this lane's splits so far: their max, their sum against it
+          for (int sp0 = 0; sp0 < ns; sp0 += 128) {
+            float mi[4], li[4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-              const i64 ph = base + (i64)(sp0 + u) * H;
-              const bool ok = sp0 + u < ns;
-              mi[u] = ok ? att_ldcg(partml + ph * 2) : NEG_INF;
-              li[u] = ok ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
-              oi[u] = ok ? att_ldcg(part + ph * D + d) : 0.0f;
+            for (int u = 0; u < 4; u++) {
+              const int sp = sp0 + u * 32 + lane;
+              const i64 ph = base0 + (i64)sp * H + row;
+              mi[u] = sp < ns ? att_ldcg(partml + ph * 2) : NEG_INF;
+              li[u] = sp < ns ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
             }
-            float bm = mx;
 #pragma unroll
-            for (int u = 0; u < 8; u++) bm = fmaxf(bm, mi[u]);
-            const float mu = bm == NEG_INF ? 0.0f : bm;
-            const float keep = exp2f(mx - mu); // 0 while nothing is summed (mx = -inf)
-            L *= keep;
-            O *= keep;
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-              const float f = exp2f(mi[u] - mu);
-              L += li[u] * f;
-              O += oi[u] * f;
+            for (int u = 0; u < 4; u++) {
+              const float nm = fmaxf(mx, mi[u]), mu = nm == NEG_INF ? 0.0f : nm;
+              L = L * exp2f(mx - mu) + li[u] * exp2f(mi[u] - mu); // exp2(-inf) = 0: nothing yet, or an empty split
+              mx = nm;
             }
-            mx = bm;
           }
-          out[((i64)t * H + h) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+          float M = mx;
+          for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(ATT_FULL, M, o));
+          const float mu = M == NEG_INF ? 0.0f : M;
+          L *= exp2f(mx - mu);
+          for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(ATT_FULL, L, o);
+          if (lane == 0) {
+            s_sc[row][0] = mu;
+            s_sc[row][1] = L > 0.0f ? 1.0f / L : 0.0f;
+          }
+        }
+        __syncthreads();
+        for (int e0 = 0; e0 < G * D; e0 += 4 * NTH) {
+          float O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int sp0 = 0; sp0 < ns; sp0 += 8) {
+            float mi[4][8], oi[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+              const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
+#pragma unroll
+              for (int v = 0; v < 8; v++) {
+                const bool ok = e < G * D && sp0 + v < ns;
+                const i64 ph = base0 + (i64)(sp0 + v) * H + row;
+                mi[u][v] = ok ? att_ldcg(partml + ph * 2) : NEG_INF;
+                oi[u][v] = ok ? att_ldcg(part + ph * D + d) : 0.0f;
+              }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+              const int e = e0 + u * NTH + tid, row = e < G * D ? e / D : 0;
+#pragma unroll
+              for (int v = 0; v < 8; v++) O[u] += oi[u][v] * exp2f(mi[u][v] - s_sc[row][0]);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
+            if (e < G * D) out[((i64)t * H + h0 + row) * D + d] = f2bf(O[u] * s_sc[row][1]);
+          }
         }
       }
     }
