@@ -9,6 +9,7 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-pick-search.sh $OUT
 #
+# Output: OUTDIR/picks.md (the table), picks.json, candidates.txt, run.log and runs.tar.gz (every run's JSON).
 # MODEL_DIR (default /tmp/llmts-llama8b-random, made when missing), CTX (prompt tokens, default 512),
 # SHAPES (space-separated MxNxK to search, default every tuned one-row shape), DEVICE (cuda; cpu with
 # MODEL_DIR=models/demo runs the plumbing: no shape is tuned there).
@@ -65,3 +66,5 @@ console.log("|---|---|---:|---:|---:|---|");
 for (const r of rows) console.log(`| ${r.shape} | ${r.pick} | ${r.tokS.toFixed(2)} | ${r.plainTokS.toFixed(2)} | ${r.ratio.toFixed(4)} | ${r.tuner ? "yes" : ""} |`);
 fs.writeFileSync(path.join(out, "picks.json"), JSON.stringify(rows, null, 2));
 ' "$OUT" "$CTX" "$REPEATS" | tee "$OUT/picks.md"
+# the runs' JSON files in one archive (the device tool brings back a limited number of files)
+(cd "$OUT" && tar -czf runs.tar.gz -- *-"$CTX".json && rm -f -- *-"$CTX".json)
