@@ -143,7 +143,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     check('tc long row', c, 'tc', undefined, 16);
   });
 
-  it('tc: one row split 131 ways on a 64-SM simulated GPU (the merge folds more than 128 splits a head, a lane several of them)', () => {
+  it('tc: one row split 131 ways on a 64-SM simulated GPU, 16 heads (the merge: 17 chunks of 8 splits folded online, two passes of outputs a thread)', () => {
     const c: Case = { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 16700 }], seed: 13, vOffset: 1 }; // 16 heads x 64 dims: two passes of outputs
     const s = build(c);
     const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,

@@ -314,46 +314,18 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       __syncthreads();
       if (s_last) {
         __threadfence();
-        // (1) a warp a head: its splits' maxima and sums, each lane's splits with their loads 4
-        // deep, folded online into the head's largest maximum M and 1 / its weighted sum (in s_sc,
-        // free now); (2) each output: its splits' partials weighted by exp2(m - M), 4 outputs x 8
-        // splits a thread with their loads in flight. At 5 splits two round trips, at 33 (4k
-        // context) six; before, a thread's outputs went one after another, a round trip each per 8
-        // splits (4 and 20: the merging block's tail was a chain of them).
+        // one pass over the splits, 4 outputs x 8 splits a thread with all their loads in flight
+        // (their maxima, sums and partials), folded online: at 5 splits one round trip, at 33 (4k
+        // context) five. (Before, a thread's outputs went one after another, a round trip each per
+        // 8 splits: 4 and 20, the merging block's tail a chain of them; a pass for the maxima and
+        // another for the sums cost two chains of dependent L2 reads.)
         const i64 base0 = (i64)i * seff * H + h0; // (head h0 + row, split sp): base0 + sp H + row
-        for (int row = warp; row < G; row += NTH / 32) {
-          float mx = NEG_INF, L = 0.0f; // this lane's splits so far: their max, their sum against it
-          for (int sp0 = 0; sp0 < ns; sp0 += 128) {
-            float mi[4], li[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-              const int sp = sp0 + u * 32 + lane;
-              const i64 ph = base0 + (i64)sp * H + row;
-              mi[u] = sp < ns ? att_ldcg(partml + ph * 2) : NEG_INF;
-              li[u] = sp < ns ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-              const float nm = fmaxf(mx, mi[u]), mu = nm == NEG_INF ? 0.0f : nm;
-              L = L * exp2f(mx - mu) + li[u] * exp2f(mi[u] - mu); // exp2(-inf) = 0: nothing yet, or an empty split
-              mx = nm;
-            }
-          }
-          float M = mx;
-          for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(ATT_FULL, M, o));
-          const float mu = M == NEG_INF ? 0.0f : M;
-          L *= exp2f(mx - mu);
-          for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(ATT_FULL, L, o);
-          if (lane == 0) {
-            s_sc[row][0] = mu;
-            s_sc[row][1] = L > 0.0f ? 1.0f / L : 0.0f;
-          }
-        }
-        __syncthreads();
         for (int e0 = 0; e0 < G * D; e0 += 4 * NTH) {
-          float O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          float mx[4], L[4], O[4];
+#pragma unroll
+          for (int u = 0; u < 4; u++) mx[u] = NEG_INF, L[u] = O[u] = 0.0f;
           for (int sp0 = 0; sp0 < ns; sp0 += 8) {
-            float mi[4][8], oi[4][8];
+            float mi[4][8], li[4][8], oi[4][8];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
               const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
@@ -362,20 +334,32 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
                 const bool ok = e < G * D && sp0 + v < ns;
                 const i64 ph = base0 + (i64)(sp0 + v) * H + row;
                 mi[u][v] = ok ? att_ldcg(partml + ph * 2) : NEG_INF;
+                li[u][v] = ok ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
                 oi[u][v] = ok ? att_ldcg(part + ph * D + d) : 0.0f;
               }
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-              const int e = e0 + u * NTH + tid, row = e < G * D ? e / D : 0;
+              float bm = mx[u];
 #pragma unroll
-              for (int v = 0; v < 8; v++) O[u] += oi[u][v] * exp2f(mi[u][v] - s_sc[row][0]);
+              for (int v = 0; v < 8; v++) bm = fmaxf(bm, mi[u][v]);
+              const float mu = bm == NEG_INF ? 0.0f : bm;
+              const float keep = exp2f(mx[u] - mu); // 0 while nothing is summed (mx = -inf)
+              L[u] *= keep;
+              O[u] *= keep;
+#pragma unroll
+              for (int v = 0; v < 8; v++) {
+                const float f = exp2f(mi[u][v] - mu);
+                L[u] += li[u][v] * f;
+                O[u] += oi[u][v] * f;
+              }
+              mx[u] = bm;
             }
           }
 #pragma unroll
           for (int u = 0; u < 4; u++) {
             const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
-            if (e < G * D) out[((i64)t * H + h0 + row) * D + d] = f2bf(O[u] * s_sc[row][1]);
+            if (e < G * D) out[((i64)t * H + h0 + row) * D + d] = f2bf(L[u] > 0.0f ? O[u] / L[u] : 0.0f);
           }
         }
       }
