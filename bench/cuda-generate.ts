@@ -17,7 +17,8 @@
 // Every run uses a different prompt (no shared prefix) and the engine's prefix cache is off, so a
 // repeat never reuses the KV of an earlier one. Prompt r (r = 0 is the warm-up) of n tokens:
 // ids[k] = (k * 7919 + 13 + 31 * r) % min(vocab, 5000); bench/peers/transformers_gpu.py uses the same.
-// --device cpu only smoke-tests this script off the GPU machine.
+// --device cpu only smoke-tests this script off the GPU machine. With LLMTS_CUDA_ATT_DEFINES=ATT_TC_PHASES=1
+// one more run counts the tensor-core decode attention's cycles by phase (attention-decode-tc.ts).
 import { execSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -203,6 +204,21 @@ log(`decode   ${decodeTps.toFixed(2)} tok/s (${result.msPerDecodeStep.toFixed(2)
   `${result.launchesPerDecodeStep.toFixed(0)} launches/step) = ${gbps.toFixed(1)} GB/s of weights; ` +
   `copy bandwidth ${copyGBps.toFixed(0)} GB/s (${ceilingSource}) -> ratio ${result.decodeBandwidthRatio.toFixed(4)}`);
 log(`host     ${result.hostEnqueueMsPerDecodeStep.toFixed(2)} ms to enqueue a decode step`);
+
+// ---- the decode attention's phases ($LLMTS_CUDA_ATT_DEFINES=ATT_TC_PHASES=1): one more run, counted from its first token ----
+type PhaseRow = { phase: string; cycles: number; blocks: number };
+const att = backend as Backend & { attentionPhases?: () => Promise<PhaseRow[] | null>; resetAttentionPhases?: () => boolean };
+if (att.attentionPhases && att.resetAttentionPhases && (await att.attentionPhases()) !== null) {
+  await once(promptIds(promptTokens, 998), decodeTokens, () => att.resetAttentionPhases!());
+  const rows = (await att.attentionPhases())!;
+  (result as Record<string, unknown>).attentionPhases = rows;
+  save();
+  const block = rows.find((r) => r.phase === 'block')!;
+  log(`attention phases over ${block.blocks} blocks of ${decodeTokens - 1} decode steps (thread 0's clock64 cycles, mean a block that had the phase):`);
+  for (const r of rows) {
+    log(`  ${r.phase.padEnd(8)} ${(r.blocks ? r.cycles / r.blocks : 0).toFixed(0).padStart(8)} cycles  ${String(r.blocks).padStart(8)} blocks`);
+  }
+}
 
 // ---- device time per kernel over some decode steps ----
 const profileSteps = Number(values['profile-steps']);

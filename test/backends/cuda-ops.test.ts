@@ -14,7 +14,10 @@
 //   attention, bf16 fast paths (also P rounded to bf16 before P.V):  atol 4e-3, rtol 1e-2
 //   moeRoute weights (f32 softmax, f32 output):                     atol 1e-6, rtol 1e-5; experts exact
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import type { Activation, Backend, MoeRouting, StepLayout, Tensor } from '../../src/contracts/backend.ts';
@@ -641,6 +644,30 @@ describe('shape checks', { skip: SKIP }, () => {
 // extra columns), bf16 KV. The scale makes the softmax peaky (logit std ~2.7), so the outputs are
 // O(0.3) and sensitive to errors (with a flat softmax over many random keys they average to ~0).
 describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: SKIP }, () => {
+  it('attentionPhases: null unless the attention module is built with ATT_TC_PHASES=1; with it, bench/cuda-generate.ts counts the decode attention\'s blocks by phase (a child process)', async () => {
+    assert.equal(await cuda.attentionPhases(), null);
+    assert.equal(cuda.resetAttentionPhases(), false);
+    const dir = mkdtempSync(join(tmpdir(), 'llmts-att-phases-'));
+    try {
+      const json = join(dir, 'gen.json');
+      // the demo model: head dim 64, 3 query heads a kv head (the tensor-core kernel); 300 tokens of context split
+      const run = spawnSync(process.execPath, ['--import', 'tsx', 'bench/cuda-generate.ts', '--device', 'cuda', '--model', 'models/demo',
+        '--prompt-tokens', '300', '--decode-tokens', '8', '--repeats', '1', '--json', json],
+      { env: { ...process.env, LLMTS_CUDA_ATT_DEFINES: 'ATT_TC_PHASES=1' }, encoding: 'utf8', timeout: 300_000 });
+      assert.equal(run.status, 0, `${run.stdout.slice(-1000)}\n${run.stderr.slice(-2000)}`);
+      const rows = JSON.parse(readFileSync(json, 'utf8')).attentionPhases as { phase: string; cycles: number; blocks: number }[];
+      const by = Object.fromEntries(rows.map((r) => [r.phase, r]));
+      for (const p of ['wait', 'start', 'tiles', 'partial', 'merge', 'block']) {
+        assert.ok(by[p]!.blocks > 0 && by[p]!.cycles > 0, `phase ${p}: ${JSON.stringify(by[p])}`);
+      }
+      assert.ok(by.merge!.blocks < by.block!.blocks, 'only the last split of a token merges');
+      const parts = ['wait', 'start', 'tiles', 'partial', 'merge'].reduce((a, p) => a + by[p]!.cycles, 0);
+      assert.ok(parts <= by.block!.cycles, `the phases (${parts} cycles) within the blocks' whole (${by.block!.cycles})`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   interface Row { start: number; count: number }
   interface Case {
     D: number; H: number; KVH: number; BS: number;

@@ -45,6 +45,21 @@ const DECODE_TC_BODY = String.raw`
 #ifndef ATT_TC_MINB
 #define ATT_TC_MINB 3
 #endif
+// ATT_TC_PHASES=1 ($LLMTS_CUDA_ATT_DEFINES; a measurement, off by default): thread 0 of every block
+// counts clock64 cycles by phase and, at its end, adds them to att_tc_phases[phase] = {cycles,
+// blocks}: 0 the PDL wait (with ATT_TC_EARLY, the reads before it too), 1 the token's row, tables
+// and Q up to its first tile's wait, 2 the tiles, 3 the partial and the split counter, 4 the merge
+// (merging blocks only), 5 the whole block. The host reads them (CudaBackend.attentionPhases;
+// bench/cuda-generate.ts prints them): where the kernel's time goes inside a decode graph, which
+// Nsight Compute's kernel-alone replays cannot show.
+#ifndef ATT_TC_PHASES
+#define ATT_TC_PHASES 0
+#endif
+#if ATT_TC_PHASES
+#define ATT_TC_NPHASES 6
+extern "C" { __device__ unsigned long long att_tc_phases[ATT_TC_NPHASES][2]; }
+#endif
+
 // the block-table entry of key j of a row (-1 past k1 or past the table's width)
 __device__ __forceinline__ int att_tc_table_entry(const int* tab, int j, int k1, int BS, int bsShift, int MBR) {
   if (j >= k1) return -1;
@@ -73,6 +88,22 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   __shared__ int s_list[ATT_DEC_INLINE_T];
   __shared__ int s_wsum[32];
   __shared__ int s_last;
+#if ATT_TC_PHASES
+  __shared__ long long s_ph[ATT_TC_NPHASES + 1]; // cycles by phase; [NPHASES]: the last mark
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < ATT_TC_NPHASES; k++) s_ph[k] = 0;
+    s_ph[ATT_TC_NPHASES] = clock64();
+  }
+  const long long ph_start = s_ph[ATT_TC_NPHASES]; // thread 0's (the only one that reads it)
+#define ATT_TC_PHASE(k) do { if (threadIdx.x == 0) { const long long now_ = clock64(); \
+    s_ph[k] += now_ - s_ph[ATT_TC_NPHASES]; s_ph[ATT_TC_NPHASES] = now_; } } while (0)
+#else
+#define ATT_TC_PHASE(k) do {} while (0)
+#endif
+#if !ATT_TC_EARLY
+  PDL_ENTRY(); // (ATT_TC_TIMING_SKIP's wait is the kernel's own)
+  ATT_TC_PHASE(0);
+#endif
   // [stage][K tile, V tile] (NST 2 TILE elements); Q staged in the last stage before the key loop
   u16* const s_kv = (u16*)dyn_smem(); // the launch's dynamic shared memory
 
@@ -86,7 +117,10 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   // before the wait only what no kernel of the step writes: the step's rows, positions and block
   // tables (uploaded before the graph), and the error word; k_attn_plan's list is its output
   bool waited = planReady == 1;
-  if (waited) PDL_ENTRY();
+  if (waited) {
+    PDL_ENTRY();
+    ATT_TC_PHASE(0);
+  }
 #endif
   const int* list;
   const int n = att_decode_tokens(rows, T, plan, planReady, s_list, s_wsum, &list, false);
@@ -120,6 +154,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
       PDL_ENTRY();
       waited = true;
+      ATT_TC_PHASE(0);
     }
 #endif
     // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the last stage's K
@@ -172,6 +207,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     }
     att_cp_wait<NST - 1>(); // Q has landed (the tiles may still be in flight)
     __syncthreads();
+    ATT_TC_PHASE(1);
     unsigned qa[KST][4];
 #pragma unroll
     for (int k = 0; k < KST; k++) att_ldsm4(qa[k], s_q + (lane & 15) * LDS + k * 16 + (lane >> 4) * 8);
@@ -274,6 +310,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     }
 #undef ATT_TC_ISSUE
 #undef ATT_TC_TABLE
+    ATT_TC_PHASE(2);
 
     // rows g (and g + 8) of the group: this warp's dims; one split: the output, else a partial
 #pragma unroll
@@ -312,6 +349,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         if (s_last) counters[idx] = 0;
       }
       __syncthreads();
+      ATT_TC_PHASE(3);
       if (s_last) {
         __threadfence();
         // one pass over the splits, 4 outputs x 8 splits a thread with all their loads in flight
@@ -362,10 +400,22 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
             if (e < G * D) out[((i64)t * H + h0 + row) * D + d] = f2bf(L[u] > 0.0f ? O[u] / L[u] : 0.0f);
           }
         }
+        ATT_TC_PHASE(4);
       }
     }
     __syncthreads(); // the Q staging of the next token reuses the tiles
   }
+#if ATT_TC_PHASES
+  if (threadIdx.x == 0) {
+    s_ph[5] = clock64() - ph_start;
+    for (int k = 0; k < ATT_TC_NPHASES; k++) {
+      if (s_ph[k] == 0) continue; // a phase this block had none of (one split: no partial; no merge)
+      atomicAdd(&att_tc_phases[k][0], (unsigned long long)s_ph[k]);
+      atomicAdd(&att_tc_phases[k][1], 1ull);
+    }
+  }
+#endif
+#undef ATT_TC_PHASE
 }
 
 // ATT_TC_TIMING_SKIP=1: write zeros after the wait and return (wrong outputs): only for timing what
@@ -378,8 +428,8 @@ extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_
     const u16* vpool, const int* rows, const int* poss, const int* tables, int* plan, int planReady, u16* out, \
     float* part, float* partml, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window, float scale, \
     float softcap, int W, int* err, int* counters) { \
-  if (!ATT_TC_EARLY || ATT_TC_TIMING_SKIP) PDL_ENTRY(); \
   if (ATT_TC_TIMING_SKIP) { /* zeros, so that the step's logits stay finite */ \
+    PDL_ENTRY(); \
     if (blockIdx.x == 0) \
       for (i64 e = threadIdx.x; e < (i64)T * (H / KVH) * D; e += blockDim.x) { \
         const i64 tok = e / ((H / KVH) * D), rest = e - tok * (H / KVH) * D; \
@@ -393,6 +443,9 @@ extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_
 ATT_DECODE_TC_KERNEL(64)
 ATT_DECODE_TC_KERNEL(128)
 `;
+
+/** ATT_TC_PHASES' phases, in the order of the kernel's att_tc_phases rows */
+export const ATT_TC_PHASE_NAMES = ['wait', 'start', 'tiles', 'partial', 'merge', 'block'] as const;
 
 /**
  * Stages of the tensor-core decode kernel's key / value ring ($LLMTS_CUDA_ATT_TC_STAGES, 2-4; default

@@ -29,6 +29,7 @@ import type { GraphProfile } from './graph-profiler.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
 import { type GemmType, LtGemm, type TuneRecord } from './gemm.ts';
 import { ATT_COUNTERS } from './attention.ts';
+import { ATT_TC_PHASE_NAMES } from './attention-decode-tc.ts';
 import type { KernelName } from './kernels.ts';
 import type { DeviceSampleRow } from '../../contracts/device-sampling.ts';
 import { CudaRuntime, type KernelArg } from './runtime.ts';
@@ -630,6 +631,33 @@ export class CudaBackend implements Backend {
   addRmsnormQkvRope(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, qkv: Tensor,
     heads: QkvHeads, pos: Tensor, invFreq: Tensor, attentionScaling: number, kv: PagedKv, layout: StepLayout): { sum: Tensor; q: Tensor } {
     return this.fused.addRmsnormQkvRope(x, r, rScale, normW, eps, weightOffset, qkv, heads, pos, invFreq, attentionScaling, kv, layout);
+  }
+
+  /**
+   * The tensor-core decode attention's phase counters ($LLMTS_CUDA_ATT_DEFINES=ATT_TC_PHASES=1,
+   * attention-decode-tc.ts): each phase's cycles over the blocks that had it, and how many, since
+   * the module loaded or resetAttentionPhases; null where the module was compiled without them.
+   */
+  async attentionPhases(): Promise<{ phase: (typeof ATT_TC_PHASE_NAMES)[number]; cycles: number; blocks: number }[] | null> {
+    this.assertOpen('attentionPhases');
+    await this.rt.moduleReady('k_attn_decode_tc_d128');
+    const g = this.rt.moduleGlobal('attention', 'att_tc_phases');
+    if (!g) return null;
+    const words = new BigUint64Array((await this.readback.readDevice(g.addr, g.bytes)).buffer);
+    return ATT_TC_PHASE_NAMES.map((phase, k) => ({ phase, cycles: Number(words[2 * k]), blocks: Number(words[2 * k + 1]) }));
+  }
+
+  /**
+   * Zeroes the attention's phase counters (enqueued: work before it still counts; the attention
+   * module must be loaded); false where they are compiled out.
+   */
+  resetAttentionPhases(): boolean {
+    this.assertOpen('resetAttentionPhases');
+    this.assertNotCapturing('resetAttentionPhases');
+    const g = this.rt.moduleGlobal('attention', 'att_tc_phases');
+    if (!g) return false;
+    check(this.rt.d.cuMemsetD8Async(g.addr, 0, g.bytes, this.rt.stream), 'zeroing the attention phases');
+    return true;
   }
 
   argmax(x: Tensor): Tensor {

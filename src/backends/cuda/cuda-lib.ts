@@ -131,6 +131,8 @@ export interface Driver {
   cuModuleLoadData(out: BigUint64Array, image: Uint8Array): number;
   cuModuleUnload(m: P): number;
   cuModuleGetFunction(out: BigUint64Array, m: P, name: string): number;
+  /** a module's __device__ variable: its address and size */
+  cuModuleGetGlobal_v2(dptr: BigUint64Array, bytes: BigUint64Array, m: P, name: string): number;
   cuLaunchKernel(f: P, gx: number, gy: number, gz: number, bx: number, by: number, bz: number, shmem: number, s: P,
     params: P, extra: P): number;
   /** config: the address of a CUlaunchConfig in host memory (pdl.ts writes it) */
@@ -259,6 +261,7 @@ export function loadDriver(): Driver {
       cuModuleLoadData: 'int cuModuleLoadData(void *, const void *)',
       cuModuleUnload: `int cuModuleUnload(${u64})`,
       cuModuleGetFunction: `int cuModuleGetFunction(void *, ${u64}, const char *)`,
+      cuModuleGetGlobal_v2: `int cuModuleGetGlobal_v2(void *, void *, ${u64}, const char *)`,
       cuLaunchKernel: `int cuLaunchKernel(${u64}, unsigned int, unsigned int, unsigned int, unsigned int, ` +
         `unsigned int, unsigned int, unsigned int, ${u64}, ${u64}, ${u64})`,
       cuLaunchKernelEx: `int cuLaunchKernelEx(${u64}, ${u64}, ${u64}, ${u64})`,

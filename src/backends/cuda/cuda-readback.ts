@@ -80,6 +80,18 @@ export class CudaReadback {
     }
   }
 
+  /** `bytes` at device address `src` once everything enqueued before has run (a measurement's counters). */
+  async readDevice(src: number, bytes: number): Promise<Uint8Array> {
+    this.c.assertOpen('readDevice');
+    this.c.assertNotCapturing('readDevice');
+    const pin = await this.fetch(src, bytes);
+    try {
+      return new Uint8Array(pin.view.buffer, pin.view.byteOffset, bytes).slice();
+    } finally {
+      this.returnPinned(pin);
+    }
+  }
+
   /** Waits for everything enqueued so far; rejects on a kernel error (Backend.sync). */
   async waitStream(): Promise<void> {
     this.returnPinned(await this.fetch(0, 0));

@@ -26,6 +26,8 @@ import { envChoice } from '../common/env.ts';
 const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 /** CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: allowDynamicShared's opt-in past 48 KiB */
 const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+/** CUDA_ERROR_NOT_FOUND: cuModuleGetGlobal's answer for a name the module does not define */
+const CUDA_ERROR_NOT_FOUND = 500;
 
 /** A kernel argument: device pointer / 64-bit int ('p'), 32-bit int ('i'), f32 ('f'). */
 export type KernelArg = ['p' | 'i' | 'f', number];
@@ -249,6 +251,20 @@ export class CudaRuntime {
       check(this.d.cuModuleGetFunction(f, slot.handle, name), `cuModuleGetFunction(${name})`);
       this.fns.set(name, num(f));
     }
+  }
+
+  /**
+   * The device address and size of module `moduleName`'s `__device__` variable `symbol` (loaded
+   * modules only), or null where the module has none of that name (a measurement compiled out).
+   */
+  moduleGlobal(moduleName: string, symbol: string): { addr: number; bytes: number } | null {
+    const slot = this.slots.find((s) => s.name === moduleName);
+    if (!slot?.handle) throw new Error(`cuda backend: module ${moduleName} is not loaded`);
+    const dptr = out64(), bytes = out64();
+    const rc = this.d.cuModuleGetGlobal_v2(dptr, bytes, slot.handle, symbol);
+    if (rc === CUDA_ERROR_NOT_FOUND) return null;
+    check(rc, `cuModuleGetGlobal(${moduleName}, ${symbol})`);
+    return { addr: num(dptr), bytes: num(bytes) };
   }
 
   /** Resolves once every kernel module is loaded; rejects with the first module's failure. */

@@ -244,6 +244,9 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
 inline int atomicCAS(int* p, int cmp, int v) { const int old = *p; if (old == cmp) *p = v; return old; }
 inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { const unsigned long long old = *p; *p += v; return old; }
+// a cycle counter that only goes up (each read a tick later): phase timers run, their numbers mean nothing here
+inline long long clock64() { static long long ticks = 0; return ++ticks; }
 inline void __threadfence() {}
 
 // ---- the attention module's primitives (attention-kernels.ts ATTENTION_PRIMITIVES) ----------------
