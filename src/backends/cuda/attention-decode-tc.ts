@@ -101,7 +101,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 #define ATT_TC_PHASE(k) do {} while (0)
 #endif
 #if !ATT_TC_EARLY
-  PDL_ENTRY(); // (ATT_TC_TIMING_SKIP's wait is the kernel's own)
+  PDL_ENTRY(); // (with ATT_TC_TIMING_SKIP the kernel waits, writes zeros and returns before this)
   ATT_TC_PHASE(0);
 #endif
   // [stage][K tile, V tile] (NST 2 TILE elements); Q staged in the last stage before the key loop
