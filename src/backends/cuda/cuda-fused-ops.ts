@@ -15,7 +15,6 @@ import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
-import type { KernelArg } from './runtime.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
 
 /**
@@ -150,8 +149,8 @@ export class CudaFusedOps {
     const N = m.shape[0]!;
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
-    const fuse = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
-    const gemv = fuse ? gemvFusedChoice(T, N, D) : undefined;
+    const gemv = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvFusedChoice(T, N, D) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.c.matmul(normed, m, bias);
@@ -186,8 +185,8 @@ export class CudaFusedOps {
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const I = N2 / 2;
-    const applies = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset);
-    const fuse = applies ? gemvNormGluChoice(T, I, D) : undefined;
+    const fuse = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvNormGluChoice(T, I, D) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const y = this.gluPacked(f.y, act);

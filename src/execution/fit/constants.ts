@@ -150,9 +150,7 @@ export const CPU_ROW_OVERHEAD_MS: Constant = {
  * (native/isa.c GEMV_PAR_MIN_BYTES_DEFAULT, 1 MiB, or $LLMTS_GEMV_PAR_MIN_BYTES as the native
  * library reads it). A property of the code, not a measurement.
  */
-export function cpuGemvParallelMinBytes(): number {
-  return gemvParallelMinBytes();
-}
+export const cpuGemvParallelMinBytes = gemvParallelMinBytes;
 
 /** Policy: RAM left to the operating system and other processes when planning for a CPU. */
 export function cpuSystemReserveBytes(totalBytes: number): number {
