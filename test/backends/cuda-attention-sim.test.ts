@@ -133,7 +133,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     }
   });
 
-  it('tc: one long row on a bigger simulated GPU, 20 splits (the merge takes its partials 8 at a time)', () => {
+  it('tc: one long row on a bigger simulated GPU, 20 splits (the merge: 2 chunks of up to 18 splits through shared memory, 4 heads x 64 dims)', () => {
     // 16 SMs: 48 resident blocks, so one row of one kv head may take up to 96 splits of >= 128 keys
     const c: Case = { D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 2559 }], seed: 12 };
     const s = build(c);
@@ -143,8 +143,8 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     check('tc long row', c, 'tc', undefined, 16);
   });
 
-  it('tc: one row split 131 ways on a 64-SM simulated GPU, 16 heads (the merge: 17 chunks of 8 splits folded online, two passes of outputs a thread)', () => {
-    const c: Case = { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 16700 }], seed: 13, vOffset: 1 }; // 16 heads x 64 dims: two passes of outputs
+  it('tc: one row split 131 ways on a 64-SM simulated GPU, 16 heads (the merge: 33 chunks of 4 splits through shared memory folded online, two float4 columns a thread)', () => {
+    const c: Case = { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 16700 }], seed: 13, vOffset: 1 }; // 16 heads x 64 dims: 256 float4 columns, two a thread
     const s = build(c);
     const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
       maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 64);
@@ -163,8 +163,8 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       seed: 13 }, 'tc', undefined, SIM_SMS, early);
   });
 
-  it('tc with ATT_TC_PHASES=1 (the phase counters compiled in), alone and with early reads: the same results, splits merged and not', () => {
-    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=1']]) {
+  it('tc with ATT_TC_PHASES=1 (the phase counters compiled in), alone, with early reads and with ATT_TC_SYNC=1: the same results, splits merged and not', () => {
+    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=1'], ['ATT_TC_PHASES=1', 'ATT_TC_SYNC=1']]) {
       for (const [label, c] of cases) check(`${defines.join(' ')} ${label}`, c, 'tc', undefined, SIM_SMS, defines);
       check(`${defines.join(' ')} 40 rows`, { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })),
         seed: 8 }, 'tc', undefined, SIM_SMS, defines);

@@ -657,11 +657,11 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
       assert.equal(run.status, 0, `${run.stdout.slice(-1000)}\n${run.stderr.slice(-2000)}`);
       const rows = JSON.parse(readFileSync(json, 'utf8')).attentionPhases as { phase: string; cycles: number; blocks: number }[];
       const by = Object.fromEntries(rows.map((r) => [r.phase, r]));
-      for (const p of ['wait', 'start', 'tiles', 'partial', 'merge', 'block']) {
+      for (const p of ['wait', 'start', 'tiles', 'partial', 'fence', 'mload', 'mfold', 'block']) {
         assert.ok(by[p]!.blocks > 0 && by[p]!.cycles > 0, `phase ${p}: ${JSON.stringify(by[p])}`);
       }
-      assert.ok(by.merge!.blocks < by.block!.blocks, 'only the last split of a token merges');
-      const parts = ['wait', 'start', 'tiles', 'partial', 'merge'].reduce((a, p) => a + by[p]!.cycles, 0);
+      assert.ok(by.mfold!.blocks < by.block!.blocks, 'only the last split of a token merges');
+      const parts = ['wait', 'start', 'tiles', 'partial', 'fence', 'mload', 'mfold'].reduce((a, p) => a + by[p]!.cycles, 0);
       assert.ok(parts <= by.block!.cycles, `the phases (${parts} cycles) within the blocks' whole (${by.block!.cycles})`);
     } finally {
       rmSync(dir, { recursive: true, force: true });

@@ -48,15 +48,24 @@ const DECODE_TC_BODY = String.raw`
 // ATT_TC_PHASES=1 ($LLMTS_CUDA_ATT_DEFINES; a measurement, off by default): thread 0 of every block
 // counts clock64 cycles by phase and, at its end, adds them to att_tc_phases[phase] = {cycles,
 // blocks}: 0 the PDL wait (with ATT_TC_EARLY, the reads before it too), 1 the token's row, tables
-// and Q up to its first tile's wait, 2 the tiles, 3 the partial and the split counter, 4 the merge
-// (merging blocks only), 5 the whole block. The host reads them (CudaBackend.attentionPhases;
+// and Q up to its first tile's wait, 2 the tiles, 3 the partial and the split counter; merging
+// blocks only: 4 the reader's fence, 5 the merge's loads (issue to landed), 6 its folds and
+// writes; 7 the whole block. The host reads them (CudaBackend.attentionPhases;
 // bench/cuda-generate.ts prints them): where the kernel's time goes inside a decode graph, which
 // Nsight Compute's kernel-alone replays cannot show.
 #ifndef ATT_TC_PHASES
 #define ATT_TC_PHASES 0
 #endif
+// ATT_TC_SYNC ($LLMTS_CUDA_ATT_DEFINES): how a split hands its partial to the merging one. 0: every
+// thread fences its writes, tid 0 counts (atomicAdd), and the merging block's threads each fence
+// again before reading; 1: tid 0 alone, one atom.add.acq_rel.gpu after the block's barrier (its
+// release covers the block's writes, its acquire the others'; the barrier after it passes that on
+// to the block's threads: the PTX memory model's cumulativity).
+#ifndef ATT_TC_SYNC
+#define ATT_TC_SYNC 0
+#endif
 #if ATT_TC_PHASES
-#define ATT_TC_NPHASES 6
+#define ATT_TC_NPHASES 8
 extern "C" { __device__ unsigned long long att_tc_phases[ATT_TC_NPHASES][2]; }
 #endif
 
@@ -340,74 +349,103 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     }
     if (ns > 1 && counters) {
       // the last split of (token, kv head) to arrive merges them all
+#if ATT_TC_SYNC
+      __syncthreads(); // (tid 0's release below covers every thread's partial: cumulative through the barrier)
+#else
       __threadfence();
       __syncthreads();
+#endif
       if (tid == 0) {
         const int idx = i * KVH + kh;
-        const int prev = atomicAdd(counters + idx, 1);
+        const int prev = ATT_TC_SYNC ? att_atom_add_acq_rel(counters + idx, 1) : atomicAdd(counters + idx, 1);
         s_last = prev == ns - 1;
         if (s_last) counters[idx] = 0;
       }
       __syncthreads();
       ATT_TC_PHASE(3);
       if (s_last) {
+#if !ATT_TC_SYNC
         __threadfence();
-        // one pass over the splits, 4 outputs x 8 splits a thread with all their loads in flight
-        // (their maxima, sums and partials), folded online: at 5 splits one round trip, at 33 (4k
-        // context) five. (Before, a thread's outputs went one after another, a round trip each per
-        // 8 splits: 4 and 20, the merging block's tail a chain of them; a pass for the maxima and
-        // another for the sums cost two chains of dependent L2 reads.)
-        const i64 base0 = (i64)i * seff * H + h0; // (head h0 + row, split sp): base0 + sp H + row
-        for (int e0 = 0; e0 < G * D; e0 += 4 * NTH) {
-          float mx[4], L[4], O[4];
-#pragma unroll
-          for (int u = 0; u < 4; u++) mx[u] = NEG_INF, L[u] = O[u] = 0.0f;
-          for (int sp0 = 0; sp0 < ns; sp0 += 8) {
-            float mi[4][8], li[4][8], oi[4][8];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-              const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
-#pragma unroll
-              for (int v = 0; v < 8; v++) {
-                const bool ok = e < G * D && sp0 + v < ns;
-                const i64 ph = base0 + (i64)(sp0 + v) * H + row;
-                mi[u][v] = ok ? att_ldcg(partml + ph * 2) : NEG_INF;
-                li[u][v] = ok ? att_ldcg(partml + ph * 2 + 1) : 0.0f;
-                oi[u][v] = ok ? att_ldcg(part + ph * D + d) : 0.0f;
-              }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-              float bm = mx[u];
-#pragma unroll
-              for (int v = 0; v < 8; v++) bm = fmaxf(bm, mi[u][v]);
-              const float mu = bm == NEG_INF ? 0.0f : bm;
-              const float keep = exp2f(mx[u] - mu); // 0 while nothing is summed (mx = -inf)
-              L[u] *= keep;
-              O[u] *= keep;
-#pragma unroll
-              for (int v = 0; v < 8; v++) {
-                const float f = exp2f(mi[u][v] - mu);
-                L[u] += li[u][v] * f;
-                O[u] += oi[u][v] * f;
-              }
-              mx[u] = bm;
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < 4; u++) {
-            const int e = e0 + u * NTH + tid, row = e / D, d = e - row * D;
-            if (e < G * D) out[((i64)t * H + h0 + row) * D + d] = f2bf(L[u] > 0.0f ? O[u] / L[u] : 0.0f);
-          }
-        }
+#endif
         ATT_TC_PHASE(4);
+        // The partials come into shared memory by cp.async (the ring is free: no registers hold
+        // bytes in flight), CH splits at a time, with their maxima and sums beside them (in
+        // s_sc): one round trip a chunk, 2 at 33 splits (4k context, 2 stages, G = 4, d128).
+        // Then each thread folds its float4 columns of the group's G x D outputs over the
+        // chunk's splits, online. (Before: registers, 4 outputs x 8 splits a thread, with every
+        // split's maximum and sum loaded by every thread: measured on the H200 at 4k, the merge
+        // took 16.9k cycles, ~10 loaded round trips.)
+        enum { UM = D / 32, RING_F = NST * TILE }; // float4 columns a thread at G = 16; the ring in floats
+        const int GD = G * D, NC4 = GD / 4;
+        const int CH = min(RING_F / GD, 16 * (BK + 1) / (2 * G)); // >= 4 (G <= 16)
+        float* const s_part = (float*)s_kv;
+        float* const s_ml = &s_sc[0][0];
+        const i64 base0 = (i64)i * seff * H + h0; // (head h0 + row, split sp): base0 + sp H + row
+        float mx[UM], L[UM];
+        float4 O[UM];
+#pragma unroll
+        for (int u = 0; u < UM; u++) mx[u] = NEG_INF, L[u] = 0.0f, O[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int sp0 = 0; sp0 < ns; sp0 += CH) {
+          const int nc = min(CH, ns - sp0);
+          // split sp's G heads are G x D consecutive floats of part
+          for (int c = tid; c < nc * NC4; c += NTH) {
+            const int v = c / NC4, col = c - v * NC4;
+            att_cp16(s_part + c * 4, part + (base0 + (i64)(sp0 + v) * H) * D + col * 4, true);
+          }
+          att_cp_commit();
+          for (int p = tid; p < nc * G; p += NTH) {
+            const int v = p / G, row = p - v * G;
+            const i64 ph = base0 + (i64)(sp0 + v) * H + row;
+            const float pm = att_ldcg(partml + ph * 2), pl = att_ldcg(partml + ph * 2 + 1);
+            s_ml[2 * p] = pm;
+            s_ml[2 * p + 1] = pl;
+          }
+          att_cp_wait<0>();
+          __syncthreads();
+          ATT_TC_PHASE(5);
+#pragma unroll
+          for (int u = 0; u < UM; u++) {
+            const int col = tid + u * NTH, row = col * 4 / D;
+            if (col >= NC4) continue;
+            float bm = mx[u];
+            for (int v = 0; v < nc; v++) bm = fmaxf(bm, s_ml[2 * (v * G + row)]);
+            const float mu = bm == NEG_INF ? 0.0f : bm;
+            const float keep = exp2f(mx[u] - mu); // 0 while nothing is summed (mx = -inf)
+            float l = L[u] * keep;
+            float4 o = make_float4(O[u].x * keep, O[u].y * keep, O[u].z * keep, O[u].w * keep);
+            for (int v = 0; v < nc; v++) {
+              const float f = exp2f(s_ml[2 * (v * G + row)] - mu);
+              const float4 pv = *(const float4*)(s_part + (v * NC4 + col) * 4);
+              l += s_ml[2 * (v * G + row) + 1] * f;
+              o.x += pv.x * f;
+              o.y += pv.y * f;
+              o.z += pv.z * f;
+              o.w += pv.w * f;
+            }
+            mx[u] = bm;
+            L[u] = l;
+            O[u] = o;
+          }
+          __syncthreads(); // the chunk's buffers are free for the next
+          ATT_TC_PHASE(6);
+        }
+#pragma unroll
+        for (int u = 0; u < UM; u++) {
+          const int col = tid + u * NTH, row = col * 4 / D, d = col * 4 - row * D;
+          if (col >= NC4) continue;
+          const float inv = L[u] > 0.0f ? 1.0f / L[u] : 0.0f;
+          unsigned* dst = (unsigned*)(out + ((i64)t * H + h0 + row) * D + d);
+          dst[0] = att_pack2(O[u].x * inv, O[u].y * inv);
+          dst[1] = att_pack2(O[u].z * inv, O[u].w * inv);
+        }
+        ATT_TC_PHASE(6);
       }
     }
     __syncthreads(); // the Q staging of the next token reuses the tiles
   }
 #if ATT_TC_PHASES
   if (threadIdx.x == 0) {
-    s_ph[5] = clock64() - ph_start;
+    s_ph[ATT_TC_NPHASES - 1] = clock64() - ph_start;
     for (int k = 0; k < ATT_TC_NPHASES; k++) {
       if (s_ph[k] == 0) continue; // a phase this block had none of (one split: no partial; no merge)
       atomicAdd(&att_tc_phases[k][0], (unsigned long long)s_ph[k]);
@@ -445,7 +483,7 @@ ATT_DECODE_TC_KERNEL(128)
 `;
 
 /** ATT_TC_PHASES' phases, in the order of the kernel's att_tc_phases rows */
-export const ATT_TC_PHASE_NAMES = ['wait', 'start', 'tiles', 'partial', 'merge', 'block'] as const;
+export const ATT_TC_PHASE_NAMES = ['wait', 'start', 'tiles', 'partial', 'fence', 'mload', 'mfold', 'block'] as const;
 
 /**
  * Stages of the tensor-core decode kernel's key / value ring ($LLMTS_CUDA_ATT_TC_STAGES, 2-4; default

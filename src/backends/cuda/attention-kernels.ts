@@ -122,6 +122,12 @@ __device__ __forceinline__ float att_ldcg(const float* p) {
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
+// atomic add at gpu scope with acquire and release semantics (the old value)
+__device__ __forceinline__ int att_atom_add_acq_rel(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 // 16-byte read-only global load
 __device__ __forceinline__ uint4 att_ldg16(const void* p) {
   uint4 v;

@@ -338,6 +338,7 @@ inline unsigned att_pack2(float lo, float hi) {
 }
 inline uint4 att_ldg16(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
 inline float att_ldcg(const float* p) { return *p; }
+inline int att_atom_add_acq_rel(int* p, int v) { return atomicAdd(p, v); }
 
 // The kernels.ts prelude (KERNEL_PRELUDE) follows this header in every simulator program: it
 // defines u16, i64, bf2f, f2bf, report, PDL_ENTRY (empty without __CUDA_ARCH__), activate and
