@@ -65,6 +65,15 @@ const DECODE_TC_BODY = String.raw`
 #ifndef ATT_TC_SYNC
 #define ATT_TC_SYNC 1
 #endif
+// Code size: at one row every block runs the kernel once on an SM whose instruction caches the
+// step's other kernels have since filled, so each instruction of its path is fetched anew, a round
+// trip a cache line, in the chain. Measured on the H200 (session 11, ATT_TC_PHASES): the merge's
+// fold of 5 splits took 4.5k cycles its first time and 1.5k when run again at once; with the copy
+// loops and the folds not unrolled (SASS of d128: 2.5k instructions, not 6.2k) the fold took 1.7k
+// and B=1 at 512 ran 0.7% faster, but at 4k context (folds of 17 splits, the merge's copies of 17
+// a thread) 1% slower. Kept: the tiles' and Q's copy-issue loops rolled (3.6k instructions); the
+// merge's loops unrolled by 4 (rolled up to 8 splits measured the same: 231.1 tok/s at 512, 218.0
+// at 4k, either way).
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8
 extern "C" { __device__ unsigned long long att_tc_phases[ATT_TC_NPHASES][2]; }
@@ -75,6 +84,39 @@ __device__ __forceinline__ int att_tc_table_entry(const int* tab, int j, int k1,
   if (j >= k1) return -1;
   const int lb = att_block_of(j, BS, bsShift);
   return lb < MBR ? tab[lb] : -1;
+}
+
+// The merge's fold of a chunk of nc splits (their partials in s_part, split-major, G x D floats
+// each; their maxima and sums in s_ml, (split, row) pairs) into this thread's float4 columns
+// tid + u 128 of the group's outputs, online
+template <int UM>
+__device__ __forceinline__ void att_tc_fold(const float* s_part, const float* s_ml, int nc, int G, int NC4, int D,
+    float* mx, float* L, float4* O) {
+#pragma unroll
+  for (int u = 0; u < UM; u++) {
+    const int col = threadIdx.x + u * 128, row = col * 4 / D;
+    if (col >= NC4) continue;
+    float bm = mx[u];
+#pragma unroll 4
+    for (int v = 0; v < nc; v++) bm = fmaxf(bm, s_ml[2 * (v * G + row)]);
+    const float mu = bm == NEG_INF ? 0.0f : bm;
+    const float keep = exp2f(mx[u] - mu); // 0 while nothing is summed (mx = -inf)
+    float l = L[u] * keep;
+    float4 o = make_float4(O[u].x * keep, O[u].y * keep, O[u].z * keep, O[u].w * keep);
+#pragma unroll 4
+    for (int v = 0; v < nc; v++) {
+      const float f = exp2f(s_ml[2 * (v * G + row)] - mu);
+      const float4 pv = *(const float4*)(s_part + (v * NC4 + col) * 4);
+      l += s_ml[2 * (v * G + row) + 1] * f;
+      o.x += pv.x * f;
+      o.y += pv.y * f;
+      o.z += pv.z * f;
+      o.w += pv.w * f;
+    }
+    mx[u] = bm;
+    L[u] = l;
+    O[u] = o;
+  }
 }
 
 template <int D>
@@ -170,6 +212,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     // Q: the group's heads as rows 0 .. G-1 of a 16-row tile, staged through the last stage's K
     // buffer (the first tiles go to the others meanwhile: Q and they travel together)
     u16* const s_q = s_kv + (NST - 1) * 2 * TILE;
+#pragma unroll 1
     for (int c = tid; c < 16 * NCH; c += NTH) {
       const int qi = c / NCH, ch = c - qi * NCH;
       const bool ok = qi < G;
@@ -199,6 +242,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       } \
       __syncthreads(); \
       u16* kd_ = s_kv + st_ * 2 * TILE; \
+      _Pragma("unroll 1") \
       for (int c_ = tid; c_ < BK * NCH; c_ += NTH) { \
         const int kr_ = c_ / NCH, ch_ = c_ - kr_ * NCH, sl_ = s_slot[st_][kr_]; \
         const i64 off_ = (i64)(sl_ >= 0 ? sl_ : 0) * rs + ch_ * 8; \
@@ -404,29 +448,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
           att_cp_wait<0>();
           __syncthreads();
           ATT_TC_PHASE(5);
-#pragma unroll
-          for (int u = 0; u < UM; u++) {
-            const int col = tid + u * NTH, row = col * 4 / D;
-            if (col >= NC4) continue;
-            float bm = mx[u];
-            for (int v = 0; v < nc; v++) bm = fmaxf(bm, s_ml[2 * (v * G + row)]);
-            const float mu = bm == NEG_INF ? 0.0f : bm;
-            const float keep = exp2f(mx[u] - mu); // 0 while nothing is summed (mx = -inf)
-            float l = L[u] * keep;
-            float4 o = make_float4(O[u].x * keep, O[u].y * keep, O[u].z * keep, O[u].w * keep);
-            for (int v = 0; v < nc; v++) {
-              const float f = exp2f(s_ml[2 * (v * G + row)] - mu);
-              const float4 pv = *(const float4*)(s_part + (v * NC4 + col) * 4);
-              l += s_ml[2 * (v * G + row) + 1] * f;
-              o.x += pv.x * f;
-              o.y += pv.y * f;
-              o.z += pv.z * f;
-              o.w += pv.w * f;
-            }
-            mx[u] = bm;
-            L[u] = l;
-            O[u] = o;
-          }
+          att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
           __syncthreads(); // the chunk's buffers are free for the next
           ATT_TC_PHASE(6);
         }
