@@ -6,10 +6,11 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the GEMV margin behind attention as it
-# was before session 9, and the attention's reads before its PDL wait; session 6's switches were
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the decode attention's ring at 3 and
+# 4 stages, its shortest split at 64 keys, and the rope epilogue in the q/k/v GEMV: each measured no
+# faster before session 11 cut the attention's merge and code; session 6's switches were
 # flush-write:LLMTS_CUDA_TUNE_FLUSH=write tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1
-# glu-off:LLMTS_CUDA_GLU_EPILOGUE=off rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on).
+# glu-off:LLMTS_CUDA_GLU_EPILOGUE=off; session 10's margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
 # /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
 # with MODEL_DIR=models/demo tests the plumbing).
@@ -17,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1 tc-early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1"}
+VARIANTS=${VARIANTS:-"st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 mc64:LLMTS_CUDA_ATT_TC_MIN_CHUNK=64 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 make_model "$OUT/make-model.log" || exit 1
