@@ -24,10 +24,11 @@
 //       its quarter of the head dims. No cross-warp merge at the end: each warp writes its dims.
 //       Registers: the Q fragments (D/16 x 4), a quarter of O (D/32 x 4) and a few scores.
 //       With `counters` (attention.ts: always, up to ATT_COUNTERS tokens x kv heads) a split token
-//       needs no k_attn_combine: each split writes its partial, fences, and counts itself in
-//       counters[token, kv head]; the split that counts last merges the partials of the group's
-//       heads and writes the output, and sets the counter back to 0 for the next call (a graph
-//       replays the same buffer). At one row that saves a dependent launch per layer.
+//       needs no k_attn_combine: each split writes its partial and counts itself in
+//       counters[token, kv head] (ATT_TC_SYNC); the split that counts last merges the partials of
+//       the group's heads (through the ring, a chunk of splits a round trip) and writes the
+//       output, and sets the counter back to 0 for the next call (a graph replays the same
+//       buffer). At one row that saves a dependent launch per layer.
 import { envInt } from '../common/env.ts';
 
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
@@ -40,7 +41,7 @@ const DECODE_TC_BODY = String.raw`
 #define ATT_TC_EARLY 0
 #endif
 // Resident blocks an SM the kernel is compiled for (attention.ts plans its slots in waves of
-// TC_DECODE_RESIDENT = 3): caps it at 168 registers (d128 takes 166 with nvcc 13 for sm_90, no spills), so growth
+// TC_DECODE_RESIDENT = 3): caps it at 168 registers (d128 takes 128 with nvcc 13 for sm_90, no spills), so growth
 // spills instead of silently dropping to 2 blocks an SM and breaking the plan's waves.
 #ifndef ATT_TC_MINB
 #define ATT_TC_MINB 3
