@@ -105,6 +105,12 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 #ifndef ROPE_EARLY
 #define ROPE_EARLY 1
 #endif
+// ROPE_V_EARLY=1 (the default; =0 for the old order, to measure it): a k head's block loads the
+// thread's first value of its v head beside its key, not where it stores it: one round trip of the
+// kernel's chain less (session 11; simulator-checked bit for bit, not yet timed on the GPU).
+#ifndef ROPE_V_EARLY
+#define ROPE_V_EARLY 1
+#endif
 #ifndef ROPE_TIMING_SKIP
 #define ROPE_TIMING_SKIP 0
 #endif
@@ -134,6 +140,11 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
   if (ROPE_TIMING_SKIP) return;
   const i64 W = (i64)(H + 2 * KVH) * D;
   const i64 src = (i64)t * W + (i64)hh * D; // q heads, then k heads: head hh starts at hh * D
+  const int kh = hh - H;
+  // a k head's block also copies its v head (ROPE_V_EARLY: the thread's first value travels with its key)
+  const i64 vsrc = (i64)t * W + (i64)(H + KVH + kh) * D;
+  const bool vEarly = ROPE_V_EARLY && !isQ && (int)threadIdx.x < D;
+  const float v0 = vEarly ? ld(qkv, xdt, vsrc + threadIdx.x) : 0.0f;
   for (int d = threadIdx.x; d < D; d += blockDim.x) xs[d] = ld(qkv, xdt, src + d);
   const void* nw = isQ ? qnw : knw;
   if (nw) {
@@ -148,7 +159,6 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
   const float p = (float)pos[t];
   const int slot = isQ ? -1 : slots[t];
 #endif
-  const int kh = hh - H;
   if (!isQ && slot >= numSlots) {
     if (threadIdx.x == 0) report(err, 2, t, slot, (int)numSlots);
   }
@@ -178,7 +188,7 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     } else if (write) {
       const i64 dst = ((i64)slot * KVH + kh) * D + d;
       st(kpool, pdt, dst, bf2f(yb));
-      st(vpool, pdt, dst, ld(qkv, xdt, (i64)t * W + (i64)(H + KVH + kh) * D + d));
+      st(vpool, pdt, dst, vEarly && d == (int)threadIdx.x ? v0 : ld(qkv, xdt, vsrc + d));
     }
   }
 }
