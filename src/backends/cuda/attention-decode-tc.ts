@@ -136,6 +136,8 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     NST = ATT_TC_STAGES
   };
   ATT_STATIC_ASSERT(D % 64 == 0 && D <= 128 && 16 * LDS <= 2 * TILE && NST >= 2 && NST <= 4, att_decode_tc_tile);
+  // the merge's chunks through the ring: at least 4 splits of a 16-head group's partials (f32)
+  ATT_STATIC_ASSERT(NST * TILE >= 4 * 16 * D, att_decode_tc_merge_chunk);
   __shared__ float s_sc[16][BK + 1];        // the tile's scores (log2 domain), rows = heads of the group
   __shared__ int s_slot[NST][BK];            // KV slot of each key of a stage's tile, -1: none
   __shared__ int s_list[ATT_DEC_INLINE_T];
