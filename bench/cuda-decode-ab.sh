@@ -10,7 +10,9 @@
 # 4 stages, its shortest split at 64 keys, and the rope epilogue in the q/k/v GEMV: each measured no
 # faster before session 11 cut the attention's merge and code; and rope's v loads where they were
 # before session 11, which has not been timed; the attention's reads before its PDL wait (+0.0-0.5% in
-# sessions 7, 8 and 11); session 6's switches were
+# sessions 7, 8 and 11); and 4 stages with 256-key splits (at 4k half the splits, so the merging
+# block pulls half the partials, 33 KB, through its SM, with 8 tiles a split in flight four at a
+# time); session 6's switches were
 # flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off; session 10's margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
 # /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
@@ -19,7 +21,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 mc64:LLMTS_CUDA_ATT_TC_MIN_CHUNK=64 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1"}
+VARIANTS=${VARIANTS:-"st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 mc64:LLMTS_CUDA_ATT_TC_MIN_CHUNK=64 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1 st4-mc256:LLMTS_CUDA_ATT_TC_STAGES=4,LLMTS_CUDA_ATT_TC_MIN_CHUNK=256"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 make_model "$OUT/make-model.log" || exit 1
