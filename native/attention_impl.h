@@ -7,21 +7,51 @@
 
 #include "vec_isa.h"
 
-// q . k over D: two vector chains, one horizontal sum.
-SIMD_INLINE float FN(dot)(const float *q, const float *k, int64_t D) {
-  VF a0 = (VF){0}, a1 = (VF){0};
+// Lane i of the result = the sum of a[i]'s lanes, for i < VW: a transposing reduction (log2 VW
+// levels, each adding two shuffles of a pair of vectors, keys' partial sums halving in width), where
+// VW separate horizontal sums would cost log2 VW shuffles and adds each. Level with L lanes a key
+// (h = L / 2): lo[o] = (o / h) L + o % h of the pair (u, v), hi[o] = lo[o] + h.
+SIMD_INLINE VF FN(pair)(VF u, VF v, VI lo, VI hi) { return __builtin_shuffle(u, v, lo) + __builtin_shuffle(u, v, hi); }
+SIMD_INLINE VF FN(hsum_each)(VF *a) {
+#if VW == 16
+  for (int i = 0; i < 8; i++)
+    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                     (VI){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  for (int i = 0; i < 4; i++)
+    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                     (VI){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  for (int i = 0; i < 2; i++)
+    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                     (VI){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
+  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+                   (VI){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+#elif VW == 8
+  for (int i = 0; i < 4; i++)
+    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 8, 9, 10, 11}, (VI){4, 5, 6, 7, 12, 13, 14, 15});
+  for (int i = 0; i < 2; i++)
+    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5, 8, 9, 12, 13}, (VI){2, 3, 6, 7, 10, 11, 14, 15});
+  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6, 8, 10, 12, 14}, (VI){1, 3, 5, 7, 9, 11, 13, 15});
+#else
+  for (int i = 0; i < 2; i++) a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5}, (VI){2, 3, 6, 7});
+  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6}, (VI){1, 3, 5, 7});
+#endif
+}
+
+// s[i] = q . k[i][0..D) for i < VW (every k[i] readable): the VW keys' products accumulate in VW
+// vectors, q loaded once a step for all of them, then one transposing reduction.
+SIMD_INLINE void FN(dots)(const float *q, const float *const *k, int64_t D, float *s) {
+  VF acc[VW];
+#pragma GCC unroll 16
+  for (int i = 0; i < VW; i++) acc[i] = (VF){0};
   int64_t d = 0;
-  for (; d + 2 * VW <= D; d += 2 * VW) {
-    a0 += FN(vload)(q + d) * FN(vload)(k + d);
-    a1 += FN(vload)(q + d + VW) * FN(vload)(k + d + VW);
+  for (; d + VW <= D; d += VW) {
+    const VF qv = FN(vload)(q + d);
+#pragma GCC unroll 16
+    for (int i = 0; i < VW; i++) acc[i] += qv * FN(vload)(k[i] + d);
   }
-  if (d + VW <= D) {
-    a0 += FN(vload)(q + d) * FN(vload)(k + d);
-    d += VW;
-  }
-  float s = FN(vhsum)(a0 + a1);
-  for (; d < D; d++) s += q[d] * k[d];
-  return s;
+  FN(vstore)(s, FN(hsum_each)(acc));
+  for (; d < D; d++)
+    for (int i = 0; i < VW; i++) s[i] += q[d] * k[i][d];
 }
 
 // o[0..D) += sum_jj e[jj] * v[jj][0..D): blocks of 4 vectors of o stay in registers across keys.
@@ -81,17 +111,23 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
         __builtin_prefetch((const char *)vrow[jj] + b);
       }
     }
+    _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
+    for (int64_t jj = n; jj < CHUNK; jj++) krow[jj] = krow[0]; // a short chunk's spare lanes: read, then dropped
     for (int64_t g = 0; g < G; g++) {
       float *sg = s + g * CHUNK;
-      for (int64_t jj = 0; jj < n; jj++) sg[jj] = FN(dot)(q + g * D, krow[jj], D) * a->scale;
+      // the whole chunk's lanes (CHUNK, a multiple of VW) in vector steps; lanes >= n end as 0
+      for (int64_t j = 0; j < CHUNK; j += VW) FN(dots)(q + g * D, krow + j, D, sg + j);
+      for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] *= a->scale;
       if (a->softcap > 0.0f)
-        for (int64_t jj = 0; jj < n; jj++) sg[jj] = a->softcap * fast_tanhf(sg[jj] / a->softcap);
+        for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = a->softcap * fast_tanhf(sg[jj] / a->softcap);
       float mx = m[g];
       for (int64_t jj = 0; jj < n; jj++) mx = sg[jj] > mx ? sg[jj] : mx;
       const float alpha = fast_expf(m[g] - mx); // ~0 on the first chunk (m = -inf)
-      for (int64_t jj = 0; jj < n; jj++) sg[jj] = fast_expf(sg[jj] - mx);
-      float sum = 0.0f;
-      for (int64_t jj = 0; jj < n; jj++) sum += sg[jj];
+      for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = fast_expf(sg[jj] - mx);
+      for (int64_t jj = n; jj < CHUNK; jj++) sg[jj] = 0.0f;
+      VF acc = FN(vload)(sg);
+      for (int64_t j = VW; j < CHUNK; j += VW) acc += FN(vload)(sg + j);
+      const float sum = FN(vhsum)(acc);
       l[g] = l[g] * alpha + sum;
       m[g] = mx;
       if (alpha != 1.0f)
