@@ -4,9 +4,13 @@
 // [max(0, p - window + 1), p] (window 0 = no limit), key j living in physical block
 // blockTables[r][j / blockSize] at offset j % blockSize. Query head h reads KV head
 // h / (H / kvHeads). Scores = scale * q.k, optionally cap * tanh(s / cap), then an online
-// (chunked) softmax in f32. Work items are (token, kv head): the G query heads sharing a KV head
+// (chunked) softmax in f32. Work items are (block, kv head): the G query heads sharing a KV head
 // are done together, so a chunk of key/value rows is fetched from memory once for all of them (and
-// re-read from L1/L2 per head). No gather copy: keys are read in place through the block table.
+// re-read from L1/L2 per head). A block is a lone token (decode: attend, each chunk's 16 dot
+// products reduced together) or up to ATTN_QB consecutive tokens of one row (a prefill chunk:
+// attend_block gathers and transposes each chunk of keys once for all its tokens' heads, whose
+// scores are then broadcast multiply-adds into whole vectors; 1.6x on a 512-token prefill, see
+// BENCHMARKS.md). No gather copy of the pool: keys are read in place through the block table.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +22,7 @@
 #include "simd.h"
 
 #define CHUNK 16 // keys per softmax rescale
+#define ATTN_QB 16 // query tokens of one row attended together (attend_block)
 
 typedef struct {
   const float *q;              // [T, H, D]
@@ -99,19 +104,37 @@ static int exec_attention(const llm_cmd *c) {
       .window = c->i[15], .scale = (float)c->f[0], .softcap = (float)c->f[1],
   };
   if (validate(&a)) return -1;
-  const int64_t items = a.T * a.KVH, G = a.H / a.KVH;
+  // work items: (block, kv head), a block being up to ATTN_QB consecutive tokens of one row (a
+  // prefill chunk's tokens share each gathered chunk of keys) or a lone token (decode)
+  int64_t *block = malloc((size_t)(a.T + 1) * sizeof(int64_t)), nblocks = 0;
+  if (!block) return llm_fail("attention: out of memory for %lld tokens", (long long)a.T);
+  for (int64_t t = 0; t < a.T;) {
+    const int64_t t0 = t++;
+    while (t < a.T && t - t0 < ATTN_QB && a.row[t] == a.row[t0]) t++;
+    block[nblocks++] = t0;
+  }
+  block[nblocks] = a.T;
+  const int64_t items = nblocks * a.KVH, G = a.H / a.KVH;
   const int isa = llm_isa();
 #pragma omp parallel
   {
-    float *scratch = malloc((size_t)(G * CHUNK + 2 * G) * sizeof(float) + 2 * CHUNK * sizeof(float *));
+    float *scratch = malloc((size_t)(a.D * CHUNK + CHUNK + 2 * ATTN_QB * G) * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
-      if (isa == ISA_AVX512) attend_avx512(&a, it / a.KVH, it % a.KVH, scratch);
-      else if (isa == ISA_AVX2) attend_avx2(&a, it / a.KVH, it % a.KVH, scratch);
-      else attend_generic(&a, it / a.KVH, it % a.KVH, scratch);
+      const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
+      if (nq == 1) {
+        if (isa == ISA_AVX512) attend_avx512(&a, t0, kh, scratch);
+        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch);
+        else attend_generic(&a, t0, kh, scratch);
+      } else {
+        if (isa == ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch);
+        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch);
+        else attend_block_generic(&a, t0, nq, kh, scratch);
+      }
     }
     free(scratch);
   }
+  free(block);
   return 0;
 }
 

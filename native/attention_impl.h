@@ -82,63 +82,152 @@ SIMD_INLINE void FN(accumulate)(float *o, const float *e, const float *const *v,
     for (int64_t d = d0; d < D; d++) o[d] += e[jj] * v[jj][d];
 }
 
-// Scores, softmax and weighted values for token t, kv head kh.
-// scratch: G*CHUNK scores + 2*G running max/sum floats, then 2*CHUNK row pointers.
+// The key and value rows [j0, j0 + n) of kv head kh through a row's block table, prefetched:
+// consecutive keys of one kv head sit a page apart in the pool ([.., slot, kvHeads, D]), so
+// hardware prefetchers do not follow them; ask for the whole chunk up front instead of taking one
+// miss per row.
+SIMD_INLINE void FN(chunk_rows)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
+                                const float **krow, const float **vrow) {
+  const int64_t D = a->D;
+  for (int64_t jj = 0; jj < n; jj++) {
+    const int64_t j = j0 + jj, off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
+    krow[jj] = a->kpool + off * D;
+    vrow[jj] = a->vpool + off * D;
+    for (int64_t b = 0; b < D * 4; b += 64) {
+      __builtin_prefetch((const char *)krow[jj] + b);
+      __builtin_prefetch((const char *)vrow[jj] + b);
+    }
+  }
+}
+
+// One query row's online-softmax step over a chunk: sg[0..CHUNK) its raw q.k scores, of which
+// lanes [lo, hi) are its keys (the others get weight 0); m, l and o[0..D) updated.
+SIMD_INLINE void FN(chunk_update)(const attn_args *a, float *sg, int64_t lo, int64_t hi, float *m, float *l, float *o,
+                                  const float *const *vrow) {
+  const int64_t D = a->D;
+  for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] *= a->scale;
+  if (a->softcap > 0.0f)
+    for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = a->softcap * fast_tanhf(sg[jj] / a->softcap);
+  // the chunk's maximum over its keys' lanes (the others -inf for it), in vector steps
+  for (int64_t jj = 0; jj < lo; jj++) sg[jj] = -INFINITY;
+  for (int64_t jj = hi; jj < CHUNK; jj++) sg[jj] = -INFINITY;
+  VF mv = FN(vload)(sg);
+  for (int64_t j = VW; j < CHUNK; j += VW) mv = FN(vmax)(mv, FN(vload)(sg + j));
+  const float cm = FN(vhmax)(mv), mx = cm > *m ? cm : *m;
+  const float alpha = mx == *m ? 1.0f : fast_expf(*m - mx); // ~0 on the first chunk (m = -inf)
+  for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = fast_expf(sg[jj] - mx);
+  for (int64_t jj = 0; jj < lo; jj++) sg[jj] = 0.0f;
+  for (int64_t jj = hi; jj < CHUNK; jj++) sg[jj] = 0.0f;
+  VF acc = FN(vload)(sg);
+  for (int64_t j = VW; j < CHUNK; j += VW) acc += FN(vload)(sg + j);
+  *l = *l * alpha + FN(vhsum)(acc);
+  *m = mx;
+  if (alpha != 1.0f)
+    for (int64_t d = 0; d < D; d++) o[d] *= alpha;
+  FN(accumulate)(o, sg, vrow, hi, D);
+}
+
+// Scores, softmax and weighted values for token t, kv head kh (a decode token, or a row's only
+// token of the step). scratch: CHUNK scores + 2*G running max/sum floats.
 static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch) {
   const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
   const int64_t start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
   const int32_t *table = a->tables + (int64_t)a->row[t] * a->MBR;
   const float *q = a->q + (t * a->H + kh * G) * D; // G heads, contiguous
   float *o = a->out + (t * a->H + kh * G) * D;     // accumulated in place
-  float *s = scratch, *m = scratch + G * CHUNK, *l = m + G;
-  const float **krow = (const float **)(l + G), **vrow = krow + CHUNK;
+  float *sg = scratch, *m = scratch + CHUNK, *l = m + G;
+  const float *krow[CHUNK], *vrow[CHUNK];
   for (int64_t g = 0; g < G; g++) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
     memset(o + g * D, 0, (size_t)D * sizeof(float));
   }
+  _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
   for (int64_t j0 = start; j0 <= p; j0 += CHUNK) {
     const int64_t n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
-    for (int64_t jj = 0; jj < n; jj++) {
-      const int64_t j = j0 + jj, off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
-      krow[jj] = a->kpool + off * D;
-      vrow[jj] = a->vpool + off * D;
-      // Consecutive keys of one KV head sit a page apart in the pool ([.., slot, kvHeads, D]), so
-      // hardware prefetchers do not follow them: ask for the whole chunk up front instead of
-      // taking one miss per row.
-      for (int64_t b = 0; b < D * 4; b += 64) {
-        __builtin_prefetch((const char *)krow[jj] + b);
-        __builtin_prefetch((const char *)vrow[jj] + b);
-      }
-    }
-    _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
+    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow);
     for (int64_t jj = n; jj < CHUNK; jj++) krow[jj] = krow[0]; // a short chunk's spare lanes: read, then dropped
     for (int64_t g = 0; g < G; g++) {
-      float *sg = s + g * CHUNK;
-      // the whole chunk's lanes (CHUNK, a multiple of VW) in vector steps; lanes >= n end as 0
+      // the whole chunk's lanes (CHUNK, a multiple of VW) in vector steps
       for (int64_t j = 0; j < CHUNK; j += VW) FN(dots)(q + g * D, krow + j, D, sg + j);
-      for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] *= a->scale;
-      if (a->softcap > 0.0f)
-        for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = a->softcap * fast_tanhf(sg[jj] / a->softcap);
-      float mx = m[g];
-      for (int64_t jj = 0; jj < n; jj++) mx = sg[jj] > mx ? sg[jj] : mx;
-      const float alpha = fast_expf(m[g] - mx); // ~0 on the first chunk (m = -inf)
-      for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = fast_expf(sg[jj] - mx);
-      for (int64_t jj = n; jj < CHUNK; jj++) sg[jj] = 0.0f;
-      VF acc = FN(vload)(sg);
-      for (int64_t j = VW; j < CHUNK; j += VW) acc += FN(vload)(sg + j);
-      const float sum = FN(vhsum)(acc);
-      l[g] = l[g] * alpha + sum;
-      m[g] = mx;
-      if (alpha != 1.0f)
-        for (int64_t d = 0; d < D; d++) o[g * D + d] *= alpha;
-      FN(accumulate)(o + g * D, sg, vrow, n, D);
+      FN(chunk_update)(a, sg, 0, n, m + g, l + g, o + g * D, vrow);
     }
   }
   for (int64_t g = 0; g < G; g++) {
     const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; // no key (position -1): zeros
     for (int64_t d = 0; d < D; d++) o[g * D + d] *= inv;
   }
+}
+
+// sg[0..CHUNK) = q . keys, the chunk's keys transposed in kt[d * CHUNK + jj]: broadcasts of q
+// times rows of kt, four partial sums to break the chain of adds.
+SIMD_INLINE void FN(scores_t)(const float *q, const float *kt, int64_t D, float *sg) {
+  enum { NV = CHUNK / VW };
+  VF acc[4][NV];
+  for (int u = 0; u < 4; u++)
+    for (int c = 0; c < NV; c++) acc[u][c] = (VF){0};
+  int64_t d = 0;
+  for (; d + 4 <= D; d += 4)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+      const VF qd = FN(vsplat)(q[d + u]);
+      for (int c = 0; c < NV; c++) acc[u][c] += qd * FN(vload)(kt + (d + u) * CHUNK + c * VW);
+    }
+  for (; d < D; d++) {
+    const VF qd = FN(vsplat)(q[d]);
+    for (int c = 0; c < NV; c++) acc[0][c] += qd * FN(vload)(kt + d * CHUNK + c * VW);
+  }
+  for (int c = 0; c < NV; c++) FN(vstore)(sg + c * VW, (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]));
+}
+
+// The same for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh: each
+// chunk of keys is gathered and transposed once for all nq x G query rows, whose scores are then
+// broadcast multiply-adds into whole vectors (no reductions). scratch: D*CHUNK transposed keys,
+// CHUNK scores, 2*ATTN_QB*G running max/sum floats.
+static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch) {
+  const int64_t D = a->D, G = a->H / a->KVH;
+  const int32_t *table = a->tables + (int64_t)a->row[t0] * a->MBR;
+  float *kt = scratch, *sg = kt + D * CHUNK, *m = sg + CHUNK, *l = m + nq * G;
+  const float *krow[CHUNK], *vrow[CHUNK];
+  int64_t jlo = INT64_MAX, jhi = -1;
+  for (int64_t i = 0; i < nq; i++) {
+    const int64_t p = a->pos[t0 + i];
+    const int64_t st = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+    if (p >= 0) {
+      jlo = st < jlo ? st : jlo;
+      jhi = p > jhi ? p : jhi;
+    }
+    for (int64_t g = 0; g < G; g++) {
+      m[i * G + g] = -INFINITY;
+      l[i * G + g] = 0.0f;
+    }
+    memset(a->out + ((t0 + i) * a->H + kh * G) * D, 0, (size_t)(G * D) * sizeof(float));
+  }
+  for (int64_t j0 = jlo; j0 <= jhi; j0 += CHUNK) {
+    const int64_t n = jhi + 1 - j0 < CHUNK ? jhi + 1 - j0 : CHUNK;
+    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow);
+    for (int64_t d = 0; d < D; d++) {
+      for (int64_t jj = 0; jj < n; jj++) kt[d * CHUNK + jj] = krow[jj][d];
+      for (int64_t jj = n; jj < CHUNK; jj++) kt[d * CHUNK + jj] = 0.0f;
+    }
+    for (int64_t i = 0; i < nq; i++) {
+      const int64_t t = t0 + i, p = a->pos[t];
+      const int64_t st = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+      if (p < j0 || st >= j0 + n) continue; // none of its keys in this chunk (or none at all: p = -1)
+      const int64_t lo = st > j0 ? st - j0 : 0, hi = p + 1 - j0 < n ? p + 1 - j0 : n;
+      for (int64_t g = 0; g < G; g++) {
+        const int64_t h = kh * G + g;
+        FN(scores_t)(a->q + (t * a->H + h) * D, kt, D, sg);
+        FN(chunk_update)(a, sg, lo, hi, m + i * G + g, l + i * G + g, a->out + (t * a->H + h) * D, vrow);
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t g = 0; g < G; g++) {
+      float *o = a->out + ((t0 + i) * a->H + kh * G + g) * D;
+      const float inv = l[i * G + g] > 0.0f ? 1.0f / l[i * G + g] : 0.0f; // no key (position -1): zeros
+      for (int64_t d = 0; d < D; d++) o[d] *= inv;
+    }
 }
 
 #undef VF

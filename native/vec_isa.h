@@ -34,6 +34,27 @@ SIMD_INLINE float FN(vhsum)(VF v) {
 #endif
 }
 
+// Horizontal max.
+SIMD_INLINE float FN(vhmax)(VF v) {
+#if VEC_AVX512
+  return _mm512_reduce_max_ps((__m512)v);
+#elif VEC_AVX2
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+#else
+  const float a = v[0] > v[1] ? v[0] : v[1], b = v[2] > v[3] ? v[2] : v[3];
+  return a > b ? a : b;
+#endif
+}
+
+// Lane-wise max (a NaN lane of b loses to a; scores here are never NaN).
+SIMD_INLINE VF FN(vmax)(VF a, VF b) {
+  const VI gt = b > a;
+  return (VF)(((VI)b & gt) | ((VI)a & ~gt));
+}
+
 // VW elements of a row of dtype dt (f32/f16/bf16) starting at element k, as f32.
 SIMD_INLINE VF FN(load_w)(const void *w, int dt, int64_t k) {
   const uint16_t *h16 = (const uint16_t *)w + k;
