@@ -14,6 +14,7 @@
 # block pulls half the partials, 33 KB, through its SM, with 8 tiles a split in flight four at a
 # time); session 6's switches were
 # flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off; session 10's margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
+# Output: OUT/run.log (every run's lines) and OUT/runs.tar.gz (their JSON).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
 # /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
 # with MODEL_DIR=models/demo tests the plumbing).
@@ -37,3 +38,5 @@ for ctx in ${CONTEXTS:-512 4096}; do
   done
 done
 GEN_EXTRA="--profile-graph --profile-batch ${PROFILE_BATCH:-1}" GEN_LINES=40 gen graph-profile 512 X=1
+# the device tool returns at most 8 files: every run's JSON in one archive beside run.log
+(cd "$OUT" && tar -czf runs.tar.gz -- *.json && rm -f -- *.json)
