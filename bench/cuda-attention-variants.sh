@@ -14,6 +14,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-attention-variants}
 mkdir -p "$OUT"
+source bench/device-out.sh
+trap 'out_pack "$OUT"' EXIT
 VARIANTS=${VARIANTS:-": ::cuda-core :ATT_TC_EARLY=1"}
 i=0
 for v in $VARIANTS; do

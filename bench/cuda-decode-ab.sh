@@ -14,7 +14,7 @@
 # block pulls half the partials, 33 KB, through its SM, with 8 tiles a split in flight four at a
 # time); session 6's switches were
 # flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off; session 10's margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
-# Output: OUT/run.log (every run's lines) and OUT/runs.tar.gz (their JSON).
+# Output: OUT/run.log (every run's lines) and OUT/results.tar.gz (their JSON; bench/device-out.sh).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
 # /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
 # with MODEL_DIR=models/demo tests the plumbing).
@@ -25,6 +25,8 @@ source bench/cuda-device-lib.sh
 VARIANTS=${VARIANTS:-"st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 mc64:LLMTS_CUDA_ATT_TC_MIN_CHUNK=64 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1 st4-mc256:LLMTS_CUDA_ATT_TC_STAGES=4,LLMTS_CUDA_ATT_TC_MIN_CHUNK=256"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
+source bench/device-out.sh
+trap 'out_pack "$OUT"' EXIT
 make_model "$OUT/make-model.log" || exit 1
 GEN_DIR=$OUT
 GEN_GREP="^(decode|graph|layer|  |rror)|Error"
@@ -38,5 +40,3 @@ for ctx in ${CONTEXTS:-512 4096}; do
   done
 done
 GEN_EXTRA="--profile-graph --profile-batch ${PROFILE_BATCH:-1}" GEN_LINES=40 gen graph-profile 512 X=1
-# the device tool returns at most 8 files: every run's JSON in one archive beside run.log
-(cd "$OUT" && tar -czf runs.tar.gz -- *.json && rm -f -- *.json)

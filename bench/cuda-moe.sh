@@ -24,6 +24,8 @@ MODEL_DIR=${MODEL_DIR:-/tmp/llmts-qwen3moe-random}
 VARIANTS=${VARIANTS:-"pass-256:LLMTS_CUDA_MOE_PASS_ROWS=256 down-cuda-cores:LLMTS_CUDA_MOE_TC_DOWN_MIN_ROWS=0 per-pair:LLMTS_CUDA_MOE_GROUPED_MIN_ROWS=0"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
+source bench/device-out.sh
+trap 'out_pack "$OUT"' EXIT
 if [ ! -f "$MODEL_DIR/config.json" ]; then
   echo "== making the model ($LAYERS layers)"
   timeout 400 python3 bench/make_random_models.py --preset qwen3-moe-6l --layers "$LAYERS" --out "$MODEL_DIR" \

@@ -25,6 +25,8 @@ NCU=${NCU:-/usr/local/cuda/bin/ncu}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee -a "$OUT/run.log") 2>&1
+source bench/device-out.sh
+trap 'out_pack "$OUT"' EXIT
 make_model "$OUT/make-model.log" || exit 1
 GEN_DIR=$OUT
 gen() { b1_gen "$1" "$CTX" "${@:2}"; } # name, then NAME=VALUE settings: JSON in $OUT/NAME-CTX.json

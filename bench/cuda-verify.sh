@@ -25,6 +25,8 @@ source bench/cuda-device-lib.sh
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
+source bench/device-out.sh
+trap 'out_pack "$OUT"' EXIT
 budget_start "$BUDGET_S"
 step() { echo; echo "== $1 ($(left) s of the budget left)"; }
 # timeout that skips a step the budget left no time for (a smaller BUDGET_S than the reserves assume)
