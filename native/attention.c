@@ -34,6 +34,11 @@ typedef struct {
   float scale, softcap;
 } attn_args;
 
+// The first key token position p attends to (its sliding window's start; 0 without one).
+static inline int64_t attn_start(const attn_args *a, int64_t p) {
+  return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
 #define ATTN_ISA avx512
@@ -79,7 +84,7 @@ static int validate(const attn_args *a) {
                       (long long)t, (long long)a->R);
     if (p < -1) return llm_fail("attention: tokenPos %lld of token %lld is below -1", (long long)p, (long long)t);
     if (p == -1) continue; // padding: reads no key, gets zeros (Backend.attention)
-    const int64_t start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+    const int64_t start = attn_start(a, p);
     if (p / a->BS >= a->MBR)
       return llm_fail("attention: token %lld at position %lld needs logical block %lld but block tables have %lld "
                       "columns",

@@ -131,7 +131,7 @@ SIMD_INLINE void FN(chunk_update)(const attn_args *a, float *sg, int64_t lo, int
 // token of the step). scratch: CHUNK scores + 2*G running max/sum floats.
 static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch) {
   const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
-  const int64_t start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+  const int64_t start = attn_start(a, p);
   const int32_t *table = a->tables + (int64_t)a->row[t] * a->MBR;
   const float *q = a->q + (t * a->H + kh * G) * D; // G heads, contiguous
   float *o = a->out + (t * a->H + kh * G) * D;     // accumulated in place
@@ -192,7 +192,7 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
   int64_t jlo = INT64_MAX, jhi = -1;
   for (int64_t i = 0; i < nq; i++) {
     const int64_t p = a->pos[t0 + i];
-    const int64_t st = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+    const int64_t st = attn_start(a, p);
     if (p >= 0) {
       jlo = st < jlo ? st : jlo;
       jhi = p > jhi ? p : jhi;
@@ -212,7 +212,7 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
     }
     for (int64_t i = 0; i < nq; i++) {
       const int64_t t = t0 + i, p = a->pos[t];
-      const int64_t st = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+      const int64_t st = attn_start(a, p);
       if (p < j0 || st >= j0 + n) continue; // none of its keys in this chunk (or none at all: p = -1)
       const int64_t lo = st > j0 ? st - j0 : 0, hi = p + 1 - j0 < n ? p + 1 - j0 : n;
       for (int64_t g = 0; g < G; g++) {

@@ -50,7 +50,7 @@ const DECODE_TC_BODY = String.raw`
 // counts clock64 cycles by phase and, at its end, adds them to att_tc_phases[phase] = {cycles,
 // blocks}: 0 the PDL wait (with ATT_TC_EARLY, the reads before it too), 1 the token's row, tables
 // and Q up to its first tile's wait, 2 the tiles, 3 the partial and the split counter; merging
-// blocks only: 4 the reader's fence, 5 the merge's loads (issue to landed), 6 its folds and
+// blocks only: 4 the reader's fence (ATT_TC_SYNC=0; by default none: ~200 cycles measured between the marks), 5 the merge's loads (issue to landed), 6 its folds and
 // writes; 7 the whole block. The host reads them (CudaBackend.attentionPhases;
 // bench/cuda-generate.ts prints them): where the kernel's time goes inside a decode graph, which
 // Nsight Compute's kernel-alone replays cannot show.
