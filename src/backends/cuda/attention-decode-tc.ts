@@ -125,7 +125,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     const int* poss, const int* tables, int* plan, int planReady, u16* out, float* part, float* partml, int T, int H,
     int KVH, int NB, int BS, int R, int MBR, int window, float scale, float softcap, int W, int* err, int* counters) {
   enum {
-    BK = 32,          // keys per tile
+    BK = ATT_TC_BK,   // keys per tile
     NTH = 128,
     LDS = D + 8,      // shared row stride (elements): 16 B of padding keeps ldmatrix conflict-free
     NCH = D / 8,      // 16-byte chunks per row
@@ -189,7 +189,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list ? list[i] : i;
     AttDecodeItem item;
-    if (!att_decode_item(t, s, seff, ATT_TC_MIN_CHUNK, rows, poss, tables, R, MBR, window, err, item)) continue;
+    if (!att_decode_item<true>(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
     const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
     const int* tab = item.tab;

@@ -48,12 +48,15 @@ export const ATT_DEC_MAX_RUN = 4;
 export const ATT_DEC_INLINE_T = 128;
 /** fewest keys a decode split gets */
 export const ATT_MIN_CHUNK = 64;
+/** keys per tile of the tensor-core decode kernel (its splits are whole tiles: att_tc_splits) */
+export const ATT_TC_BK = 32;
 /**
- * The same for the tensor-core decode kernel (attention-decode-tc.ts), whose splits merge in the
- * kernel (the last split reads every partial of its token: fewer, longer splits shorten that tail).
- * $LLMTS_CUDA_ATT_TC_MIN_CHUNK sets it for the host's slot plan and the kernel alike (a multiple of
- * 32 from 32 to 1024; the macro alone, as sessions 7-8 tried it, left the host's slots at the
- * default's: at a 512-token context that capped a token at 5 splits whatever the macro said).
+ * Fewest keys a split of the tensor-core decode kernel gets (attention-decode-tc.ts; above it
+ * att_tc_splits sizes them, about sqrt(tiles / 6.5) tiles a split): two tiles (at a 512-token
+ * context on the H200 one-tile splits were 1.3% slower at B=1, session 12; 128, the default before,
+ * left 4 splits of 4 tiles there, 1.5% slower). $LLMTS_CUDA_ATT_TC_MIN_CHUNK sets it for the host's
+ * slot plan (its most splits a token) and the kernel alike (a multiple of 32 from 32 to 1024; the
+ * macro alone, as sessions 7-8 tried it, left the host's slots at the default's).
  */
 export const ATT_TC_MIN_CHUNK = attTcMinChunk();
 
@@ -61,7 +64,7 @@ export function attTcMinChunk(env: Readonly<Record<string, string | undefined>> 
   if (/\bATT_TC_MIN_CHUNK\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
     throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_MIN_CHUNK (the host plans the slots with it): use LLMTS_CUDA_ATT_TC_MIN_CHUNK');
   }
-  return envInt('LLMTS_CUDA_ATT_TC_MIN_CHUNK', 128, { min: 32, max: 1024, multipleOf: 32 }, env);
+  return envInt('LLMTS_CUDA_ATT_TC_MIN_CHUNK', 64, { min: 32, max: 1024, multipleOf: 32 }, env);
 }
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
@@ -142,6 +145,10 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_DEC_INLINE_T ${ATT_DEC_INLINE_T}
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
 #define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
+#define ATT_TC_BK ${ATT_TC_BK}
+#ifndef ATT_TC_TILE_RATIO10 // $LLMTS_CUDA_ATT_DEFINES may set it (the host's slots do not depend on it)
+#define ATT_TC_TILE_RATIO10 65
+#endif
 #define ATT_BQ ${ATT_BQ}
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
@@ -180,8 +187,8 @@ __device__ __forceinline__ void att_range(int p, int window, int& start, int& le
 // Splits each of n decode tokens may use when they share W slots.
 __device__ __forceinline__ int att_seff(int n, int W) { return (n <= 0 || n >= W) ? 1 : W / n; }
 
-// Splits of a decode token with len keys (at most seff, at least minChunk keys each: ATT_MIN_CHUNK,
-// or ATT_TC_MIN_CHUNK for the tensor-core kernel) and the keys per split (a multiple of 16).
+// Splits of a decode token with len keys on the CUDA-core kernels (at most seff, at least minChunk
+// keys each) and the keys per split (a multiple of 16).
 __device__ __forceinline__ int att_splits(int len, int seff, int minChunk, int& chunk) {
   int ns = (len + minChunk - 1) / minChunk;
   if (ns > seff) ns = seff;
@@ -246,14 +253,41 @@ __device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* pl
   return n;
 }
 
+// Splits of a decode token with len keys on the tensor-core kernel (at most seff), in whole tiles of
+// ATT_TC_BK keys: about sqrt(tiles / ratio) tiles a split, ratio = ATT_TC_TILE_RATIO10 / 10, and at
+// least ATT_TC_MIN_CHUNK keys. Why: at one row a split's tiles are a chain of round trips, and each
+// split adds a partial that the last one reads and folds; a token's time ~ ns x partial + (tiles /
+// ns) x tile is least at sqrt(tiles x tile / partial) tiles a split, ratio the tile-to-partial cost.
+// H200, 8B shapes, B=1 (session 12): at 512 keys 2 tiles a split beat 1 and 4 (+1.3-1.5%); at 4k 4
+// tiles (33 splits) beat 3 (45 splits, -1%) and 4.5 (29 splits, -0.6%); at 16k 45 splits (the
+// slots' limit) beat 32 (-3.4%). A fixed ATT_TC_MIN_CHUNK alone cannot give all three.
+__device__ __forceinline__ int att_tc_splits(int len, int seff, int& chunk) {
+  const int L = (len + ATT_TC_BK - 1) / ATT_TC_BK;
+  // nt = round(sqrt(L / ratio)): (2 nt - 1)^2 ratio10 <= 40 L < (2 nt + 1)^2 ratio10
+  int nt = (int)sqrtf((float)L * (10.0f / (float)ATT_TC_TILE_RATIO10));
+  while (nt > 0 && (2 * nt - 1) * (2 * nt - 1) * ATT_TC_TILE_RATIO10 > 40 * L) nt--;
+  while ((2 * nt + 1) * (2 * nt + 1) * ATT_TC_TILE_RATIO10 <= 40 * L) nt++;
+  if (nt < ATT_TC_MIN_CHUNK / ATT_TC_BK) nt = ATT_TC_MIN_CHUNK / ATT_TC_BK;
+  if (nt < 1) nt = 1;
+  int ns = (L + nt - 1) / nt;
+  if (ns > seff) {
+    ns = seff;
+    nt = (L + ns - 1) / ns;
+  }
+  chunk = nt * ATT_TC_BK;
+  return len > 0 ? (len + chunk - 1) / chunk : 1;
+}
+
 // Split s of decode token t (whose row is reported, code 3, and attends to nothing when outside
 // [0, R)): its row's keys [k0, k1), the token's number of splits ns and its row's block table.
-// False when the token has fewer than s + 1 splits (block-uniform).
+// False when the token has fewer than s + 1 splits (block-uniform). TC: the tensor-core kernel's
+// splits (att_tc_splits), else the CUDA-core kernels' (att_splits, ATT_MIN_CHUNK).
 struct AttDecodeItem {
   int r, k0, k1, ns;
   const int* tab;
 };
-__device__ __forceinline__ bool att_decode_item(int t, int s, int seff, int minChunk, const int* rows,
+template <bool TC>
+__device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const int* rows,
     const int* poss, const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it) {
   const int r = rows[t];
   int p = poss[t];
@@ -264,7 +298,7 @@ __device__ __forceinline__ bool att_decode_item(int t, int s, int seff, int minC
   }
   int start, len, chunk;
   att_range(p, window, start, len);
-  it.ns = att_splits(len, seff, minChunk, chunk);
+  it.ns = TC ? att_tc_splits(len, seff, chunk) : att_splits(len, seff, ATT_MIN_CHUNK, chunk);
   if (s >= it.ns) return false;
   it.r = r;
   it.k0 = start + s * chunk;
@@ -351,7 +385,7 @@ __device__ __forceinline__ void att_decode(const u16* q, const u16* kpool, const
   for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
     const int t = list[i];
     AttDecodeItem item;
-    if (!att_decode_item(t, s, seff, ATT_MIN_CHUNK, rows, poss, tables, R, MBR, window, err, item)) continue;
+    if (!att_decode_item<false>(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
     const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
     const int* tab = item.tab;
 
