@@ -154,8 +154,8 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     check('tc 131 splits', c, 'tc', undefined, 64, ['ATT_TC_TILE_RATIO10=10000']);
   });
 
-  it('tc with ATT_TC_EARLY=1 (its first reads before the PDL wait): the same results, holes and many rows', () => {
-    const early = ['ATT_TC_EARLY=1'];
+  it('tc with ATT_TC_EARLY=0 (its first reads after the PDL wait; the default reads them before it): the same results, holes and many rows', () => {
+    const early = ['ATT_TC_EARLY=0'];
     for (const [label, c] of cases) check(`early ${label}`, c, 'tc', undefined, SIM_SMS, early);
     check('early 40 rows', { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })), seed: 8 },
       'tc', undefined, SIM_SMS, early);
@@ -166,7 +166,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
   });
 
   it('tc with ATT_TC_PHASES=1 (the phase counters compiled in), alone, with early reads and with ATT_TC_SYNC=0 (every thread fences): the same results, splits merged and not', () => {
-    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=1'], ['ATT_TC_PHASES=1', 'ATT_TC_SYNC=0']]) {
+    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=0'], ['ATT_TC_PHASES=1', 'ATT_TC_SYNC=0']]) {
       for (const [label, c] of cases) check(`${defines.join(' ')} ${label}`, c, 'tc', undefined, SIM_SMS, defines);
       check(`${defines.join(' ')} 40 rows`, { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })),
         seed: 8 }, 'tc', undefined, SIM_SMS, defines);
@@ -181,7 +181,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       check(`${stages} stages hole`, { D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 },
         'tc', 4, SIM_SMS, [], stages);
       check(`${stages} stages early`, { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 96 }, { start: 2 }], seed: 14 }, 'tc', undefined,
-        SIM_SMS, ['ATT_TC_EARLY=1'], stages);
+        SIM_SMS, ['ATT_TC_EARLY=0'], stages);
     }
   });
 
@@ -197,7 +197,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     check('one token a row, hole', one({ D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }),
       'tc', 4);
     check('one token a row, early', one({ D: 128, H: 8, KVH: 2, BS: 16, rows: [0, 16, 299].map((start) => ({ start })), seed: 15 }), 'tc',
-      undefined, SIM_SMS, ['ATT_TC_EARLY=1']);
+      undefined, SIM_SMS, ['ATT_TC_EARLY=0']);
   });
 
   it('cuda-core and tc: more decode tokens than slots (each slot strides over tokens), and a missing block reports error 4', () => {

@@ -9,7 +9,7 @@
 // ~40% of copy bandwidth at 256 rows. Here keys and values travel by cp.async into shared memory
 // (bytes in flight cost no registers) and the dot products run on tensor cores.
 //
-//   k_attn_decode_tc_d<D>  grid (W, KVH), 128 threads; same slots, splits, partials and combine as
+//   k_attn_decode_tc_d<D>  grid (KVH, W) (ATT_TC_HEADS_FIRST; else (W, KVH)), 128 threads; same slots, splits, partials and combine as
 //       k_attn_decode_d<D>_g<GC> (it is a drop-in replacement when the GQA group G <= 16). The
 //       group's G query heads are the rows of one m16 tile (rows >= G are zeros, never written).
 //       Keys go in tiles of BK = 32 through a ring of ATT_TC_STAGES stages (attTcStages, default
@@ -33,12 +33,16 @@ import { envInt } from '../common/env.ts';
 
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
 const DECODE_TC_BODY = String.raw`
-// ATT_TC_EARLY=1 ($LLMTS_CUDA_ATT_DEFINES; +0.0-0.5% at B=1 on the H200, sessions 7-8: noise, so 0): with programmatic dependent
-// launch, a block reads its token's row, position and first block-table entries before it waits
-// for the kernel before (rope + KV write), instead of after: at one row the kernel is a chain of
-// global round trips, and these are the first ones.
+// ATT_TC_EARLY=1 (default; $LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0 waits first): with programmatic
+// dependent launch, a block reads its token's row, position and first block-table entries before
+// it waits for the kernel before (rope + KV write), instead of after: at one row the kernel is a
+// chain of global round trips, and these are the first ones; and a block with no split to run
+// exits without waiting. A server's graphs plan the slots for the longest context a row may have
+// (45 at one row on the H200), so at a 512-token context 288 of a launch's 360 blocks are such.
+// H200, B=1: +0.0-0.5% in sessions 7, 8 and 11; session 12, +0.25-0.4% in 5 of 5 pairs (512 and 4k,
+// the bench's table and a 32k one).
 #ifndef ATT_TC_EARLY
-#define ATT_TC_EARLY 0
+#define ATT_TC_EARLY 1
 #endif
 // Resident blocks an SM the kernel is compiled for (attention.ts plans its slots in waves of
 // TC_DECODE_RESIDENT = 3): caps it at 168 registers (d128 takes 128 with nvcc 13 for sm_90, no spills), so growth
@@ -165,8 +169,8 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c4 = lane & 3; // mma fragment coordinates: rows g, g + 8; columns 2 c4, 2 c4 + 1
   const int G = H / KVH;
-  const int kh = blockIdx.y, h0 = kh * G;
-  const int w = blockIdx.x;
+  const int kh = ATT_TC_HEADS_FIRST ? blockIdx.x : blockIdx.y, h0 = kh * G; // attention-kernels.ts: ATT_TC_HEADS_FIRST
+  const int w = ATT_TC_HEADS_FIRST ? blockIdx.y : blockIdx.x;
 
 #if ATT_TC_EARLY
   // before the wait only what no kernel of the step writes: the step's rows, positions and block
@@ -494,10 +498,11 @@ extern "C" __global__ void __launch_bounds__(128, ATT_TC_MINB) k_attn_decode_tc_
     float softcap, int W, int* err, int* counters) { \
   if (ATT_TC_TIMING_SKIP) { /* zeros, so that the step's logits stay finite */ \
     PDL_ENTRY(); \
-    if (blockIdx.x == 0) \
+    const int kh_ = ATT_TC_HEADS_FIRST ? blockIdx.x : blockIdx.y; \
+    if ((ATT_TC_HEADS_FIRST ? blockIdx.y : blockIdx.x) == 0) \
       for (i64 e = threadIdx.x; e < (i64)T * (H / KVH) * D; e += blockDim.x) { \
         const i64 tok = e / ((H / KVH) * D), rest = e - tok * (H / KVH) * D; \
-        out[(tok * H + (i64)blockIdx.y * (H / KVH)) * D + rest] = 0; \
+        out[(tok * H + (i64)kh_ * (H / KVH)) * D + rest] = 0; \
       } \
     return; \
   } \

@@ -40,7 +40,7 @@
 // (row, position, entry) and is left out of the softmax.
 
 import { ATTENTION_DECODE_TC_KERNELS } from './attention-decode-tc.ts';
-import { envInt } from '../common/env.ts';
+import { envChoice, envInt } from '../common/env.ts';
 
 /** runs of at most this many tokens of one row take the decode (split-KV) path */
 export const ATT_DEC_MAX_RUN = 4;
@@ -66,6 +66,15 @@ export function attTcMinChunk(env: Readonly<Record<string, string | undefined>> 
   }
   return envInt('LLMTS_CUDA_ATT_TC_MIN_CHUNK', 64, { min: 32, max: 1024, multipleOf: 32 }, env);
 }
+/**
+ * The tensor-core decode kernel's grid: (KVH, W), kv heads fastest, by default; `slots-first`
+ * ($LLMTS_CUDA_ATT_TC_GRID) is (W, KVH), as before session 12. The block scheduler hands blocks out
+ * in linear order, one an SM first; slots past a token's splits exit at once (a server's graphs plan
+ * W = 45 at one row on the H200 whatever the context: at 512 keys 9 of them work). Heads first, the
+ * working blocks come first and each gets its own SM; slots first, the kv heads' working blocks lie
+ * W apart and pair up on SMs.
+ */
+export const ATT_TC_HEADS_FIRST = envChoice('LLMTS_CUDA_ATT_TC_GRID', ['heads-first', 'slots-first']) === 'heads-first';
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
 /** head dims with fast kernels */
@@ -146,6 +155,7 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
 #define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
 #define ATT_TC_BK ${ATT_TC_BK}
+#define ATT_TC_HEADS_FIRST ${ATT_TC_HEADS_FIRST ? 1 : 0}
 #ifndef ATT_TC_TILE_RATIO10 // $LLMTS_CUDA_ATT_DEFINES may set it (the host's slots do not depend on it)
 #define ATT_TC_TILE_RATIO10 65
 #endif
@@ -293,7 +303,7 @@ __device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const in
   int p = poss[t];
   const bool rowOk = r >= 0 && r < R;
   if (!rowOk) {
-    if (s == 0 && threadIdx.x == 0 && blockIdx.y == 0) report(err, 3, t, r, R);
+    if (s == 0 && threadIdx.x == 0 && (TC && ATT_TC_HEADS_FIRST ? blockIdx.x : blockIdx.y) == 0) report(err, 3, t, r, R);
     p = -1; // attends to nothing: zeros
   }
   int start, len, chunk;

@@ -12,7 +12,7 @@
 import type { DType } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
 import {
-  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_MIN_CHUNK,
+  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_HEADS_FIRST, ATT_TC_MIN_CHUNK,
 } from './attention-kernels.ts';
 import { attTcSharedBytes } from './attention-decode-tc.ts';
 import { DT_CODE } from './cuda-tensor.ts';
@@ -214,6 +214,12 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   };
 }
 
+/** The decode kernel's grid: W slots by the kv heads' chunks (the tensor-core kernel: ATT_TC_HEADS_FIRST). */
+export function decodeGrid(p: AttentionPlan, W: number, KVH: number): [number, number, number] {
+  const heads = KVH * p.headChunks!;
+  return p.tensorCores && ATT_TC_HEADS_FIRST ? [heads, W, 1] : [W, heads, 1];
+}
+
 /** Enqueues attention (output to call.out, bf16 [T, H, D]). */
 export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall): void {
   if (c.T === 0 || c.H === 0) return;
@@ -238,7 +244,7 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
   try {
     if (p.planKernel) dev.launch('k_attn_plan', [1, 1, 1], 1024, 0, [['p', c.tokenRow], ['i', c.T], ['p', plan]]);
     if (p.decodeSharedBytes > 48 * 1024) dev.allowDynamicShared(p.decodeKernel!, p.decodeSharedBytes);
-    dev.launch(p.decodeKernel!, [W, c.KVH * p.headChunks!, 1], 128, p.decodeSharedBytes, [
+    dev.launch(p.decodeKernel!, decodeGrid(p, W, c.KVH), 128, p.decodeSharedBytes, [
       ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', plan],
       ['i', p.planKernel ? 1 : p.identityList ? 2 : 0], ['p', c.out], ['p', part], ['p', partml], ['i', c.T], ['i', c.H], ['i', c.KVH],
       ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R], ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale],

@@ -6,7 +6,7 @@
 import { buildSim, bytesOf, runSim } from './build.ts';
 import { ATTENTION_KERNELS } from '../../../src/backends/cuda/attention-kernels.ts';
 import { ATT_TC_STAGES, attDecodeTcKernels, attTcSharedBytes } from '../../../src/backends/cuda/attention-decode-tc.ts';
-import { type AttentionPlan } from '../../../src/backends/cuda/attention.ts';
+import { type AttentionPlan, decodeGrid } from '../../../src/backends/cuda/attention.ts';
 
 export { simUnavailable } from './build.ts';
 
@@ -35,7 +35,7 @@ template <class T> static std::vector<T> take(FILE* f, size_t n) {
 
 // argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
 // ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine
-// decodeShared (the decode kernel's dynamic shared bytes);
+// decodeShared (the decode kernel's dynamic shared bytes) gridX (the decode kernel's grid: gridX x gridY);
 // f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
 // poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4]; i32 the split counters' sum afterwards.
 int main(int argc, char** argv) {
@@ -44,10 +44,10 @@ int main(int argc, char** argv) {
   if (!f) return 2;
   char name[64], prefill[64];
   if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
-  std::vector<int> hd = take<int>(f, 16);
+  std::vector<int> hd = take<int>(f, 17);
   const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
   const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
-  const int fused = hd[14], decodeShared = hd[15];
+  const int fused = hd[14], decodeShared = hd[15], gridX = hd[16];
   std::vector<float> fl = take<float>(f, 2);
   std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
   std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   const float scale = fl[0], softcap = fl[1];
   // planKernel: the decode kernel's planReady (1: k_attn_plan first; 2: every token in order)
   if (planKernel == 1) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
-  sim::launch(dim3{(unsigned)W, (unsigned)gridY, 1}, 128, [&] {
+  sim::launch(dim3{(unsigned)gridX, (unsigned)gridY, 1}, 128, [&] {
     if (tc) {
       tc(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), plan.data(), planKernel, out.data(),
          part.data(), partml.data(), T, H, KVH, NB, BS, R, MBR, window, scale, softcap, W, err.data(),
@@ -131,9 +131,10 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   name.write(plan.decodeKernel);
   if (plan.prefillKernel) name.write(plan.prefillKernel, 64);
   const c = call;
+  const [gridX, gridY] = decodeGrid(plan, plan.slots, c.KVH);
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
-    c.KVH * plan.headChunks!, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
-    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes]);
+    gridY, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
+    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes, gridX]);
   const n = c.T * c.H * c.D;
   // the error word's details (after its code) name whichever missing key a thread reported first
   const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
