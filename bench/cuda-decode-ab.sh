@@ -6,14 +6,15 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the decode attention's ring at 3 and
-# 4 stages, its shortest split at 64 keys, and the rope epilogue in the q/k/v GEMV: each measured no
-# faster before session 11 cut the attention's merge and code; and rope's v loads where they were
-# before session 11, which has not been timed; the attention's reads before its PDL wait (+0.0-0.5% in
-# sessions 7, 8 and 11); and 4 stages with 256-key splits (at 4k half the splits, so the merging
-# block pulls half the partials, 33 KB, through its SM, with 8 tiles a split in flight four at a
-# time); session 6's switches were
-# flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off; session 10's margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default, session 12's defaults against what they
+# replaced: the tc decode attention's grid slots first, its splits' floor at 128 keys, its reads after the
+# PDL wait, and tile ratios 4 and 12 for its splits' length; earlier sessions' switches were
+# st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 (even, session 12)
+# rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on (-3.5%, session 12) rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0
+# (even, session 12) flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off
+# margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
+# MAX_MODEL_LEN: the engine's longest row (--max-model-len; default: the run's own length, so the
+# attention's slots fit the context; a server plans them for its max model length, e.g. 32768).
 # Output: OUT/run.log (every run's lines) and OUT/results.tar.gz (their JSON; bench/device-out.sh).
 # CONTEXTS (default "512 4096"), PROFILE_BATCH (rows of the profiled step, default 1), MODEL_DIR (default
 # /tmp/llmts-llama8b-random), DEVICE (cuda; cpu
@@ -22,7 +23,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 mc64:LLMTS_CUDA_ATT_TC_MIN_CHUNK=64 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 early:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=1 st4-mc256:LLMTS_CUDA_ATT_TC_STAGES=4,LLMTS_CUDA_ATT_TC_MIN_CHUNK=256"}
+VARIANTS=${VARIANTS:-"slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128 late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0 r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40 r120:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=120"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 source bench/device-out.sh
@@ -30,7 +31,8 @@ trap 'out_pack "$OUT"' EXIT
 make_model "$OUT/make-model.log" || exit 1
 GEN_DIR=$OUT
 GEN_GREP="^(decode|graph|layer|  |rror)|Error"
-gen() { b1_gen "$@"; }
+MML=${MAX_MODEL_LEN:+--max-model-len $MAX_MODEL_LEN}
+gen() { GEN_EXTRA="${GEN_EXTRA:-} $MML" b1_gen "$@"; }
 for ctx in ${CONTEXTS:-512 4096}; do
   gen default "$ctx" X=1
   for v in $VARIANTS; do
