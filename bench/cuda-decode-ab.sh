@@ -6,13 +6,18 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default, session 12's defaults against what they
-# replaced: the tc decode attention's grid slots first, its splits' floor at 128 keys, its reads after the
-# PDL wait, and tile ratios 4 and 12 for its splits' length; earlier sessions' switches were
-# st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 (even, session 12)
-# rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on (-3.5%, session 12) rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0
-# (even, session 12) flush-write:LLMTS_CUDA_TUNE_FLUSH=write glu-off:LLMTS_CUDA_GLU_EPILOGUE=off
-# margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1).
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the o projection on a GEMV, plain and
+# persistent (cuBLASLt won alone by 1.6% in session 12's tuning, and behind the attention in session 9,
+# when the attention kept more SMs busy longer); the rope epilogue, alone and with the fused
+# persistent GEMVs at one block an SM (the epilogue's GEMV was faster alone but the step 3.5% slower in
+# session 12: a guess is that its blocks hold every register of the SM, so the attention's blocks
+# cannot start early under PDL as they do during the small rope kernel); that setting alone; and the
+# attention's splits at tile ratio 4 (2048: 4 tiles a split, +0.4-0.7% once in session 12).
+# Session 12's comparisons: slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first (-1.3% with a 32k table),
+# mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128 (-1.3% at 512), late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0
+# (-0.3%); earlier: st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 (even)
+# rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 (even) flush-write:LLMTS_CUDA_TUNE_FLUSH=write
+# glu-off:LLMTS_CUDA_GLU_EPILOGUE=off margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1.
 # MAX_MODEL_LEN: the engine's longest row (--max-model-len; default: the run's own length, so the
 # attention's slots fit the context; a server plans them for its max model length, e.g. 32768).
 # Output: OUT/run.log (every run's lines) and OUT/results.tar.gz (their JSON; bench/device-out.sh).
@@ -23,7 +28,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128 late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0 r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40 r120:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=120"}
+VARIANTS=${VARIANTS:-"o-gemv:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemv_m1_u8/w4 o-gemvp:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemvp_m1_u16/w1/b2 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on rope-epi-bps1:LLMTS_CUDA_ROPE_EPILOGUE=on,LLMTS_CUDA_GEMVP_FUSED_BPS=1 bps1:LLMTS_CUDA_GEMVP_FUSED_BPS=1 r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 source bench/device-out.sh
