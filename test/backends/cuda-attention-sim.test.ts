@@ -9,7 +9,7 @@ import { describe, it } from 'node:test';
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { attTcMinChunk } from '../../src/backends/cuda/attention-kernels.ts';
 import { planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
-import { runAttentionSim, type SimCall, simUnavailable } from './cuda-sim/attention-sim.ts';
+import { runAttentionSim, type SimCall, simUnavailable, tcSplitsSim } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
 
 const SKIP = simUnavailable();
@@ -152,6 +152,25 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     // a tile worth 1000 partials: the shortest splits the slots allow (173 slots: 4 tiles each, 131 splits)
     assert.ok(plan.slots >= 131, `${plan.slots} slots: the case must split its 16,701 keys 131 ways (128 keys each)`);
     check('tc 131 splits', c, 'tc', undefined, 64, ['ATT_TC_TILE_RATIO10=10000']);
+  });
+
+  it('tc splits (att_tc_splits): whole 32-key tiles, round(sqrt(tiles / 6.5)) a split, at least 2 tiles, at most the slots\' splits', () => {
+    const cases: [number, number][] = [
+      [512, 13], // 16 tiles: 2 a split
+      [513, 13], // 17 tiles: 2 a split, the last split 1 key
+      [1024, 45], // 32 tiles: round(2.22) = 2
+      [2048, 45], // 64 tiles: round(3.14) = 3
+      [4096, 45], // 128 tiles: round(4.44) = 4
+      [16384, 45], // 512 tiles: 9 a split would be 57 splits, over 45: 12 tiles (384 keys), 43 splits
+      [100, 45], // 4 tiles: round(0.78) = 1, raised to ATT_TC_MIN_CHUNK's 2
+      [16, 45], // one tile: one split
+      [0, 45], // no keys: one (empty) split
+      [4096, 1], // one slot: one split of every key
+    ];
+    assert.deepEqual(tcSplitsSim(cases), [[8, 64], [9, 64], [16, 64], [22, 96], [32, 128], [43, 384], [2, 64], [1, 64], [1, 64], [1, 4096]]);
+    // a tile worth 1000 partials: splits as short as ATT_TC_MIN_CHUNK allows; 0.1 partial: round(sqrt(160)) = 13 tiles a split
+    assert.deepEqual(tcSplitsSim([[512, 45], [16701, 173]], ['ATT_TC_TILE_RATIO10=10000']), [[8, 64], [131, 128]]);
+    assert.deepEqual(tcSplitsSim([[512, 45]], ['ATT_TC_TILE_RATIO10=1']), [[2, 416]]);
   });
 
   it('tc with ATT_TC_EARLY=0 (its first reads after the PDL wait; the default reads them before it): the same results, holes and many rows', () => {

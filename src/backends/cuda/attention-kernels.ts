@@ -272,6 +272,7 @@ __device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* pl
 // tiles (33 splits) beat 3 (45 splits, -1%) and 4.5 (29 splits, -0.6%); at 16k 45 splits (the
 // slots' limit) beat 32 (-3.4%). A fixed ATT_TC_MIN_CHUNK alone cannot give all three.
 __device__ __forceinline__ int att_tc_splits(int len, int seff, int& chunk) {
+  ATT_STATIC_ASSERT(ATT_TC_TILE_RATIO10 >= 1, att_tc_tile_ratio);
   const int L = (len + ATT_TC_BK - 1) / ATT_TC_BK;
   // nt = round(sqrt(L / ratio)): (2 nt - 1)^2 ratio10 <= 40 L < (2 nt + 1)^2 ratio10
   int nt = (int)sqrtf((float)L * (10.0f / (float)ATT_TC_TILE_RATIO10));

@@ -141,3 +141,37 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
     c.rows, c.poss, c.tables)]), { scheduleDependent: [[n * 2 + 4, n * 2 + 16]] });
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
 }
+
+const SPLITS_DRIVER = String.raw`
+// argv: input file, output file. Input: i32 n, then n pairs (len, seff). Output: n pairs (splits, keys a split).
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  FILE* f = fopen(argv[1], "rb");
+  if (!f) return 2;
+  int n = 0;
+  if (fread(&n, 4, 1, f) != 1) return 2;
+  std::vector<int> in((size_t)n * 2), out((size_t)n * 2);
+  if (n && fread(in.data(), 4, in.size(), f) != in.size()) return 2;
+  fclose(f);
+  for (int i = 0; i < n; i++) {
+    int chunk = 0;
+    out[2 * i] = att_tc_splits(in[2 * i], in[2 * i + 1], chunk);
+    out[2 * i + 1] = chunk;
+  }
+  FILE* o = fopen(argv[2], "wb");
+  fwrite(out.data(), 4, out.size(), o);
+  fclose(o);
+  return 0;
+}
+`;
+
+/**
+ * The tensor-core decode kernel's split rule (att_tc_splits, the kernel's own source) for each
+ * [keys, most splits]: [splits, keys a split]. `defines` as attentionSim's.
+ */
+export function tcSplitsSim(cases: readonly (readonly [number, number])[], defines: readonly string[] = []): [number, number][] {
+  const head = defines.map((d) => `#define ${d.replace('=', ' ')}\n`).join('');
+  const bin = buildSim('attention-splits', `${head}${ATTENTION_KERNELS}\n${SPLITS_DRIVER}`);
+  const out = new Int32Array(runSim(bin, bytesOf(Int32Array.from([cases.length, ...cases.flat()]))));
+  return cases.map((_, i) => [out[2 * i]!, out[2 * i + 1]!]);
+}
