@@ -48,6 +48,7 @@ describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
       ['src/backends/cuda/attention.ts', 'LLMTS_CUDA_ATT_TC_RESIDENT', 'three', /LLMTS_CUDA_ATT_TC_RESIDENT must be an integer from 1 to 32, got "three"/],
       ['src/backends/cuda/cuda-fused-ops.ts', 'LLMTS_CUDA_FUSE_NORM', 'no', /LLMTS_CUDA_FUSE_NORM must be "on" or "off", got "no"/],
       ['src/backends/cuda/gemm-tuning.ts', 'LLMTS_CUDA_GEMV_MARGIN', '0.5', /LLMTS_CUDA_GEMV_MARGIN must be a number from 1 to 4, got "0.5"/],
+      ['src/backends/cuda/attention-kernels.ts', 'LLMTS_CUDA_ATT_TC_GRID', 'heads', /LLMTS_CUDA_ATT_TC_GRID must be "heads-first" or "slots-first", got "heads"/],
       ['src/backends/cuda/moe-kernels.ts', 'LLMTS_CUDA_MOE_PASS_ROWS', '8', /LLMTS_CUDA_MOE_PASS_ROWS must be an integer from 16 to 65536, got "8"/],
     ];
     for (const [module, name, value, want] of cases) {
