@@ -128,11 +128,11 @@ static int exec_attention(const llm_cmd *c) {
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
       if (nq == 1) {
-        if (isa == ISA_AVX512) attend_avx512(&a, t0, kh, scratch);
+        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch);
         else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch);
         else attend_generic(&a, t0, kh, scratch);
       } else {
-        if (isa == ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch);
+        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch);
         else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch);
         else attend_block_generic(&a, t0, nq, kh, scratch);
       }

@@ -1,11 +1,22 @@
 #include <ctype.h>
 #include <stdlib.h>
+#include <string.h>
 // Which instruction set the hand-dispatched kernels (matmul, attention) use.
 #include "llm.h"
 
+// LLMTS_CPU_BF16_DOT=off keeps the prefill matmuls of bf16 weights in f32 (x not rounded to bf16)
+// where the CPU has AVX512-BF16; cpu-knobs.ts checks the value when the library loads.
+static int bf16_dot_allowed(void) {
+  const char *e = getenv("LLMTS_CPU_BF16_DOT");
+  while (e && isspace((unsigned char)*e)) e++;
+  return !(e && strncmp(e, "off", 3) == 0);
+}
+
 static int cpu_isa(void) {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return ISA_AVX512;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") && bf16_dot_allowed()
+               ? ISA_AVX512_BF16 : ISA_AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return ISA_AVX2;
   return ISA_GENERIC;

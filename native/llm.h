@@ -68,7 +68,9 @@ void cvt_to_f32(float *dst, const void *src, int src_dtype, size_t n);
 
 // ---- ISA of the hand-dispatched kernels (isa.c) ------------------------------------------------
 
-enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+// ISA_AVX512_BF16: AVX-512 plus its bf16 dot products, which only the prefill matmuls of bf16
+// weights use (gemm_bf16.c); everything else runs its AVX-512 kernels there.
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_BF16 = 3 };
 int llm_isa(void);
 
 // ---- matmul (matmul.c) -------------------------------------------------------------------------
@@ -77,6 +79,9 @@ int llm_isa(void);
 // Multi-threaded internally (call from outside any OpenMP region).
 void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y, int64_t M, int64_t N,
           int64_t K);
+// The same for bf16 w and M > ROWS_MAX_M, K even, with x rounded to bf16 (gemm_bf16.c; ISA_AVX512_BF16).
+void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                         int64_t K);
 
 // ---- activations (act.c) -----------------------------------------------------------------------
 

@@ -74,6 +74,12 @@ void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y
   }
   const int packed = M > ROWS_MAX_M;
   switch (llm_isa()) {
+  case ISA_AVX512_BF16:
+    if (packed && wdtype == DT_BF16 && K % 2 == 0) {
+      gemm_packed_bf16dot(x, (const uint16_t *)w, bias, y, M, N, K);
+      break;
+    }
+    __attribute__((fallthrough)); // AVX-512's kernels
   case ISA_AVX512:
     (packed ? gemm_packed_avx512 : gemm_rows_avx512)(x, w, wdtype, bias, y, M, N, K);
     break;

@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 
 import type { Backend, DType, StepLayout, Tensor } from '../../src/contracts/backend.ts';
+import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
@@ -41,7 +42,10 @@ function weight(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: numb
   return (b: Backend) => b.loadWeight(src, 'keep');
 }
 
-const isaNames = ['generic', 'avx2', 'avx512'];
+const isaNames = ['generic', 'avx2', 'avx512', 'avx512-bf16'];
+/** native/llm.h ISA_AVX512_BF16: prefill matmuls of bf16 weights (M > 16, K even) round x to bf16 */
+const ISA_AVX512_BF16 = 3;
+const roundBf16 = (x: Float32Array) => decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
 
 /**
  * Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand), and
@@ -78,8 +82,11 @@ describe('matmul', () => {
           const x = randomF32(r, M * K);
           const w = weight(randomF32(r, N * K), dtype, [N, K]);
           const bias = randomF32(r, N);
+          // the bf16 dot products' x is x rounded to bf16 (nearest even): the reference gets it so
+          const bf16Dot = isa === ISA_AVX512_BF16 && dtype === 'bf16' && M > 16 && K % 2 === 0;
+          const xRef = bf16Dot ? roundBf16(x) : x;
           await compareBackends(`matmul M=${M} N=${N} K=${K} ${dtype} ${isaNames[isa]}`, ref, cpu, async (b) => {
-            const xt = b.upload(x, [M, K]);
+            const xt = b.upload(b === ref ? xRef : x, [M, K]);
             const wt = await w(b);
             return [b.matmul(xt, wt), b.matmul(xt, wt, b.upload(bias, [N]))];
           }, GEMM);
@@ -347,10 +354,16 @@ describe('mixture of experts', () => {
     const gate = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
     const up = weight(randomF32(r, E * I * D), 'bf16', [E, I, D]);
     const down = weight(randomF32(r, E * D * I), 'bf16', [E, D, I]);
-    await compareBackends('moe prefill', ref, cpu, async (b) => {
-      const routing = b.moeRoute(b.upload(logits, [T, E]), K, true);
-      return [b.moeFfn(b.upload(x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
-    }, GEMM);
+    await forEachIsa(async (isa) => {
+      // with bf16 dot products (experts' rows > 16) x and the GLU's output are rounded to bf16 (2^-9
+      // relative each) before their matmuls: errors of ~2^-8 of the sums of |terms| (outputs here
+      // reach ~20), so an absolute bound of that size (a wrong expert or row is off by units)
+      const tol = isa === ISA_AVX512_BF16 ? { atol: 0.1, rtol: 1e-2 } : GEMM;
+      await compareBackends(`moe prefill ${isaNames[isa]}`, ref, cpu, async (b) => {
+        const routing = b.moeRoute(b.upload(logits, [T, E]), K, true);
+        return [b.moeFfn(b.upload(x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
+      }, tol);
+    });
   });
 });
 

@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process';
 import { describe, it } from 'node:test';
 
 import { envChoice, envInt, envNumber, envSwitch } from '../../src/backends/common/env.ts';
-import { gemvParallelMinBytes } from '../../src/backends/cpu/cpu-knobs.ts';
+import { cpuBf16Dot, gemvParallelMinBytes } from '../../src/backends/cpu/cpu-knobs.ts';
 
 describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
   it('integers: the default when unset or empty; range, step and form checked', () => {
@@ -58,6 +58,22 @@ describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch)', () => {
       assert.notEqual(run.status, 0, `${module} with ${name}=${value} loaded`);
       assert.match(run.stderr, want, `${module}: ${run.stderr.slice(0, 400)}`);
     }
+  });
+
+  it('LLMTS_CPU_BF16_DOT (read by the native library itself): on by default, off caps the kernels at AVX-512\'s f32 ones', () => {
+    assert.equal(cpuBf16Dot({}), true);
+    assert.equal(cpuBf16Dot({ LLMTS_CPU_BF16_DOT: 'off' }), false);
+    assert.throws(() => cpuBf16Dot({ LLMTS_CPU_BF16_DOT: 'no' }), /LLMTS_CPU_BF16_DOT must be "on" or "off", got "no"/);
+    const best = (value: string) => spawnSync(process.execPath, ['--import', 'tsx', '-e',
+      `const { loadNativeLib } = await import('./src/backends/cpu/native-lib.ts'); console.log(loadNativeLib().setIsa(-1));`], {
+      env: { ...process.env, LLMTS_CPU_BF16_DOT: value }, encoding: 'utf8',
+    });
+    const off = best('off');
+    assert.equal(off.status, 0, off.stderr);
+    assert.ok(Number(off.stdout.trim()) <= 2, `with LLMTS_CPU_BF16_DOT=off the best ISA is ${off.stdout.trim()} (3 is AVX512-BF16)`);
+    const bad = best('0');
+    assert.notEqual(bad.status, 0, 'the library loaded with LLMTS_CPU_BF16_DOT=0');
+    assert.match(bad.stderr, /LLMTS_CPU_BF16_DOT must be "on" or "off", got "0"/);
   });
 
   it('LLMTS_GEMV_PAR_MIN_BYTES (read by the native library itself) is checked when the CPU backend loads it', () => {

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import koffi from 'koffi';
 
 import type { DType } from '../../contracts/backend.ts';
-import { gemvParallelMinBytes } from './cpu-knobs.ts';
+import { cpuBf16Dot, gemvParallelMinBytes } from './cpu-knobs.ts';
 
 /** dtype codes of native/llm.h */
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
@@ -81,6 +81,7 @@ let loaded: NativeLib | null = null;
 export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibraryPath): NativeLib {
   if (loaded) return loaded;
   gemvParallelMinBytes();
+  cpuBf16Dot();
   if (!existsSync(path)) {
     throw new Error(`CPU backend: native library ${path} is missing; build it with \`npm run build:native\` ` +
       '(needs gcc with OpenMP)');
