@@ -44,6 +44,8 @@ import { fileURLToPath } from 'node:url';
 import os from 'node:os';
 import path from 'node:path';
 
+import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
+
 const originalEnv = { ...process.env };
 const { values } = parseArgs({
   options: {
@@ -224,6 +226,8 @@ async function main() {
     sum + [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down].reduce((a, t) => a + numel(t) * dtypeBytes[t.dtype], 0), 0)
     + numel(m.model.weights.lmHead) * dtypeBytes[m.model.weights.lmHead.dtype];
   const weightDtypes = [...new Set(m.model.weights.layers.flatMap((l) => [l.attn.q.dtype, l.mlp.down.dtype]))].join('/');
+  // ISA_AVX512_BF16 (native/llm.h): prefill matmuls of bf16 weights round x to bf16 (LLMTS_CPU_BF16_DOT)
+  const bf16Dot = weightDtypes.includes('bf16') && loadNativeLib().setIsa(-1) === 3;
 
   // ---- correctness ----
   const prefixLen = (a: number[], b: number[]) => { let k = 0; while (k < a.length && k < b.length && a[k] === b[k]) k++; return k; };
@@ -334,7 +338,10 @@ async function main() {
     loadAvg: { before: load0, after: load1 }, quietBelowCores: quietBelow,
     commit, node: process.version, model: modelDir, gguf, promptTokens, decodeTokens, repeats, batch, weightBytesPerDecodeStep: weightBytes,
     llmts: { threads, openmp: `OMP_NUM_THREADS=${threads}, OMP_WAIT_POLICY=${process.env.OMP_WAIT_POLICY}`,
-      precision: `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, f32 KV cache` },
+      precision: bf16Dot
+        ? `${weightDtypes} weights; prefill matmuls round activations to bf16 for the CPU's AVX512-BF16 dot products, decode ` +
+          'widens the weights to f32 in registers (f32 activations); f32 accumulation, f32 KV cache'
+        : `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, f32 KV cache` },
     llamaCpp: { ...info, uvThreadpoolSize: undefined, ompWaitPolicy: undefined, precision: peerPrecision,
       workers: peers.map((p) => ({ name: p.name, uvThreadpoolSize: p.info.uvThreadpoolSize, ompWaitPolicy: p.info.ompWaitPolicy })) },
     correctness, tokPerS, ratioLlmtsOver: ratios,
