@@ -174,12 +174,7 @@ static void FN(gemm_packed)(const float *x, const void *w, int dt, const float *
               FN(micro)(wf + jr * KC, xpb, kc, ct + jr * ldc + pp * PW, ldc, k0 == 0);
           }
         }
-        const int64_t m_lo = p0 * PW, m_hi = (p0 + np) * PW < M ? (p0 + np) * PW : M;
-        for (int64_t m = m_lo; m < m_hi; m++) {
-          float *yr = y + m * N + j0;
-          const float *cc = ct + (m - m_lo);
-          for (int64_t r = 0; r < nb; r++) yr[r] = cc[r * ldc] + (bias ? bias[j0 + r] : 0.0f);
-        }
+        gemm_store_yt(y, N, ct, ldc, p0 * PW, (p0 + np) * PW < M ? (p0 + np) * PW : M, j0, nb, bias);
       }
     }
     free(wf);

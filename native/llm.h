@@ -79,6 +79,16 @@ int llm_isa(void);
 // Multi-threaded internally (call from outside any OpenMP region).
 void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y, int64_t M, int64_t N,
           int64_t K);
+// The packed matmuls' write-back: y[m][j0 + r] = ct[r * ldc + m - m_lo] (+ bias[j0 + r]) for rows
+// [m_lo, m_hi) and r < nb, from a work item's y^T block.
+static inline void gemm_store_yt(float *y, int64_t N, const float *ct, int64_t ldc, int64_t m_lo, int64_t m_hi,
+                                 int64_t j0, int64_t nb, const float *bias) {
+  for (int64_t m = m_lo; m < m_hi; m++) {
+    float *yr = y + m * N + j0;
+    const float *cc = ct + (m - m_lo);
+    for (int64_t r = 0; r < nb; r++) yr[r] = cc[r * ldc] + (bias ? bias[j0 + r] : 0.0f);
+  }
+}
 // The same for bf16 w and M > ROWS_MAX_M, K even, with x rounded to bf16 (gemm_bf16.c; ISA_AVX512_BF16).
 void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
                          int64_t K);
