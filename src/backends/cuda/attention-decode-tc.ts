@@ -39,7 +39,7 @@ const DECODE_TC_BODY = String.raw`
 // chain of global round trips, and these are the first ones; and a block with no split to run
 // exits without waiting. A server's graphs plan the slots for the longest context a row may have
 // (45 at one row on the H200), so at a 512-token context 288 of a launch's 360 blocks are such.
-// H200, B=1: +0.0-0.5% in sessions 7, 8 and 11; session 12, +0.25-0.4% in 5 of 5 pairs (512 and 4k,
+// H200, B=1: +0.0-0.5% in sessions 7, 8 and 11; session 12, +0.04-0.43% in 8 pairs, none slower (512 and 4k,
 // the bench's table and a 32k one).
 #ifndef ATT_TC_EARLY
 #define ATT_TC_EARLY 1
