@@ -79,6 +79,14 @@ const DECODE_TC_BODY = String.raw`
 // a thread) 1% slower. Kept: the tiles' and Q's copy-issue loops rolled (3.6k instructions); the
 // merge's loops unrolled by 4 (rolled up to 8 splits measured the same: 231.1 tok/s at 512, 218.0
 // at 4k, either way).
+// ATT_TC_TRIGGER ($LLMTS_CUDA_ATT_DEFINES; an experiment, 0 by default): when a block lets the next
+// kernel launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
+// kernel's blocks are resident, waiting, while the attention's chain runs; 1: after its split has
+// counted itself (a merging block: before its merge); 2: at its exit.
+#ifndef ATT_TC_TRIGGER
+#define ATT_TC_TRIGGER 0
+#endif
+#define ATT_TC_WAIT() do { pdl_wait(); if (ATT_TC_TRIGGER == 0) pdl_launch_dependents(); } while (0)
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8
 extern "C" { __device__ unsigned long long att_tc_phases[ATT_TC_NPHASES][2]; }
@@ -160,7 +168,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 #define ATT_TC_PHASE(k) do {} while (0)
 #endif
 #if !ATT_TC_EARLY
-  PDL_ENTRY(); // (with ATT_TC_TIMING_SKIP the kernel waits, writes zeros and returns before this)
+  ATT_TC_WAIT(); // (with ATT_TC_TIMING_SKIP the kernel waits, writes zeros and returns before this)
   ATT_TC_PHASE(0);
 #endif
   // [stage][K tile, V tile] (NST 2 TILE elements); Q staged in the last stage before the key loop
@@ -177,7 +185,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   // tables (uploaded before the graph), and the error word; k_attn_plan's list is its output
   bool waited = planReady == 1;
   if (waited) {
-    PDL_ENTRY();
+    ATT_TC_WAIT();
     ATT_TC_PHASE(0);
   }
 #endif
@@ -211,7 +219,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 
 #if ATT_TC_EARLY
     if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
-      PDL_ENTRY();
+      ATT_TC_WAIT();
       waited = true;
       ATT_TC_PHASE(0);
     }
@@ -414,6 +422,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         if (s_last) counters[idx] = 0;
       }
       __syncthreads();
+      if (ATT_TC_TRIGGER == 1) pdl_launch_dependents();
       ATT_TC_PHASE(3);
       if (s_last) {
 #if !ATT_TC_SYNC
