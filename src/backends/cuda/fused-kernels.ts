@@ -114,6 +114,12 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 #ifndef ROPE_TIMING_SKIP
 #define ROPE_TIMING_SKIP 0
 #endif
+// ROPE_TRIGGER=1 (an experiment; 0 by default): the next kernel (the decode attention) launches when
+// this one's blocks exit, not after their wait, so its blocks are not resident during this chain
+#ifndef ROPE_TRIGGER
+#define ROPE_TRIGGER 0
+#endif
+#define ROPE_WAIT() do { pdl_wait(); if (!ROPE_TRIGGER) pdl_launch_dependents(); } while (0)
 extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, const float* invFreq, int invStride,
                                       float scaling, const void* qnw, const void* knw, int nwdt, float eps, float off,
                                       u16* qOut, void* kpool, void* vpool, int pdt, const int* slots, int T, int H,
@@ -133,9 +139,9 @@ extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, 
     c0 = cosf(ang) * scaling;
     s0 = sinf(ang) * scaling;
   }
-  PDL_ENTRY();
+  ROPE_WAIT();
 #else
-  PDL_ENTRY();
+  ROPE_WAIT();
 #endif
   if (ROPE_TIMING_SKIP) return;
   const i64 W = (i64)(H + 2 * KVH) * D;
