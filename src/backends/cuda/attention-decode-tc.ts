@@ -79,13 +79,11 @@ const DECODE_TC_BODY = String.raw`
 // a thread) 1% slower. Kept: the tiles' and Q's copy-issue loops rolled (3.6k instructions); the
 // merge's loops unrolled by 4 (rolled up to 8 splits measured the same: 231.1 tok/s at 512, 218.0
 // at 4k, either way).
-// ATT_TC_TRIGGER ($LLMTS_CUDA_ATT_DEFINES; an experiment, 0 by default): when a block lets the next
-// kernel launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
-// kernel's blocks are resident, waiting, while the attention's chain runs; 1: after its split has
-// counted itself (a merging block: before its merge); 2: at its exit.
-#ifndef ATT_TC_TRIGGER
-#define ATT_TC_TRIGGER 0
-#endif
+// ATT_TC_TRIGGER (attention-kernels.ts, $LLMTS_CUDA_ATT_TC_TRIGGER): when a block lets the next kernel
+// launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
+// kernel's blocks sit resident, waiting, beside the attention's chain; 1 (default): once its split
+// has counted itself (a merging block: before its merge; a lone split or an idle slot: at its exit);
+// 2: at its exit.
 #define ATT_TC_WAIT() do { pdl_wait(); if (ATT_TC_TRIGGER == 0) pdl_launch_dependents(); } while (0)
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8

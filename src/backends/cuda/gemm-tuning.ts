@@ -1,6 +1,7 @@
 // Which GEMMs the cuBLASLt tuner (gemm.ts) times, and what timing holds: plain values, so the fit
 // planner's dry run (execution/fit/dry-run-backend.ts) models the tuner from the same numbers.
 
+import { ATT_TC_TRIGGER } from './attention-kernels.ts';
 import { envNumber } from '../common/env.ts';
 
 /**
@@ -35,8 +36,10 @@ export const L2_FLUSH_BYTES = 128 * 1024 * 1024;
 export const GEMV_MARGIN = envNumber('LLMTS_CUDA_GEMV_MARGIN', 1.1, { min: 1, max: 4 });
 
 /**
- * The margin a GEMV gets where the shape is tuned right after an attention kernel (the o
- * projection): 1, only when faster alone ($LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION sets it). What
+ * The margin a GEMV gets where the shape is tuned right after an attention kernel that lets the next
+ * one launch at its start (the o projection; the tensor-core decode kernel does so only with
+ * $LLMTS_CUDA_ATT_TC_TRIGGER=entry, see GEMV_MARGIN_AFTER_TC_ATTENTION): 1, only when faster alone
+ * ($LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION sets it). What
  * GEMV_MARGIN's PDL overlap buys behind a bandwidth-bound kernel's tail does not happen behind the
  * decode attention, a latency-bound chain: there the GEMV's early blocks only add their loads to
  * the attention's. H200, 8B shapes, session 9: o on cuBLASLt (14.5 us alone against
@@ -45,10 +48,22 @@ export const GEMV_MARGIN = envNumber('LLMTS_CUDA_GEMV_MARGIN', 1.1, { min: 1, ma
  */
 export const GEMV_MARGIN_AFTER_ATTENTION = envNumber('LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION', 1, { min: 1, max: 4 });
 
+/**
+ * The margin behind the tensor-core decode attention when it lets the next kernel launch only once
+ * its splits are done (ATT_TC_TRIGGER, attention-kernels.ts: not at `entry`): then the GEMV's blocks
+ * do not wait beside the attention's chain, and PDL into gate/up (which cuBLASLt's kernel does not
+ * give) pays. H200, 8B shapes, session 13: o on k_gemv_m1_u8/w4 ran B=1 0.9-1.1% faster at 512 and
+ * 1.5-1.8% at 4k than on cuBLASLt, although alone it took 15.1-16.1 us against cuBLASLt's
+ * 14.3-14.9 (up to 1.12x); u8/w2 (15.8-16.6 alone) 0.5% less. $LLMTS_CUDA_GEMV_MARGIN_AFTER_TC_ATTENTION
+ * sets it.
+ */
+export const GEMV_MARGIN_AFTER_TC_ATTENTION = envNumber('LLMTS_CUDA_GEMV_MARGIN_AFTER_TC_ATTENTION', 1.2, { min: 1, max: 4 });
+
 /** The GEMV margin of a shape tuned with `previousKernel` the last kernel enqueued before it. */
 export function gemvMarginAfter(previousKernel: string | undefined, margin = GEMV_MARGIN,
-    afterAttention = GEMV_MARGIN_AFTER_ATTENTION): number {
-  return previousKernel !== undefined && previousKernel.startsWith('k_attn_') ? afterAttention : margin;
+    afterAttention = GEMV_MARGIN_AFTER_ATTENTION, afterTcAttention = ATT_TC_TRIGGER === 'entry' ? afterAttention : GEMV_MARGIN_AFTER_TC_ATTENTION): number {
+  if (previousKernel === undefined || !previousKernel.startsWith('k_attn_')) return margin;
+  return previousKernel.startsWith('k_attn_decode_tc_') ? afterTcAttention : afterAttention;
 }
 
 /** The time a GEMV of a timed class must beat to take it: cuBLASLt's best x the margin; 'prefer': any. */

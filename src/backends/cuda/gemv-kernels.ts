@@ -330,9 +330,7 @@ __device__ __forceinline__ void gemv_store_rope_row(float* acc, float (*red)[MMA
 // (Its fused twins, which made the GLU or the norm per weight chunk of every row, were
 // compute-bound: 2.6x and 1.8x slower than the unfused ops at one row on the H200; the fused ops
 // use the persistent kernels below, which make x once per block.)
-// LATE: wait first (PDL_ENTRY before any load), for a GEMV behind a latency-bound kernel whose chain
-// of round trips its early loads would slow (GEMV_LATE_U16 / GEMV_LATE_U8 below).
-template <int MMAX, int UNR, bool LATE = false>
+template <int MMAX, int UNR>
 __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvIn& in, u16* __restrict__ y,
                                           int M, int N, int K, int WPR) {
   __shared__ float red[8][MMAX];
@@ -347,8 +345,7 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
   float acc[MMAX];
   #pragma unroll
   for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
-  bool waited = LATE;
-  if (LATE) PDL_ENTRY();
+  bool waited = false;
   for (int c0 = cBegin; c0 < cEnd || !waited; c0 += 32 * UNR) {
     uint4 wv[UNR];
     #pragma unroll
@@ -375,26 +372,18 @@ __device__ __forceinline__ void gemv_rows(const u16* __restrict__ w, const GemvI
   gemv_store_row<MMAX>(acc, red, y, M, N, n, WPR);
 }
 
-// GEMV_LATE_U16 / GEMV_LATE_U8 ($LLMTS_CUDA_GEMV_DEFINES; 0 by default): k_gemv_m1_u16 / k_gemv_m1_u8
-// wait before their first weight loads (gemv_rows' LATE)
-#ifndef GEMV_LATE_U16
-#define GEMV_LATE_U16 0
-#endif
-#ifndef GEMV_LATE_U8
-#define GEMV_LATE_U8 0
-#endif
-#define GEMV_KERNEL(MMAX, UNR, LATE) \
+#define GEMV_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_m##MMAX##_u##UNR(const u16* w, const u16* x, u16* y, \
     int M, int N, int K, int WPR) { \
   GemvIn in = GemvIn(); \
   in.x = x; \
-  gemv_rows<MMAX, UNR, (LATE) != 0>(w, in, y, M, N, K, WPR); \
+  gemv_rows<MMAX, UNR>(w, in, y, M, N, K, WPR); \
 }
-GEMV_KERNEL(1, 16, GEMV_LATE_U16)
-GEMV_KERNEL(1, 8, GEMV_LATE_U8)
-GEMV_KERNEL(2, 16, 0)
-GEMV_KERNEL(4, 8, 0)
-GEMV_KERNEL(8, 4, 0)
+GEMV_KERNEL(1, 16)
+GEMV_KERNEL(1, 8)
+GEMV_KERNEL(2, 16)
+GEMV_KERNEL(4, 8)
+GEMV_KERNEL(8, 4)
 
 // ---- the persistent, software-pipelined kernels (k_gemvp_*) ----------------------------------------
 //
