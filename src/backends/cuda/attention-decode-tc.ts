@@ -130,6 +130,88 @@ __device__ __forceinline__ void att_tc_fold(const float* s_part, const float* s_
   }
 }
 
+// ATT_TC_WARM ($LLMTS_CUDA_ATT_DEFINES; an experiment, 0 by default): 1, every block with a split to
+// merge runs the merge's code once dry (no global reads or writes) before its PDL wait, so that the
+// merging block finds those instructions in its SM's instruction cache: at one row the merge runs
+// once a kernel, each cache line of it a round trip in the chain (session 11: a fold of 5 splits
+// took 4.5k cycles its first time, 1.5k at once again). The merge is then a call (noinline), so
+// both runs execute the same instructions; 2: the call without the dry run (the control).
+#ifndef ATT_TC_WARM
+#define ATT_TC_WARM 0
+#endif
+#if ATT_TC_WARM
+#define ATT_TC_MERGE_INLINE __noinline__
+#else
+#define ATT_TC_MERGE_INLINE __forceinline__
+#endif
+// thread 0 adds the cycles since the last mark to phase k (s_ph: the block's counters, ATT_TC_PHASES)
+#if ATT_TC_PHASES
+#define ATT_TC_PHASE(k) do { if (threadIdx.x == 0) { const long long now_ = clock64(); \
+    s_ph[k] += now_ - s_ph[ATT_TC_NPHASES]; s_ph[ATT_TC_NPHASES] = now_; } } while (0)
+#else
+#define ATT_TC_PHASE(k) do {} while (0)
+#endif
+#if ATT_TC_PHASES
+#define ATT_TC_PH_PARAM , long long* s_ph
+#define ATT_TC_PH_ARG , s_ph
+#else
+#define ATT_TC_PH_PARAM
+#define ATT_TC_PH_ARG
+#endif
+
+// The merge of a (token, kv head)'s ns partials into its group's G heads' outputs (rows outRow ..
+// outRow + G - 1 of out), run by the split that counted last. The partials come into shared memory
+// (s_part: the ring, free by then; no registers hold bytes in flight) by cp.async, CH splits at a
+// time, with their maxima and sums beside them (s_ml: the scores' buffer): one round trip a chunk, 2
+// at 33 splits (4k context, 2 stages, G = 4, d128). Then each thread folds its float4 columns of the
+// group's G x D outputs over the chunk's splits, online. (Before: registers, 4 outputs x 8 splits a
+// thread, with every split's maximum and sum loaded by every thread: measured on the H200 at 4k, the
+// merge took 16.9k cycles, ~10 loaded round trips.) dry (ATT_TC_WARM): the same instructions, no
+// global reads (the copies zero-fill) and no writes.
+template <int D, int NST>
+__device__ ATT_TC_MERGE_INLINE void att_tc_merge(const float* part, const float* partml, u16* out, float* s_part,
+    float* s_ml, int ns, int G, int H, i64 base0, i64 outRow, bool dry ATT_TC_PH_PARAM) {
+  enum { NTH = 128, UM = D / 32, RING_F = NST * ATT_TC_BK * (D + 8) }; // float4 columns a thread at G = 16; the ring in floats
+  const int tid = threadIdx.x;
+  const int GD = G * D, NC4 = GD / 4;
+  const int CH = min(RING_F / GD, 16 * (ATT_TC_BK + 1) / (2 * G)); // >= 4 (G <= 16)
+  float mx[UM], L[UM];
+  float4 O[UM];
+#pragma unroll
+  for (int u = 0; u < UM; u++) mx[u] = NEG_INF, L[u] = 0.0f, O[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int sp0 = 0; sp0 < ns; sp0 += CH) {
+    const int nc = min(CH, ns - sp0);
+    // split sp's G heads are G x D consecutive floats of part
+    for (int c = tid; c < nc * NC4; c += NTH) {
+      const int v = c / NC4, col = c - v * NC4;
+      att_cp16(s_part + c * 4, part + (base0 + (i64)(sp0 + v) * H) * D + col * 4, !dry);
+    }
+    att_cp_commit();
+    for (int p = tid; p < nc * G; p += NTH) {
+      const int v = p / G, row = p - v * G;
+      const i64 ph = base0 + (i64)(sp0 + v) * H + row;
+      s_ml[2 * p] = dry ? NEG_INF : att_ldcg(partml + ph * 2);
+      s_ml[2 * p + 1] = dry ? 0.0f : att_ldcg(partml + ph * 2 + 1);
+    }
+    att_cp_wait<0>();
+    __syncthreads();
+    if (!dry) ATT_TC_PHASE(5);
+    att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
+    __syncthreads(); // the chunk's buffers are free for the next
+    if (!dry) ATT_TC_PHASE(6);
+  }
+#pragma unroll
+  for (int u = 0; u < UM; u++) {
+    const int col = tid + u * NTH, row = col * 4 / D, d = col * 4 - row * D;
+    if (col >= NC4 || dry) continue;
+    const float inv = L[u] > 0.0f ? 1.0f / L[u] : 0.0f;
+    unsigned* dst = (unsigned*)(out + (outRow + row) * D + d);
+    dst[0] = att_pack2(O[u].x * inv, O[u].y * inv);
+    dst[1] = att_pack2(O[u].z * inv, O[u].w * inv);
+  }
+  if (!dry) ATT_TC_PHASE(6);
+}
+
 template <int D>
 __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, const u16* vpool, const int* rows,
     const int* poss, const int* tables, int* plan, int planReady, u16* out, float* part, float* partml, int T, int H,
@@ -160,10 +242,6 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
     s_ph[ATT_TC_NPHASES] = clock64();
   }
   const long long ph_start = s_ph[ATT_TC_NPHASES]; // thread 0's (the only one that reads it)
-#define ATT_TC_PHASE(k) do { if (threadIdx.x == 0) { const long long now_ = clock64(); \
-    s_ph[k] += now_ - s_ph[ATT_TC_NPHASES]; s_ph[ATT_TC_NPHASES] = now_; } } while (0)
-#else
-#define ATT_TC_PHASE(k) do {} while (0)
 #endif
 #if !ATT_TC_EARLY
   ATT_TC_WAIT(); // (with ATT_TC_TIMING_SKIP the kernel waits, writes zeros and returns before this)
@@ -217,6 +295,9 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 
 #if ATT_TC_EARLY
     if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
+      if (ATT_TC_WARM == 1 && ns > 1 && counters)
+        att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * seff * H + h0,
+                             (i64)t * H + h0, true ATT_TC_PH_ARG);
       ATT_TC_WAIT();
       waited = true;
       ATT_TC_PHASE(0);
@@ -427,55 +508,8 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         __threadfence();
 #endif
         ATT_TC_PHASE(4);
-        // The partials come into shared memory by cp.async (the ring is free: no registers hold
-        // bytes in flight), CH splits at a time, with their maxima and sums beside them (in
-        // s_sc): one round trip a chunk, 2 at 33 splits (4k context, 2 stages, G = 4, d128).
-        // Then each thread folds its float4 columns of the group's G x D outputs over the
-        // chunk's splits, online. (Before: registers, 4 outputs x 8 splits a thread, with every
-        // split's maximum and sum loaded by every thread: measured on the H200 at 4k, the merge
-        // took 16.9k cycles, ~10 loaded round trips.)
-        enum { UM = D / 32, RING_F = NST * TILE }; // float4 columns a thread at G = 16; the ring in floats
-        const int GD = G * D, NC4 = GD / 4;
-        const int CH = min(RING_F / GD, 16 * (BK + 1) / (2 * G)); // >= 4 (G <= 16)
-        float* const s_part = (float*)s_kv;
-        float* const s_ml = &s_sc[0][0];
-        const i64 base0 = (i64)i * seff * H + h0; // (head h0 + row, split sp): base0 + sp H + row
-        float mx[UM], L[UM];
-        float4 O[UM];
-#pragma unroll
-        for (int u = 0; u < UM; u++) mx[u] = NEG_INF, L[u] = 0.0f, O[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int sp0 = 0; sp0 < ns; sp0 += CH) {
-          const int nc = min(CH, ns - sp0);
-          // split sp's G heads are G x D consecutive floats of part
-          for (int c = tid; c < nc * NC4; c += NTH) {
-            const int v = c / NC4, col = c - v * NC4;
-            att_cp16(s_part + c * 4, part + (base0 + (i64)(sp0 + v) * H) * D + col * 4, true);
-          }
-          att_cp_commit();
-          for (int p = tid; p < nc * G; p += NTH) {
-            const int v = p / G, row = p - v * G;
-            const i64 ph = base0 + (i64)(sp0 + v) * H + row;
-            const float pm = att_ldcg(partml + ph * 2), pl = att_ldcg(partml + ph * 2 + 1);
-            s_ml[2 * p] = pm;
-            s_ml[2 * p + 1] = pl;
-          }
-          att_cp_wait<0>();
-          __syncthreads();
-          ATT_TC_PHASE(5);
-          att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
-          __syncthreads(); // the chunk's buffers are free for the next
-          ATT_TC_PHASE(6);
-        }
-#pragma unroll
-        for (int u = 0; u < UM; u++) {
-          const int col = tid + u * NTH, row = col * 4 / D, d = col * 4 - row * D;
-          if (col >= NC4) continue;
-          const float inv = L[u] > 0.0f ? 1.0f / L[u] : 0.0f;
-          unsigned* dst = (unsigned*)(out + ((i64)t * H + h0 + row) * D + d);
-          dst[0] = att_pack2(O[u].x * inv, O[u].y * inv);
-          dst[1] = att_pack2(O[u].z * inv, O[u].w * inv);
-        }
-        ATT_TC_PHASE(6);
+        att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * seff * H + h0,
+                             (i64)t * H + h0, false ATT_TC_PH_ARG);
       }
     }
     __syncthreads(); // the Q staging of the next token reuses the tiles
