@@ -184,9 +184,8 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       seed: 13 }, 'tc', undefined, SIM_SMS, early);
   });
 
-  it('tc with ATT_TC_PHASES=1 (the phase counters compiled in), alone, with early reads and with ATT_TC_SYNC=0 (every thread fences), and with ATT_TC_WARM=1 (a dry merge before the wait): the same results, splits merged and not', () => {
-    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=0'], ['ATT_TC_PHASES=1', 'ATT_TC_SYNC=0'],
-      ['ATT_TC_WARM=1'], ['ATT_TC_WARM=1', 'ATT_TC_PHASES=1']]) {
+  it('tc with ATT_TC_PHASES=1 (the phase counters compiled in), alone, with early reads and with ATT_TC_SYNC=0 (every thread fences): the same results, splits merged and not', () => {
+    for (const defines of [['ATT_TC_PHASES=1'], ['ATT_TC_PHASES=1', 'ATT_TC_EARLY=0'], ['ATT_TC_PHASES=1', 'ATT_TC_SYNC=0']]) {
       for (const [label, c] of cases) check(`${defines.join(' ')} ${label}`, c, 'tc', undefined, SIM_SMS, defines);
       check(`${defines.join(' ')} 40 rows`, { D: 128, H: 8, KVH: 2, BS: 16, rows: Array.from({ length: 40 }, (_, i) => ({ start: (i * 13) % 90 })),
         seed: 8 }, 'tc', undefined, SIM_SMS, defines);

@@ -83,7 +83,8 @@ const DECODE_TC_BODY = String.raw`
 // launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
 // kernel's blocks sit resident, waiting, beside the attention's chain; 1 (default): once its split
 // has counted itself (a merging block: before its merge; a lone split or an idle slot: at its exit);
-// 2: at its exit.
+// 2: at its exit; 3: as 1, but a merging block once its merge's first chunk of partials has landed
+// (the next kernel's early weight loads slow those L2 reads: 2k -> 6.7k cycles at 512, session 13).
 #define ATT_TC_WAIT() do { pdl_wait(); if (ATT_TC_TRIGGER == 0) pdl_launch_dependents(); } while (0)
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8
@@ -130,20 +131,6 @@ __device__ __forceinline__ void att_tc_fold(const float* s_part, const float* s_
   }
 }
 
-// ATT_TC_WARM ($LLMTS_CUDA_ATT_DEFINES; an experiment, 0 by default): 1, every block with a split to
-// merge runs the merge's code once dry (no global reads or writes) before its PDL wait, so that the
-// merging block finds those instructions in its SM's instruction cache: at one row the merge runs
-// once a kernel, each cache line of it a round trip in the chain (session 11: a fold of 5 splits
-// took 4.5k cycles its first time, 1.5k at once again). The merge is then a call (noinline), so
-// both runs execute the same instructions; 2: the call without the dry run (the control).
-#ifndef ATT_TC_WARM
-#define ATT_TC_WARM 0
-#endif
-#if ATT_TC_WARM
-#define ATT_TC_MERGE_INLINE __noinline__
-#else
-#define ATT_TC_MERGE_INLINE __forceinline__
-#endif
 // thread 0 adds the cycles since the last mark to phase k (s_ph: the block's counters, ATT_TC_PHASES)
 #if ATT_TC_PHASES
 #define ATT_TC_PHASE(k) do { if (threadIdx.x == 0) { const long long now_ = clock64(); \
@@ -166,11 +153,11 @@ __device__ __forceinline__ void att_tc_fold(const float* s_part, const float* s_
 // at 33 splits (4k context, 2 stages, G = 4, d128). Then each thread folds its float4 columns of the
 // group's G x D outputs over the chunk's splits, online. (Before: registers, 4 outputs x 8 splits a
 // thread, with every split's maximum and sum loaded by every thread: measured on the H200 at 4k, the
-// merge took 16.9k cycles, ~10 loaded round trips.) dry (ATT_TC_WARM): the same instructions, no
-// global reads (the copies zero-fill) and no writes.
+// merge took 16.9k cycles, ~10 loaded round trips.) With ATT_TC_TRIGGER 3 the next kernel may
+// launch once the first chunk has landed.
 template <int D, int NST>
-__device__ ATT_TC_MERGE_INLINE void att_tc_merge(const float* part, const float* partml, u16* out, float* s_part,
-    float* s_ml, int ns, int G, int H, i64 base0, i64 outRow, bool dry ATT_TC_PH_PARAM) {
+__device__ __forceinline__ void att_tc_merge(const float* part, const float* partml, u16* out, float* s_part,
+    float* s_ml, int ns, int G, int H, i64 base0, i64 outRow ATT_TC_PH_PARAM) {
   enum { NTH = 128, UM = D / 32, RING_F = NST * ATT_TC_BK * (D + 8) }; // float4 columns a thread at G = 16; the ring in floats
   const int tid = threadIdx.x;
   const int GD = G * D, NC4 = GD / 4;
@@ -184,32 +171,33 @@ __device__ ATT_TC_MERGE_INLINE void att_tc_merge(const float* part, const float*
     // split sp's G heads are G x D consecutive floats of part
     for (int c = tid; c < nc * NC4; c += NTH) {
       const int v = c / NC4, col = c - v * NC4;
-      att_cp16(s_part + c * 4, part + (base0 + (i64)(sp0 + v) * H) * D + col * 4, !dry);
+      att_cp16(s_part + c * 4, part + (base0 + (i64)(sp0 + v) * H) * D + col * 4, true);
     }
     att_cp_commit();
     for (int p = tid; p < nc * G; p += NTH) {
       const int v = p / G, row = p - v * G;
       const i64 ph = base0 + (i64)(sp0 + v) * H + row;
-      s_ml[2 * p] = dry ? NEG_INF : att_ldcg(partml + ph * 2);
-      s_ml[2 * p + 1] = dry ? 0.0f : att_ldcg(partml + ph * 2 + 1);
+      s_ml[2 * p] = att_ldcg(partml + ph * 2);
+      s_ml[2 * p + 1] = att_ldcg(partml + ph * 2 + 1);
     }
     att_cp_wait<0>();
     __syncthreads();
-    if (!dry) ATT_TC_PHASE(5);
+    if (ATT_TC_TRIGGER == 3 && sp0 == 0) pdl_launch_dependents();
+    ATT_TC_PHASE(5);
     att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
     __syncthreads(); // the chunk's buffers are free for the next
-    if (!dry) ATT_TC_PHASE(6);
+    ATT_TC_PHASE(6);
   }
 #pragma unroll
   for (int u = 0; u < UM; u++) {
     const int col = tid + u * NTH, row = col * 4 / D, d = col * 4 - row * D;
-    if (col >= NC4 || dry) continue;
+    if (col >= NC4) continue;
     const float inv = L[u] > 0.0f ? 1.0f / L[u] : 0.0f;
     unsigned* dst = (unsigned*)(out + (outRow + row) * D + d);
     dst[0] = att_pack2(O[u].x * inv, O[u].y * inv);
     dst[1] = att_pack2(O[u].z * inv, O[u].w * inv);
   }
-  if (!dry) ATT_TC_PHASE(6);
+  ATT_TC_PHASE(6);
 }
 
 template <int D>
@@ -295,9 +283,6 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 
 #if ATT_TC_EARLY
     if (!waited) { // q and the KV pool (this token's key and value) are the kernels before's outputs
-      if (ATT_TC_WARM == 1 && ns > 1 && counters)
-        att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * seff * H + h0,
-                             (i64)t * H + h0, true ATT_TC_PH_ARG);
       ATT_TC_WAIT();
       waited = true;
       ATT_TC_PHASE(0);
@@ -501,7 +486,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         if (s_last) counters[idx] = 0;
       }
       __syncthreads();
-      if (ATT_TC_TRIGGER == 1) pdl_launch_dependents();
+      if (ATT_TC_TRIGGER == 1 || (ATT_TC_TRIGGER == 3 && !s_last)) pdl_launch_dependents();
       ATT_TC_PHASE(3);
       if (s_last) {
 #if !ATT_TC_SYNC
@@ -509,7 +494,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
 #endif
         ATT_TC_PHASE(4);
         att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * seff * H + h0,
-                             (i64)t * H + h0, false ATT_TC_PH_ARG);
+                             (i64)t * H + h0 ATT_TC_PH_ARG);
       }
     }
     __syncthreads(); // the Q staging of the next token reuses the tiles

@@ -88,11 +88,11 @@ export const ATT_TC_HEADS_FIRST = envChoice('LLMTS_CUDA_ATT_TC_GRID', ['heads-fi
  */
 export const ATT_TC_TRIGGER = attTcTrigger();
 
-export function attTcTrigger(env: Readonly<Record<string, string | undefined>> = process.env): 'split' | 'entry' | 'exit' {
+export function attTcTrigger(env: Readonly<Record<string, string | undefined>> = process.env): 'split' | 'entry' | 'exit' | 'loaded' {
   if (/\bATT_TC_TRIGGER\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
     throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_TRIGGER (the GEMM tuner reads it): use LLMTS_CUDA_ATT_TC_TRIGGER');
   }
-  return envChoice('LLMTS_CUDA_ATT_TC_TRIGGER', ['split', 'entry', 'exit'], env);
+  return envChoice('LLMTS_CUDA_ATT_TC_TRIGGER', ['split', 'entry', 'exit', 'loaded'], env);
 }
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
@@ -175,7 +175,7 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
 #define ATT_TC_BK ${ATT_TC_BK}
 #define ATT_TC_HEADS_FIRST ${ATT_TC_HEADS_FIRST ? 1 : 0}
-#define ATT_TC_TRIGGER ${{ entry: 0, split: 1, exit: 2 }[ATT_TC_TRIGGER]}
+#define ATT_TC_TRIGGER ${{ entry: 0, split: 1, exit: 2, loaded: 3 }[ATT_TC_TRIGGER]}
 #ifndef ATT_TC_TILE_RATIO10 // $LLMTS_CUDA_ATT_DEFINES may set it (the host's slots do not depend on it)
 #define ATT_TC_TILE_RATIO10 65
 #endif

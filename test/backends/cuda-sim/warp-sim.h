@@ -192,7 +192,6 @@ inline void warpBarrier() { yield(WAIT_WARP); }
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
 #define __shared__ static
 #define __launch_bounds__(...)
 
