@@ -6,13 +6,15 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the tc attention triggering at entry and
-# at exit instead of after its splits' counts; o on cuBLASLt and on k_gemv_m1_u8/w2; the rope epilogue;
-# the attention's splits at tile ratio 4).
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the tc attention triggering before its
+# merge, at entry with o on cuBLASLt (before session 13) and at exit; o on cuBLASLt and on
+# k_gemv_m1_u8/w2; the rope epilogue; the attention's splits at tile ratio 4).
 # Session 13's comparisons (a server's 32k table): trigger entry with o on cuBLASLt (the old default)
-# -0.9-1.1% at 512, -1.5-1.8% at 4k; exit even; o on u8/w2 -0.5%, on k_gemvp_m1_u16/w1/b2 -1.5%, on
-# u16/w2 -1.9%; ROPE_TRIGGER=1 (LLMTS_CUDA_FUSED_DEFINES) -0.7% at 512; with the trigger at entry, o's
-# GEMV waiting before its first loads (gone) -0.9%, rope-epilogue -1.1%, LLMTS_CUDA_GEMVP_FUSED_BPS=1 -8%.
+# -0.9-1.1% against split at 512, -1.5-1.8% at 4k; split -0.2-0.3% against loaded; exit -0.4% against
+# split; o on u8/w2 -0.4-0.5%, on k_gemvp_m1_u16/w1/b2 -1.5%, on u16/w2 -1.9%; ROPE_TRIGGER=1
+# (LLMTS_CUDA_FUSED_DEFINES) -0.7% at 512; rope-epilogue -2%; r40 even at 512, -0.4% at 4k; with the
+# trigger at entry, o's GEMV waiting before its first loads -0.9%, LLMTS_CUDA_GEMVP_FUSED_BPS=1 -8%; the
+# merge run dry before the PDL wait to warm the instruction cache -2.2% at 512, -3.9% at 4k (gone).
 # Session 12's comparisons: slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first (-1.3% with a 32k table),
 # mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128 (-1.3% at 512), late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0
 # (-0.3%); earlier: st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 (even)
@@ -28,7 +30,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"entry-cublas:LLMTS_CUDA_ATT_TC_TRIGGER=entry,LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt exit:LLMTS_CUDA_ATT_TC_TRIGGER=exit o-cublas:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt o-w2:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemv_m1_u8/w2 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40"}
+VARIANTS=${VARIANTS:-"split:LLMTS_CUDA_ATT_TC_TRIGGER=split entry-cublas:LLMTS_CUDA_ATT_TC_TRIGGER=entry,LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt exit:LLMTS_CUDA_ATT_TC_TRIGGER=exit o-cublas:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt o-w2:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemv_m1_u8/w2 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 source bench/device-out.sh

@@ -20,10 +20,10 @@ describe('the GEMM tuner', () => {
     assert.equal(gemvBar(14.8, 'prefer'), Infinity);
   });
 
-  it('right after an attention kernel that triggers at its start a GEMV gets no margin; after the tc decode kernel (trigger after its splits) 1.2', () => {
+  it('right after an attention kernel that triggers at its start a GEMV gets no margin; after the tc decode kernel (trigger once its splits are done) 1.2', () => {
     assert.equal(GEMV_MARGIN_AFTER_ATTENTION, 1, 'default when $LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION is unset');
     assert.equal(GEMV_MARGIN_AFTER_TC_ATTENTION, 1.2, 'default when $LLMTS_CUDA_GEMV_MARGIN_AFTER_TC_ATTENTION is unset');
-    assert.equal(ATT_TC_TRIGGER, 'split', 'default when $LLMTS_CUDA_ATT_TC_TRIGGER is unset');
+    assert.equal(ATT_TC_TRIGGER, 'loaded', 'default when $LLMTS_CUDA_ATT_TC_TRIGGER is unset');
     assert.equal(gemvMarginAfter('k_attn_decode_tc_d128'), 1.2);
     assert.equal(gemvMarginAfter('k_attn_decode_tc_d64'), 1.2);
     assert.equal(gemvMarginAfter('k_attn_combine'), 1);
@@ -37,8 +37,9 @@ describe('the GEMM tuner', () => {
     assert.ok(!(15.9 < gemvBar(14.3, 'auto', gemvMarginAfter('k_gemvp_normglu_m1_u16'))), 'elsewhere 1.1');
   });
 
-  it('$LLMTS_CUDA_ATT_TC_TRIGGER: split, entry or exit; LLMTS_CUDA_ATT_DEFINES may not set the macro', () => {
-    assert.equal(attTcTrigger({}), 'split');
+  it('$LLMTS_CUDA_ATT_TC_TRIGGER: loaded, split, entry or exit; LLMTS_CUDA_ATT_DEFINES may not set the macro', () => {
+    assert.equal(attTcTrigger({}), 'loaded');
+    assert.equal(attTcTrigger({ LLMTS_CUDA_ATT_TC_TRIGGER: 'split' }), 'split');
     assert.equal(attTcTrigger({ LLMTS_CUDA_ATT_TC_TRIGGER: 'entry' }), 'entry');
     assert.equal(attTcTrigger({ LLMTS_CUDA_ATT_TC_TRIGGER: 'exit' }), 'exit');
     assert.throws(() => attTcTrigger({ LLMTS_CUDA_ATT_TC_TRIGGER: 'late' }), /LLMTS_CUDA_ATT_TC_TRIGGER/);

@@ -81,10 +81,10 @@ const DECODE_TC_BODY = String.raw`
 // at 4k, either way).
 // ATT_TC_TRIGGER (attention-kernels.ts, $LLMTS_CUDA_ATT_TC_TRIGGER): when a block lets the next kernel
 // launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
-// kernel's blocks sit resident, waiting, beside the attention's chain; 1 (default): once its split
-// has counted itself (a merging block: before its merge; a lone split or an idle slot: at its exit);
-// 2: at its exit; 3: as 1, but a merging block once its merge's first chunk of partials has landed
-// (the next kernel's early weight loads slow those L2 reads: 2k -> 6.7k cycles at 512, session 13).
+// kernel's blocks sit resident, waiting, beside the attention's chain; 1: once its split has counted
+// itself (a merging block: before its merge; a lone split or an idle slot: at its exit); 2: at its
+// exit; 3 (default): as 1, but a merging block once its merge's first chunk of partials has landed
+// (the next kernel's early weight loads slowed those L2 reads from 2k to 6.7k cycles at 512).
 #define ATT_TC_WAIT() do { pdl_wait(); if (ATT_TC_TRIGGER == 0) pdl_launch_dependents(); } while (0)
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8

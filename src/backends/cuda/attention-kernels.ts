@@ -77,22 +77,24 @@ export function attTcMinChunk(env: Readonly<Record<string, string | undefined>> 
 export const ATT_TC_HEADS_FIRST = envChoice('LLMTS_CUDA_ATT_TC_GRID', ['heads-first', 'slots-first']) === 'heads-first';
 /**
  * When a block of the tensor-core decode kernel lets the next kernel launch under PDL
- * ($LLMTS_CUDA_ATT_TC_TRIGGER; the kernel's ATT_TC_TRIGGER 1, 0, 2): `split` (default) once its split
- * has counted itself (the merging block: before its merge), `entry` right after its wait, `exit` at
- * its end. A launched block sits resident, waiting, beside the attention's chain of round trips and
- * slows it: at `entry`, o on our PDL GEMV (k_gemv_m1_u8/w4) ran 1.7% slower at B=1 than on cuBLASLt,
- * which has no PDL; at `split` it ran 0.9-1.1% faster than cuBLASLt's o at 512 and 1.5-1.8% at 4k (H200,
- * session 13, 2 calls, a server's 32k table; `exit` the same within 0.3%), and 64 x 512/256
- * throughput stayed even.
+ * ($LLMTS_CUDA_ATT_TC_TRIGGER; the kernel's ATT_TC_TRIGGER 3, 1, 0, 2): `loaded` (default) once its split
+ * has counted itself, a merging block once its merge's first chunk of partials has landed; `split`
+ * the same, but a merging block before its merge; `entry` right after its wait; `exit` at its end. A
+ * launched block sits resident, waiting, beside the attention's chain of round trips and slows it,
+ * and its early weight loads slow the chain's L2 reads: at `entry`, o on our PDL GEMV
+ * (k_gemv_m1_u8/w4) ran 1.7% slower at B=1 than on cuBLASLt, which has no PDL; at `split` 0.9-1.1%
+ * faster than cuBLASLt's o at 512 and 1.5-1.8% at 4k (H200, session 13, a server's 32k table; 64 x
+ * 512/256 throughput even), but the merge's loads took 6.7k cycles instead of 2k under o's early
+ * loads; `loaded` +0.2-0.3% over `split` (4 of 4 pairs, 512 and 4k); `exit` 0.4% below `split`.
  * gemm-tuning.ts gives o its GEMV margin back where the trigger is not at entry.
  */
 export const ATT_TC_TRIGGER = attTcTrigger();
 
-export function attTcTrigger(env: Readonly<Record<string, string | undefined>> = process.env): 'split' | 'entry' | 'exit' | 'loaded' {
+export function attTcTrigger(env: Readonly<Record<string, string | undefined>> = process.env): 'loaded' | 'split' | 'entry' | 'exit' {
   if (/\bATT_TC_TRIGGER\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
     throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_TRIGGER (the GEMM tuner reads it): use LLMTS_CUDA_ATT_TC_TRIGGER');
   }
-  return envChoice('LLMTS_CUDA_ATT_TC_TRIGGER', ['split', 'entry', 'exit', 'loaded'], env);
+  return envChoice('LLMTS_CUDA_ATT_TC_TRIGGER', ['loaded', 'split', 'entry', 'exit'], env);
 }
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
