@@ -6,9 +6,10 @@
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
-# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the tc attention triggering before its
-# merge, at entry with o on cuBLASLt (before session 13) and at exit; o on cuBLASLt and on
-# k_gemv_m1_u8/w2; the rope epilogue; the attention's splits at tile ratio 4).
+# VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the weight loads evicting their L2
+# lines first (GEMV_L2_EVICT_FIRST, new in session 13, not yet run on a GPU: code, activations and KV
+# may then stay in L2 across layers); the tc attention triggering before its merge, at entry with o on
+# cuBLASLt (before session 13) and at exit; o on cuBLASLt and on k_gemv_m1_u8/w2; the rope epilogue).
 # Session 13's comparisons (a server's 32k table): trigger entry with o on cuBLASLt (the old default)
 # -0.9-1.1% against split at 512, -1.5-1.8% at 4k; split -0.2-0.3% against loaded; exit -0.4% against
 # split; o on u8/w2 -0.4-0.5%, on k_gemvp_m1_u16/w1/b2 -1.5%, on u16/w2 -1.9%; ROPE_TRIGGER=1
@@ -30,7 +31,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out/cuda-decode-ab}
 source bench/cuda-device-lib.sh
-VARIANTS=${VARIANTS:-"split:LLMTS_CUDA_ATT_TC_TRIGGER=split entry-cublas:LLMTS_CUDA_ATT_TC_TRIGGER=entry,LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt exit:LLMTS_CUDA_ATT_TC_TRIGGER=exit o-cublas:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt o-w2:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemv_m1_u8/w2 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on r40:LLMTS_CUDA_ATT_DEFINES=ATT_TC_TILE_RATIO10=40"}
+VARIANTS=${VARIANTS:-"evict-first:LLMTS_CUDA_GEMV_DEFINES=GEMV_L2_EVICT_FIRST=1 split:LLMTS_CUDA_ATT_TC_TRIGGER=split entry-cublas:LLMTS_CUDA_ATT_TC_TRIGGER=entry,LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt exit:LLMTS_CUDA_ATT_TC_TRIGGER=exit o-cublas:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=cublaslt o-w2:LLMTS_CUDA_GEMV_PICKS=1x4096x4096=k_gemv_m1_u8/w2 rope-epilogue:LLMTS_CUDA_ROPE_EPILOGUE=on"}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 source bench/device-out.sh

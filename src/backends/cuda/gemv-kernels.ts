@@ -22,12 +22,27 @@ import { envChoice } from '../common/env.ts';
 
 export const GEMV_KERNEL_SOURCE = String.raw`
 // (without __CUDA_ARCH__: plain loads, for the host warp simulator of test/backends/cuda-sim)
+// GEMV_L2_EVICT_FIRST ($LLMTS_CUDA_GEMV_DEFINES; an experiment, 0 by default): the weight loads ask L2
+// to evict their lines first (a fractional createpolicy, sm_80+), so that a layer's ~440 MB of
+// weights streaming through the 50 MB L2 no longer push out what the step reads again: the kernels'
+// code (at one row the decode attention fetches its instructions anew each layer, a round trip a
+// cache line in its chain), the activations and the KV cache.
+#ifndef GEMV_L2_EVICT_FIRST
+#define GEMV_L2_EVICT_FIRST 0
+#endif
 __device__ __forceinline__ uint4 gemv_ld_stream(const uint4* p) {
 #ifdef __CUDA_ARCH__
   uint4 v;
+#if GEMV_L2_EVICT_FIRST
+  unsigned long long pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+#else
   // volatile: kept in program order before PDL_ENTRY's volatile wait (a plain asm may be sunk past it)
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
   return v;
 #else
   return *p;
