@@ -8,9 +8,9 @@
 // are done together, so a chunk of key/value rows is fetched from memory once for all of them (and
 // re-read from L1/L2 per head). A block is a lone token (decode: attend, each chunk's 16 dot
 // products reduced together) or up to ATTN_QB consecutive tokens of one row (a prefill chunk:
-// attend_block gathers and transposes each chunk of keys once for all its tokens' heads, whose
-// scores are then broadcast multiply-adds into whole vectors; 1.6x on a 512-token prefill, see
-// BENCHMARKS.md). No gather copy of the pool: keys are read in place through the block table.
+// attend_block puts the block's query rows in vector lanes and transposes each chunk of keys once for
+// all of them, so scores, softmax and weighted values run on whole vectors of rows; see
+// attention_impl.h). No gather copy of the pool: keys are read in place through the block table.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,9 +121,14 @@ static int exec_attention(const llm_cmd *c) {
   block[nblocks] = a.T;
   const int64_t items = nblocks * a.KVH, G = a.H / a.KVH;
   const int isa = llm_isa();
+  // attend: CHUNK scores + 2G running max/sum; attend_block: Q transposed (D x RP), keys transposed
+  // (D x CHUNK), scores (CHUNK x RP), 5 RP of max, sum, factor and key bounds (RP: ATTN_QB G rows
+  // rounded up to the widest vector)
+  const int64_t RP = (ATTN_QB * G + 15) / 16 * 16;
+  const int64_t scratchFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP + CHUNK + 2 * G;
 #pragma omp parallel
   {
-    float *scratch = malloc((size_t)(a.D * CHUNK + CHUNK + 2 * ATTN_QB * G) * sizeof(float));
+    float *scratch = malloc((size_t)scratchFloats * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;

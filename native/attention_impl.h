@@ -159,50 +159,110 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
   }
 }
 
-// sg[0..CHUNK) = q . keys, the chunk's keys transposed in kt[d * CHUNK + jj]: broadcasts of q
-// times rows of kt, four partial sums to break the chain of adds.
-SIMD_INLINE void FN(scores_t)(const float *q, const float *kt, int64_t D, float *sg) {
-  enum { NV = CHUNK / VW };
-  VF acc[4][NV];
-  for (int u = 0; u < 4; u++)
-    for (int c = 0; c < NV; c++) acc[u][c] = (VF){0};
-  int64_t d = 0;
-  for (; d + 4 <= D; d += 4)
+// Prefill rows per PV register block and keys per scores register block: AVX-512's 32 registers
+// hold 4 rows x 4 vectors of outputs (PV) or 16 keys' score vectors (scores); AVX2's 16 hold half.
+#if VW == 16
+#define ATTN_PR 4
+#define ATTN_KB 16
+#else
+#define ATTN_PR 2
+#define ATTN_KB 8
+#endif
+
+// o_r[0..D) = o_r * al_r + sum_jj p[jj * RP + r] v[jj][0..D) for the PR rows r0.. (outputs o[k]):
+// each value vector loaded once for PR rows, PR x 4 accumulators.
+SIMD_INLINE void FN(pv_rows)(float *const *o, const float *al, const float *p, int64_t RP, const float *const *v,
+                             int64_t n, int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + 4 * VW <= D; d0 += 4 * VW) {
+    VF c[ATTN_PR][4];
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++) {
-      const VF qd = FN(vsplat)(q[d + u]);
-      for (int c = 0; c < NV; c++) acc[u][c] += qd * FN(vload)(kt + (d + u) * CHUNK + c * VW);
+    for (int k = 0; k < ATTN_PR; k++) {
+      const VF s = FN(vsplat)(al[k]);
+      for (int u = 0; u < 4; u++) c[k][u] = FN(vload)(o[k] + d0 + u * VW) * s;
     }
-  for (; d < D; d++) {
-    const VF qd = FN(vsplat)(q[d]);
-    for (int c = 0; c < NV; c++) acc[0][c] += qd * FN(vload)(kt + d * CHUNK + c * VW);
+    for (int64_t jj = 0; jj < n; jj++) {
+      const float *vr = v[jj] + d0;
+      const VF v0 = FN(vload)(vr), v1 = FN(vload)(vr + VW), v2 = FN(vload)(vr + 2 * VW), v3 = FN(vload)(vr + 3 * VW);
+#pragma GCC unroll 4
+      for (int k = 0; k < ATTN_PR; k++) {
+        const VF w = FN(vsplat)(p[jj * RP + k]);
+        c[k][0] += w * v0;
+        c[k][1] += w * v1;
+        c[k][2] += w * v2;
+        c[k][3] += w * v3;
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < ATTN_PR; k++)
+      for (int u = 0; u < 4; u++) FN(vstore)(o[k] + d0 + u * VW, c[k][u]);
   }
-  for (int c = 0; c < NV; c++) FN(vstore)(sg + c * VW, (acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c]));
+  for (; d0 + VW <= D; d0 += VW) {
+    VF c[ATTN_PR];
+    for (int k = 0; k < ATTN_PR; k++) c[k] = FN(vload)(o[k] + d0) * FN(vsplat)(al[k]);
+    for (int64_t jj = 0; jj < n; jj++) {
+      const VF vv = FN(vload)(v[jj] + d0);
+      for (int k = 0; k < ATTN_PR; k++) c[k] += FN(vsplat)(p[jj * RP + k]) * vv;
+    }
+    for (int k = 0; k < ATTN_PR; k++) FN(vstore)(o[k] + d0, c[k]);
+  }
+  for (int k = 0; k < ATTN_PR; k++)
+    for (int64_t d = d0; d < D; d++) {
+      float c = o[k][d] * al[k];
+      for (int64_t jj = 0; jj < n; jj++) c += p[jj * RP + k] * v[jj][d];
+      o[k][d] = c;
+    }
 }
 
-// The same for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh: each
-// chunk of keys is gathered and transposed once for all nq x G query rows, whose scores are then
-// broadcast multiply-adds into whole vectors (no reductions). scratch: D*CHUNK transposed keys,
-// CHUNK scores, 2*ATTN_QB*G running max/sum floats.
+// The same for one row (the rows past the last whole group of PR).
+SIMD_INLINE void FN(pv_row)(float *o, float al, const float *p, int64_t RP, const float *const *v, int64_t n,
+                            int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + VW <= D; d0 += VW) {
+    VF c = FN(vload)(o + d0) * FN(vsplat)(al);
+    for (int64_t jj = 0; jj < n; jj++) c += FN(vsplat)(p[jj * RP]) * FN(vload)(v[jj] + d0);
+    FN(vstore)(o + d0, c);
+  }
+  for (int64_t d = d0; d < D; d++) {
+    float c = o[d] * al;
+    for (int64_t jj = 0; jj < n; jj++) c += p[jj * RP] * v[jj][d];
+    o[d] = c;
+  }
+}
+
+// The same for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh, with the
+// R = nq x G query rows (token i's head g: row i G + g) in vector lanes: Q transposed once
+// (qt[d RP + r], RP = R rounded up to VW), and per chunk of keys (transposed, kt[d CHUNK + jj])
+// the scores of every row as broadcast multiply-adds, key jj's scores of VW rows a vector
+// (st[jj RP + r]); the online softmax lane-wise over rows; then the weighted values PR rows at a
+// time, each value vector loaded once for them. (Before: a row at a time, two loads per
+// multiply-add; this is ~2x on a 1k-token prefill, see BENCHMARKS.md.) scratch: attend_block_floats.
 static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch) {
-  const int64_t D = a->D, G = a->H / a->KVH;
+  const int64_t D = a->D, G = a->H / a->KVH, R = nq * G, RP = (R + VW - 1) / VW * VW;
   const int32_t *table = a->tables + (int64_t)a->row[t0] * a->MBR;
-  float *kt = scratch, *sg = kt + D * CHUNK, *m = sg + CHUNK, *l = m + nq * G;
+  float *qt = scratch, *kt = qt + D * RP, *st = kt + D * CHUNK, *m = st + CHUNK * RP, *l = m + RP, *al = l + RP;
+  int32_t *lo = (int32_t *)(al + RP), *hi = lo + RP; // row r's keys: [lo, hi] (none when hi < lo)
   const float *krow[CHUNK], *vrow[CHUNK];
   int64_t jlo = INT64_MAX, jhi = -1;
-  for (int64_t i = 0; i < nq; i++) {
-    const int64_t p = a->pos[t0 + i];
-    const int64_t st = attn_start(a, p);
-    if (p >= 0) {
-      jlo = st < jlo ? st : jlo;
-      jhi = p > jhi ? p : jhi;
+  for (int64_t r = 0; r < RP; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    lo[r] = 0;
+    hi[r] = -1; // padding lanes and tokens at position -1 read no key
+    if (r >= R) {
+      for (int64_t d = 0; d < D; d++) qt[d * RP + r] = 0.0f;
+      continue;
     }
-    for (int64_t g = 0; g < G; g++) {
-      m[i * G + g] = -INFINITY;
-      l[i * G + g] = 0.0f;
-    }
-    memset(a->out + ((t0 + i) * a->H + kh * G) * D, 0, (size_t)(G * D) * sizeof(float));
+    const int64_t i = r / G, p = a->pos[t0 + i];
+    const float *q = a->q + ((t0 + i) * a->H + kh * G + r % G) * D;
+    for (int64_t d = 0; d < D; d++) qt[d * RP + r] = q[d];
+    if (p < 0) continue;
+    lo[r] = (int32_t)attn_start(a, p);
+    hi[r] = (int32_t)p;
+    jlo = lo[r] < jlo ? lo[r] : jlo;
+    jhi = p > jhi ? p : jhi;
   }
+  for (int64_t i = 0; i < nq; i++) memset(a->out + ((t0 + i) * a->H + kh * G) * D, 0, (size_t)(G * D) * sizeof(float));
   for (int64_t j0 = jlo; j0 <= jhi; j0 += CHUNK) {
     const int64_t n = jhi + 1 - j0 < CHUNK ? jhi + 1 - j0 : CHUNK;
     FN(chunk_rows)(a, table, kh, j0, n, krow, vrow);
@@ -210,26 +270,76 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
       for (int64_t jj = 0; jj < n; jj++) kt[d * CHUNK + jj] = krow[jj][d];
       for (int64_t jj = n; jj < CHUNK; jj++) kt[d * CHUNK + jj] = 0.0f;
     }
-    for (int64_t i = 0; i < nq; i++) {
-      const int64_t t = t0 + i, p = a->pos[t];
-      const int64_t st = attn_start(a, p);
-      if (p < j0 || st >= j0 + n) continue; // none of its keys in this chunk (or none at all: p = -1)
-      const int64_t lo = st > j0 ? st - j0 : 0, hi = p + 1 - j0 < n ? p + 1 - j0 : n;
-      for (int64_t g = 0; g < G; g++) {
-        const int64_t h = kh * G + g;
-        FN(scores_t)(a->q + (t * a->H + h) * D, kt, D, sg);
-        FN(chunk_update)(a, sg, lo, hi, m + i * G + g, l + i * G + g, a->out + (t * a->H + h) * D, vrow);
+    // scores: st[jj RP + r] = q_r . k_jj, ATTN_KB keys' vectors of VW rows accumulating over d
+    for (int64_t r0 = 0; r0 < RP; r0 += VW)
+      for (int kb = 0; kb < CHUNK; kb += ATTN_KB) {
+        VF acc[ATTN_KB];
+#pragma GCC unroll 16
+        for (int jj = 0; jj < ATTN_KB; jj++) acc[jj] = (VF){0};
+        for (int64_t d = 0; d < D; d++) {
+          const VF qv = FN(vload)(qt + d * RP + r0);
+          const float *kd = kt + d * CHUNK + kb;
+#pragma GCC unroll 16
+          for (int jj = 0; jj < ATTN_KB; jj++) acc[jj] += FN(vsplat)(kd[jj]) * qv;
+        }
+#pragma GCC unroll 16
+        for (int jj = 0; jj < ATTN_KB; jj++) FN(vstore)(st + (kb + jj) * RP + r0, acc[jj]);
+      }
+    // the online softmax, lane-wise over rows: scale and cap, mask each row's keys, new maxima,
+    // the old sums' and outputs' factors (al), then the weights
+    const float scale = a->scale, cap = a->softcap;
+    for (int64_t jj = 0; jj < CHUNK; jj++) {
+      float *sj = st + jj * RP;
+      const int32_t j = (int32_t)(j0 + jj);
+      for (int64_t r = 0; r < RP; r++) {
+        float x = sj[r] * scale;
+        if (cap > 0.0f) x = cap * fast_tanhf(x / cap);
+        sj[r] = jj < n && j >= lo[r] && j <= hi[r] ? x : -INFINITY;
       }
     }
-  }
-  for (int64_t i = 0; i < nq; i++)
-    for (int64_t g = 0; g < G; g++) {
-      float *o = a->out + ((t0 + i) * a->H + kh * G + g) * D;
-      const float inv = l[i * G + g] > 0.0f ? 1.0f / l[i * G + g] : 0.0f; // no key (position -1): zeros
-      for (int64_t d = 0; d < D; d++) o[d] *= inv;
+    // (every loop runs along r, the lanes: the chunk's maxima gather in al first)
+    for (int64_t r = 0; r < RP; r++) al[r] = m[r];
+    for (int64_t jj = 0; jj < CHUNK; jj++)
+      for (int64_t r = 0; r < RP; r++) al[r] = st[jj * RP + r] > al[r] ? st[jj * RP + r] : al[r];
+    for (int64_t r = 0; r < RP; r++) {
+      const float cm = al[r];
+      al[r] = cm == m[r] ? 1.0f : fast_expf(m[r] - cm); // ~0 on a row's first keys (m = -inf)
+      m[r] = cm;
+      l[r] *= al[r];
     }
+    for (int64_t jj = 0; jj < CHUNK; jj++) {
+      float *sj = st + jj * RP;
+      for (int64_t r = 0; r < RP; r++) {
+        const float mu = m[r] == -INFINITY ? 0.0f : m[r];
+        sj[r] = sj[r] == -INFINITY ? 0.0f : fast_expf(sj[r] - mu);
+        l[r] += sj[r];
+      }
+    }
+    // the weighted values, ATTN_PR rows at a time (a group none of whose rows has a key in the
+    // chunk is skipped: its weights are 0 and its factors 1)
+    int64_t r = 0;
+    for (; r + ATTN_PR <= R; r += ATTN_PR) {
+      int any = 0;
+      float *o[ATTN_PR];
+      for (int k = 0; k < ATTN_PR; k++) {
+        any |= hi[r + k] >= j0 && lo[r + k] < j0 + n;
+        o[k] = a->out + ((t0 + (r + k) / G) * a->H + kh * G + (r + k) % G) * D;
+      }
+      if (any) FN(pv_rows)(o, al + r, st + r, RP, vrow, n, D);
+    }
+    for (; r < R; r++)
+      if (hi[r] >= j0 && lo[r] < j0 + n)
+        FN(pv_row)(a->out + ((t0 + r / G) * a->H + kh * G + r % G) * D, al[r], st + r, RP, vrow, n, D);
+  }
+  for (int64_t r = 0; r < R; r++) {
+    float *o = a->out + ((t0 + r / G) * a->H + kh * G + r % G) * D;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; // no key (position -1): zeros
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+  }
 }
 
+#undef ATTN_PR
+#undef ATTN_KB
 #undef VF
 #undef VU
 #undef VI
