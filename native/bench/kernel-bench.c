@@ -1,6 +1,7 @@
 // Kernel bench without Node (e.g. a GPU host that has no Node.js): drives the library through its
 // exported queue API and prints matmul GFLOP/s and GB/s at decode and prefill shapes, a stream
-// (elementwise add) ceiling, and paged attention at decode (4k context) and 512-token prefill.
+// (elementwise add) ceiling, and paged attention at decode (4k context), a 512-token prefill and a
+// 1k-token prefill at the demo model's shape.
 //
 //   gcc -std=gnu11 -O3 -fopenmp -fno-math-errno -Wno-psabi native/bench/kernel-bench.c native/*.c -lm \
 //       -o build/kernel-bench && OMP_WAIT_POLICY=passive build/kernel-bench
@@ -45,9 +46,11 @@ int main(int argc,char**argv){
       free(w);
     }
   }
-  // attention: decode at 4k context and a 512-token prefill; H=32, KVH=8, D=128, BS=16
-  int H=32,KVH=8,D=128,BS=16;
-  for(int cse=0;cse<2;cse++){ int T = cse?512:1, ctx = cse?512:4096; int NB=ctx/BS;
+  // attention: decode at 4k context and a 512-token prefill (H=32, KVH=8, D=128), and a 1k-token
+  // prefill at the demo model's shape (H=6, KVH=2, D=64); BS=16
+  int BS=16;
+  for(int cse=0;cse<3;cse++){ int T = cse==2?1024:(cse?512:1), ctx = cse==2?1024:(cse?512:4096); int NB=ctx/BS;
+    int H = cse==2?6:32, KVH = cse==2?2:8, D = cse==2?64:128;
     float*kp=rnd((size_t)NB*BS*KVH*D),*vp=rnd((size_t)NB*BS*KVH*D),*q=rnd((size_t)T*H*D),*out=rnd((size_t)T*H*D);
     int32_t*row=(int32_t*)(intptr_t)llm_alloc(T*4),*pos=(int32_t*)(intptr_t)llm_alloc(T*4),*tab=(int32_t*)(intptr_t)llm_alloc(NB*4);
     for(int t=0;t<T;t++){row[t]=0;pos[t]=cse?t:ctx-1;} for(int b=0;b<NB;b++)tab[b]=b;
@@ -55,7 +58,7 @@ int main(int argc,char**argv){
     int reps=cse?3:50; t0=now();
     for(int r=0;r<reps;r++) llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,0.088,0);
     sync_(); double ms=(now()-t0)/reps*1e3; double keys = cse? (double)T*(T+1)/2 : (double)ctx;
-    printf("attention T=%d ctx=%d: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", T, ctx, ms, 4*keys*H*D/(ms*1e6), cse?0:(double)ctx*KVH*D*8/(ms*1e6));
+    printf("attention H=%d KVH=%d D=%d T=%d ctx=%d: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", H, KVH, D, T, ctx, ms, 4*keys*H*D/(ms*1e6), cse?0:(double)ctx*KVH*D*8/(ms*1e6));
   }
   return 0;
 }
