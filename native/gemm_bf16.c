@@ -12,8 +12,9 @@
 //
 // Layout as gemm_impl.h's packed path: x in K-major panels of PW rows, but as pairs of k
 // (xp[(k/2) PW + ii] holds x[row ii][k], x[row ii][k+1] in one 32-bit unit: a vector load takes
-// 16 rows' pairs); weights copied KC columns at a time into a [NB][KC] block; an NRW x PW block of
-// y^T in registers.
+// 16 rows' pairs); weights read in place, NRW rows of KC columns a micro-kernel call (a last,
+// partial group of rows copied zero-padded; copying every block, once per 128 rows of x, cost 8-13%
+// at the demo's and 8B's shapes); an NRW x PW block of y^T in registers.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,prefer-vector-width=512")
 #include <immintrin.h>
 #include <stdint.h>
@@ -53,8 +54,8 @@ static void pack_panel_bf16(uint32_t *xp, const float *x, int64_t M, int64_t K, 
   }
 }
 
-// ct[r ldc + 0..PW) (+)= sum_k wb[r KC + k] x[.. k] over the block's kc (even) columns, r < NRW.
-static inline void micro_bf16(const uint16_t *wb, const uint32_t *xp, int64_t kc, float *ct, int64_t ldc,
+// ct[r ldc + 0..PW) (+)= sum_k wb[r ldw + k] x[.. k] over the block's kc (even) columns, r < NRW.
+static inline void micro_bf16(const uint16_t *wb, int64_t ldw, const uint32_t *xp, int64_t kc, float *ct, int64_t ldc,
                               int first) {
   __m512 c[NRW][2];
   for (int r = 0; r < NRW; r++) {
@@ -66,7 +67,7 @@ static inline void micro_bf16(const uint16_t *wb, const uint32_t *xp, int64_t kc
     const __m512bh x1 = (__m512bh)_mm512_load_si512(xp + k2 * PW + 16);
     for (int r = 0; r < NRW; r++) {
       int32_t pair;
-      memcpy(&pair, wb + r * KC + 2 * k2, 4);
+      memcpy(&pair, wb + r * ldw + 2 * k2, 4);
       const __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
       c[r][0] = _mm512_dpbf16_ps(c[r][0], x0, b);
       c[r][1] = _mm512_dpbf16_ps(c[r][1], x1, b);
@@ -88,7 +89,7 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
   const int64_t nbi = (N + NB - 1) / NB, nmi = (P + MP - 1) / MP, ldc = MP * PW;
 #pragma omp parallel
   {
-    uint16_t *wb = aligned_alloc(64, (size_t)(NB * KC) * sizeof(uint16_t)); // [NB][KC] weight block
+    uint16_t *wt = aligned_alloc(64, (size_t)(NRW * KC) * sizeof(uint16_t)); // a last, partial row group, zero-padded
     float *ct = aligned_alloc(64, (size_t)(NB * ldc) * sizeof(float));       // [NB][MP PW] y^T block
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t bi = 0; bi < nbi; bi++) {
@@ -98,18 +99,24 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
         const int64_t p0 = mi * MP, np = P - p0 < MP ? P - p0 : MP;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
           const int64_t kc = K - k0 < KC ? K - k0 : KC;
-          for (int64_t r = 0; r < nb; r++) memcpy(wb + r * KC, w + (j0 + r) * K + k0, (size_t)kc * 2);
-          for (int64_t r = nb; r < nbr; r++) memset(wb + r * KC, 0, (size_t)kc * 2);
+          const int64_t full = nb / NRW * NRW; // row groups read in place; a partial last one from wt
+          for (int64_t r = full; r < nbr; r++) {
+            if (r < nb) memcpy(wt + (r - full) * KC, w + (j0 + r) * K + k0, (size_t)kc * 2);
+            else memset(wt + (r - full) * KC, 0, (size_t)kc * 2);
+          }
           for (int64_t pp = 0; pp < np; pp++) {
             const uint32_t *xpb = xp + (p0 + pp) * K2 * PW + (k0 / 2) * PW;
-            for (int64_t jr = 0; jr < nbr; jr += NRW)
-              micro_bf16(wb + jr * KC, xpb, kc, ct + jr * ldc + pp * PW, ldc, k0 == 0);
+            for (int64_t jr = 0; jr < nbr; jr += NRW) {
+              const int inplace = jr < full;
+              micro_bf16(inplace ? w + (j0 + jr) * K + k0 : wt, inplace ? K : KC, xpb, kc, ct + jr * ldc + pp * PW, ldc,
+                         k0 == 0);
+            }
           }
         }
         gemm_store_yt(y, N, ct, ldc, p0 * PW, (p0 + np) * PW < M ? (p0 + np) * PW : M, j0, nb, bias);
       }
     }
-    free(wb);
+    free(wt);
     free(ct);
   }
   free(xp);
