@@ -289,6 +289,31 @@ describe('paged KV: writeKv and attention', () => {
   });
 });
 
+describe('attention: a long prefill chunk (blocks of up to 32 tokens, their query heads in vector lanes)', () => {
+  // 70 tokens of one row after a 9-token cached prefix, then a second row's 37: blocks of 32 + 32 + 6
+  // and 32 + 5 tokens at G = 3 (96 rows: 6 vectors of 16, 12 of 8), head dim 40 (vector and scalar tails)
+  it('matches the reference with and without a window and softcap, every ISA', async () => {
+    const [nb, bs, kvh, h, d] = [16, 8, 2, 6, 40];
+    const rr = rng(21);
+    const rows = new Int32Array([...Array(70).fill(0), ...Array(37).fill(1)]);
+    const pos = new Int32Array([...Array.from({ length: 70 }, (_, i) => 9 + i), ...Array.from({ length: 37 }, (_, i) => i)]);
+    const T = rows.length;
+    // row 0: positions 0..78 in 10 scattered blocks; row 1: 0..36 in 5; -1 past them
+    const table = new Int32Array([3, 0, 7, 12, 5, 9, 14, 1, 2, 4, -1, 6, 8, 10, 11, 13, -1, -1, -1, -1, -1, -1]);
+    const kp = randomF32(rr, nb * bs * kvh * d), vp = randomF32(rr, nb * bs * kvh * d), qq = randomF32(rr, T * h * d);
+    for (const params of [{ scale: 0.16, window: 0, softcap: 0 }, { scale: 0.3, window: 20, softcap: 4 }]) {
+      await forEachIsa(() => compareBackends(`attention long prefill ${JSON.stringify(params)}`, ref, cpu, (b) => {
+        const kv = { k: b.upload(kp, [nb, bs, kvh, d]), v: b.upload(vp, [nb, bs, kvh, d]) };
+        const layout: StepLayout = {
+          tokenRow: b.upload(rows, [T]), tokenPos: b.upload(pos, [T]), slots: b.upload(new Int32Array(T).fill(-1), [T]),
+          blockTables: b.upload(table, [2, 11]), blockSize: bs,
+        };
+        return [b.attention(b.upload(qq, [T, h, d]), kv, layout, params)];
+      }, { atol: 2e-5, rtol: 1e-4 }));
+    }
+  });
+});
+
 describe('attention padding (graph replays pad a batch with rows at position -1)', () => {
   it('a token at position -1 reads no key and gets zeros, beside real tokens, without an error', async () => {
     const [nb, bs, kvh, h, d] = [4, 4, 2, 4, 16];
