@@ -124,10 +124,17 @@ static int exec_attention(const llm_cmd *c) {
   const int64_t G = a.H / a.KVH, qb = attn_qb(a.D, G);
   int64_t *block = malloc((size_t)(a.T + 1) * sizeof(int64_t)), nblocks = 0;
   if (!block) return llm_fail("attention: out of memory for %lld tokens", (long long)a.T);
+  size_t kvBytes = 0; // the keys and values the blocks read (each block's longest span, once a kv head)
   for (int64_t t = 0; t < a.T;) {
     const int64_t t0 = t++;
     while (t < a.T && t - t0 < qb && a.row[t] == a.row[t0]) t++;
     block[nblocks++] = t0;
+    int64_t span = 0;
+    for (int64_t u = t0; u < t; u++) {
+      const int64_t p = a.pos[u], n = p < 0 ? 0 : p + 1 - attn_start(&a, p);
+      span = n > span ? n : span;
+    }
+    kvBytes += (size_t)span * (size_t)(a.KVH * a.D) * 2 * sizeof(float);
   }
   block[nblocks] = a.T;
   const int64_t items = nblocks * a.KVH;
@@ -137,7 +144,9 @@ static int exec_attention(const llm_cmd *c) {
   // rounded up to the widest vector)
   const int64_t RP = (qb * G + 15) / 16 * 16;
   const int64_t scratchFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP + CHUNK + 2 * G;
-#pragma omp parallel
+  // a step that reads little (a few decode rows at short contexts) runs on this thread: waking the
+  // team costs more than it saves, as for the small matmuls (llm_gemv_parallel_min_bytes)
+#pragma omp parallel if (kvBytes >= llm_gemv_parallel_min_bytes())
   {
     float *scratch = malloc((size_t)scratchFloats * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
