@@ -3,7 +3,8 @@
 import { envInt, envSwitch } from '../common/env.ts';
 
 /**
- * Weight bytes below which the native library runs a small-M matmul on one thread
+ * Weight bytes below which the native library runs a small-M matmul on one thread (and KV bytes
+ * below which it runs a step's attention on one)
  * ($LLMTS_GEMV_PAR_MIN_BYTES, default 1 MiB: native/isa.c reads the variable itself). Checked here
  * when the library loads (native-lib.ts loadNativeLib), so that a value the C side would read as something else (strtoull reads
  * "abc" as 0: every matmul parallel) stops the process with a line naming the variable instead.
