@@ -236,7 +236,7 @@ SIMD_INLINE void FN(pv_row)(float *o, float al, const float *p, int64_t RP, cons
 // the scores of every row as broadcast multiply-adds, key jj's scores of VW rows a vector
 // (st[jj RP + r]); the online softmax lane-wise over rows; then the weighted values PR rows at a
 // time, each value vector loaded once for them. (Before: a row at a time, two loads per
-// multiply-add; this is ~2x on a 1k-token prefill, see BENCHMARKS.md.) scratch: attend_block_floats.
+// multiply-add; this is 1.6-1.8x, see BENCHMARKS.md.) scratch: sized in exec_attention (attention.c).
 static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch) {
   const int64_t D = a->D, G = a->H / a->KVH, R = nq * G, RP = (R + VW - 1) / VW * VW;
   const int32_t *table = a->tables + (int64_t)a->row[t0] * a->MBR;
