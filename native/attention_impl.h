@@ -230,7 +230,7 @@ SIMD_INLINE void FN(pv_row)(float *o, float al, const float *p, int64_t RP, cons
   }
 }
 
-// The same for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh, with the
+// attend for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh, with the
 // R = nq x G query rows (token i's head g: row i G + g) in vector lanes: Q transposed once
 // (qt[d RP + r], RP = R rounded up to VW), and per chunk of keys (transposed, kt[d CHUNK + jj])
 // the scores of every row as broadcast multiply-adds, key jj's scores of VW rows a vector
