@@ -85,7 +85,7 @@ const DECODE_TC_BODY = String.raw`
 // itself (a merging block: before its merge; a lone split or an idle slot: at its exit); 2: at its
 // exit; 3 (default): as 1, but a merging block once its merge's first chunk of partials has landed
 // (the next kernel's early weight loads slowed those L2 reads from 2k to 6.7k cycles at 512).
-#define ATT_TC_WAIT() do { pdl_wait(); if (ATT_TC_TRIGGER == 0) pdl_launch_dependents(); } while (0)
+#define ATT_TC_WAIT() PDL_WAIT(ATT_TC_TRIGGER == 0)
 #if ATT_TC_PHASES
 #define ATT_TC_NPHASES 8
 extern "C" { __device__ unsigned long long att_tc_phases[ATT_TC_NPHASES][2]; }

@@ -120,7 +120,7 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 #ifndef ROPE_TRIGGER
 #define ROPE_TRIGGER 0
 #endif
-#define ROPE_WAIT() do { pdl_wait(); if (!ROPE_TRIGGER) pdl_launch_dependents(); } while (0)
+#define ROPE_WAIT() PDL_WAIT(!ROPE_TRIGGER)
 extern "C" __global__ void k_rope_qkv(const void* qkv, int xdt, const int* pos, const float* invFreq, int invStride,
                                       float scaling, const void* qnw, const void* knw, int nwdt, float eps, float off,
                                       u16* qOut, void* kpool, void* vpool, int pdt, const int* slots, int T, int H,

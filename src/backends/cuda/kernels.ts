@@ -89,6 +89,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 #define PDL_ENTRY() do { pdl_wait(); pdl_launch_dependents(); } while (0)
+// PDL_WAIT(trigger): the wait, and the next kernel's launch only when trigger holds (a
+// latency-bound kernel triggers later itself, so that the next one's blocks do not sit resident
+// beside its chain of round trips: the decode attention's ATT_TC_TRIGGER, rope's ROPE_TRIGGER)
+#define PDL_WAIT(trigger) do { pdl_wait(); if (trigger) pdl_launch_dependents(); } while (0)
 
 __device__ __forceinline__ void report(int* err, int code, int a, int b, int c) {
   if (atomicCAS(err, 0, code) == 0) { err[1] = a; err[2] = b; err[3] = c; }
