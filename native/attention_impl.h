@@ -214,20 +214,9 @@ SIMD_INLINE void FN(pv_rows)(float *const *o, const float *al, const float *p, i
     }
 }
 
-// The same for one row (the rows past the last whole group of PR).
-SIMD_INLINE void FN(pv_row)(float *o, float al, const float *p, int64_t RP, const float *const *v, int64_t n,
-                            int64_t D) {
-  int64_t d0 = 0;
-  for (; d0 + VW <= D; d0 += VW) {
-    VF c = FN(vload)(o + d0) * FN(vsplat)(al);
-    for (int64_t jj = 0; jj < n; jj++) c += FN(vsplat)(p[jj * RP]) * FN(vload)(v[jj] + d0);
-    FN(vstore)(o + d0, c);
-  }
-  for (int64_t d = d0; d < D; d++) {
-    float c = o[d] * al;
-    for (int64_t jj = 0; jj < n; jj++) c += p[jj * RP] * v[jj][d];
-    o[d] = c;
-  }
+// Element offset of row r of a prefill block (token t0 + r / G, query head kh G + r % G) in q and out.
+SIMD_INLINE int64_t FN(block_row)(const attn_args *a, int64_t t0, int64_t kh, int64_t G, int64_t r) {
+  return ((t0 + r / G) * a->H + kh * G + r % G) * a->D;
 }
 
 // attend for nq > 1 consecutive tokens t0.. of one row (a prefill chunk), kv head kh, with the
@@ -253,8 +242,8 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
       for (int64_t d = 0; d < D; d++) qt[d * RP + r] = 0.0f;
       continue;
     }
-    const int64_t i = r / G, p = a->pos[t0 + i];
-    const float *q = a->q + ((t0 + i) * a->H + kh * G + r % G) * D;
+    const int64_t p = a->pos[t0 + r / G];
+    const float *q = a->q + FN(block_row)(a, t0, kh, G, r);
     for (int64_t d = 0; d < D; d++) qt[d * RP + r] = q[d];
     if (p < 0) continue;
     lo[r] = (int32_t)attn_start(a, p);
@@ -323,16 +312,20 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
       float *o[ATTN_PR];
       for (int k = 0; k < ATTN_PR; k++) {
         any |= hi[r + k] >= j0 && lo[r + k] < j0 + n;
-        o[k] = a->out + ((t0 + (r + k) / G) * a->H + kh * G + (r + k) % G) * D;
+        o[k] = a->out + FN(block_row)(a, t0, kh, G, r + k);
       }
       if (any) FN(pv_rows)(o, al + r, st + r, RP, vrow, n, D);
     }
-    for (; r < R; r++)
-      if (hi[r] >= j0 && lo[r] < j0 + n)
-        FN(pv_row)(a->out + ((t0 + r / G) * a->H + kh * G + r % G) * D, al[r], st + r, RP, vrow, n, D);
+    for (; r < R; r++) // the rows past the last whole group: one at a time, as attend's rows
+      if (hi[r] >= j0 && lo[r] < j0 + n) {
+        float *o = a->out + FN(block_row)(a, t0, kh, G, r), e[CHUNK];
+        for (int64_t d = 0; d < D; d++) o[d] *= al[r];
+        for (int64_t jj = 0; jj < n; jj++) e[jj] = st[jj * RP + r];
+        FN(accumulate)(o, e, vrow, n, D);
+      }
   }
   for (int64_t r = 0; r < R; r++) {
-    float *o = a->out + ((t0 + r / G) * a->H + kh * G + r % G) * D;
+    float *o = a->out + FN(block_row)(a, t0, kh, G, r);
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; // no key (position -1): zeros
     for (int64_t d = 0; d < D; d++) o[d] *= inv;
   }

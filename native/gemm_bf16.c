@@ -96,10 +96,10 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
       for (int64_t mi = 0; mi < nmi; mi++) {
         const int64_t j0 = bi * NB, nb = N - j0 < NB ? N - j0 : NB;
         const int64_t nbr = (nb + NRW - 1) / NRW * NRW; // rounded up; extra rows are zero
+        const int64_t full = nb / NRW * NRW; // row groups read in place; a partial last one from wt
         const int64_t p0 = mi * MP, np = P - p0 < MP ? P - p0 : MP;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
           const int64_t kc = K - k0 < KC ? K - k0 : KC;
-          const int64_t full = nb / NRW * NRW; // row groups read in place; a partial last one from wt
           for (int64_t r = full; r < nbr; r++) {
             if (r < nb) memcpy(wt + (r - full) * KC, w + (j0 + r) * K + k0, (size_t)kc * 2);
             else memset(wt + (r - full) * KC, 0, (size_t)kc * 2);
