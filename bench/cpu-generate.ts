@@ -6,12 +6,12 @@
 
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
-import { execSync } from 'node:child_process';
 import os from 'node:os';
 import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import { Engine } from '../src/execution/engine.ts';
 import { dtypeBytes } from '../src/contracts/backend.ts';
+import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
   options: {
@@ -71,8 +71,7 @@ const bw = copyBandwidth();
 const decodeTps = median(decode);
 const achieved = decodeTps * weightBytes;
 const cpu = os.cpus()[0]?.model ?? 'unknown cpu';
-let commit = 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const commit = benchCommit();
 const result = {
   machine: `${cpu}, ${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB`,
   commit, model: values.model, modelType: cfg.modelType,

@@ -19,7 +19,6 @@
 // ids[k] = (k * 7919 + 13 + 31 * r) % min(vocab, 5000); bench/peers/transformers_gpu.py uses the same.
 // --device cpu only smoke-tests this script off the GPU machine. With LLMTS_CUDA_ATT_DEFINES=ATT_TC_PHASES=1
 // one more run counts the tensor-core decode attention's cycles by phase (attention-decode-tc.ts).
-import { execSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
@@ -27,6 +26,7 @@ import type { Backend, Tensor } from '../src/contracts/backend.ts';
 import { dtypeBytes } from '../src/contracts/backend.ts';
 import { DEFAULT_TOKEN_BUDGET, Engine } from '../src/execution/engine.ts';
 import { loadModel } from '../src/execution/load-model.ts';
+import { benchCommit } from './commit.ts';
 
 const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
 const README_GEMM_TFLOPS = 797; // shared/device/README.md: H200 bf16 GEMM at 8192^3, PyTorch
@@ -182,8 +182,7 @@ const meanContext = promptTokens + decodeTokens / 2;
 const kvBytes = cfg.layers.reduce((a, l) => a + Math.min(meanContext, l.window > 0 ? l.window : Infinity), 0) *
   2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[backend.activationDtype];
 const readGbps = (decodeTps * (weightBytes + kvBytes)) / 1e9;
-let commit = process.env.LLMTS_COMMIT ?? 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const commit = benchCommit();
 const ttft: { promptTokens: number; ttftMs: number; ttftMsAll: number[]; prefillTokPerS: number; mfu: number; mfuWithAttention: number; cachedTokens: number[] }[] = [];
 const result = {
   device: backend.describe?.() ?? backend.name, commit, model: values.model, modelType: cfg.modelType,

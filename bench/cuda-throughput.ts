@@ -26,7 +26,6 @@
 // --temperature T > 0: seeded sampling (request i seeded --seed * 100003 + i, with --top-p) instead of
 // greedy; with the backend's sampleRows the rows sample on the device and their steps pipeline
 // (A/B: LLMTS_DEVICE_SAMPLING=off samples on the host; LLMTS_PIPELINE=off unpipelines).
-import { execSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -35,6 +34,7 @@ import type { Backend } from '../src/contracts/backend.ts';
 import { Engine } from '../src/execution/engine.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import type { Sequence } from '../src/execution/sequence.ts';
+import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
   options: {
@@ -183,8 +183,7 @@ const vocabForPrompts = Math.min(cfg.vocabSize, 5000);
 const prompts = makePrompts(nReq, inTok, vocabForPrompts, seed);
 if (values['write-prompts']) writePrompts(values['write-prompts'], vocabForPrompts, prompts);
 
-let commit = process.env.LLMTS_COMMIT ?? 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const commit = benchCommit();
 
 const result: Record<string, unknown> = {
   engine: 'llmts', device: backend.describe?.() ?? backend.name, commit, model: values.model, modelType: cfg.modelType,

@@ -26,7 +26,6 @@
 // fitted and held-out error of every sample.
 
 import { spawnSync } from 'node:child_process';
-import { execSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -38,6 +37,7 @@ import { fitDecodeConstants, meanTerms, type DecodeSample } from '../src/executi
 import type { DecodeTerm } from '../src/execution/fit/decode-model.ts';
 import { tensorsFor, writeCheckpoint } from '../test/fit/checkpoints.ts';
 import { recordStepShapes } from '../src/execution/fit/step-recorder.ts';
+import { benchCommit } from './commit.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const SELF = path.join(ROOT, 'bench', 'fit-accuracy.ts');
@@ -433,13 +433,7 @@ async function predict(c: Case, r: ChildResult, machine: Machine): Promise<Omit<
 const mib = (b: number) => (b / 2 ** 20).toFixed(1);
 const pct = (x: number) => `${x >= 0 ? '+' : ''}${(x * 100).toFixed(1)}%`;
 
-function commit(): string {
-  try {
-    return execSync('git rev-parse --short HEAD', { cwd: ROOT, stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim();
-  } catch {
-    return 'unknown';
-  }
-}
+const commit = (): string => benchCommit(ROOT);
 
 /**
  * The machine's copy bandwidth: the best of every measurement of the run (this process at its

@@ -46,6 +46,7 @@ import { modelFingerprint } from '../src/state/fingerprint.ts';
 import { SsdTier } from '../src/state/ssd-tier.ts';
 import { hashTokens, kvBlockBytes, type KvScheme } from '../src/state/block-hash.ts';
 import { kvGroupsOf } from '../src/state/kv-cache.ts';
+import { benchCommit } from './commit.ts';
 
 const started = performance.now();
 const { values } = parseArgs({
@@ -182,8 +183,7 @@ const OFF = { promptCacheBytes: 0 };
 
 // ---- results, saved as they come ---------------------------------------------------------------
 
-let commit = process.env.LLMTS_COMMIT ?? 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const commit = benchCommit();
 let gpu: string | undefined;
 if (backend.name === 'cuda') try { gpu = execSync('nvidia-smi --query-gpu=name,memory.total --format=csv,noheader', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
 

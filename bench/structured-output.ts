@@ -13,7 +13,6 @@
 
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
-import { execSync } from 'node:child_process';
 import os from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { createCpuBackend } from '../src/backends/cpu/index.ts';
@@ -22,6 +21,7 @@ import { Engine } from '../src/execution/engine.ts';
 import type { EngineRequest } from '../src/execution/sequence.ts';
 import { GrammarCompiler, grammarVocabFrom, type CompiledGrammar, type GrammarSpec, type GrammarVocab, type RowGrammar } from '../src/sampling/grammar/index.ts';
 import { TOOL_FORMATS } from '../src/generation/tool-calls/index.ts';
+import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
   options: {
@@ -298,8 +298,7 @@ for (const B of [1, 8]) {
 for (const c of Object.values(compiled)) c.release();
 await backend.close();
 
-let commit = 'unknown';
-try { commit = execSync('git rev-parse --short HEAD', { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim(); } catch {}
+const commit = benchCommit();
 const result = {
   machine: `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`, commit, backend: 'cpu', model: values.model,
   vocabSize: m.config.vocabSize, loadMs, compile: compileTable, cacheHitMs, throughput, jumpForward,
