@@ -156,9 +156,10 @@ for (const { kind, n } of cases) {
     : `${(st.flops / (us * 1e6)).toFixed(1)} TFLOP/s (${((st.flops / (us * 1e6) / README_GEMM_TFLOPS) * 100).toFixed(0)}% of ${README_GEMM_TFLOPS})`;
   console.log(`${st.label}: device ${fast.deviceUs.toFixed(1)} us -> ${rate(fast.deviceUs)}; wall ${fast.wallUs.toFixed(1)} us; ` +
     `graph replay ${fast.graphUs.toFixed(1)} us`);
-  const res = plan.decodeKernel ? b.kernelResources(plan.decodeKernel) : undefined;
+  const kernel = kind === 'prefill' ? plan.prefillKernel : plan.decodeKernel;
+  const res = kernel ? b.kernelResources(kernel) : undefined;
   console.log(`#   kernels (us): ${fast.kernels}; slots ${plan.slots}${plan.planKernel ? ', plan kernel' : ''}` +
-    (res ? `; ${plan.decodeKernel}: ${res.registers} registers, ${res.localBytes} B local, ${res.sharedBytes} B shared` : '') +
+    (res ? `; ${kernel}: ${res.registers} registers, ${res.localBytes} B local, ${res.sharedBytes} B shared` : '') +
     (process.env.LLMTS_CUDA_ATT_DEFINES ? `; defines ${process.env.LLMTS_CUDA_ATT_DEFINES}` : ''));
   const row: Record<string, unknown> = { case: st.label, kind, n, batch: st.R, H, KVH, D, blockSize: BS, ...fast,
     kvBytes: st.kvBytes, flops: st.flops, slots: plan.slots };

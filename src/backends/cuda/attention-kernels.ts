@@ -30,7 +30,8 @@
 //       gathered page by page through the block table (one lookup per key, made while the
 //       previous tile computes) with cp.async into padded shared memory,
 //       S = QK^T and O += PV with mma.sync m16n8k16 bf16 (f32 accumulation; P rounded to bf16),
-//       online softmax in f32. Loading V overlaps QK^T, loading the next K overlaps PV. The tile's
+//       online softmax in f32. The key tiles travel through a ring of ATT_PF_STAGES (K, V) stages in
+//       dynamic shared memory (attPfSharedBytes): the next tiles load while one computes. The tile's
 //       prefill tokens are processed one row ("segment") at a time over the key range that row's
 //       queries see; warps skip tiles outside their queries' ranges and mask only the tiles that
 //       cut a diagonal, a window edge or a missing block. Heavy (late) tiles are launched first.
@@ -98,6 +99,17 @@ export function attTcTrigger(env: Readonly<Record<string, string | undefined>> =
 }
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
+/** keys per tile of the prefill kernel at head dim D (its registers and shared memory bound it at 256) */
+export const attPfBk = (D: number): number => (D === 256 ? 32 : 64);
+/**
+ * Stages of the prefill kernel's key / value ring ($LLMTS_CUDA_ATT_PF_STAGES, 2-4; default 2): tiles
+ * it + 1 .. it + STAGES - 1 load while tile it computes.
+ */
+export const ATT_PF_STAGES = envInt('LLMTS_CUDA_ATT_PF_STAGES', 2, { min: 2, max: 4 });
+/** Dynamic shared memory of a k_attn_prefill_d<D> launch: its ring, stages x (K and V tiles, rows of D + 8) bf16. */
+export function attPfSharedBytes(D: number, stages = ATT_PF_STAGES): number {
+  return stages * 2 * attPfBk(D) * (D + 8) * 2;
+}
 /** head dims with fast kernels */
 export const ATT_FAST_HEAD_DIMS = [64, 128, 256] as const;
 
@@ -182,6 +194,7 @@ export const ATTENTION_KERNELS = String.raw`
 #define ATT_TC_TILE_RATIO10 65
 #endif
 #define ATT_BQ ${ATT_BQ}
+#define ATT_PF_STAGES ${ATT_PF_STAGES}
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
 #define ATT_FULL 0xffffffffu
@@ -690,16 +703,17 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
     NT = BK / 8,     // n-tiles of S (keys)
     DT = D / 8       // n-tiles of O (dims)
   };
-  ATT_STATIC_ASSERT(D % 16 == 0 && BK % 16 == 0 && (BK * NCH) % NTH == 0 && BQ <= 2 * BK && BQ == 64, att_prefill_tile);
+  enum { NS = ATT_PF_STAGES, TILE = BK * LDS };
+  ATT_STATIC_ASSERT(D % 16 == 0 && BK % 16 == 0 && (BK * NCH) % NTH == 0 && BQ <= 2 * BK && BQ == 64 && NS >= 2 && NS <= 4,
+                    att_prefill_tile);
 
-  __shared__ uint4 s_kv4[2 * BK * LDS / 8]; // K tile, V tile (Q staging before the key loop); uint4: 16-byte aligned
+  // the ring: [stage][K tile, V tile], the launch's dynamic shared memory (attPfSharedBytes); the
+  // tile's queries are staged through stage 0 before the key loop
+  u16* const s_kv = (u16*)dyn_smem();
   __shared__ int s_row[BQ], s_pos[BQ], s_start[BQ], s_own[BQ], s_done[BQ], s_mem[BQ];
-  __shared__ int s_slot[2][BK]; // KV slot of each key of the current / next tile (-1: none)
+  __shared__ int s_slot[NS][BK]; // KV slot of each key of a stage's tile (-1: none)
   __shared__ int s_red[4][2];
   __shared__ int s_seg;
-  u16* const s_kv = (u16*)s_kv4;
-  u16* const sK = s_kv;
-  u16* const sV = s_kv + BK * LDS;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.x, kh = h / (H / KVH);
@@ -805,23 +819,43 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
     const int* tab = tables + (i64)seg * MBR;
     const int ntiles = (kmax - kmin) / BK + 1; // members attend >= 1 key: kmax >= kmin
 
-    // Pipeline per key tile it (slots of tile it+1 are looked up while tile it is computed):
-    //   issue V(it) | look up slots(it+1) | wait K(it) | S = QK^T | issue K(it+1) | wait V(it) | O += PV
-    int badCur = att_key_slots<BK>(s_slot[0], tab, kmin, kmax, NB, BS, bsShift, MBR, s_mem, s_start, s_pos, seg,
-                                   h == 0, err);
+    // The key tiles go through a ring of NS stages, a tile's keys and values one cp.async group:
+    // tiles it + 1 .. it + NS - 1 load while tile it computes. A tile's slots are looked up when its
+    // copies are issued, NS - 1 tiles ahead of its use; bit k of badMask: this thread met a key
+    // without a block in stage k's tile.
+    unsigned badMask = 0;
+#pragma unroll
+    for (int k = 0; k < NS - 1; k++) {
+      if (k < ntiles && att_key_slots<BK>(s_slot[k], tab, kmin + k * BK, kmax, NB, BS, bsShift, MBR, s_mem, s_start, s_pos,
+                                          seg, h == 0, err)) badMask |= 1u << k;
+    }
     __syncthreads();
-    att_issue<D, BK>(sK, kbase, s_slot[0], rs);
-    att_cp_commit();
+#pragma unroll
+    for (int k = 0; k < NS - 1; k++) {
+      if (k < ntiles) {
+        att_issue<D, BK>(s_kv + k * 2 * TILE, kbase, s_slot[k], rs);
+        att_issue<D, BK>(s_kv + k * 2 * TILE + TILE, vbase, s_slot[k], rs);
+      }
+      att_cp_commit(); // (an empty group past the last tile: the waits below count the same groups)
+    }
     for (int it = 0; it < ntiles; it++) {
-      const int j0 = kmin + it * BK, par = it & 1;
-      att_issue<D, BK>(sV, vbase, s_slot[par], rs);
+      const int j0 = kmin + it * BK, st = it % NS, nx = it + NS - 1, sn = nx % NS;
+      // tile nx goes to the stage tile it - 1 used (every warp is done with it: the barrier that
+      // ends each iteration)
+      if (nx < ntiles) {
+        const int bad = att_key_slots<BK>(s_slot[sn], tab, kmin + nx * BK, kmax, NB, BS, bsShift, MBR, s_mem, s_start, s_pos,
+                                          seg, h == 0, err);
+        badMask = (badMask & ~(1u << sn)) | ((unsigned)bad << sn);
+      }
+      att_cp_wait<NS - 2>(); // this thread's copies of tile it have landed
+      const int tileBad = __syncthreads_or((badMask >> st) & 1u); // everyone's; and tile nx's slots are written
+      if (nx < ntiles) {
+        att_issue<D, BK>(s_kv + sn * 2 * TILE, kbase, s_slot[sn], rs);
+        att_issue<D, BK>(s_kv + sn * 2 * TILE + TILE, vbase, s_slot[sn], rs);
+      }
       att_cp_commit();
-      // s_slot[par ^ 1] held tile it-1, whose last readers (V(it-1), S(it-1)) are behind us
-      const int badNext = it + 1 < ntiles ? att_key_slots<BK>(s_slot[par ^ 1], tab, j0 + BK, kmax, NB, BS, bsShift, MBR,
-                                                                s_mem, s_start, s_pos, seg, h == 0, err) : 0;
-      att_cp_wait<1>(); // K(it) has landed
-      const int tileBad = __syncthreads_or(badCur);
-      badCur = badNext;
+      const u16* const sK = s_kv + st * 2 * TILE;
+      const u16* const sV = sK + TILE;
       const bool act = wAny && j0 <= wMaxP && j0 + BK - 1 >= wMinS;
       const bool full = wAll && !tileBad && j0 >= wMaxS && j0 + BK - 1 <= wMinP;
       float sc[NT][4];
@@ -847,7 +881,7 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
             if (!full) {
               const int col = k * 8 + 2 * c4 + (e & 1), j = j0 + col;
               const bool vis = e < 2 ? (m0 && j >= st0 && j <= p0) : (m1 && j >= st1 && j <= p1);
-              if (!vis || s_slot[par][col] < 0) x = NEG_INF;
+              if (!vis || s_slot[st][col] < 0) x = NEG_INF;
             }
             sc[k][e] = x;
             if (e < 2) mx0 = fmaxf(mx0, x);
@@ -883,11 +917,6 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
           o[k][3] *= cr1;
         }
       }
-      __syncthreads(); // every warp is done with the K tile
-      if (it + 1 < ntiles) att_issue<D, BK>(sK, kbase, s_slot[par ^ 1], rs);
-      att_cp_commit();
-      att_cp_wait<1>(); // V(it) has landed
-      __syncthreads();
       if (act) {
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
@@ -905,7 +934,7 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
           }
         }
       }
-      __syncthreads(); // every warp is done with the V tile
+      __syncthreads(); // every warp is done with stage st, which tile it + NS refills
     }
   }
 

@@ -13,6 +13,7 @@ import type { DType } from '../../contracts/backend.ts';
 import { Setting } from '../common/setting.ts';
 import {
   ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_HEADS_FIRST, ATT_TC_MIN_CHUNK,
+  attPfSharedBytes,
 } from './attention-kernels.ts';
 import { attTcSharedBytes } from './attention-decode-tc.ts';
 import { DT_CODE } from './cuda-tensor.ts';
@@ -141,6 +142,8 @@ export interface AttentionPlan {
   /** T > ATT_DEC_MAX_RUN: some token may be a prefill token */
   prefillKernel?: KernelName;
   prefillTiles: number;
+  /** the prefill kernel's dynamic shared memory (its ring of key / value tiles, attPfSharedBytes) */
+  prefillSharedBytes: number;
 }
 
 /**
@@ -174,7 +177,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   if (!fast) {
     return {
       path: 'generic', slots: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false, prefillTiles: 0,
-      decodeSharedBytes: 0,
+      decodeSharedBytes: 0, prefillSharedBytes: 0,
     };
   }
   const G = s.H / s.KVH;
@@ -211,6 +214,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     fusedCombine: fused,
     prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
     prefillTiles: prefill ? tiles : 0,
+    prefillSharedBytes: prefill ? attPfSharedBytes(s.D) : 0,
   };
 }
 
@@ -256,7 +260,8 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
         ['i', c.H], ['i', c.D], ['i', c.R], ['i', c.window], ['i', W]]);
     }
     if (p.prefillKernel) {
-      dev.launch(p.prefillKernel, [c.H, p.prefillTiles, 1], 128, 0, [
+      if (p.prefillSharedBytes > 48 * 1024) dev.allowDynamicShared(p.prefillKernel, p.prefillSharedBytes);
+      dev.launch(p.prefillKernel, [c.H, p.prefillTiles, 1], 128, p.prefillSharedBytes, [
         ['p', c.q], ['p', c.k], ['p', c.v], ['p', c.tokenRow], ['p', c.tokenPos], ['p', c.blockTables], ['p', c.out],
         ['i', c.T], ['i', c.H], ['i', c.KVH], ['i', c.numBlocks], ['i', c.blockSize], ['i', c.R],
         ['i', c.maxBlocksPerRow], ['i', c.window], ['f', c.scale], ['f', c.softcap], ['p', c.err]]);

@@ -35,7 +35,8 @@ template <class T> static std::vector<T> take(FILE* f, size_t n) {
 
 // argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
 // ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine
-// decodeShared (the decode kernel's dynamic shared bytes) gridX (the decode kernel's grid: gridX x gridY);
+// decodeShared (the decode kernel's dynamic shared bytes) gridX (the decode kernel's grid: gridX x gridY)
+// prefillShared (the prefill kernel's dynamic shared bytes);
 // f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
 // poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4]; i32 the split counters' sum afterwards.
 int main(int argc, char** argv) {
@@ -44,10 +45,10 @@ int main(int argc, char** argv) {
   if (!f) return 2;
   char name[64], prefill[64];
   if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
-  std::vector<int> hd = take<int>(f, 17);
+  std::vector<int> hd = take<int>(f, 18);
   const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
   const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
-  const int fused = hd[14], decodeShared = hd[15], gridX = hd[16];
+  const int fused = hd[14], decodeShared = hd[15], gridX = hd[16], prefillShared = hd[17];
   std::vector<float> fl = take<float>(f, 2);
   std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
   std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
     sim::launch(dim3{(unsigned)H, (unsigned)tiles, 1}, 128, [&] {
       pf(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), out.data(), T, H, KVH, NB, BS, R, MBR,
          window, scale, softcap, err.data());
-    });
+    }, (size_t)prefillShared);
   }
   FILE* o = fopen(argv[2], "wb");
   fwrite(out.data(), 2, out.size(), o);
@@ -134,7 +135,7 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   const [gridX, gridY] = decodeGrid(plan, plan.slots, c.KVH);
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     gridY, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
-    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes, gridX]);
+    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes, gridX, plan.prefillSharedBytes]);
   const n = c.T * c.H * c.D;
   // the error word's details (after its code) name whichever missing key a thread reported first
   const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
