@@ -102,12 +102,14 @@ export const ATT_BQ = 64;
 /** keys per tile of the prefill kernel at head dim D (its registers and shared memory bound it at 256) */
 export const attPfBk = (D: number): number => (D === 256 ? 32 : 64);
 /**
- * Stages of the prefill kernel's key / value ring ($LLMTS_CUDA_ATT_PF_STAGES, 2-4; default 3): tiles
+ * Stages of the prefill kernel's key / value ring ($LLMTS_CUDA_ATT_PF_STAGES, 2-4; default 2): tiles
  * it + 1 .. it + STAGES - 1 load while tile it computes. H200, 8B heads, 8k causal prefill (session
  * 14): 140 TFLOP/s before the ring (a K and a V buffer, 4 barriers a tile), 145 at 2 and 3 stages,
- * 89 at 4 (139 KB a block: one block an SM); the 8B's 8k TTFT 348.8 / 345.8 ms at 2 / 3.
+ * 89 at 4 (139 KB a block: one block an SM); the 8B's 8k TTFT 348.8 / 345.8 ms at 2 / 3 (every CUDA
+ * test passed there with 3). 2 because its 70 KB a block (d128) fit the 99 KB that sm_86 / sm_89
+ * GPUs allow a block, where 3 stages' 104 KB do not.
  */
-export const ATT_PF_STAGES = envInt('LLMTS_CUDA_ATT_PF_STAGES', 3, { min: 2, max: 4 });
+export const ATT_PF_STAGES = envInt('LLMTS_CUDA_ATT_PF_STAGES', 2, { min: 2, max: 4 });
 /** Dynamic shared memory of a k_attn_prefill_d<D> launch: its ring, stages x (K and V tiles, rows of D + 8) bf16. */
 export function attPfSharedBytes(D: number, stages = ATT_PF_STAGES): number {
   return stages * 2 * attPfBk(D) * (D + 8) * 2;
