@@ -129,6 +129,15 @@ test('decode attention: sliding layers read at most their window; CPU KV reads a
   assert.equal(sumTerms(d.terms, 'CPU_KV_READ_EFFICIENCY'), d.kvBytes / 20e9);
   assert.equal(d.attentionFlops, 2 * 21 * (4096 + 8192) * 16 * 256 * 4);
   assert.equal(sumTerms(d.terms, 'CPU_ATTENTION_GFLOPS_PER_CORE'), d.attentionFlops / (1e9 * os.availableParallelism()));
+  // every layer reads over 1 MiB of KV: 42 attention regions on the team beside the matmuls'
+  assert.deepEqual([d.features.attentionRegions, d.features.attentionOneThread.kvBytes], [42, 0]);
+  assert.equal(sumTerms(d.terms, 'CPU_PARALLEL_MATMUL_MS'), 1e-3 * (d.features.parallel.count + 42));
+  // a short context: each layer's attention (2 rows x 11 keys x 16 KiB) runs on one thread, as native/attention.c does
+  const s11 = await g.decodeStep(CPU, 10, 2, 'f32');
+  assert.deepEqual(s11.features.attentionOneThread, { kvBytes: s11.kvBytes, flops: s11.attentionFlops });
+  assert.equal(s11.features.attentionRegions, 0);
+  assert.equal(sumTerms(s11.terms, 'CPU_ATTENTION_GFLOPS_PER_CORE'), s11.attentionFlops / 1e9);
+  assert.equal(sumTerms(s11.terms, 'CPU_PARALLEL_MATMUL_MS'), 1e-3 * s11.features.parallel.count);
   const c = await g.decodeStep(H200, 8191, 2, 'bf16');
   assert.deepEqual(c.terms.map((t) => t.constant).sort(), ['CUDA_ATTENTION_LAYER_MS', 'CUDA_DECODE_EFFICIENCY', 'CUDA_KERNEL_OVERHEAD_MS',
     'CUDA_KV_READ_EFFICIENCY', 'CUDA_MOE_EFFICIENCY', 'CUDA_MOE_LAYER_MS', 'CUDA_STEP_OVERHEAD_MS']);

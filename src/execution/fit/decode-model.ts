@@ -10,7 +10,10 @@
 //           thread's rate and its multiply-adds on one core (so batch rows cost once it is
 //           compute-bound)
 //         + attention: KV bytes / (copy bandwidth x KV efficiency) + its arithmetic at the rate
-//           per core (on few cores the scalar loop does not hide one behind the other)
+//           per core (on few cores the scalar loop does not hide one behind the other); a layer
+//           whose attention reads under the matmuls' 1 MiB threshold runs it on one thread (as
+//           native/attention.c does), one that reads more runs it on the team: one more parallel
+//           region
 //   CUDA  step + kernels x per-kernel time (a replayed graph's small kernels and the gaps between
 //         them; the kernels a decode step launches are counted on the dry run of the real decoder
 //         graph, so a family with more ops per layer, gemma2's extra norms and adds, pays for them)
@@ -68,6 +71,10 @@ export interface DecodeFeatures {
   kvBytes: number;
   /** q.k and p.v: 4 FLOPs per key, head dimension and query head */
   attentionFlops: number;
+  /** CPU: the part of kvBytes / attentionFlops in layers whose attention runs on one thread */
+  attentionOneThread: { kvBytes: number; flops: number };
+  /** CPU: layers whose attention runs on the OpenMP team (a parallel region each) */
+  attentionRegions: number;
   layers: number;
   /** CUDA: attention layers x head dim / 128 (the decode attention kernels' fixed time) */
   attentionLayerUnits: number;
@@ -89,18 +96,33 @@ export interface DecodeTerm {
 /** Rows above which a CPU matmul takes the packed (always parallel) path: native/matmul.c ROWS_MAX_M. */
 const CPU_GEMV_MAX_ROWS = 16;
 
-/** What `rows` rows of decode make a step do (kind: whose rules split the matmuls). */
+/**
+ * What `rows` rows of decode make a step do (kind: whose rules split the matmuls and attention);
+ * `attention`: each layer's KV bytes and attention FLOPs for the step's rows.
+ */
 export function decodeFeatures(
-  w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number, kvBytes: number, attentionFlops: number, kernels = 0,
-  headDim = 128,
+  w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number,
+  attention: readonly { kvBytes: number; flops: number }[], kernels = 0, headDim = 128,
 ): DecodeFeatures {
   const f: DecodeFeatures = {
-    rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes, attentionFlops, layers,
+    rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes: 0, attentionFlops: 0, layers,
+    attentionOneThread: { kvBytes: 0, flops: 0 }, attentionRegions: 0,
     attentionLayerUnits: (layers * headDim) / 128,
     parallel: { bytes: 0, macs: 0, count: 0 }, small: { bytes: 0, macs: 0, count: 0 },
     kernels, expertPairBytes: 0, moeLayers: w.experts?.layers ?? 0,
   };
   const threshold = K.cpuGemvParallelMinBytes();
+  for (const a of attention) {
+    f.kvBytes += a.kvBytes;
+    f.attentionFlops += a.flops;
+    if (kind !== 'cpu') continue;
+    if (a.kvBytes >= threshold) {
+      f.attentionRegions++;
+    } else {
+      f.attentionOneThread.kvBytes += a.kvBytes;
+      f.attentionOneThread.flops += a.flops;
+    }
+  }
   // one matrix read `times` times a step, with `macs` multiply-adds in all
   const read = (m: MatrixRead, times: number, macs: number) => {
     f.weightBytes += m.bytes * times;
@@ -164,10 +186,13 @@ export function decodeTerms(f: DecodeFeatures, machine: Machine, cores = os.avai
       { constant: 'CPU_LAYER_OVERHEAD_MS', unit: 1e-3 * f.layers, inverse: false },
       { constant: 'CPU_ROW_OVERHEAD_MS', unit: 1e-3 * f.rows, inverse: false },
       roofline(f.parallel.bytes, bw, 'CPU_DECODE_EFFICIENCY', f.parallel.macs, cores),
-      { constant: 'CPU_PARALLEL_MATMUL_MS', unit: 1e-3 * f.parallel.count, inverse: false },
+      { constant: 'CPU_PARALLEL_MATMUL_MS', unit: 1e-3 * (f.parallel.count + f.attentionRegions), inverse: false },
       roofline(f.small.bytes, bw, 'CPU_SMALL_MATMUL_EFFICIENCY', f.small.macs, 1),
       { constant: 'CPU_KV_READ_EFFICIENCY', unit: f.kvBytes / bw, inverse: true },
-      { constant: 'CPU_ATTENTION_GFLOPS_PER_CORE', unit: f.attentionFlops / (1e9 * cores), inverse: true },
+      {
+        constant: 'CPU_ATTENTION_GFLOPS_PER_CORE', inverse: true,
+        unit: ((f.attentionFlops - f.attentionOneThread.flops) / cores + f.attentionOneThread.flops) / 1e9,
+      },
     ];
   }
   return [

@@ -613,15 +613,16 @@ export class FitPlanner {
     await this.weights();
     const cfg = this.config;
     const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
-    let keys = 0;
-    for (const l of cfg.layers) keys += Math.min(pos + 1, l.window === 0 ? Infinity : l.window);
-    const kvBytes = keys * perLayerToken * batch;
-    // q.k and p.v: 2 multiply-adds per head dim, per key, per query head
-    const attentionFlops = keys * cfg.numHeads * cfg.headDim * 4 * batch;
+    // each layer's keys (a sliding layer at most its window); q.k and p.v: 2 multiply-adds per
+    // head dim, per key, per query head
+    const attention = cfg.layers.map((l) => {
+      const keys = Math.min(pos + 1, l.window === 0 ? Infinity : l.window);
+      return { kvBytes: keys * perLayerToken * batch, flops: keys * cfg.numHeads * cfg.headDim * 4 * batch };
+    });
     const cpu = machine.kind === 'cpu';
     const kernels = cpu ? 0 : await this.decodeKernels(batch);
-    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, kvBytes, attentionFlops, kernels,
-      cfg.headDim);
+    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, attention, kernels, cfg.headDim);
+    const { kvBytes, attentionFlops } = features;
     const terms = decodeTerms(features, machine);
     const overheadMs = 1000 * terms.filter((t) => /_OVERHEAD_MS$/.test(t.constant)).reduce((a, t) => a + termSeconds(t), 0);
     return {
