@@ -36,7 +36,8 @@ static int64_t attn_qb(int64_t D, int64_t G) {
 
 typedef struct {
   const float *q;              // [T, H, D]
-  const float *kpool, *vpool;  // [NB, BS, KVH, D]
+  const void *kpool, *vpool;   // [NB, BS, KVH, D], f32 or bf16 (kv_dt)
+  int kv_dt;                   // DT_F32 or DT_BF16: bf16 rows are widened chunk by chunk (chunk_rows)
   const int32_t *row, *pos;    // [T]
   const int32_t *tables;       // [R, MBR]
   float *out;                  // [T, H, D]
@@ -110,13 +111,13 @@ static int validate(const attn_args *a) {
   return 0;
 }
 
-// i: [q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window]; f: [scale, softcap]
+// i: [q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window, kv_dt]; f: [scale, softcap]
 static int exec_attention(const llm_cmd *c) {
   const attn_args a = {
       .q = PTR(c->i[0]), .kpool = PTR(c->i[1]), .vpool = PTR(c->i[2]), .row = PTR(c->i[3]),
       .pos = PTR(c->i[4]), .tables = PTR(c->i[5]), .out = PTR(c->i[6]), .T = c->i[7], .H = c->i[8],
       .KVH = c->i[9], .D = c->i[10], .NB = c->i[11], .BS = c->i[12], .R = c->i[13], .MBR = c->i[14],
-      .window = c->i[15], .scale = (float)c->f[0], .softcap = (float)c->f[1],
+      .window = c->i[15], .kv_dt = (int)c->i[16], .scale = (float)c->f[0], .softcap = (float)c->f[1],
   };
   if (validate(&a)) return -1;
   // work items: (block, kv head), a block being up to qb consecutive tokens of one row (a
@@ -134,7 +135,7 @@ static int exec_attention(const llm_cmd *c) {
       const int64_t p = a.pos[u], n = p < 0 ? 0 : p + 1 - attn_start(&a, p);
       span = n > span ? n : span;
     }
-    kvBytes += (size_t)span * (size_t)(a.KVH * a.D) * 2 * sizeof(float);
+    kvBytes += (size_t)span * (size_t)(a.KVH * a.D) * 2 * dtype_size(a.kv_dt);
   }
   block[nblocks] = a.T;
   const int64_t items = nblocks * a.KVH;
@@ -144,22 +145,24 @@ static int exec_attention(const llm_cmd *c) {
   // rounded up to the widest vector)
   const int64_t RP = (qb * G + 15) / 16 * 16;
   const int64_t scratchFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP + CHUNK + 2 * G;
+  // then a chunk's key and value rows widened to f32 when the pools hold bf16 (chunk_rows)
+  const int64_t kvbufFloats = a.kv_dt == DT_F32 ? 0 : 2 * CHUNK * a.D;
   // a step that reads little (a few decode rows at short contexts) runs on this thread: waking the
   // team costs more than it saves, as for the small matmuls (llm_gemv_parallel_min_bytes)
 #pragma omp parallel if (kvBytes >= llm_gemv_parallel_min_bytes())
   {
-    float *scratch = malloc((size_t)scratchFloats * sizeof(float));
+    float *scratch = malloc((size_t)(scratchFloats + kvbufFloats) * sizeof(float)), *kvbuf = scratch + scratchFloats;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
       if (nq == 1) {
-        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch);
-        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch);
-        else attend_generic(&a, t0, kh, scratch);
+        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch, kvbuf);
+        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch, kvbuf);
+        else attend_generic(&a, t0, kh, scratch, kvbuf);
       } else {
-        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch);
-        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch);
-        else attend_block_generic(&a, t0, nq, kh, scratch);
+        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch, kvbuf);
+        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch, kvbuf);
+        else attend_block_generic(&a, t0, nq, kh, scratch, kvbuf);
       }
     }
     free(scratch);
@@ -170,9 +173,9 @@ static int exec_attention(const llm_cmd *c) {
 
 LLM_EXPORT void llm_op_attention(int64_t q, int64_t kpool, int64_t vpool, int64_t row, int64_t pos, int64_t tables,
                                  int64_t out, int64_t T, int64_t H, int64_t KVH, int64_t D, int64_t NB, int64_t BS,
-                                 int64_t R, int64_t MBR, int64_t window, double scale, double softcap) {
+                                 int64_t R, int64_t MBR, int64_t window, int64_t kv_dt, double scale, double softcap) {
   llm_cmd c = {.exec = exec_attention,
-               .i = {q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window},
+               .i = {q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window, kv_dt},
                .f = {scale, softcap}};
   llm_enqueue(&c);
 }

@@ -85,18 +85,41 @@ SIMD_INLINE void FN(accumulate)(float *o, const float *e, const float *const *v,
 // The key and value rows [j0, j0 + n) of kv head kh through a row's block table, prefetched:
 // consecutive keys of one kv head sit a page apart in the pool ([.., slot, kvHeads, D]), so
 // hardware prefetchers do not follow them; ask for the whole chunk up front instead of taking one
-// miss per row.
+// miss per row. bf16 pools: the chunk's rows are widened into kvbuf (2 CHUNK D floats, L1-resident)
+// and the rows point there, so the kernels below read f32 either way while memory traffic halves.
 SIMD_INLINE void FN(chunk_rows)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
-                                const float **krow, const float **vrow) {
-  const int64_t D = a->D;
+                                const float **krow, const float **vrow, float *kvbuf) {
+  const int64_t D = a->D, eb = a->kv_dt == DT_F32 ? 4 : 2;
+  const char *src[2 * CHUNK];
   for (int64_t jj = 0; jj < n; jj++) {
     const int64_t j = j0 + jj, off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
-    krow[jj] = a->kpool + off * D;
-    vrow[jj] = a->vpool + off * D;
-    for (int64_t b = 0; b < D * 4; b += 64) {
-      __builtin_prefetch((const char *)krow[jj] + b);
-      __builtin_prefetch((const char *)vrow[jj] + b);
+    src[2 * jj] = (const char *)a->kpool + off * D * eb;
+    src[2 * jj + 1] = (const char *)a->vpool + off * D * eb;
+    for (int64_t b = 0; b < D * eb; b += 64) {
+      __builtin_prefetch(src[2 * jj] + b);
+      __builtin_prefetch(src[2 * jj + 1] + b);
     }
+  }
+  if (a->kv_dt == DT_F32) {
+    for (int64_t jj = 0; jj < n; jj++) {
+      krow[jj] = (const float *)src[2 * jj];
+      vrow[jj] = (const float *)src[2 * jj + 1];
+    }
+    return;
+  }
+  for (int64_t jj = 0; jj < n; jj++) {
+    float *kd = kvbuf + jj * D, *vd = kvbuf + (CHUNK + jj) * D;
+    int64_t d = 0;
+    for (; d + VW <= D; d += VW) {
+      FN(vstore)(kd + d, FN(load_w)(src[2 * jj], DT_BF16, d));
+      FN(vstore)(vd + d, FN(load_w)(src[2 * jj + 1], DT_BF16, d));
+    }
+    for (; d < D; d++) {
+      kd[d] = bf16_to_f32(((const uint16_t *)src[2 * jj])[d]);
+      vd[d] = bf16_to_f32(((const uint16_t *)src[2 * jj + 1])[d]);
+    }
+    krow[jj] = kd;
+    vrow[jj] = vd;
   }
 }
 
@@ -129,7 +152,7 @@ SIMD_INLINE void FN(chunk_update)(const attn_args *a, float *sg, int64_t lo, int
 
 // Scores, softmax and weighted values for token t, kv head kh (a decode token, or a row's only
 // token of the step). scratch: CHUNK scores + 2*G running max/sum floats.
-static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch) {
+static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch, float *kvbuf) {
   const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
   const int64_t start = attn_start(a, p);
   const int32_t *table = a->tables + (int64_t)a->row[t] * a->MBR;
@@ -145,7 +168,7 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
   _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
   for (int64_t j0 = start; j0 <= p; j0 += CHUNK) {
     const int64_t n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
-    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow);
+    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow, kvbuf);
     for (int64_t jj = n; jj < CHUNK; jj++) krow[jj] = krow[0]; // a short chunk's spare lanes: read, then dropped
     for (int64_t g = 0; g < G; g++) {
       // the whole chunk's lanes (CHUNK, a multiple of VW) in vector steps
@@ -226,7 +249,7 @@ SIMD_INLINE int64_t FN(block_row)(const attn_args *a, int64_t t0, int64_t kh, in
 // (st[jj RP + r]); the online softmax lane-wise over rows; then the weighted values PR rows at a
 // time, each value vector loaded once for them. (Before: a row at a time, two loads per
 // multiply-add; this is 1.6-1.8x, see BENCHMARKS.md.) scratch: sized in exec_attention (attention.c).
-static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch) {
+static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch, float *kvbuf) {
   const int64_t D = a->D, G = a->H / a->KVH, R = nq * G, RP = (R + VW - 1) / VW * VW;
   const int32_t *table = a->tables + (int64_t)a->row[t0] * a->MBR;
   float *qt = scratch, *kt = qt + D * RP, *st = kt + D * CHUNK, *m = st + CHUNK * RP, *l = m + RP, *al = l + RP;
@@ -254,7 +277,7 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
   for (int64_t i = 0; i < nq; i++) memset(a->out + ((t0 + i) * a->H + kh * G) * D, 0, (size_t)(G * D) * sizeof(float));
   for (int64_t j0 = jlo; j0 <= jhi; j0 += CHUNK) {
     const int64_t n = jhi + 1 - j0 < CHUNK ? jhi + 1 - j0 : CHUNK;
-    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow);
+    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow, kvbuf);
     for (int64_t d = 0; d < D; d++) {
       for (int64_t jj = 0; jj < n; jj++) kt[d * CHUNK + jj] = krow[jj][d];
       for (int64_t jj = n; jj < CHUNK; jj++) kt[d * CHUNK + jj] = 0.0f;

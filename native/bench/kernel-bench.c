@@ -18,7 +18,7 @@ int llm_init(void); int64_t llm_alloc(int64_t); int64_t llm_fence(void); int64_t
 int llm_set_isa(int);
 void llm_op_matmul(int64_t,int64_t,int64_t,int64_t,int,int,int,int);
 void llm_op_add(int64_t,int64_t,int64_t,int64_t,double);
-void llm_op_attention(int64_t q,int64_t kp,int64_t vp,int64_t row,int64_t pos,int64_t tab,int64_t out,int64_t T,int64_t H,int64_t KVH,int64_t D,int64_t NB,int64_t BS,int64_t R,int64_t MBR,int64_t window,double scale,double softcap);
+void llm_op_attention(int64_t q,int64_t kp,int64_t vp,int64_t row,int64_t pos,int64_t tab,int64_t out,int64_t T,int64_t H,int64_t KVH,int64_t D,int64_t NB,int64_t BS,int64_t R,int64_t MBR,int64_t window,int64_t kv_dt,double scale,double softcap);
 static double now(){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
 static void sync_(){ llm_wait(llm_fence()); }
 static float *rnd(size_t n){ float*p=(float*)(intptr_t)llm_alloc(n*4); for(size_t i=0;i<n;i++) p[i]=(float)((i*2654435761u)%1000)/1000.f-0.5f; return p;}
@@ -49,16 +49,18 @@ int main(int argc,char**argv){
   // attention: decode at 4k context and a 512-token prefill (H=32, KVH=8, D=128), and a 1k-token
   // prefill at the demo model's shape (H=6, KVH=2, D=64); BS=16
   int BS=16;
-  for(int cse=0;cse<3;cse++){ int T = cse==2?1024:(cse?512:1), ctx = cse==2?1024:(cse?512:4096); int NB=ctx/BS;
-    int H = cse==2?6:32, KVH = cse==2?2:8, D = cse==2?64:128;
+  // case 3: case 0's decode with bf16 pools (kdt 2: rows widened chunk by chunk, half the KV bytes)
+  for(int cse=0;cse<4;cse++){ int T = cse==2?1024:(cse==1?512:1), ctx = cse==2?1024:(cse==1?512:4096); int NB=ctx/BS;
+    int H = cse==2?6:32, KVH = cse==2?2:8, D = cse==2?64:128, kdt = cse==3?2:0;
     float*kp=rnd((size_t)NB*BS*KVH*D),*vp=rnd((size_t)NB*BS*KVH*D),*q=rnd((size_t)T*H*D),*out=rnd((size_t)T*H*D);
+    if(kdt){ uint16_t*k16=(uint16_t*)kp,*v16=(uint16_t*)vp; for(size_t e=0;e<(size_t)NB*BS*KVH*D;e++){ uint32_t u; memcpy(&u,kp+e,4); k16[e]=u>>16; memcpy(&u,vp+e,4); v16[e]=u>>16; } }
     int32_t*row=(int32_t*)(intptr_t)llm_alloc(T*4),*pos=(int32_t*)(intptr_t)llm_alloc(T*4),*tab=(int32_t*)(intptr_t)llm_alloc(NB*4);
-    for(int t=0;t<T;t++){row[t]=0;pos[t]=cse?t:ctx-1;} for(int b=0;b<NB;b++)tab[b]=b;
-    llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,0.088,0); sync_();
-    int reps=cse?3:50; t0=now();
-    for(int r=0;r<reps;r++) llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,0.088,0);
-    sync_(); double ms=(now()-t0)/reps*1e3; double keys = cse? (double)T*(T+1)/2 : (double)ctx;
-    printf("attention H=%d KVH=%d D=%d T=%d ctx=%d: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", H, KVH, D, T, ctx, ms, 4*keys*H*D/(ms*1e6), cse?0:(double)ctx*KVH*D*8/(ms*1e6));
+    for(int t=0;t<T;t++){row[t]=0;pos[t]=(cse==0||cse==3)?ctx-1:t;} for(int b=0;b<NB;b++)tab[b]=b;
+    llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,kdt,0.088,0); sync_();
+    int reps=(cse==0||cse==3)?50:3; t0=now();
+    for(int r=0;r<reps;r++) llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,kdt,0.088,0);
+    sync_(); double ms=(now()-t0)/reps*1e3; const int dec = cse==0||cse==3; double keys = dec? (double)ctx : (double)T*(T+1)/2;
+    printf("attention H=%d KVH=%d D=%d T=%d ctx=%d KV %s: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", H, KVH, D, T, ctx, kdt?"bf16":"f32", ms, 4*keys*H*D/(ms*1e6), dec?(double)ctx*KVH*D*(kdt?4:8)/(ms*1e6):0);
   }
   return 0;
 }

@@ -14,7 +14,7 @@ import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
-import { compareBackends, randomF32, rng, WeightDir } from './helpers.ts';
+import { assertClose, compareBackends, randomF32, rng, WeightDir } from './helpers.ts';
 
 const WDTYPES = ['f32', 'f16', 'bf16'] as const;
 const EXACT = { atol: 0, rtol: 1.2e-7 };
@@ -286,6 +286,67 @@ describe('paged KV: writeKv and attention', () => {
       return [b.attention(b.upload(qq, [3, h, d]), kv, layout, { scale: 0.125, window: 0, softcap: 0 }),
         b.attention(b.upload(qq, [3, h, d]), kv, layout, { scale: 0.125, window: 100, softcap: 0 })];
     }, { atol: 2e-5, rtol: 1e-4 }));
+  });
+});
+
+describe('bf16 KV pools (half the bytes a decode step reads)', () => {
+  // decode at 300 keys and a 20-token prefill chunk after a 40-token prefix, head dims 64 and 40 (a
+  // vector tail), G = 3; the reference attends over the same bf16-rounded keys and values in f32
+  const cases = [[64, 'decode and prefill'], [40, 'head dim 40: scalar tails']] as const;
+  for (const [d, what] of cases) {
+    it(`writeKv rounds to nearest even; attention matches the reference on the rounded pools (${what}), every ISA`, async () => {
+      const [nb, bs, kvh, h] = [24, 16, 2, 6];
+      const rr = rng(31 + d);
+      const rows = new Int32Array([0, ...Array(20).fill(1)]);
+      const pos = new Int32Array([299, ...Array.from({ length: 20 }, (_, i) => 40 + i)]);
+      const T = rows.length;
+      // row 0: keys 0..299 in 19 blocks (shuffled), row 1: keys 0..59 in 4; slots of this step's tokens
+      const perm = Array.from({ length: nb }, (_, i) => i).sort(() => rr() - 0.5);
+      const table = new Int32Array([...perm.slice(0, 19), ...perm.slice(19, 23), ...Array(15).fill(-1)]);
+      const slots = Int32Array.from(rows, (r, t) => table[r * 19 + Math.floor(pos[t]! / bs)]! * bs + (pos[t]! % bs));
+      const kp = randomF32(rr, nb * bs * kvh * d), vp = randomF32(rr, nb * bs * kvh * d);
+      const k = randomF32(rr, T * kvh * d), v = randomF32(rr, T * kvh * d), qq = randomF32(rr, T * h * d, 2);
+      const round = (x: Float32Array) => decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
+      // the pools before the step (bf16 values, so the f32 reference holds them exactly) and after it
+      const [kp16, vp16] = [round(kp), round(vp)];
+      const [kAfter, vAfter] = [Float32Array.from(kp16), Float32Array.from(vp16)];
+      slots.forEach((slot, t) => {
+        kAfter.set(round(k.subarray(t * kvh * d, (t + 1) * kvh * d)), slot * kvh * d);
+        vAfter.set(round(v.subarray(t * kvh * d, (t + 1) * kvh * d)), slot * kvh * d);
+      });
+      const layoutOf = (b: Backend): StepLayout => ({
+        tokenRow: b.upload(rows, [T]), tokenPos: b.upload(pos, [T]), slots: b.upload(slots, [T]),
+        blockTables: b.upload(table, [2, 19]), blockSize: bs,
+      });
+      const params = [{ scale: 0.125, window: 0, softcap: 0 }, { scale: 0.3, window: 25, softcap: 5 }];
+      await forEachIsa(async () => {
+        const kv = { k: cpu.zeros([nb, bs, kvh, d], 'bf16'), v: cpu.zeros([nb, bs, kvh, d], 'bf16') };
+        cpu.writeBlocks(kv.k, [...Array(nb).keys()], new Uint8Array(encodeHalf(kp16, 'bf16').buffer));
+        cpu.writeBlocks(kv.v, [...Array(nb).keys()], new Uint8Array(encodeHalf(vp16, 'bf16').buffer));
+        const layout = layoutOf(cpu);
+        cpu.writeKv(kv, cpu.upload(k, [T, kvh, d]), cpu.upload(v, [T, kvh, d]), layout);
+        assert.deepEqual(await cpu.read(kv.k), kAfter, 'keys rounded to bf16 (nearest even) in their slots');
+        assert.deepEqual(await cpu.read(kv.v), vAfter, 'values likewise');
+        const q = cpu.upload(qq, [T, h, d]);
+        const refKv = { k: ref.upload(kAfter, [nb, bs, kvh, d]), v: ref.upload(vAfter, [nb, bs, kvh, d]) };
+        for (const p of params) {
+          const got = await cpu.read(cpu.attention(q, kv, layout, p));
+          const want = await ref.read(ref.attention(ref.upload(qq, [T, h, d]), refKv, layoutOf(ref), p));
+          assertClose(`bf16 pools ${JSON.stringify(p)}`, got, want, { atol: 2e-5, rtol: 1e-4 });
+        }
+      });
+    });
+  }
+  it('pools of two dtypes, or f16 pools, throw naming both', () => {
+    const layout: StepLayout = {
+      tokenRow: cpu.upload(new Int32Array([0]), [1]), tokenPos: cpu.upload(new Int32Array([0]), [1]),
+      slots: cpu.upload(new Int32Array([0]), [1]), blockTables: cpu.upload(new Int32Array([0]), [1, 1]), blockSize: 4,
+    };
+    const x = cpu.upload(new Float32Array(8), [1, 2, 4]);
+    assert.throws(() => cpu.writeKv({ k: cpu.zeros([1, 4, 2, 4], 'bf16'), v: cpu.zeros([1, 4, 2, 4], 'f32') }, x, x, layout),
+      /kv\.k bf16\[1, 4, 2, 4\] and kv\.v f32\[1, 4, 2, 4\] differ/);
+    assert.throws(() => cpu.writeKv({ k: cpu.zeros([1, 4, 2, 4], 'f16'), v: cpu.zeros([1, 4, 2, 4], 'f16') }, x, x, layout),
+      /kv\.k must be f32 or bf16/);
   });
 });
 

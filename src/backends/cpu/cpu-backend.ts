@@ -23,6 +23,8 @@ import { readInto } from './weight-io.ts';
 const F32: readonly DType[] = ['f32'];
 const I32: readonly DType[] = ['i32'];
 const WEIGHT: readonly DType[] = ['f32', 'f16', 'bf16'];
+/** what the KV pools may hold: f32 (the default) or bf16 (half the bytes a decode step reads) */
+const KV: readonly DType[] = ['f32', 'bf16'];
 const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
 /** uploads up to this size are staged through the queue; larger ones get a fresh block */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -404,9 +406,9 @@ export class CpuBackend implements Backend {
 
   /** Checks a KV pair of pools; returns [numBlocks, blockSize, kvHeads, headDim]. */
   private poolDims(op: string, kv: PagedKv, layout: StepLayout): [number, number, number, number] {
-    const kp = this.arg(op, 'kv.k', kv.k, F32, 4);
-    const vp = this.arg(op, 'kv.v', kv.v, F32, 4);
-    if (!sameShape(kp.shape, vp.shape)) throw opError(op, `kv.k ${describe(kp)} and kv.v ${describe(vp)} differ`);
+    const kp = this.arg(op, 'kv.k', kv.k, KV, 4);
+    const vp = this.arg(op, 'kv.v', kv.v, KV, 4);
+    if (!sameShape(kp.shape, vp.shape) || kp.dtype !== vp.dtype) throw opError(op, `kv.k ${describe(kp)} and kv.v ${describe(vp)} differ`);
     const dims = kp.shape as [number, number, number, number];
     expectDim(op, 'layout.blockSize', layout.blockSize, dims[1], () => `pool ${describe(kp)} is [blocks, blockSize, kvHeads, headDim]`);
     return dims;
@@ -426,7 +428,7 @@ export class CpuBackend implements Backend {
     const slots = this.arg(op, 'layout.slots', layout.slots, I32, 1);
     expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `k ${describe(kk)}`);
     this.lib.opWriteKv((kv.k as CpuTensor).addr, (kv.v as CpuTensor).addr, kk.addr, vv.addr, slots.addr, T, KVH * D,
-      NB * BS);
+      NB * BS, DT_CODE[kv.k.dtype]);
   }
 
   attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor {
@@ -447,7 +449,7 @@ export class CpuBackend implements Backend {
     const [R, MBR] = bt.shape as [number, number];
     const y = this.out(qq.shape);
     this.lib.opAttention(qq.addr, (kv.k as CpuTensor).addr, (kv.v as CpuTensor).addr, row.addr, pos.addr, bt.addr,
-      y.addr, T, H, KVH, D, NB, BS, R, MBR, window, scale, softcap);
+      y.addr, T, H, KVH, D, NB, BS, R, MBR, window, DT_CODE[kv.k.dtype], scale, softcap);
     return y;
   }
 

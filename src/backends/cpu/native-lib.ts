@@ -54,11 +54,12 @@ export interface NativeLib {
   opGlu(gate: Addr, up: Addr, out: Addr, n: number, act: number): void;
   opRope(x: Addr, pos: Addr, invFreq: Addr, out: Addr, T: number, H: number, D: number, half: number, invStride: number,
     attentionScaling: number): void;
+  /** poolDtype: DT_CODE of the pools (f32 or bf16; bf16 rounds to nearest even) */
   opWriteKv(kpool: Addr, vpool: Addr, k: Addr, v: Addr, slots: Addr, T: number, rowFloats: number,
-    numSlots: number): void;
+    numSlots: number, poolDtype: number): void;
   opAttention(q: Addr, kpool: Addr, vpool: Addr, row: Addr, pos: Addr, tables: Addr, out: Addr, T: number,
     H: number, KVH: number, D: number, NB: number, BS: number, R: number, MBR: number, window: number,
-    scale: number, softcap: number): void;
+    poolDtype: number, scale: number, softcap: number): void;
   opGatherRows(x: Addr, idx: Addr, out: Addr, R: number, T: number, rowBytes: number): void;
   /** out[r] = index of the largest value of row r of x [R, V] (f32), lowest on ties, -1 when none is above -Infinity */
   opArgmax(x: Addr, out: Addr, R: number, V: number): void;
@@ -126,8 +127,8 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
     opSoftcap: f(`void llm_op_softcap(${i64}, ${i64}, ${i64}, double)`),
     opGlu: f(`void llm_op_glu(${i64}, ${i64}, ${i64}, ${i64}, int)`),
     opRope: f(`void llm_op_rope(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double)`),
-    opWriteKv: f(`void llm_op_write_kv(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
-    opAttention: f(`void llm_op_attention(${Array(16).fill(i64).join(', ')}, double, double)`),
+    opWriteKv: f(`void llm_op_write_kv(${Array(9).fill(i64).join(', ')})`),
+    opAttention: f(`void llm_op_attention(${Array(17).fill(i64).join(', ')}, double, double)`),
     opGatherRows: f(`void llm_op_gather_rows(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
     opArgmax: f(`void llm_op_argmax(${i64}, ${i64}, ${i64}, ${i64})`),
     opSampleRows: f(`int llm_op_sample_rows(${i64}, int, const void *packed, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
