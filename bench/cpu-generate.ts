@@ -2,7 +2,8 @@
 // Prints tok/s, achieved weight-read bandwidth for decode, and its ratio to this machine's
 // copy bandwidth measured in the same run.
 //
-//   node --import tsx bench/cpu-generate.ts --model models/demo [--prompt-tokens 512] [--decode-tokens 128] [--json out.json]
+//   node --import tsx bench/cpu-generate.ts --model models/demo [--prompt-tokens 512] [--decode-tokens 128]
+//     [--kv-dtype f32|bf16] [--json out.json]
 
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -19,6 +20,7 @@ const { values } = parseArgs({
     'prompt-tokens': { type: 'string', default: '512' },
     'decode-tokens': { type: 'string', default: '128' },
     repeats: { type: 'string', default: '3' },
+    'kv-dtype': { type: 'string', default: 'f32' },
     json: { type: 'string' },
   },
 });
@@ -51,7 +53,8 @@ const weightBytes = m.model.weights.layers.reduce((sum, l) => {
 
 const prompt = Array.from({ length: promptTokens }, (_, k) => (k * 7919 + 13) % Math.min(cfg.vocabSize, 5000));
 // prefix cache off: every repeat uses the same prompt, and prefill must be measured cold
-const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, prefixCache: { promptCacheBytes: 0 } });
+const kvDtype = values['kv-dtype'] as 'f32' | 'bf16';
+const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, prefixCache: { promptCacheBytes: 0 }, kvDtype });
 const prefill: number[] = [], decode: number[] = [];
 for (let r = 0; r <= repeats; r++) {
   const t0 = performance.now();
@@ -75,13 +78,13 @@ const commit = benchCommit();
 const result = {
   machine: `${cpu}, ${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB`,
   commit, model: values.model, modelType: cfg.modelType,
-  weightBytesPerDecodeStep: weightBytes, promptTokens, decodeTokens,
+  weightBytesPerDecodeStep: weightBytes, promptTokens, decodeTokens, kvDtype,
   prefillTokPerS: median(prefill), decodeTokPerS: decodeTps,
   decodeWeightGBps: achieved / 1e9, copyBandwidthGBps: bw / 1e9,
   decodeBandwidthRatio: achieved / bw,
 };
 console.log(`machine  ${result.machine}   commit ${commit}`);
-console.log(`model    ${values.model} (${cfg.modelType}, ${(weightBytes / 2 ** 20).toFixed(1)} MiB read per decode step)`);
+console.log(`model    ${values.model} (${cfg.modelType}, ${(weightBytes / 2 ** 20).toFixed(1)} MiB read per decode step; KV cache ${kvDtype})`);
 console.log(`prefill  ${result.prefillTokPerS.toFixed(1)} tok/s  (${promptTokens}-token prompt, median of ${repeats})`);
 console.log(`decode   ${decodeTps.toFixed(1)} tok/s  = ${result.decodeWeightGBps.toFixed(2)} GB/s of weights; copy bandwidth ${result.copyBandwidthGBps.toFixed(2)} GB/s -> ratio ${result.decodeBandwidthRatio.toFixed(3)}`);
 if (values.json) writeFileSync(values.json, JSON.stringify(result, null, 2));

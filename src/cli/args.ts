@@ -56,3 +56,11 @@ export function parseSize(raw: string, flag: string): number {
   if (!m || unit === undefined) throw new UsageError(`--${flag} must be a size like 512M or 8G, got "${raw}"`);
   return Math.round(Number(m[1]) * unit);
 }
+
+/** --kv-dtype f32|bf16|f16: what the KV cache holds (undefined: the backend's default) */
+export function kvDtypeFlag(v: Values): 'f32' | 'bf16' | 'f16' | undefined {
+  const raw = stringFlag(v, 'kv-dtype');
+  if (raw === undefined) return undefined;
+  if (raw !== 'f32' && raw !== 'bf16' && raw !== 'f16') throw new UsageError(`--kv-dtype must be f32, bf16 or f16, got "${raw}"`);
+  return raw;
+}

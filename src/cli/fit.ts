@@ -2,10 +2,10 @@
 // does, and how fast will decode be (CONTRACT.md). Reads config.json and safetensors headers
 // only; no weight data, no tokenizer parsing.
 
-import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
 import {
-  FitPlanner, FitError, KV_DTYPES, DEFAULT_CHUNK, GPU_NAMES, GPUS, MachineError, gpuMachine, customMachine, cpuMachine,
+  FitPlanner, FitError, DEFAULT_CHUNK, GPU_NAMES, GPUS, MachineError, gpuMachine, customMachine, cpuMachine,
   DEFAULT_GPU_MEMORY_UTILIZATION, type FitPlan, type KvDtype, type Machine,
 } from '../execution/fit/index.ts';
 
@@ -59,10 +59,7 @@ export async function runFit(argv: string[]): Promise<void> {
   const utilization = numberFlag(v, 'gpu-memory-utilization');
   if (utilization !== undefined && !(utilization > 0 && utilization <= 1))
     throw new UsageError(`--gpu-memory-utilization must be in (0, 1], got ${utilization}`);
-  const kvRaw = stringFlag(v, 'kv-dtype');
-  if (kvRaw !== undefined && !(KV_DTYPES as readonly string[]).includes(kvRaw))
-    throw new UsageError(`--kv-dtype must be one of ${KV_DTYPES.join(', ')}, got "${kvRaw}"`);
-  const kvDtype = kvRaw as KvDtype | undefined;
+  const kvDtype: KvDtype | undefined = kvDtypeFlag(v);
   const machines = resolveMachines(v);
 
   let planner: FitPlanner;

@@ -2,7 +2,7 @@
 // or prints exactly one JSON object with --json.
 
 import { performance } from 'node:perf_hooks';
-import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
 import { parseDevice } from '../execution/devices.ts';
 import { load } from '../api/index.ts';
@@ -26,6 +26,7 @@ const OPTIONS: Options = {
   'ignore-eos': { type: 'boolean' },
   'top-logprobs': { type: 'string' },
   'max-model-len': { type: 'string' },
+  'kv-dtype': { type: 'string' },
   device: { type: 'string' },
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
@@ -45,6 +46,8 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --ignore-eos             keep generating past end-of-sequence tokens
   --top-logprobs K         report the chosen token's logprob and the K best (0..20)
   --max-model-len N        context limit (default: the model's max_position_embeddings)
+  --kv-dtype f32|bf16      what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
+                           CUDA; the CPU backend also keeps bf16: half the bytes a decode step reads)
   --device auto|cpu|cuda   (default auto)
   --json                   print one JSON object instead of streaming text`;
 
@@ -91,11 +94,12 @@ export async function runGenerate(argv: string[]): Promise<void> {
     seed: numberFlag(v, 'seed', { integer: true }),
   };
   const device = parseDevice(stringFlag(v, 'device'));
+  const kvDtype = kvDtypeFlag(v);
 
   const t0 = performance.now();
   // One request through the same engine the server uses (a lone row is just a batch of one).
   const llm = await load({
-    model: dir, device, maxBatch: 1, maxModelLen,
+    model: dir, device, maxBatch: 1, maxModelLen, kvDtype,
     onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
   });
   try {

@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
 import { openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel } from '../execution/load-model.ts';
@@ -29,6 +29,7 @@ const OPTIONS: Options = {
   'max-queued': { type: 'string' },
   'max-model-len': { type: 'string' },
   'kv-budget': { type: 'string' },
+  'kv-dtype': { type: 'string' },
   device: { type: 'string' },
   'max-body': { type: 'string' },
   'shutdown-grace': { type: 'string' },
@@ -59,6 +60,9 @@ const HELP = `usage: llmts serve --model DIR [options]
   --kv-budget SIZE            memory for the KV cache, e.g. 512M, 4G (default: room for
                               max-batch sequences of max-model-len tokens, as far as the
                               memory plan of "llmts fit" allows)
+  --kv-dtype f32|bf16         what the KV cache holds (default: the backend's, f32 on the CPU, bf16
+                              on CUDA; the CPU backend also keeps bf16: half the bytes a decode
+                              step reads, twice the tokens in the same memory)
   --gpu-memory-utilization F  CUDA: fraction of device memory for weights, KV cache and
                               activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)
@@ -159,6 +163,7 @@ export async function runServe(argv: string[]): Promise<void> {
   const maxModelLen = numberFlag(v, 'max-model-len', { integer: true, min: 2 });
   const kvRaw = stringFlag(v, 'kv-budget');
   const kvBudget = kvRaw === undefined ? undefined : parseSize(kvRaw, 'kv-budget');
+  const kvDtypeRequested = kvDtypeFlag(v);
   const utilization = numberFlag(v, 'gpu-memory-utilization');
   if (utilization !== undefined && !(utilization > 0 && utilization <= 1))
     throw new UsageError(`--gpu-memory-utilization must be in (0, 1], got ${utilization}`);
@@ -188,6 +193,12 @@ export async function runServe(argv: string[]): Promise<void> {
     await backend.close();
     throw new UsageError(`--gpu-memory-utilization is not supported yet (on the ${backend.name} backend it has no GPU memory to size; size the KV cache with --kv-budget)`);
   }
+  const kvDtypes = backend.kvDtypes ?? [backend.activationDtype];
+  if (kvDtypeRequested !== undefined && !kvDtypes.includes(kvDtypeRequested)) {
+    await backend.close();
+    throw new UsageError(`--kv-dtype ${kvDtypeRequested}: the ${backend.name} backend keeps its KV cache in ${kvDtypes.join(' or ')}`);
+  }
+  const kvDtype = kvDtypeRequested ?? backend.activationDtype;
   const loaded = await loadModel(backend, dir, { maxModelLen });
   const batch = maxBatch ?? DEFAULT_MAX_BATCH;
   // The KV pool is sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts).
@@ -195,7 +206,7 @@ export async function runServe(argv: string[]): Promise<void> {
   let kv: ServeKvPlan;
   try {
     kv = await planServeKv(planner, {
-      backend: backend.name, kvDtype: backend.activationDtype, maxBatch: batch, maxModelLen: loaded.maxContext,
+      backend: backend.name, kvDtype, maxBatch: batch, maxModelLen: loaded.maxContext,
       kvBudgetBytes: kvBudget, utilization, memory: machineMemory(backend),
     });
   } catch (err) {
@@ -206,7 +217,7 @@ export async function runServe(argv: string[]): Promise<void> {
   const perToken = kv.bytesPerToken;
   const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
   const engine = new Engine(loaded.model, loaded, {
-    maxBatch: batch, maxQueued, maxModelLen: loaded.maxContext, kvTokens,
+    maxBatch: batch, maxQueued, maxModelLen: loaded.maxContext, kvTokens, kvDtype,
     prefixCache: {
       promptCacheBytes,
       tokenizerFingerprint: loaded.tokenizer.fingerprint,
@@ -218,12 +229,13 @@ export async function runServe(argv: string[]): Promise<void> {
   const cap = server.model.contextLen;
   process.stderr.write(
     `llmts serve: model "${servedName}" from ${dir} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
-    `KV cache for ${kvTokens} tokens (${perToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
+    `KV cache (${kvDtype}) for ${kvTokens} tokens (${perToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
     `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}\n`,
   );
   log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
     `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
-    `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${dir} --ctx ${engine.maxModelLen} --batch ${batch})`);
+    `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${dir} --ctx ${engine.maxModelLen} --batch ${batch}` +
+    `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
   log(`tool calls: ${server.model.toolFormat} format (${toolCallFormat ? '--tool-call-format' : 'detected from the chat template and vocabulary'})`);
   const pc = engine.stats.prefixCache;
   if (!pc.enabled) log(`prefix cache: off (${pc.off})${cacheDir !== undefined ? '; --cache-dir is unused' : ''}`);

@@ -101,6 +101,11 @@ export interface Backend {
   readonly name: 'reference' | 'cpu' | 'cuda';
   /** dtype the backend keeps activations in (f32 on CPU) */
   readonly activationDtype: DType;
+  /**
+   * dtypes its paged KV pools may hold (writeKv, attention, block reads and writes); absent:
+   * activationDtype only. The CPU backend: f32 and bf16 (half the bytes a decode step reads).
+   */
+  readonly kvDtypes?: readonly DType[];
 
   // ---- memory ------------------------------------------------------------------------------
   /**

@@ -9,6 +9,7 @@
 // into tokens, events and finishes), stale-kv.ts (the LongRoPE recompute rule).
 
 import type { DecoderModel, StepResult } from '../models/decoder.ts';
+import type { DType } from '../contracts/backend.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
@@ -34,6 +35,11 @@ export interface EngineOptions {
   /** longest sequence (prompt + output); default derivedContextLength(config) */
   maxModelLen?: number;
   blockSize?: number;
+  /**
+   * what the KV cache holds (default: the backend's activation dtype); one of the backend's
+   * kvDtypes (the CPU backend: f32 or bf16)
+   */
+  kvDtype?: DType;
   /** events buffered per stream before its sequence pauses (default 256) */
   streamBuffer?: number;
   /** a full stream unread this long cancels its sequence (default 60 s; 0 = never) */
@@ -113,7 +119,7 @@ export class Engine {
   private wake?: () => void;
   private steps = 0;
   private pipelinedSteps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline' | 'deviceSampling'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline' | 'deviceSampling' | 'kvDtype'>>;
   private readonly prefix: PrefixReuse;
   /** whether decode steps may be enqueued one ahead (EngineOptions.pipeline) */
   readonly pipeline: boolean;
@@ -143,12 +149,17 @@ export class Engine {
       typeof model.backend.sampleRows === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
+    const kvDtype = options.kvDtype ?? model.backend.activationDtype;
+    const kvDtypes = model.backend.kvDtypes ?? [model.backend.activationDtype];
+    if (!kvDtypes.includes(kvDtype)) {
+      throw new Error(`the ${model.backend.name} backend keeps its KV cache in ${kvDtypes.join(' or ')}, not ${kvDtype}`);
+    }
     const settings = options.prefixCache ?? {};
     const prefix = prefixOptionsFor(cfg, {
-      dtype: model.backend.activationDtype, blockSize: bs, numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim,
+      dtype: kvDtype, blockSize: bs, numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim,
     }, settings);
     this.kv = new KvCache(model.backend, cfg.layers.map((l) => l.window), {
-      numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs,
+      numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs, dtype: kvDtype,
     }, (spec) => spec.window === 0
       ? Math.max(1, Math.ceil(kvTokens / bs))
       // sliding layers: every row at its bounded worst case, never more than full layers hold

@@ -19,7 +19,7 @@
 // the earlier sliding blocks the pool still holds (a contiguous run back from the window), so
 // shorter prefixes of a spilled one restore too.
 
-import type { Backend, HostStepLayout, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
+import type { Backend, DType, HostStepLayout, PagedKv, StepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { BlockPool } from './block-pool.ts';
 import { chainHashes, kvBlockBytes, type KvScheme } from './block-hash.ts';
@@ -47,6 +47,8 @@ export interface KvShape {
   numKvHeads: number;
   headDim: number;
   blockSize: number;
+  /** what the pools hold (default: the backend's activation dtype) */
+  dtype?: DType;
 }
 
 /**
@@ -165,7 +167,7 @@ export class KvCache implements KvAccess<StepRow> {
     this.layerKv = layerWindows.map((_, layer) => {
       const blocks = this.groups[this.groupOfLayer[layer]].pool.numBlocks;
       const dims = [blocks, blockSize, numKvHeads, headDim];
-      return { k: backend.zeros(dims, backend.activationDtype), v: backend.zeros(dims, backend.activationDtype) };
+      return { k: backend.zeros(dims, this.dtype), v: backend.zeros(dims, this.dtype) };
     });
     const off = !prefix ? 'not configured' : prefix.maxCachedBytes === 0 ? 'disabled (--prompt-cache 0)' : undefined;
     if (off === undefined && prefix) {
@@ -178,10 +180,15 @@ export class KvCache implements KvAccess<StepRow> {
     } else this.prefixOff = off;
   }
 
+  /** What the pools hold. */
+  get dtype(): DType {
+    return this.shape.dtype ?? this.backend.activationDtype;
+  }
+
   /** The KV layout (for namespaces and SSD files). */
   get scheme(): KvScheme {
     return {
-      dtype: this.backend.activationDtype, blockSize: this.shape.blockSize, numLayers: this.layerKv.length,
+      dtype: this.dtype, blockSize: this.shape.blockSize, numLayers: this.layerKv.length,
       numKvHeads: this.shape.numKvHeads, headDim: this.shape.headDim,
     };
   }
@@ -194,7 +201,7 @@ export class KvCache implements KvAccess<StepRow> {
   /** Bytes one logical block takes in group g's layers (K and V): the unit of GroupBlocks. */
   groupBlockBytes(g: number): number {
     const { blockSize, numKvHeads, headDim } = this.shape;
-    return this.groups[g].spec.layers.length * 2 * blockSize * numKvHeads * headDim * dtypeBytes[this.backend.activationDtype];
+    return this.groups[g].spec.layers.length * 2 * blockSize * numKvHeads * headDim * dtypeBytes[this.dtype];
   }
 
   kvOfLayer(layer: number): PagedKv {

@@ -62,6 +62,16 @@ test('generate --json matches transformers through the CLI', async () => {
   assert.equal(out.timings.generated_tokens, 32);
 });
 
+test('generate --kv-dtype bf16 (the CPU backend\'s bf16 KV cache) still matches transformers', async () => {
+  const ref = JSON.parse(readFileSync(join(QWEN3, 'reference.json'), 'utf8'));
+  const c = ref.cases[1];
+  const r = await run(['generate', '--model', QWEN3, '--prompt', c.prompt_text, '--max-tokens', '32',
+    '--temperature', '0', '--ignore-eos', '--top-logprobs', '5', '--json', '--device', 'cpu', '--kv-dtype', 'bf16']);
+  assert.equal(r.code, 0, r.stderr);
+  const close = compareToReference(JSON.parse(r.stdout).logprobs, c.steps, 0.05);
+  assert.ok(close.ok, close.problem);
+});
+
 test('--messages renders the chat template exactly as transformers', async () => {
   const ref = JSON.parse(readFileSync(join(QWEN3, 'reference.json'), 'utf8'));
   for (const chat of ref.chat) {
@@ -140,6 +150,9 @@ test('bad models and bad input get one clear line and a non-zero exit', async (t
     assertOneLineError(await run(['generate', '--model', QWEN3, '--messages', '[{"role":"user"}]']), /content/);
     assertOneLineError(await run(['generate', '--model', QWEN3, '--bogus', ...p]), /bogus/);
     assertOneLineError(await run(['generate', '--model', QWEN3, '--top-p', '0', ...p]), /top_p|top-p/);
+    assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'q8', ...p]), /--kv-dtype must be f32, bf16 or f16, got "q8"/);
+    assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'f16', '--device', 'cpu', ...p]),
+      /the cpu backend keeps its KV cache in f32 or bf16, not f16/);
   });
   await t.test('--device cuda without CUDA', async () =>
     assertOneLineError(await run(['generate', '--model', QWEN3, '--device', 'cuda', ...p]), /cuda/i));

@@ -126,3 +126,8 @@ test('a failing consumer callback ends only its own row', async () => {
   assert.equal(e.stats.kvBlocksUsed, 0);
   await e.close();
 });
+
+test('a KV dtype the backend does not keep is refused at construction, naming what it keeps', async () => {
+  const m = await tiny();
+  assert.throws(() => new Engine(m.model, m, { maxBatch: 1, kvDtype: 'bf16' }), /the reference backend keeps its KV cache in f32, not bf16/);
+});

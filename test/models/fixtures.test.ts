@@ -71,3 +71,31 @@ for (const name of dirs) {
     }
   });
 }
+
+// A bf16 KV cache (the CPU backend's --kv-dtype bf16): keys and values rounded to bf16 as they are
+// written, everything else f32; every family still within the closeness rule, each case alone.
+test('every family with a bf16 KV cache matches transformers', async (t) => {
+  const backend = await createCpuBackend();
+  try {
+    for (const name of dirs) {
+      const dir = join(FIXTURES, name);
+      const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+      let worst = 0;
+      for (const [k, c] of ref.cases.entries()) {
+        const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, kvDtype: 'bf16' });
+        const out = await e.complete({ promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 },
+          ignoreEos: true, topLogprobs: 5 });
+        await e.close(0);
+        const artifact = KNOWN_REFERENCE_ARTIFACTS[name]?.[k];
+        const n = artifact ? artifact.steps : c.steps.length;
+        const r = compareToReference(out.logprobs!.slice(0, n), c.steps.slice(0, n), TOLERANCE);
+        worst = Math.max(worst, r.maxLogprobDiff);
+        assert.ok(r.ok, `${name} case ${k}: ${r.problem}`);
+      }
+      t.diagnostic(`${name}: max |Δ logprob| ${worst.toExponential(2)}`);
+    }
+  } finally {
+    await backend.close();
+  }
+});

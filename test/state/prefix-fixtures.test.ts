@@ -72,6 +72,49 @@ for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
   });
 }
 
+// A bf16 KV cache: its blocks go to the SSD tier as bf16 and come back into bf16 pools; an engine
+// whose cache holds f32 has another layout (the namespace names the dtype) and restores none of them.
+test('llama with a bf16 KV cache: cached and SSD-restored prefixes match transformers; an f32 engine restores none', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+  const backend = await createCpuBackend();
+  const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-bf16-'));
+  try {
+    const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+    const prefixCache = {
+      modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint,
+      ssd: { dir: cacheDir, maxBytes: 1 << 30 },
+    };
+    const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
+      const r = compareToReference(steps!, c.steps, TOLERANCE);
+      assert.ok(r.ok, `${label}: ${r.problem}`);
+    };
+    const e = engine(m, { prefixCache, kvDtype: 'bf16' });
+    for (const [k, c] of ref.cases.entries()) {
+      check(`case ${k} cold`, (await e.complete(request(c))).logprobs, c);
+      const warm = await e.complete(request(c));
+      assert.ok(warm.cachedTokens > 0, `case ${k} reused nothing`);
+      check(`case ${k} warm`, warm.logprobs, c);
+    }
+    await e.close();
+    const f32 = engine(m, { prefixCache });
+    await Promise.all(ref.cases.map((c) => f32.complete(request(c))));
+    assert.equal(f32.stats.prefixCache.ssdHits, 0, 'an f32 cache restores no bf16 blocks');
+    await f32.close(0);
+    const e2 = engine(m, { prefixCache, kvDtype: 'bf16' });
+    const restored = await Promise.all(ref.cases.map((c) => e2.complete(request(c))));
+    restored.forEach((r, k) => {
+      assert.ok(r.cachedTokens > 0, `case ${k} restored nothing`);
+      check(`case ${k} restored`, r.logprobs, ref.cases[k]!);
+    });
+    assert.ok(e2.stats.prefixCache.ssdHits >= 1);
+    await e2.close();
+  } finally {
+    rmSync(cacheDir, { recursive: true, force: true });
+    await backend.close();
+  }
+});
+
 // Sliding-window families (window 8 in every fixture): the RAM tier shares the blocks the window
 // still reaches; the SSD tier stores every full-attention block and the sliding groups' windows
 // (plus the earlier sliding blocks the pool still held), and a second engine restores from it.

@@ -39,6 +39,7 @@ export interface CpuBackendOptions {
 export class CpuBackend implements Backend {
   readonly name = 'cpu' as const;
   readonly activationDtype: DType = 'f32';
+  readonly kvDtypes: readonly DType[] = KV;
   private readonly id = nextBackendId++;
   private readonly pool: BlockPool;
   private readonly scopes: ScopeStack<CpuTensor>;
