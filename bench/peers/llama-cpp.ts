@@ -14,7 +14,7 @@
 //   pip install gguf numpy
 //   node --import tsx bench/peers/llama-cpp.ts [--model models/demo] [--prompt-tokens 512]
 //        [--decode-tokens 128] [--repeats 7] [--threads 2] [--gguf PATH] [--outtype bf16|f16|f32]
-//        [--llama-kv f16|f32] [--peers spin,passive,uv4] [--quiet-below 0.25] [--json out.json]
+//        [--llama-kv f16|f32] [--kv-dtype f32|bf16 (llmts's KV cache)] [--peers spin,passive,uv4] [--quiet-below 0.25] [--json out.json]
 //
 // Other work on a shared machine skews single runs badly (llama.cpp's 2-thread decode drops 10-100x
 // when another process wants a core). Each run therefore records how many cores other processes
@@ -57,6 +57,7 @@ const { values } = parseArgs({
     repeats: { type: 'string', default: '7' },
     threads: { type: 'string', default: String(os.availableParallelism()) },
     'llama-kv': { type: 'string', default: 'f16' },
+    'kv-dtype': { type: 'string', default: 'f32' },
     peers: { type: 'string', default: 'spin,passive' },
     'quiet-below': { type: 'string', default: '0.25' },
     json: { type: 'string' },
@@ -208,7 +209,9 @@ async function main() {
   const { dtypeBytes } = await import('../../src/contracts/backend.ts');
   const backend = await createCpuBackend();
   const m = await loadModel(backend, modelDir);
-  const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch, prefixCache: { promptCacheBytes: 0 } }); // every repeat prefills (the same prompt would hit the prefix cache)
+  // every repeat prefills (the same prompt would hit the prefix cache)
+  const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch, prefixCache: { promptCacheBytes: 0 },
+    kvDtype: values['kv-dtype'] as 'f32' | 'bf16' });
   const runOurs = async (promptIds: number[], n: number): Promise<Run> => {
     const out: number[] = [];
     const t0 = performance.now();
@@ -340,8 +343,8 @@ async function main() {
     llmts: { threads, openmp: `OMP_NUM_THREADS=${threads}, OMP_WAIT_POLICY=${process.env.OMP_WAIT_POLICY}`,
       precision: bf16Dot
         ? `${weightDtypes} weights; prefill matmuls round activations to bf16 for the CPU's AVX512-BF16 dot products, decode ` +
-          'widens the weights to f32 in registers (f32 activations); f32 accumulation, f32 KV cache'
-        : `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, f32 KV cache` },
+          `widens the weights to f32 in registers (f32 activations); f32 accumulation, ${values['kv-dtype']} KV cache`
+        : `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, ${values['kv-dtype']} KV cache` },
     llamaCpp: { ...info, uvThreadpoolSize: undefined, ompWaitPolicy: undefined, precision: peerPrecision,
       workers: peers.map((p) => ({ name: p.name, uvThreadpoolSize: p.info.uvThreadpoolSize, ompWaitPolicy: p.info.ompWaitPolicy })) },
     correctness, tokPerS, ratioLlmtsOver: ratios,

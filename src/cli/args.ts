@@ -61,6 +61,6 @@ export function parseSize(raw: string, flag: string): number {
 export function kvDtypeFlag(v: Values): 'f32' | 'bf16' | 'f16' | undefined {
   const raw = stringFlag(v, 'kv-dtype');
   if (raw === undefined) return undefined;
-  if (raw !== 'f32' && raw !== 'bf16' && raw !== 'f16') throw new UsageError(`--kv-dtype must be f32, bf16 or f16, got "${raw}"`);
+  if (raw !== 'f32' && raw !== 'bf16' && raw !== 'f16') throw new UsageError(`--kv-dtype must be one of f32, bf16, f16, got "${raw}"`);
   return raw;
 }
