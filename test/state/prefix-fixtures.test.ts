@@ -29,22 +29,34 @@ function engine(m: LoadedModel, opts: EngineOptions = {}): Engine {
   return new Engine(m.model, m, { maxBatch: 3, blockSize: 4, maxModelLen: m.maxContext, ...opts });
 }
 
+/** DESIGN.md's closeness rule for one case's steps */
+function check(label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]): void {
+  const r = compareToReference(steps!, c.steps, TOLERANCE);
+  assert.ok(r.ok, `${label}: ${r.problem}`);
+}
+
+/** A fixture on a fresh CPU backend, with a prefix cache whose SSD tier is a fresh directory (both removed after). */
+async function withFixture(name: string,
+  body: (f: { ref: Reference; m: LoadedModel; prefixCache: NonNullable<EngineOptions['prefixCache']> }) => Promise<void>): Promise<void> {
+  const dir = join(FIXTURES, name);
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+  const backend = await createCpuBackend();
+  const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
+  try {
+    const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+    const prefixCache = {
+      modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint,
+      ssd: { dir: cacheDir, maxBytes: 1 << 30 },
+    };
+    await body({ ref, m, prefixCache });
+  } finally {
+    rmSync(cacheDir, { recursive: true, force: true });
+    await backend.close();
+  }
+}
+
 for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
-  test(`${name}: cached and SSD-restored prefixes match transformers`, async () => {
-    const dir = join(FIXTURES, name);
-    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
-    const backend = await createCpuBackend();
-    const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
-    try {
-      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-      const prefixCache = {
-        modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint,
-        ssd: { dir: cacheDir, maxBytes: 1 << 30 },
-      };
-      const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
-        const r = compareToReference(steps!, c.steps, TOLERANCE);
-        assert.ok(r.ok, `${label}: ${r.problem}`);
-      };
+  test(`${name}: cached and SSD-restored prefixes match transformers`, () => withFixture(name, async ({ ref, m, prefixCache }) => {
       // RAM tier: every case twice on one engine; the second run reuses its prompt's blocks
       const e = engine(m, { prefixCache });
       assert.equal(e.stats.prefixCache.enabled, true);
@@ -65,30 +77,13 @@ for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
       assert.ok(e2.stats.prefixCache.ssdHits >= 1);
       assert.equal(e2.stats.kvBlocksUsed, 0);
       await e2.close();
-    } finally {
-      rmSync(cacheDir, { recursive: true, force: true });
-      await backend.close();
-    }
-  });
+  }));
 }
 
 // A bf16 KV cache: its blocks go to the SSD tier as bf16 and come back into bf16 pools; an engine
 // whose cache holds f32 has another layout (the namespace names the dtype) and restores none of them.
-test('llama with a bf16 KV cache: cached and SSD-restored prefixes match transformers; an f32 engine restores none', async () => {
-  const dir = join(FIXTURES, 'llama');
-  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
-  const backend = await createCpuBackend();
-  const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-bf16-'));
-  try {
-    const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-    const prefixCache = {
-      modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint,
-      ssd: { dir: cacheDir, maxBytes: 1 << 30 },
-    };
-    const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
-      const r = compareToReference(steps!, c.steps, TOLERANCE);
-      assert.ok(r.ok, `${label}: ${r.problem}`);
-    };
+test('llama with a bf16 KV cache: cached and SSD-restored prefixes match transformers; an f32 engine restores none', () =>
+  withFixture('llama', async ({ ref, m, prefixCache }) => {
     const e = engine(m, { prefixCache, kvDtype: 'bf16' });
     for (const [k, c] of ref.cases.entries()) {
       check(`case ${k} cold`, (await e.complete(request(c))).logprobs, c);
@@ -109,28 +104,14 @@ test('llama with a bf16 KV cache: cached and SSD-restored prefixes match transfo
     });
     assert.ok(e2.stats.prefixCache.ssdHits >= 1);
     await e2.close();
-  } finally {
-    rmSync(cacheDir, { recursive: true, force: true });
-    await backend.close();
-  }
-});
+  }));
 
 // Sliding-window families (window 8 in every fixture): the RAM tier shares the blocks the window
 // still reaches; the SSD tier stores every full-attention block and the sliding groups' windows
 // (plus the earlier sliding blocks the pool still held), and a second engine restores from it.
 for (const name of ['gemma2', 'gemma3_text', 'mistral', 'qwen2', 'phi3']) {
-  test(`${name}: cached and SSD-restored prefixes match transformers with sliding-window layers`, async () => {
-    const dir = join(FIXTURES, name);
-    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
-    const backend = await createCpuBackend();
-    const cacheDir = mkdtempSync(join(tmpdir(), 'llmts-fixture-kvc-'));
-    try {
-      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-      const prefixCache = { modelFingerprint: modelFingerprint(dir), tokenizerFingerprint: m.tokenizer.fingerprint, ssd: { dir: cacheDir, maxBytes: 1 << 30 } };
-      const check = (label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]) => {
-        const r = compareToReference(steps!, c.steps, TOLERANCE);
-        assert.ok(r.ok, `${label}: ${r.problem}`);
-      };
+  test(`${name}: cached and SSD-restored prefixes match transformers with sliding-window layers`, () =>
+    withFixture(name, async ({ ref, m, prefixCache }) => {
       const e = engine(m, { prefixCache });
       assert.equal(e.stats.prefixCache.enabled, true);
       assert.equal(e.stats.prefixCache.ssdOff, undefined);
@@ -156,11 +137,7 @@ for (const name of ['gemma2', 'gemma3_text', 'mistral', 'qwen2', 'phi3']) {
       assert.ok(e2.stats.prefixCache.ssdHits >= 1);
       assert.equal(e2.stats.kvBlocksUsed, 0);
       await e2.close();
-    } finally {
-      rmSync(cacheDir, { recursive: true, force: true });
-      await backend.close();
-    }
-  });
+  }));
 }
 
 test('models whose KV cannot be shared report why the cache is off', async () => {
