@@ -12,7 +12,6 @@ import { openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel } from '../execution/load-model.ts';
 import { Engine } from '../execution/engine.ts';
 import { warmUp } from '../execution/warmup.ts';
-import type { ModelConfig } from '../contracts/model-config.ts';
 import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import type { Backend } from '../contracts/backend.ts';
 import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
@@ -98,11 +97,6 @@ function toolCallFormatFlag(raw: string | undefined): ToolCallFormatName | undef
 
 /** the engine's default; passed explicitly so the default KV size below agrees with it */
 const DEFAULT_MAX_BATCH = 16;
-
-/** KV bytes one token takes in every layer: K and V, f32 (the KV dtype of the current backends). */
-export function kvBytesPerToken(cfg: Pick<ModelConfig, 'numLayers' | 'numKvHeads' | 'headDim'>): number {
-  return 2 * cfg.numLayers * cfg.numKvHeads * cfg.headDim * 4;
-}
 
 function formatUrlHost(host: string): string {
   return host.includes(':') ? `[${host}]` : host;

@@ -18,7 +18,6 @@ import { parseMessagesRequest, anthropicStop } from '../../src/server/anthropic.
 import { ThinkSplitter, splitThink, promptOpensThink } from '../../src/server/reasoning.ts';
 import { chatLogprob, legacyLogprobs } from '../../src/server/logprobs-format.ts';
 import { parseJsonObject } from '../../src/server/http-io.ts';
-import { kvBytesPerToken } from '../../src/cli/serve.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
 
 const loaded = await loadModel(new ReferenceBackend(), writeTinyLlama({ maxPositions: 64 }));
@@ -202,11 +201,6 @@ test('engine refusals map to client errors; anything else stays internal', () =>
   const e = new HttpError(429, 'slow down', { code: 'queue_full' });
   assert.deepEqual(openaiErrorBody(e), { error: { message: 'slow down', type: 'rate_limit_error', param: null, code: 'queue_full' } });
   assert.deepEqual(anthropicErrorBody(e), { type: 'error', error: { type: 'rate_limit_error', message: 'slow down' } });
-});
-
-test('KV bytes per token from the config', () => {
-  assert.equal(kvBytesPerToken({ numLayers: 2, numKvHeads: 2, headDim: 8 }), 256);
-  assert.equal(kvBytesPerToken({ numLayers: 32, numKvHeads: 8, headDim: 128 }), 262144);
 });
 
 test('served model: the context is bounded by the KV cache the engine got', async () => {
