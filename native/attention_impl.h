@@ -151,7 +151,7 @@ SIMD_INLINE void FN(chunk_update)(const attn_args *a, float *sg, int64_t lo, int
 }
 
 // Scores, softmax and weighted values for token t, kv head kh (a decode token, or a row's only
-// token of the step). scratch: CHUNK scores + 2*G running max/sum floats.
+// token of the step). scratch: CHUNK scores + 2*G running max/sum floats; kvbuf: chunk_rows' widened rows (bf16 pools).
 static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch, float *kvbuf) {
   const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
   const int64_t start = attn_start(a, p);
