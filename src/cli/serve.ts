@@ -10,7 +10,7 @@ import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeF
 import { UsageError } from './errors.ts';
 import { openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel } from '../execution/load-model.ts';
-import { Engine } from '../execution/engine.ts';
+import { Engine, resolveKvDtype } from '../execution/engine.ts';
 import { warmUp } from '../execution/warmup.ts';
 import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import type { Backend } from '../contracts/backend.ts';
@@ -187,12 +187,13 @@ export async function runServe(argv: string[]): Promise<void> {
     await backend.close();
     throw new UsageError(`--gpu-memory-utilization is not supported yet (on the ${backend.name} backend it has no GPU memory to size; size the KV cache with --kv-budget)`);
   }
-  const kvDtypes = backend.kvDtypes ?? [backend.activationDtype];
-  if (kvDtypeRequested !== undefined && !kvDtypes.includes(kvDtypeRequested)) {
+  let kvDtype;
+  try {
+    kvDtype = resolveKvDtype(backend, kvDtypeRequested);
+  } catch (err) {
     await backend.close();
-    throw new UsageError(`--kv-dtype ${kvDtypeRequested}: the ${backend.name} backend keeps its KV cache in ${kvDtypes.join(' or ')}`);
+    throw new UsageError(`--kv-dtype: ${(err as Error).message}`);
   }
-  const kvDtype = kvDtypeRequested ?? backend.activationDtype;
   const loaded = await loadModel(backend, dir, { maxModelLen });
   const batch = maxBatch ?? DEFAULT_MAX_BATCH;
   // The KV pool is sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts).

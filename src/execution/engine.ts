@@ -9,7 +9,7 @@
 // into tokens, events and finishes), stale-kv.ts (the LongRoPE recompute rule).
 
 import type { DecoderModel, StepResult } from '../models/decoder.ts';
-import type { DType } from '../contracts/backend.ts';
+import type { Backend, DType } from '../contracts/backend.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
@@ -57,6 +57,17 @@ export interface EngineOptions {
    * (default true when the backend has the op; env LLMTS_DEVICE_SAMPLING=off turns it off)
    */
   deviceSampling?: boolean;
+}
+
+/**
+ * The dtype a KV cache on `backend` holds: `requested`, or the backend's activation dtype; throws
+ * naming what the backend keeps (Backend.kvDtypes) when it does not keep `requested`.
+ */
+export function resolveKvDtype(backend: Backend, requested?: DType): DType {
+  const kvDtype = requested ?? backend.activationDtype;
+  const kept = backend.kvDtypes ?? [backend.activationDtype];
+  if (!kept.includes(kvDtype)) throw new Error(`the ${backend.name} backend keeps its KV cache in ${kept.join(' or ')}, not ${kvDtype}`);
+  return kvDtype;
 }
 
 export interface TextCodec {
@@ -149,11 +160,7 @@ export class Engine {
       typeof model.backend.sampleRows === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
-    const kvDtype = options.kvDtype ?? model.backend.activationDtype;
-    const kvDtypes = model.backend.kvDtypes ?? [model.backend.activationDtype];
-    if (!kvDtypes.includes(kvDtype)) {
-      throw new Error(`the ${model.backend.name} backend keeps its KV cache in ${kvDtypes.join(' or ')}, not ${kvDtype}`);
-    }
+    const kvDtype = resolveKvDtype(model.backend, options.kvDtype);
     const settings = options.prefixCache ?? {};
     const prefix = prefixOptionsFor(cfg, {
       dtype: kvDtype, blockSize: bs, numLayers: cfg.numLayers, numKvHeads: cfg.numKvHeads, headDim: cfg.headDim,

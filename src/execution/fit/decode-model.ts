@@ -10,7 +10,8 @@
 //           thread's rate and its multiply-adds on one core (so batch rows cost once it is
 //           compute-bound)
 //         + attention: KV bytes / (copy bandwidth x KV efficiency) + its arithmetic at the rate
-//           per core (on few cores the scalar loop does not hide one behind the other); a layer
+//           per core (its own term, for machines where the arithmetic does not hide behind the
+//           read; on this project's machine it fits as unbounded: constants.ts); a layer
 //           whose attention reads under the matmuls' 1 MiB threshold runs it on one thread (as
 //           native/attention.c does), one that reads more runs it on the team: one more parallel
 //           region
