@@ -14,6 +14,9 @@ Presets (real published shapes where they name a model):
   llama-probe      a llama with hidden 256, intermediate 512, 4 heads of 64 on 2 KV heads, vocab
                    8192; --layers N (default 32). Reads ~0.6 MB a layer: its decode step time is
                    overhead (launches, dispatch), which the bench fits per step and per layer.
+  qwen3-0.6b       Qwen/Qwen3-0.6B's layers (hidden 1024, 28 layers, 16 heads of 128 on 8 KV heads,
+                   intermediate 3072, tied embeddings) with the demo tokenizer's 8192-token vocab:
+                   0.45 B params, 0.9 GB bf16; the CPU comparison with llama.cpp (bench/peers/llama-cpp.ts).
 
 usage: python3 bench/make_random_models.py --preset NAME --out DIR [--layers N] [--tiny]
                                            [--tokenizer models/demo/tokenizer.json] [--std 0.02] [--seed 0]
@@ -75,7 +78,23 @@ def llama_probe(tiny):
     return c
 
 
-PRESETS = {'gemma2-2b': gemma2_2b, 'qwen3-moe-6l': qwen3_moe_6l, 'llama-probe': llama_probe}
+def qwen3_0_6b(tiny):
+    # Qwen/Qwen3-0.6B's layers with the demo model's 8k vocabulary (the tokenizer the directory gets),
+    # so that llama.cpp tokenizes and runs the same weights: 0.45 B params, 0.9 GB bf16.
+    c = {
+        'architectures': ['Qwen3ForCausalLM'], 'model_type': 'qwen3', 'vocab_size': 8192, 'hidden_size': 1024,
+        'intermediate_size': 3072, 'num_hidden_layers': 28, 'num_attention_heads': 16, 'num_key_value_heads': 8,
+        'head_dim': 128, 'max_position_embeddings': 40960, 'rms_norm_eps': 1e-6, 'rope_theta': 1000000.0,
+        'hidden_act': 'silu', 'tie_word_embeddings': True, 'attention_bias': False,
+        'bos_token_id': None, 'eos_token_id': 2, 'pad_token_id': 0, 'torch_dtype': 'bfloat16',
+    }
+    if tiny:
+        c.update(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+    return c
+
+
+PRESETS = {'gemma2-2b': gemma2_2b, 'qwen3-moe-6l': qwen3_moe_6l, 'llama-probe': llama_probe, 'qwen3-0.6b': qwen3_0_6b}
 
 
 def tensor_specs(c):
@@ -97,7 +116,7 @@ def tensor_specs(c):
             (p + 'self_attn.o_proj.weight', (D, q), 'randn'),
             (p + 'post_attention_layernorm.weight', (D,), norm),
         ]
-        if t == 'qwen3_moe':
+        if t in ('qwen3', 'qwen3_moe'):
             specs += [(p + 'self_attn.q_norm.weight', (hd,), 'ones'), (p + 'self_attn.k_norm.weight', (hd,), 'ones')]
         if t == 'gemma2':
             specs += [(p + 'pre_feedforward_layernorm.weight', (D,), norm),
