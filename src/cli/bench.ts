@@ -1,5 +1,5 @@
 // `llmts bench`: reproducible serving performance on one model, engine-direct and through HTTP
-// (CONTRACT.md). In one run:
+// (README.md, `llmts bench`). In one run:
 //   1. a lone request through the engine vs a dedicated single-sequence loop (no scheduler): the
 //      cost of "batch even a lone request" (goal: >= 0.99x);
 //   2. one streamed request through HTTP vs the same request engine-direct, end to end (>= 0.98x);

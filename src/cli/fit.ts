@@ -1,6 +1,6 @@
 // `llmts fit`: does a model fit a machine at a context length, what is the largest context that
-// does, and how fast will decode be (CONTRACT.md). Reads config.json and safetensors headers
-// only; no weight data, no tokenizer parsing.
+// does, and how fast will decode be (README.md, `llmts fit`). Reads config.json and safetensors
+// headers only; no weight data, no tokenizer parsing.
 
 import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';

@@ -1,5 +1,5 @@
-// `llmts generate`: one completion from the command line (CONTRACT.md). Streams text to stdout,
-// or prints exactly one JSON object with --json.
+// `llmts generate`: one completion from the command line (README.md, `llmts generate`). Streams
+// text to stdout, or prints exactly one JSON object with --json.
 
 import { performance } from 'node:perf_hooks';
 import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, type Options } from './args.ts';

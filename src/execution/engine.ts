@@ -89,7 +89,7 @@ export interface Completion {
   errorKind?: 'grammar';
 }
 
-/** longest stretch the loop may hold the event loop when the backend never leaves the thread */
+/** longest time the loop may hold the event loop when the backend never leaves the thread */
 const YIELD_EVERY_MS = 5;
 
 export class ContextLengthError extends Error {}

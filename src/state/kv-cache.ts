@@ -458,7 +458,7 @@ export class KvCache implements KvAccess<StepRow> {
       let from = this.firstLiveBlock(gi, k * bs);
       if (g.spec.window !== 0) while (from > 0 && g.pool.lookup(hashes[from - 1]) !== undefined) from--;
       const ids = hashes.slice(from, k).map((h) => g.pool.lookup(h)!);
-      // enqueued here, synchronously, in one stretch
+      // all enqueued here, synchronously, before anything else can run
       const reads = g.spec.layers.flatMap((l) => [read(this.layerKv[l].k, ids), read(this.layerKv[l].v, ids)]);
       return { from, n: ids.length, reads };
     });

@@ -1,4 +1,4 @@
-// Imports may only point down the layer stack of DESIGN.md / ARCHITECTURE.md. This test parses
+// Imports may only point down the layer stack of ARCHITECTURE.md ("Layers"). This test parses
 // every import in src/ and fails on one that points up (or sideways into a peer backend).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 // Every transformers fixture through the CUDA backend (bf16 activations, f32 maths), alone, under
-// DESIGN.md's closeness rule with a bf16 tolerance; then all cases batched, reporting agreement
+// the closeness rule (ARCHITECTURE.md, "Correctness") with a bf16 tolerance; then all cases batched, reporting agreement
 // with the solo runs. Skipped with the reason where CUDA is not usable (CI).
 //
 // The references are fp32 transformers runs; bf16 activations (8 significant bits) move chosen-token

@@ -1,4 +1,4 @@
-// `llmts bench` through bin/llmts (CONTRACT.md: reproducible performance runs, engine-direct and
+// `llmts bench` through bin/llmts (README.md: reproducible performance runs, engine-direct and
 // through HTTP; a table, and JSON): a small run on a tiny model, and its usage errors.
 
 import { test } from 'node:test';

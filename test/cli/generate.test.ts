@@ -1,5 +1,6 @@
-// `llmts generate` end to end through bin/llmts: JSON shape per CONTRACT.md, transformers parity
-// through the CLI, streaming, and the one-line errors for bad models and bad input.
+// `llmts generate` end to end through bin/llmts: the JSON shape of README.md's `llmts generate`,
+// transformers parity through the CLI, streaming, and the one-line errors for bad models and bad
+// input.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

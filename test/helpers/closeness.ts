@@ -1,4 +1,4 @@
-// DESIGN.md's closeness rule (vLLM's check_logprobs_close): tokens equal up to the first
+// The closeness rule of ARCHITECTURE.md's "Correctness" (vLLM's check_logprobs_close): tokens equal up to the first
 // divergence; at a divergence each side's token must be in the other's top-k; on the matched
 // prefix the chosen tokens' logprobs agree within `tolerance`.
 

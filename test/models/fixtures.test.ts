@@ -1,6 +1,6 @@
 // Every family against Hugging Face transformers (fixtures from tools/oracle/make_fixtures.py):
-// greedy tokens and top-5 logprobs per step under DESIGN.md's closeness rule, each case alone
-// and all cases batched together (the batched oracle: per-row positions are where bugs live).
+// greedy tokens and top-5 logprobs per step under the closeness rule (ARCHITECTURE.md), each case
+// alone and all cases batched together (the batched oracle: per-row positions are where bugs live).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

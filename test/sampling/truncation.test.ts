@@ -76,7 +76,7 @@ function distOf(x: number[]): Record<number, number> {
 test('topPSelect: a partition sum reaching the target where the one-by-one sum falls short continues the rule past the partition', () => {
   // ids a..e = 0..4. The first partition (pivot 1) sums a + b + c = 1 + 1 + 1e16 = 1e16 + 2 and
   // narrows to them; one by one, 1e16 + 1 + 1 rounds to 1e16 (< target), so the rule must go on to
-  // d (kept: the mass before it is still short) and stop before e. It used to keep the whole row.
+  // d (kept: the mass before it is still short) and stop before e, not keep the whole row.
   const x = Float32Array.from([2, 2, 3, 1, 0]);
   const w = Float64Array.from([1, 1, 1e16, 1e16, 1]);
   const ids = Int32Array.from([3, 0, 1, 2, 4]);

@@ -1,6 +1,6 @@
 // The prefix cache on the CUDA backend (bf16 KV): fixtures served from the RAM tier and restored
 // from the SSD tier (readBlocks/writeBlocks on the device; sliding-window families included) stay
-// close to transformers under DESIGN.md's closeness rule with the bf16 tolerance of
+// close to transformers under the closeness rule (ARCHITECTURE.md) with the bf16 tolerance of
 // test/backends/cuda-fixtures.test.ts. Skipped with the reason where CUDA is not usable (CI).
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';

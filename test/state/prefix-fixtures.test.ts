@@ -1,6 +1,6 @@
 // The prefix cache against transformers: on the committed fixtures (tools/oracle), a request whose
 // prompt comes from the RAM tier, and one restored from the SSD tier by a second engine, still
-// match the reference (greedy tokens + top-5 logprobs, DESIGN.md's closeness rule). Block size 4,
+// match the reference (greedy tokens + top-5 logprobs, the closeness rule of ARCHITECTURE.md). Block size 4,
 // so the fixtures' short prompts span several reusable blocks.
 
 import { test } from 'node:test';
@@ -29,7 +29,7 @@ function engine(m: LoadedModel, opts: EngineOptions = {}): Engine {
   return new Engine(m.model, m, { maxBatch: 3, blockSize: 4, maxModelLen: m.maxContext, ...opts });
 }
 
-/** DESIGN.md's closeness rule for one case's steps */
+/** the closeness rule (test/helpers/closeness.ts) for one case's steps */
 function check(label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]): void {
   const r = compareToReference(steps!, c.steps, TOLERANCE);
   assert.ok(r.ok, `${label}: ${r.problem}`);

@@ -6,8 +6,9 @@
 // spending device time. The SASS column counts each kernel's instructions (its .text section in the
 // cubin, 16 bytes an instruction on sm_70+): at one row a block fetches its code anew on an SM
 // whose caches the step's other kernels filled, so a latency-bound kernel pays for its length
-// (session 11: the decode attention's 6.2k -> 3.6k). nvcc's front end is not NVRTC's, so the GPU's own numbers
-// (CudaBackend.kernelResources, printed by bench/cuda-attention.ts) are the last word.
+// (loops that run once a tile stay rolled for it: src/backends/cuda/TUNING.md). nvcc's front end
+// is not NVRTC's, so the GPU's own numbers (CudaBackend.kernelResources, printed by
+// bench/cuda-attention.ts) are the last word.
 //
 //   node --import tsx tools/device/kernel-resources.ts [--arch sm_90] [--nvcc PATH] [--filter REGEX]
 import { spawnSync } from 'node:child_process';

@@ -2,7 +2,8 @@
 // binary alone is 3.7 MB of the 64 MiB a device call may carry): every .ts file of src/, bench/
 // and test/ transformed to JavaScript here, into .device/js.tar.xz, and a stand-in `tsx` package
 // whose load hook serves those transforms for the original .ts URLs (so import.meta.url and
-// relative paths are unchanged). Run after ../shared/device/prepare.sh; then on the device:
+// relative paths are unchanged). Run once .device/ holds node, node_modules and env.sh (the
+// development environment's device kit, outside this repository, packs them); then on the device:
 //   source .device/env.sh && tar -xJf .device/js.tar.xz && node --import tsx ...
 // (the stand-in replaces node_modules/tsx there; `tsx/esm/api` register() works too).
 import { execFileSync } from 'node:child_process';

@@ -9,7 +9,7 @@ top-5 logprobs per step, computed on CPU in fp32 with eager attention).
 
 Usage (on a machine with PyTorch + transformers; no network needed):
 
-    python3 tools/oracle/make_fixtures.py --out /tmp/fixtures [--notes /tmp/source_notes]
+    python3 tools/oracle/make_fixtures.py --out /tmp/fixtures
         [--only llama,qwen3] [--steps 250]
 
 Then copy /tmp/fixtures/<name>/ to test/fixtures/<name>/. See tools/oracle/README.md.
@@ -504,185 +504,11 @@ def tensor_listing(d):
 
 
 # --------------------------------------------------------------------------------------------
-# source notes
-
-
-def write_source_notes(notes_dir, models_by_name):
-    os.makedirs(notes_dir, exist_ok=True)
-    header = (f"# Extracted with inspect.getsource from transformers {transformers.__version__} "
-              f"(torch {torch.__version__}).\n# transformers is Apache-2.0 licensed (c) The "
-              "HuggingFace team and the model authors. Reference notes for llmts only.\n\n")
-
-    def src(obj):
-        try:
-            return inspect.getsource(obj)
-        except Exception as e:  # noqa: BLE001
-            return f"<no source: {e!r}>\n"
-
-    def dump(fname, items):
-        with open(os.path.join(notes_dir, fname), "w", encoding="utf-8") as f:
-            f.write(header)
-            for title, obj in items:
-                f.write("=" * 100 + f"\n# {title}\n" + "=" * 100 + "\n")
-                f.write(obj if isinstance(obj, str) else src(obj))
-                f.write("\n\n")
-
-    import importlib
-
-    def mod(name):
-        try:
-            return importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001
-            log(f"  notes: cannot import {name}: {e!r}")
-            return None
-
-    # rope
-    ru = mod("transformers.modeling_rope_utils")
-    items = []
-    if ru is not None:
-        items.append(("ROPE_INIT_FUNCTIONS keys",
-                      repr(sorted(getattr(ru, "ROPE_INIT_FUNCTIONS", {}).keys())) + "\n"))
-        for k, fn in sorted(getattr(ru, "ROPE_INIT_FUNCTIONS", {}).items()):
-            items.append((f"ROPE_INIT_FUNCTIONS[{k!r}] = {getattr(fn, '__name__', fn)}", fn))
-        for nm in ("dynamic_rope_update", "RotaryEmbeddingConfigMixin", "RopeParameters"):
-            if hasattr(ru, nm):
-                items.append((f"modeling_rope_utils.{nm}", getattr(ru, nm)))
-    dump("rope_utils.txt", items)
-
-    # masks and caches
-    items = []
-    mu = mod("transformers.masking_utils")
-    if mu is not None:
-        for nm in ("and_masks", "or_masks", "causal_mask_function", "sliding_window_overlay",
-                   "sliding_window_causal_mask_function", "chunked_overlay",
-                   "padding_mask_function", "sdpa_mask", "eager_mask", "create_causal_mask",
-                   "create_sliding_window_causal_mask", "create_masks_for_generate"):
-            if hasattr(mu, nm):
-                items.append((f"masking_utils.{nm}", getattr(mu, nm)))
-    cu = mod("transformers.cache_utils")
-    if cu is not None:
-        for nm in ("DynamicLayer", "DynamicSlidingWindowLayer", "SlidingWindowLayer",
-                   "DynamicCache"):
-            if hasattr(cu, nm):
-                items.append((f"cache_utils.{nm}", getattr(cu, nm)))
-    dump("masks_and_cache.txt", items)
-
-    # generation pieces that matter for the references
-    items = []
-    lp = mod("transformers.generation.logits_process")
-    if lp is not None and hasattr(lp, "MinNewTokensLengthLogitsProcessor"):
-        items.append(("MinNewTokensLengthLogitsProcessor", lp.MinNewTokensLengthLogitsProcessor))
-    dump("generation.txt", items)
-
-    # MoE integration
-    items = []
-    mi = mod("transformers.integrations.moe")
-    if mi is not None:
-        items.append(("transformers.integrations.moe (whole module)", src(mi)))
-    cm = mod("transformers.conversion_mapping")
-    if cm is not None:
-        items.append(("transformers.conversion_mapping (whole module)", src(cm)))
-    dump("moe_and_conversion.txt", items)
-
-    # per family modeling code
-    fams = {
-        "llama": "transformers.models.llama.modeling_llama",
-        "mistral": "transformers.models.mistral.modeling_mistral",
-        "qwen2": "transformers.models.qwen2.modeling_qwen2",
-        "qwen3": "transformers.models.qwen3.modeling_qwen3",
-        "gemma2": "transformers.models.gemma2.modeling_gemma2",
-        "gemma3": "transformers.models.gemma3.modeling_gemma3",
-        "phi3": "transformers.models.phi3.modeling_phi3",
-        "olmo2": "transformers.models.olmo2.modeling_olmo2",
-        "granite": "transformers.models.granite.modeling_granite",
-        "qwen3_moe": "transformers.models.qwen3_moe.modeling_qwen3_moe",
-        "mixtral": "transformers.models.mixtral.modeling_mixtral",
-    }
-    keep = ("Attention", "DecoderLayer", "MLP", "RMSNorm", "Moe", "MoE", "Experts", "Router",
-            "Rotary", "ScaledWordEmbedding", "Block")
-    keep_fn = ("eager_attention_forward", "apply_rotary_pos_emb", "rotate_half", "repeat_kv",
-               "load_balancing_loss_func")
-    for fam, mname in fams.items():
-        m = mod(mname)
-        if m is None:
-            continue
-        items = []
-        for nm, obj in sorted(vars(m).items()):
-            if getattr(obj, "__module__", None) != mname:
-                continue
-            if inspect.isclass(obj) and any(k in nm for k in keep) and \
-                    "PreTrainedModel" not in nm:
-                items.append((f"{fam}: class {nm}", obj))
-            elif inspect.isfunction(obj) and nm in keep_fn:
-                items.append((f"{fam}: def {nm}", obj))
-        for nm, obj in sorted(vars(m).items()):
-            if getattr(obj, "__module__", None) != mname or not inspect.isclass(obj):
-                continue
-            if nm.endswith("Model") or nm.endswith("ForCausalLM") or nm.endswith("TextModel"):
-                for meth in ("__init__", "forward"):
-                    if meth in vars(obj):
-                        items.append((f"{fam}: {nm}.{meth}", vars(obj)[meth]))
-        cfgmod = mod(mname.replace("modeling_", "configuration_"))
-        if cfgmod is not None:
-            for nm, obj in sorted(vars(cfgmod).items()):
-                if inspect.isclass(obj) and nm.endswith("Config") and \
-                        getattr(obj, "__module__", None) == cfgmod.__name__:
-                    items.append((f"{fam}: config class {nm}", obj))
-        dump(f"family_{fam}.txt", items)
-
-    # base config rope handling
-    items = []
-    cfu = mod("transformers.configuration_utils")
-    if cfu is not None:
-        base = getattr(cfu, "PreTrainedConfig", None) or getattr(cfu, "PretrainedConfig")
-        for meth in ("__post_init__", "__init__", "convert_rope_params_to_dict",
-                     "standardize_rope_params", "validate_rope", "to_dict", "to_diff_dict",
-                     "rope_scaling"):
-            for klass in base.__mro__:
-                if meth in vars(klass):
-                    obj = vars(klass)[meth]
-                    if isinstance(obj, property):
-                        obj = obj.fget
-                    items.append((f"{klass.__name__}.{meth}", obj))
-                    break
-    dump("config_base.txt", items)
-
-    # live facts from the fixtures (module trees, in-memory parameters, rotary state right after
-    # loading, before any forward pass)
-    with open(os.path.join(notes_dir, "module_trees.txt"), "w", encoding="utf-8") as f:
-        f.write(header)
-        for name, text in models_by_name.items():
-            f.write("=" * 100 + f"\n# {name}\n" + "=" * 100 + "\n" + text + "\n")
-
-
-def describe(m):
-    """Module tree, in-memory parameter names/shapes and rotary state of a freshly loaded model."""
-    lines = [f"class {type(m).__name__}", repr(m), "in-memory parameters:"]
-    for n, p in m.named_parameters():
-        lines.append(f"  {n} {list(p.shape)}")
-    for attr in ("_attn_implementation", "_experts_implementation"):
-        if hasattr(m.config, attr):
-            lines.append(f"config.{attr} = {getattr(m.config, attr)!r}")
-    for n, mm in m.named_modules():
-        if "rotary" not in n.lower():
-            continue
-        lines.append(f"rotary module {n}: {type(mm).__name__}")
-        for bn, b in mm.named_buffers(recurse=False):
-            lines.append(f"  {n}.{bn} = {b.tolist()}")
-        for a in ("attention_scaling", "rope_type", "max_seq_len_cached", "original_max_seq_len",
-                  "layer_types"):
-            if hasattr(mm, a):
-                lines.append(f"  {n}.{a} = {getattr(mm, a)!r}")
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--notes", default=None, help="folder for transformers source notes")
     ap.add_argument("--only", default=None)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--train-bytes", type=int, default=1_000_000)
@@ -730,7 +556,7 @@ def main():
     if args.only:
         want = set(args.only.split(","))
         specs = [s for s in specs if s["name"] in want]
-    summary, models_for_notes = [], {}
+    summary = []
     trained = {}
     for spec in specs:
         name = spec["name"]
@@ -779,7 +605,6 @@ def main():
                     json.dump(legacy_cfg, f, indent=2, sort_keys=True)
                     f.write("\n")
                 style = "legacy"
-            models_for_notes[name] = describe(load_for_reference(d, spec["moe"]))
             # tokenizer.json semantics (what an engine reading tokenizer.json implements)
             tok = PreTrainedTokenizerFast.from_pretrained(d)
             # AutoTokenizer may pick a model-specific class by model_type (transformers 5 maps
@@ -884,11 +709,6 @@ def main():
             traceback.print_exc()
             summary.append((name, f"FAILED: {e!r}", 0, None))
 
-    if args.notes:
-        try:
-            write_source_notes(args.notes, models_for_notes)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
     log("=== summary")
     for row in summary:
         log(f"  {row[0]:16s} {row[1]} size={row[2]} final_loss={row[3]}")

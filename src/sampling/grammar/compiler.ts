@@ -22,7 +22,7 @@
 // then compiles only specs known to compile, within that bound (the same work on the same
 // vocabulary): the blocking per new spec is bounded, and paid once thanks to the cache.
 // Without worker threads (`worker: false`, or the worker fails to start) specs are checked here
-// in a throwaway validator instance, as before.
+// in a throwaway validator instance: the same checks, on this thread.
 //
 // Should the main instance fail anyway, it is replaced: rows still matching on it end with a
 // GrammarRowError, later requests get a fresh instance.
