@@ -647,6 +647,16 @@ function sparseModel(key: string, base: string): string {
   return dir;
 }
 
+/**
+ * The command line a run records (its JSON, summary and each constant's `how`), with the --out folder
+ * written as DIR: a constant's provenance is the command, the machine, the commit and the date, not
+ * where one run happened to write.
+ */
+function recordedCommand(args: readonly string[]): string {
+  const shown = args.map((a, i) => (args[i - 1] === '--out' ? 'DIR' : a.startsWith('--out=') ? '--out=DIR' : a));
+  return `node --import tsx bench/fit-cuda.ts ${shown.join(' ')}`;
+}
+
 /** --from-json: the comparison and the fit again, from a saved run's measurements. */
 async function replay(file: string, OUT: string): Promise<void> {
   const saved = JSON.parse(fs.readFileSync(file, 'utf8')) as Record<string, any>;
@@ -664,14 +674,14 @@ async function replay(file: string, OUT: string): Promise<void> {
     r.predicted = await predict(r.case, dirs.get(r.case.model)!, r.child!, machine);
   }
   const header = {
-    command: `${saved.command} (recomputed: node --import tsx bench/fit-cuda.ts ${process.argv.slice(2).join(' ')})`,
+    command: `${saved.command} (recomputed: ${recordedCommand(process.argv.slice(2))})`,
     commit: `${saved.commit} (measured); predictions recomputed at ${commit}`, device: 'cuda', gpuInfo: saved.gpuInfo, machine,
     budgetS: saved.budgetS, started: saved.started, host: saved.host, loadavg: saved.loadavg,
   };
   // --measured-tree: what the device ran when the recorded commit does not say it (an uncommitted tree)
   const ran = values['measured-tree'] ?? `commit ${saved.commit}`;
-  const where = `bench/fit-cuda.ts on ${String(saved.gpuInfo).split(',')[0]}, run at ${ran} (${String(saved.started).slice(0, 10)}; ` +
-    `${path.relative(ROOT, path.dirname(path.resolve(file)))}/), recomputed offline from its recorded measurements at commit ${commit}`;
+  const where = `${saved.command} on ${String(saved.gpuInfo).split(',')[0]}, ${ran}, ${String(saved.started).slice(0, 10)} ` +
+    `(recorded measurements: ${path.relative(ROOT, path.resolve(file))}, refitted offline by --from-json at commit ${commit})`;
   const { decodeFit, constants } = await fitAndRecompute(results, machine, where, (m) => dirs.get(m)!);
   fs.mkdirSync(OUT, { recursive: true });
   fs.writeFileSync(path.join(OUT, 'fit-cuda.json'), JSON.stringify({ ...header, recomputedFrom: file, finished: true, results, decodeFit, constants }, null, 2));
@@ -727,7 +737,7 @@ async function main(): Promise<void> {
   }
   const machine: Machine = DEVICE === 'cuda' ? gpuMachine(values.gpu!) : cpuMachine(measureCopyBandwidth());
   const header = {
-    command: `node --import tsx bench/fit-cuda.ts ${process.argv.slice(2).join(' ')}`, commit, device: DEVICE, gpuInfo,
+    command: recordedCommand(process.argv.slice(2)), commit, device: DEVICE, gpuInfo,
     machine, budgetS: BUDGET_MS / 1000, started: new Date().toISOString(), host: `${os.cpus()[0]?.model ?? ''}, ${os.availableParallelism()} cpus`,
     loadavg: fs.readFileSync('/proc/loadavg', 'utf8').trim(),
   };
@@ -825,7 +835,7 @@ async function main(): Promise<void> {
   }
 
   // constants from every case, then the predictions again with them
-  const where = `bench/fit-cuda.ts on ${DEVICE === 'cuda' ? (gpuInfo.split(',')[0] ?? 'the GPU') : 'the CPU (plumbing test)'}, commit ${commit}, ${header.started.slice(0, 10)}`;
+  const where = `${header.command} on ${DEVICE === 'cuda' ? (gpuInfo.split(',')[0] ?? 'the GPU') : 'the CPU (plumbing test)'}, commit ${commit}, ${header.started.slice(0, 10)}`;
   ({ decodeFit, constants } = await fitAndRecompute(results, machine, where, (m) => specs[m]!.dir));
   finished = true;
   save();

@@ -1,7 +1,8 @@
-// Replays an excerpt of a real H200 run (bench/results/fit-cuda-session3/, bench/fit-cuda.ts at
-// commit f0b482c plus this session's uncommitted decoder, which frees each layer's inputs): the step
-// shapes the engine ran and the CUDA pool's live high-water mark during them. The planner's simulation of the same steps (the decoder graph on the CUDA pool model, the
-// GEMM tuner's L2-flush buffer, graph arenas) must reproduce the mark.
+// Replays an excerpt of a real H200 run (`bench/fit-cuda.ts --out DIR --budget-s 330`, the tree
+// committed as 959960d, 2026-11-30; fixtures/fit-cuda-h200-2026-11-30-959960d/step-memory.json says
+// so): the step shapes the engine ran and the CUDA pool's live high-water mark during them. The
+// planner's simulation of the same steps (the decoder graph on the CUDA pool model, the GEMM
+// tuner's L2-flush buffer, graph arenas) must reproduce the mark.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -9,7 +10,7 @@ import path from 'node:path';
 import { FitPlanner, type StepShape } from '../../src/execution/fit/plan.ts';
 import { LLAMA_3_1_8B, QWEN3_30B_A3B, tempModelDir, tensorsFor, writeCheckpoint } from './checkpoints.ts';
 
-const fixture = JSON.parse(fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'fit-cuda-session3-excerpt.json'), 'utf8')) as {
+const fixture = JSON.parse(fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'fit-cuda-h200-2026-11-30-959960d', 'step-memory.json'), 'utf8')) as {
   cases: { name: string; model: string; steps: StepShape[]; stepLiveBytes: number }[];
 };
 
@@ -31,7 +32,7 @@ test('CUDA step memory: the recorded H200 steps simulate to the measured pool li
       const dir = path.join(root, c.model);
       if (!fs.existsSync(dir)) writeCheckpoint(dir, CONFIGS[c.model]!, tensorsFor(CONFIGS[c.model]!), { data: 'sparse' });
       const p = await FitPlanner.open(dir);
-      // the recording's tuner timed every row count up to 1024 apart (gemm.ts before tuning by class)
+      // the recording's tuner timed every row count up to 1024 apart, not by row class as gemm.ts does
       const sim = await p.simulatePool('cuda', c.steps, { cudaTuning: { maxM: 1024, byClass: false } });
       const err = sim.livePeak / c.stepLiveBytes - 1;
       assert.ok(Math.abs(err) < 0.01, `${c.name}: simulated ${sim.livePeak} B, measured ${c.stepLiveBytes} B (${(100 * err).toFixed(1)}%)`);

@@ -7,10 +7,10 @@
 //    runtime and tokenizer constants carry over, the decode ones may not.
 //  * CUDA constants: measured by bench/fit-cuda.ts on the H200 (device memory through the driver
 //    during real runs at several context lengths and chunk sizes; decode steps of several models,
-//    contexts and batch sizes). Until it has run they are provisional placeholders: every plan
-//    that uses one lists it in `unmeasured`, and the README says so. Do not cite them as
-//    measurements. The script prints each value with its measurement (constants.ts.txt), so only
-//    the values and `how` change here.
+//    contexts and batch sizes). The script prints each value with its measurement
+//    (constants.ts.txt), so only the values and `how` change here.
+// A constant with `measured: false` is a placeholder: every plan that uses one lists it in
+// `unmeasured`, and it must not be cited as a measurement.
 //
 // The decode constants are the terms of decode-model.ts, one constant each; the registries at the
 // end say which constants a backend kind uses. Policies (utilization, the RAM left to the OS) are
@@ -30,15 +30,16 @@ export interface Constant {
 // CPU (native CPU backend), measured
 // ---------------------------------------------------------------------------------------------
 
-// Refitted in session 14 (2026-11-30) after the CPU backend's session-13 changes (prefill attention
-// in vector lanes, bf16 matmuls reading weights in place, small decode attention on one thread):
-// two calibration runs, each every case of bench/fit-accuracy.ts in fresh processes, decode the
-// fastest of 5 processes' median step, copy bandwidth the best of every measurement of the run:
-//   run A (commit 0d5c97d's tree), /proc/loadavg 0.39 -> 2.24, 41.4 GB/s: the decode model before
-//     it ran a layer's small attention on one thread
-//   run B (commit 8faa084's tree + the model change committed after it), loadavg 0.43 -> 2.14,
-//     42.4 GB/s: the values below are run B's, run A's beside them. Raw: bench/results/fit-cpu-session14/.
-// (Session 3's fit, 2026-11-29, commit e5d41c8: run B's values then are in git history.)
+// Measured by `node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5` on the CPU machine
+// above, commit 42d6701, 2026-11-30 (/proc/loadavg 0.43 at the start, 2.14 at the end; copy
+// bandwidth 42.4 GB/s, the best of the run's 102 measurements): every case of the script in a fresh
+// process, decode the fastest of 5 processes' median step. Where a second calibration run measured
+// the same quantity directly (commit 0d5c97d, the same day, 41.4 GB/s: the same kernels, a decode
+// model that did not yet run a small attention on one thread), its value is given beside; the fitted
+// decode constants are the ones fitted with the decode model of decode-model.ts.
+
+/** The command, machine, commit and date of the CPU calibration every CPU constant below comes from. */
+const CPU_CALIBRATION = 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, AMD EPYC 2-vCPU VM, commit 42d6701, 2026-11-30';
 
 /**
  * Resident memory of a `llmts` process that holds neither weights nor KV cache: Node, tsx, the
@@ -47,10 +48,10 @@ export interface Constant {
 export const CPU_RUNTIME_BYTES: Constant = {
   value: 97 * 2 ** 20,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B: peak RSS (VmHWM) of 21 runs each (demo model, fixtures, random-weight 1.2B llama / ' +
+  how: `${CPU_CALIBRATION}: peak RSS (VmHWM) of 21 runs (demo model, fixtures, random-weight 1.2B llama / ` +
     'gemma2 sliding / qwen3_moe, 12- and 24-layer and small-matrix models; ctx 256-4128; chunks 64-512; batch 1, 4, 8; ' +
-    'sweeps of 512 and 128 prompt lengths) minus the modelled weights, KV pools, step memory and tokenizer: medians 97.0 ' +
-    '(B) and 97.2 (A) MiB, min 77.4, max 104.1 (RSS after the imports alone 87-95 MiB)',
+    'sweeps of 512 and 128 prompt lengths) minus the modelled weights, KV pools, step memory and tokenizer: median 97.0 ' +
+    'MiB (97.2 in the second calibration run), min 77.4, max 104.1 (RSS after the imports alone 87-95 MiB)',
 };
 
 /**
@@ -60,7 +61,7 @@ export const CPU_RUNTIME_BYTES: Constant = {
 export const CPU_TOKENIZER_BYTES_PER_FILE_BYTE: Constant = {
   value: 20,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5: RSS after TextTokenizer.fromDir minus before, 3 processes each, runs A and B: test/fixtures/llama ' +
+  how: `${CPU_CALIBRATION}: RSS after TextTokenizer.fromDir minus before, 3 processes each, in both calibration runs: test/fixtures/llama ` +
     '(21,834 B file) 0.1-0.3 MiB; models/demo (545,130 B) 6.4-8.1 MiB (12-16x); a synthetic 128k-token byte-level BPE ' +
     '(7,099,024 B, as large as Llama 3\'s) 132.3-133.6 MiB (19.5-19.7x)',
 };
@@ -69,25 +70,25 @@ export const CPU_TOKENIZER_BYTES_PER_FILE_BYTE: Constant = {
 export const CPU_DECODE_EFFICIENCY: Constant = {
   value: 0.92,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the decode constants below (non-negative least squares on relative error over 23 decode ' +
-    'samples; the 1.2B llama, 2.47 GB a step, weighs most): 0.921 (B), 0.848 (A). The kernel alone on 16 matrices of ' +
-    '8 MiB streams at 0.73 (B) / 0.76 (A) of the copy bandwidth; a whole step reads its matrices back to back',
+  how: `${CPU_CALIBRATION}: fitted with the decode constants below (non-negative least squares on relative error over 23 decode ` +
+    'samples; the 1.2B llama, 2.47 GB a step, weighs most): 0.921. The kernel alone on 16 matrices of ' +
+    '8 MiB streams at 0.73 of the copy bandwidth (0.76 in the second run); a whole step reads its matrices back to back',
 };
 
 /** Fraction of the measured copy bandwidth at which one thread streams a matrix under the threshold below. */
 export const CPU_SMALL_MATMUL_EFFICIENCY: Constant = {
   value: 0.74,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14: the decode matmul kernel alone, one row through 64 bf16 matrices of 960 x 512 (0.94 MiB, under the ' +
-    '1 MiB threshold: one thread), fastest of 5 passes in each of 3 processes: 31.35 GB/s = 0.739 of 42.4 (B); ' +
-    '31.06 GB/s = 0.750 (A). Session 3: 0.54 (the matmul copied its weights then)',
+  how: `${CPU_CALIBRATION}: the decode matmul kernel alone, one row through 64 bf16 matrices of 960 x 512 (0.94 MiB, under the ` +
+    '1 MiB threshold: one thread), fastest of 5 passes in each of 3 processes: 31.35 GB/s = 0.739 of 42.4 GB/s ' +
+    '(the second run: 31.06 GB/s = 0.750 of 41.4)',
 };
 
 /** Multiply-adds per second per core of the decode (few-row) matmul kernel, bf16 weights and f32 rows, G. */
 export const CPU_MATMUL_GMACS_PER_CORE: Constant = {
   value: 38.6,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14: the same 64 matrices, 16 rows on one thread: 38.6 (B), 37.5 (A) GMAC/s (runs 33.8-38.6). 16 rows on ' +
+  how: `${CPU_CALIBRATION}: the same 64 matrices, 16 rows on one thread: 38.6 GMAC/s (37.5 in the second run; processes 33.8-38.6). 16 rows on ` +
     'the team over 8 MiB matrices reached 23.0-24.3 per core: the plan\'s team matmuls are bandwidth-bound up to 16 rows ' +
     'at either rate',
 };
@@ -96,8 +97,8 @@ export const CPU_MATMUL_GMACS_PER_CORE: Constant = {
 export const CPU_PARALLEL_MATMUL_MS: Constant = {
   value: 0.044,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants (the MoE model, 96 expert regions a step, and now ' +
-    'each layer whose attention runs on the team carry it): 0.044 (B), 0.035 (A). The kernel alone: 128 matrices of 1.02 MiB ' +
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants (the MoE model, 96 expert regions a step, and ` +
+    'each layer whose attention runs on the team carry it): 0.044. The kernel alone: 128 matrices of 1.02 MiB ' +
     '(just over the threshold) take 0.014-0.016 ms more each than streaming them at the team\'s rate',
 };
 
@@ -105,9 +106,9 @@ export const CPU_PARALLEL_MATMUL_MS: Constant = {
 export const CPU_KV_READ_EFFICIENCY: Constant = {
   value: 0.64,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants, chiefly from two small-weight models decoding at 64 and 2048 ' +
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants, chiefly from two small-weight models decoding at 64 and 2048 ` +
     'tokens in turn in one process (16 query heads of 128 on 4 and on 16 KV heads) and the gemma2 sliding model at 4k: ' +
-    '0.64 (B), 0.56 (A). Paged f32 blocks read per (token, KV head) stream slower than weights',
+    '0.64. Paged f32 blocks read per (token, KV head) stream slower than weights',
 };
 
 /**
@@ -117,9 +118,9 @@ export const CPU_KV_READ_EFFICIENCY: Constant = {
 export const CPU_ATTENTION_GFLOPS_PER_CORE: Constant = {
   value: Infinity,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants: unbounded in both runs (the ' +
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants: unbounded in both calibration runs (the ` +
     'least-squares weight of this term is 0: the vectorized decode attention\'s arithmetic hides behind its KV read, ' +
-    'at G = 1 and 4 alike; session 3\'s scalar loop fitted 224 / 34.5). Kept as a term so a machine where it shows can refit it',
+    'at G = 1 and 4 alike). Kept as a term so a machine where it shows can refit it',
 };
 export function cpuAttentionFlops(): number {
   return CPU_ATTENTION_GFLOPS_PER_CORE.value * 1e9 * os.availableParallelism();
@@ -129,24 +130,22 @@ export function cpuAttentionFlops(): number {
 export const CPU_STEP_OVERHEAD_MS: Constant = {
   value: 0.095,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants (models of 2 to 24 layers at batch 1, 4 and 8): 0.095 (B), ' +
-    '0.130 (A)',
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants (models of 2 to 24 layers at batch 1, 4 and 8): 0.095`,
 };
 
 /** Dispatch time per decoder layer per step on the CPU backend (about 20 ops: queue round trips), ms. */
 export const CPU_LAYER_OVERHEAD_MS: Constant = {
   value: 0.019,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants over models of 2, 3, 6, 8, 12, 16 and 24 layers: 0.019 (B), ' +
-    '0.020 (A)',
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants over models of 2, 3, 6, 8, 12, 16 and 24 layers: 0.019`,
 };
 
 /** Work per row of a decode step outside the model (sampling, detokenizing, events), ms. */
 export const CPU_ROW_OVERHEAD_MS: Constant = {
   value: 0.0013,
   measured: true,
-  how: 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, session 14 runs A and B (values: B): fitted with the other decode constants from the batch 4 and 8 cases (demo, small-matrix model, MoE): ' +
-    '0.0013 (B), 0.022 (A): sampling and events per row cost little next to the rows\' matmul work',
+  how: `${CPU_CALIBRATION}: fitted with the other decode constants from the batch 4 and 8 cases (demo, small-matrix model, MoE): ` +
+    '0.0013: sampling and events per row cost little next to the rows\' matmul work',
 };
 
 /**
@@ -163,12 +162,15 @@ export function cpuSystemReserveBytes(totalBytes: number): number {
 export const CPU_SYSTEM_RESERVE_POLICY = 'max(1 GiB, 10% of RAM) left to the OS and other processes (a policy, not a measurement)';
 
 // ---------------------------------------------------------------------------------------------
-// CUDA: measured by bench/fit-cuda.ts on the H200. The values below were fitted offline
-// (`bench/fit-cuda.ts --from-json`, bench/results/fit-cuda-session3b/recomputed/) from the recorded
-// measurements of run 4 of 2026-11-30 (bench/results/fit-cuda-session3b/: 16 cases, the tree
-// committed as 8bae2a7). The constants of the run before (session 2) predicted that run out of
-// sample within 15% for every real-size model, not for the tiny probes once decode was pipelined.
+// CUDA: measured by `node --import tsx bench/fit-cuda.ts --out DIR --budget-s 444` on an NVIDIA H200
+// (driver 580.159.04, CUDA 13.0), commit eeecf94, 2026-11-30: 18 cases in fresh processes. The run's
+// recorded measurements are test/fit/fixtures/fit-cuda-h200-2026-11-30-eeecf94/fit-cuda.json;
+// `node --import tsx bench/fit-cuda.ts --from-json <that file> --out DIR` refits them offline (no
+// GPU) and gives back every value below.
 // ---------------------------------------------------------------------------------------------
+
+/** The command, machine, commit and date of the CUDA calibration every CUDA constant below comes from. */
+const CUDA_CALIBRATION = 'node --import tsx bench/fit-cuda.ts --out DIR --budget-s 444 on NVIDIA H200, commit eeecf94, 2026-11-30';
 
 /** Policy (vLLM's default): fraction of device memory the engine may use. */
 export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
@@ -180,17 +182,17 @@ export const DEFAULT_GPU_MEMORY_UTILIZATION = 0.9;
 export const CUDA_CONTEXT_BYTES: Constant = {
   value: 560791296,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 18 processes: median 534.8 MiB (min 534.8, max 534.8)",
+  how: `${CUDA_CALIBRATION}: device memory used (nvml) right after createCudaBackend minus before the process touched CUDA, minus the pool's live bytes then; 18 processes: median 534.8 MiB (min 534.8, max 534.8)`,
 };
 
 /**
- * What the pool holds right after creation: the cuBLASLt workspace, the error word and (since this
- * session's tensor-core decode kernel) the attention split counters (attention.ts ATT_COUNTERS).
+ * What the pool holds right after creation: the cuBLASLt workspace, the error word and the
+ * tensor-core decode attention's split counters (attention.ts ATT_COUNTERS).
  */
 export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
   value: 37748992,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: the pool's live bytes (memoryStats) right after createCudaBackend, 18 processes: 37748992 B",
+  how: `${CUDA_CALIBRATION}: the pool's live bytes (memoryStats) right after createCudaBackend, 18 processes: 37748992 B`,
 };
 
 /**
@@ -200,35 +202,35 @@ export const CUDA_CUBLASLT_WORKSPACE_BYTES: Constant = {
 export const CUDA_RUNTIME_GROWTH_BYTES: Constant = {
   value: 139847680,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 18 cases: 133.4 MiB (gemma2 ctx 8192 chunk 1024); median 8.0 MiB",
+  how: `${CUDA_CALIBRATION}: device memory used (cuMemGetInfo) minus the pool's live and idle bytes, at the end of each run minus right after creation; largest of 18 cases: 133.4 MiB (gemma2 ctx 8192 chunk 1024); median 8.0 MiB`,
 };
 
 /** Fraction of peak HBM bandwidth at which a decode step reads the weights. */
 export const CUDA_DECODE_EFFICIENCY: Constant = {
   value: 0.8995,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /** Fraction of peak HBM bandwidth at which decode attention reads the KV cache. */
 export const CUDA_KV_READ_EFFICIENCY: Constant = {
   value: 0.6492,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /** Fixed time per CUDA decode step (host work, sampling, the logits copy), ms. */
 export const CUDA_STEP_OVERHEAD_MS: Constant = {
   value: 0.2023,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /** Time per kernel of a CUDA decode step (a replayed graph's small kernels and the gaps between them), ms. */
 export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
   value: 0,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /**
@@ -238,30 +240,29 @@ export const CUDA_KERNEL_OVERHEAD_MS: Constant = {
 export const CUDA_ATTENTION_LAYER_MS: Constant = {
   value: 0.02995,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /**
  * Fraction of peak HBM bandwidth at which the MoE kernels read the experts of each (token, expert) pair.
- * Refitted in session 7 to the warp-a-token router and the vectorized kernels (the session-3 fit,
- * 0.301 and 0.219 ms a layer, predicted a third of today's MoE decode speed). The fit's MoE cases
- * decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8 tokens and more),
- * which decode-model.ts now counts as each chosen expert read once (groupedExpertReads), is not in
- * it. Against the 16-row profile of session 8 (call 1, bench/results/cuda-session8/1/moe-run.log:
- * Qwen3-30B-A3B layers, 245 us a layer of MoE kernels with event nodes) this value gives 208 us for
- * the 778 MB of distinct experts; the per-pair count gave 322.
+ * The fit's MoE cases decode 1 and 4 rows, which run per (token, expert) pair: the grouped path (8
+ * tokens and more, where decode-model.ts counts each chosen expert read once: groupedExpertReads)
+ * is not in it. Checked against a 16-row decode graph profile (`PROFILE=1 bash bench/cuda-moe.sh DIR`:
+ * 24 of Qwen3-30B-A3B's layers, NVIDIA H200, commit 94141ef, 2026-11-30: 245 us a layer of MoE
+ * kernels, event nodes included), this value gives 208 us for the 778 MB of distinct experts a layer
+ * reads; counting per pair would give 322.
  */
 export const CUDA_MOE_EFFICIENCY: Constant = {
   value: 0.7812,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /** Fixed time per MoE layer per CUDA decode step (k_moe_hidden / k_moe_down latency), ms. */
 export const CUDA_MOE_LAYER_MS: Constant = {
   value: 0,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)",
+  how: `${CUDA_CALIBRATION}: fitted with the other decode constants (non-negative least squares on relative error) to the median decode step of 18 cases (models probe4, probe32, llama8b, gemma2, moe; contexts 320, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536; batch 1, 4, 16) against 4800 GB/s; fitted errors within +18.2% (gemma2 ctx 8192 chunk 1024); each case predicted from a fit without it: worst +177.4% (probe32 ctx 320 chunk 512)`,
 };
 
 /**
@@ -273,7 +274,7 @@ export const CUDA_MOE_LAYER_MS: Constant = {
 export const CUDA_ACTIVATION_SCALE: Constant = {
   value: 1.002,
   measured: true,
-  how: "bench/fit-cuda.ts on NVIDIA H200, the tree committed as eeecf94 (bench/results/fit-cuda-session7/), 2026-11-30: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 18 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384, 32768, 65536; chunks 512, 2048, 128, 1024, 256, 4096): ratios 0.818-1.002, the largest kept (llama8b ctx 512 chunk 512 batch 16)",
+  how: `${CUDA_CALIBRATION}: the pool's live high-water mark during the steps (above weights and KV) over the simulated one for the same recorded steps, 18 cases (contexts 320, 1024, 4096, 512, 2048, 8192, 16384, 32768, 65536; chunks 512, 2048, 128, 1024, 256, 4096): ratios 0.818-1.002, the largest kept (llama8b ctx 512 chunk 512 batch 16)`,
 };
 export const CUDA_ACTIVATION_MODEL =
   'decoder graph, bf16 activations and op scratch on the CUDA pool size classes, one step live';
