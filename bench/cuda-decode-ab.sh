@@ -7,20 +7,14 @@
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-decode-ab.sh $OUT
 #
 # VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: the weight loads as plain streaming
-# loads (GEMV_L2_EVICT_FIRST=0; session 14 made evict-first the default: +2.1% at 512, +1.6% at 4k);
-# the tc attention triggering before its merge, at entry with o on
-# cuBLASLt (before session 13) and at exit; o on cuBLASLt and on k_gemv_m1_u8/w2; the rope epilogue).
-# Session 13's comparisons (a server's 32k table): trigger entry with o on cuBLASLt (the old default)
-# -0.9-1.1% against split at 512, -1.5-1.8% at 4k; split -0.2-0.3% against loaded; exit -0.4% against
-# split; o on u8/w2 -0.4-0.5%, on k_gemvp_m1_u16/w1/b2 -1.5%, on u16/w2 -1.9%; ROPE_TRIGGER=1
-# (LLMTS_CUDA_FUSED_DEFINES) -0.7% at 512; rope-epilogue -2%; r40 even at 512, -0.4% at 4k; with the
-# trigger at entry, o's GEMV waiting before its first loads -0.9%, LLMTS_CUDA_GEMVP_FUSED_BPS=1 -8%; the
-# merge run dry before the PDL wait to warm the instruction cache -2.2% at 512, -3.9% at 4k (gone).
-# Session 12's comparisons: slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first (-1.3% with a 32k table),
-# mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128 (-1.3% at 512), late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0
-# (-0.3%); earlier: st3:LLMTS_CUDA_ATT_TC_STAGES=3 st4:LLMTS_CUDA_ATT_TC_STAGES=4 (even)
-# rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0 (even) flush-write:LLMTS_CUDA_TUNE_FLUSH=write
-# glu-off:LLMTS_CUDA_GLU_EPILOGUE=off margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1.
+# loads, GEMV_L2_EVICT_FIRST=0; the tc attention triggering its dependents once its splits are counted
+# (split), at entry with o on cuBLASLt, and at exit; o on cuBLASLt and on k_gemv_m1_u8/w2; the rope
+# epilogue). Other variants the knobs allow: slots-first:LLMTS_CUDA_ATT_TC_GRID=slots-first,
+# mc128:LLMTS_CUDA_ATT_TC_MIN_CHUNK=128, late:LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0,
+# st3:LLMTS_CUDA_ATT_TC_STAGES=3, rope-v-late:LLMTS_CUDA_FUSED_DEFINES=ROPE_V_EARLY=0,
+# flush-write:LLMTS_CUDA_TUNE_FLUSH=write, glu-off:LLMTS_CUDA_GLU_EPILOGUE=off,
+# margin-1.1:LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION=1.1. What each measured against the defaults:
+# BENCHMARKS.md ("CUDA decode" and "Tried and dropped").
 # MAX_MODEL_LEN: the engine's longest row (--max-model-len; default: the run's own length, so the
 # attention's slots fit the context; a server plans them for its max model length, e.g. 32768).
 # Output: OUT/run.log (every run's lines) and OUT/results.tar.gz (their JSON; bench/device-out.sh).

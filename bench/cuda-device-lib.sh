@@ -1,21 +1,21 @@
 # Shared by the GPU-machine scripts (cuda-verify.sh, cuda-decode-ab.sh, cuda-step-costs.sh,
-# cuda-llama8b.sh, cuda-throughput.sh) and by a session's one-off device-call scripts: the CUDA test
-# list, the random 8B-shaped model, one B=1 decode run, a time budget with steps inside it, the
-# machine's description, and a one-off call's start and finish. Source it from the repository root:
+# cuda-llama8b.sh, cuda-throughput.sh) and by one-off GPU-machine scripts kept outside the tree: the
+# CUDA test list, the random 8B-shaped model, one B=1 decode run, a time budget with steps inside it,
+# the machine's description, and a one-off run's start and finish. Source it from the repository root:
 #
 #   source bench/cuda-device-lib.sh
 #
-# A one-off call (device time is scarce: everything it learns goes under $OUT as it goes):
+# A one-off run (device time is scarce: everything it learns goes under $OUT as it goes):
 #
-#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash .device/sN-callM.sh $OUT
-#   # where sN-callM.sh is:
+#   source .device/env.sh && tar -xJf .device/js.tar.xz && bash .device/NAME.sh $OUT
+#   # where NAME.sh is:
 #   source bench/cuda-device-lib.sh
-#   call_start sNcM "$1"            # W=/tmp/sNcM; the model and the CPU library build in the background
+#   call_start NAME "$1"            # W=/tmp/NAME; the model and the CPU library build in the background
 #   cold_tests "$W/cuda-tests.txt"  # every CUDA test on a cold kernel cache, its summary printed
 #   call_wait_model
 #   b1_gen default 512 X=1          # B=1 decode, its line printed, JSON in $W/default-512.json
 #   b1_gen pdl-off 512 LLMTS_CUDA_PDL=off
-#   call_finish                     # the script and $W, tarred into $OUT/sNcM.tar.gz
+#   call_finish                     # the script and $W, tarred into $OUT/NAME.tar.gz
 #
 # Settings: MODEL_DIR (default /tmp/llmts-llama8b-random), DEVICE (cuda; cpu with MODEL_DIR=models/demo
 # runs the plumbing off the GPU machine), GEN_DIR (where b1_gen writes JSON; call_start sets it to $W),
@@ -64,7 +64,7 @@ b1_gen() {
     | grep -E "${GEN_GREP:-^decode|rror}" | cut -c1-400 | head -"${GEN_LINES:-3}"
 }
 
-# call_start NAME OUT: a one-off call's work folder W=/tmp/NAME (also GEN_DIR), its clock, and in the
+# call_start NAME OUT: a one-off run's work folder W=/tmp/NAME (also GEN_DIR), its clock, and in the
 # background the model and the native CPU library (call_wait_model waits for both)
 call_start() {
   CALL_NAME=$1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixture-of-experts on the GPU machine (issue 4's stretch): a random-weight model with
+# Mixture-of-experts on the GPU machine: a random-weight model with
 # Qwen3-30B-A3B's layers (hidden 2048, 32 heads of 128 on 4 kv heads, 128 experts of 768, top-8,
 # vocab 151936; LAYERS of its 48, default 24: 30 GB of bf16, which the 64 GB disk holds with room),
 # then, with the defaults and with each variant's environment: B=1 decode after a 2,048-token prompt
@@ -10,9 +10,8 @@
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-moe.sh $OUT
 #
 # VARIANTS: space-separated "name:NAME=VALUE,NAME=VALUE" (default: passes of 256 tokens instead of
-# 2,048; the down projection on CUDA cores; every (token, expert) pair on its own, as before the
-# grouping). The
-# generic kernels ($LLMTS_CUDA_MOE=scalar) are not in the default list: their 16-request run took
+# 2,048; the down projection on CUDA cores; every (token, expert) pair on its own, without grouping
+# by expert). The generic kernels ($LLMTS_CUDA_MOE=scalar) are not in the default list: their 16-request run took
 # over two minutes. Environment: LAYERS (24), MODEL_DIR (/tmp/llmts-qwen3moe-random), PROFILE=1 (then
 # the defaults' decode graph profiled at 1 and 16 rows: bench/cuda-generate.ts --profile-batch); DEVICE=cpu
 # with a --tiny model (make_random_models.py) only tests the plumbing off the GPU machine.

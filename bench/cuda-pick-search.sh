@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Which GEMM pick is fastest for each decode shape in the B=1 decode graph, not alone: the tuner
-# times each candidate alone, where PDL's overlap with the kernel before is missing (session 9: the
-# o projection's lone winner, k_gemv_m1_u8/w4, ran 0.5-1.6% slower in the graph than cuBLASLt). One
+# times each candidate alone, where PDL's overlap with the kernel before is missing (a GEMV that
+# wins alone by a few percent can lose in the graph behind a latency-bound kernel such as the decode
+# attention; the tuner's margins, gemm-tuning.ts, come from such runs). One
 # plain run gives the shapes and their lone timings; then, shape by shape, every candidate within
 # WITHIN (default 1.15) of the shape's best lone time runs the whole B=1 decode with that one pick
 # ($LLMTS_CUDA_GEMV_PICKS), the others as the tuner chose; the table sorts them by tok/s. Each

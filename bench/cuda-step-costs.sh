@@ -3,9 +3,9 @@
 #  1. in the graph: bench/cuda-generate.ts with the defaults, then with each timing-only switch (the
 #     decode attention writes zeros, ATT_TC_TIMING_SKIP=1; rope does nothing, ROPE_TIMING_SKIP=1):
 #     what each costs the step, with PDL's overlap. Read with care: the outputs are wrong, and the
-#     values every later kernel sees change with them (session 9: the attention switched off made
-#     the step 5% slower, not faster), so a switch-off bounds nothing unless the step's other
-#     kernels are value-independent (rope's switch-off was: 0.3%);
+#     values every later kernel sees change with them (the attention switched off has made the step
+#     5% slower, not faster), so a switch-off bounds nothing unless the step's other kernels are
+#     value-independent (rope's is: 0.3% of the step);
 #  2. each kernel alone: Nsight Compute on WINDOW graph replays (default 60:2, LLMTS_CUDA_PROFILER_GRAPHS)
 #     with the GEMM picks pinned to the plain run's ($LLMTS_CUDA_GEMV_PICKS from its JSON: under ncu the
 #     tuner's timings differ), tabled by tools/device/ncu-table.ts (per kernel, then one layer in order).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Batched throughput of issue 4: 256 requests, 1,024 random input / 1,024 output tokens each, EOS
+# Batched throughput: 256 requests, 1,024 random input / 1,024 output tokens each, EOS
 # ignored, greedy, all submitted at once, on the random-weight Llama-3.1-8B-shaped bf16 model;
 # llmts beside transformers' own continuous batching in the same run. One command on the GPU
 # machine, in the repository root (with .device/ carried along when the machine has no Node.js):
@@ -91,7 +91,7 @@ def load(name):
     except (OSError, ValueError):
         return None
 l, t = load('llmts.json'), load('transformers.json')
-TRT = 17744  # TensorRT-LLM, FP8, H200, 1k in / 1k out, output tok/s: the published figure issue 4 quotes
+TRT = 17744  # TensorRT-LLM, FP8, H200, 1k in / 1k out, output tok/s: its published figure for this shape
 def g(o, *path):
     for k in path:
         if not isinstance(o, dict) or o.get(k) is None:
@@ -102,7 +102,7 @@ def f(x, spec=',.0f'):
     return '—' if x is None else format(x, spec)
 def ratio(a, b):
     return '—' if a is None or b in (None, 0) else f'{a / b:.2f}'
-out = ['# Batched throughput: Llama-3.1-8B shapes (random bf16), issue 4', '']
+out = ['# Batched throughput: Llama-3.1-8B shapes (random bf16)', '']
 w = g(l, 'workload') or g(t, 'workload') or {}
 out.append(f"Workload: {w.get('requests')} requests x ({w.get('inputTokens')} random input ids, {w.get('outputTokens')} output tokens), "
            'EOS ignored, greedy, all submitted at once; same prompt ids on both sides.')

@@ -1,4 +1,4 @@
-// Batched throughput (issue 4): N requests submitted at once, each with its own random prompt of
+// Batched throughput: N requests submitted at once, each with its own random prompt of
 // --input-tokens ids and --output-tokens greedy tokens (EOS ignored), through the engine directly
 // (the path users take, as bench/cuda-generate.ts). Reports output tok/s = generated tokens / wall
 // time from the first submission to the last token, total tok/s (prompt + generated), TTFT (mean,

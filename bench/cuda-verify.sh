@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a session's CUDA changes need on the GPU machine, in one command with a time budget
+# The checks a change to the CUDA backend needs on the GPU machine, in one command with a time budget
 # (device time is scarce: one call, everything under OUTDIR as it goes). In the repository root:
 #
 #   source .device/env.sh && tar -xJf .device/js.tar.xz && bash bench/cuda-verify.sh $OUT

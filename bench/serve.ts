@@ -1,5 +1,5 @@
-// Serving benchmark (issue 3): `llmts bench` (src/cli/bench.ts) with this script's historical
-// defaults (models/demo on the CPU), so the commands recorded in BENCHMARKS.md keep working:
+// Serving benchmark: `llmts bench` (src/cli/bench.ts) with models/demo on the CPU as its defaults
+// (the commands in BENCHMARKS.md and bench/serve.figures.csv):
 //
 //   node --import tsx bench/serve.ts [--model models/demo] [--tokens 128] [--device cpu|cuda]
 //        [--prompt-tokens 64] [--long-prompt 1900] [--max-model-len N] [--warmup] [--json out.json]

@@ -2,7 +2,7 @@
 //  1. grammar compile time: loading xgrammar + indexing the vocabulary, a cold compile of several
 //     schemas (split into the worker's check + trial compile, during which the event loop is
 //     free, and the final compile that blocks it; the longest event-loop stall measured against
-//     compiling everything on the event loop, as before the worker), a cache hit; the same for a
+//     compiling everything on the event loop, without the worker), a cache hit; the same for a
 //     40-field schema against a synthetic vocabulary of --big-vocab tokens (default 128000);
 //  2. decode throughput with vs without a JSON schema at B=1 and B=32 (jump-forward off, so both
 //     sample every token; and on), with the time rows spend in the grammar (mask + accept) per

@@ -303,7 +303,7 @@ async function main() {
   const load0 = os.loadavg();
   for (let r = 0; r <= repeats; r++) {
     warm = r > 0;
-    // rotate who goes first so a slow stretch of the machine does not always land on one side
+    // rotate who goes first so a slow spell of the machine does not always land on one side
     for (let i = 0; i < contenders.length; i++) await contenders[(i + r) % contenders.length]();
   }
   const load1 = os.loadavg();
