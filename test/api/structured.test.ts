@@ -4,13 +4,11 @@
 // grammar alone makes every output valid. Also runs the README's structured-output example.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { readFileSync, writeFileSync, rmSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { rmSync } from 'node:fs';
 import { load, GrammarSpecError, type Llm, type GenerateOptions } from '../../src/api/index.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
+import { runReadmeBlock } from './readme-block.ts';
 
-const ROOT = resolve(import.meta.dirname, '../..');
 let dir: string;
 let llm: Llm;
 
@@ -118,20 +116,10 @@ test('an invalid constraint rejects with GrammarSpecError (the compiler message)
 });
 
 test("the README's structured-output example runs and prints what it promises", () => {
-  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
-  const section = readme.slice(readme.indexOf('## Library API'));
-  const code = [...section.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1]!).find((c) => c.includes('guidedJson'));
-  assert.ok(code, 'README has a ```ts block with guidedJson under "## Library API"');
-  const file = join(ROOT, `.readme-structured-${process.pid}.mts`);
-  writeFileSync(file, code);
-  try {
-    const lines = execFileSync(process.execPath, ['--import', 'tsx', file], { cwd: ROOT, encoding: 'utf8' }).trim().split('\n');
-    const person = JSON.parse(lines[0]!);
-    assert.deepEqual(Object.keys(person), ['name', 'age']);
-    assert.ok(Number.isInteger(person.age) && person.age >= 0 && person.age <= 120, lines[0]);
-    assert.ok(['red', 'green', 'blue'].includes(lines[1]!), lines[1]);
-    assert.match(lines[2]!, /^invalid regex: /);
-  } finally {
-    rmSync(file, { force: true });
-  }
+  const lines = runReadmeBlock('guidedJson');
+  const person = JSON.parse(lines[0]!);
+  assert.deepEqual(Object.keys(person), ['name', 'age']);
+  assert.ok(Number.isInteger(person.age) && person.age >= 0 && person.age <= 120, lines[0]);
+  assert.ok(['red', 'green', 'blue'].includes(lines[1]!), lines[1]);
+  assert.match(lines[2]!, /^invalid regex: /);
 });
