@@ -1,6 +1,7 @@
 // The library API a Node application embeds: load a model directory once, then stream or collect
 // completions. Text in, text out; everything below (tokenizer, template, engine, backend) is
-// wired here so callers never touch it.
+// wired here so callers never touch it. startServer (serve.ts) starts the HTTP server of
+// `llmts serve` from code, with its flags as ServeOptions.
 //
 //   const llm = await load({ model: 'models/demo' });
 //   for await (const e of llm.generate({ prompt: 'def add(a, b):', maxTokens: 32 })) process.stdout.write(e.text);
@@ -22,6 +23,8 @@ import { GrammarCompiler, GrammarSpecError, grammarVocabFrom, type CompiledGramm
 
 export type { ChatMessage, Completion, SequenceEvent, SamplingParamsInput, GrammarSpec };
 export { GrammarSpecError };
+export { startServer, type ServerHandle } from './serve.ts';
+export { ServeOptionsError, SERVE_DEFAULTS, type ServeOptions, type ServeOptionName } from './serve-options.ts';
 
 /** OpenAI's `response_format`, as the server takes it. */
 export type ResponseFormat =

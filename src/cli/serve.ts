@@ -1,22 +1,14 @@
-// `llmts serve`: the OpenAI/Anthropic-compatible HTTP server (CONTRACT.md). Loads the model,
-// then prints exactly one line `listening on http://HOST:PORT` on stdout; everything else goes
-// to stderr. SIGTERM/SIGINT: stop accepting, let running requests finish within the grace
-// period, exit 0 (a second signal exits at once).
+// `llmts serve`: the OpenAI/Anthropic-compatible HTTP server (README.md, "llmts serve"). Flags
+// become ServeOptions and api/serve.ts's startServer does the rest; this prints exactly one line
+// `listening on http://HOST:PORT` on stdout, everything else goes to stderr. SIGTERM/SIGINT: stop
+// accepting, let running requests finish within the grace period, exit 0 (a second signal exits
+// at once).
 
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options, type Values } from './args.ts';
 import { UsageError } from './errors.ts';
-import { openBackend, parseDevice } from '../execution/devices.ts';
-import { loadModel } from '../execution/load-model.ts';
-import { Engine, resolveKvDtype } from '../execution/engine.ts';
-import { warmUp } from '../execution/warmup.ts';
-import { LlmServer, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
-import type { Backend } from '../contracts/backend.ts';
-import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
-import { modelFingerprint } from '../state/fingerprint.ts';
+import { parseDevice } from '../execution/devices.ts';
 import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
+import { startServer, ServeOptionsError, SERVE_DEFAULTS, type ServeOptions, type ServeOptionName, type ServerHandle } from '../api/index.ts';
 
 const OPTIONS: Options = {
   model: { type: 'string' },
@@ -41,9 +33,6 @@ const OPTIONS: Options = {
   'no-warmup': { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
-
-// in CONTRACT.md but not built yet: parsed only to refuse them clearly
-const NOT_YET: Record<string, string> = {};
 
 const HELP = `usage: llmts serve --model DIR [options]
 
@@ -95,25 +84,6 @@ function toolCallFormatFlag(raw: string | undefined): ToolCallFormatName | undef
   return TOOL_CALL_FORMATS[raw];
 }
 
-/** the engine's default; passed explicitly so the default KV size below agrees with it */
-const DEFAULT_MAX_BATCH = 16;
-
-function formatUrlHost(host: string): string {
-  return host.includes(':') ? `[${host}]` : host;
-}
-
-const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
-
-/** RAM (CPU backends) or device memory (CUDA): total, and free now. */
-function machineMemory(backend: Backend): { totalBytes: number; freeBytes: number } {
-  if (backend.name !== 'cuda') return { totalBytes: os.totalmem(), freeBytes: os.freemem() };
-  const info = backend.memoryInfo?.();
-  if (!info) throw new Error('the CUDA backend does not report its device memory; size the KV cache with --kv-budget');
-  return { totalBytes: info.total, freeBytes: info.free };
-}
-
-const DEFAULT_CACHE_DIR_BYTES = 8 * 2 ** 30;
-
 /** --prompt-cache: undefined = the whole KV pool; 0 (or "off") = no prefix reuse */
 function promptCacheFlag(raw: string | undefined): number | undefined {
   if (raw === undefined || raw === 'auto') return undefined;
@@ -121,19 +91,49 @@ function promptCacheFlag(raw: string | undefined): number | undefined {
   return parseSize(raw, 'prompt-cache');
 }
 
-/** --cache-dir-size, or the default: 8 GiB, or half the free space of the directory's file system */
-function cacheDirBytes(dir: string, raw: string | undefined): number {
-  if (raw !== undefined) {
-    const n = parseSize(raw, 'cache-dir-size');
-    if (n < 1) throw new UsageError('--cache-dir-size must be at least 1 byte');
-    return n;
-  }
-  try {
-    const st = fs.statfsSync(dir);
-    return Math.min(DEFAULT_CACHE_DIR_BYTES, Math.floor((st.bavail * st.bsize) / 2));
-  } catch {
-    return DEFAULT_CACHE_DIR_BYTES;
-  }
+function sizeFlag(v: Values, name: string): number | undefined {
+  const raw = stringFlag(v, name);
+  return raw === undefined ? undefined : parseSize(raw, name);
+}
+
+/** How startServer's messages name its options: as the flags that set them. */
+const FLAG_OF: Record<ServeOptionName, string> = {
+  model: '--model', host: '--host', port: '--port', servedModelName: '--served-model-name', apiKey: '--api-key',
+  maxBatch: '--max-batch', maxQueued: '--max-queued', maxModelLen: '--max-model-len', kvBudgetBytes: '--kv-budget',
+  kvDtype: '--kv-dtype', gpuMemoryUtilization: '--gpu-memory-utilization', device: '--device', maxBodyBytes: '--max-body',
+  shutdownGraceMs: '--shutdown-grace', promptCacheBytes: '--prompt-cache', cacheDir: '--cache-dir',
+  cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
+};
+
+const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
+
+/** The flags as ServeOptions: syntax is checked here, values by startServer. */
+function serveOptionsOf(v: Values): ServeOptions {
+  if (v.warmup && v['no-warmup']) throw new UsageError('--warmup and --no-warmup contradict each other');
+  return {
+    model: requiredString(v, 'model'),
+    host: stringFlag(v, 'host'),
+    port: numberFlag(v, 'port', { integer: true }),
+    servedModelName: stringFlag(v, 'served-model-name'),
+    apiKey: stringFlag(v, 'api-key') ?? (process.env.LLMTS_API_KEY || undefined),
+    maxBatch: numberFlag(v, 'max-batch', { integer: true }),
+    maxQueued: numberFlag(v, 'max-queued', { integer: true }),
+    maxModelLen: numberFlag(v, 'max-model-len', { integer: true }),
+    kvBudgetBytes: sizeFlag(v, 'kv-budget'),
+    kvDtype: kvDtypeFlag(v),
+    gpuMemoryUtilization: numberFlag(v, 'gpu-memory-utilization'),
+    maxBodyBytes: sizeFlag(v, 'max-body'),
+    // seconds on the command line; a negative one is refused here, where its unit is known
+    shutdownGraceMs: (numberFlag(v, 'shutdown-grace', { min: 0 }) ?? SERVE_DEFAULTS.shutdownGraceMs / 1000) * 1000,
+    device: parseDevice(stringFlag(v, 'device')),
+    promptCacheBytes: promptCacheFlag(stringFlag(v, 'prompt-cache')),
+    cacheDir: stringFlag(v, 'cache-dir'),
+    cacheDirBytes: sizeFlag(v, 'cache-dir-size'),
+    toolCallFormat: toolCallFormatFlag(stringFlag(v, 'tool-call-format')),
+    warmup: v.warmup ? true : v['no-warmup'] ? false : undefined,
+    log,
+    optionNames: FLAG_OF,
+  };
 }
 
 export async function runServe(argv: string[]): Promise<void> {
@@ -142,137 +142,30 @@ export async function runServe(argv: string[]): Promise<void> {
     process.stdout.write(`${HELP}\n`);
     return;
   }
-  for (const [flag, why] of Object.entries(NOT_YET))
-    if (v[flag] !== undefined) throw new UsageError(`--${flag} is not supported yet (${why})`);
-  const dir = requiredString(v, 'model');
-  const host = stringFlag(v, 'host') ?? '127.0.0.1';
-  if (v.warmup && v['no-warmup']) throw new UsageError('--warmup and --no-warmup contradict each other');
-  const port = numberFlag(v, 'port', { integer: true, min: 0, max: 65535 }) ?? 8000;
-  const servedName = stringFlag(v, 'served-model-name') ?? path.basename(path.resolve(dir));
-  if (servedName.trim() === '') throw new UsageError('--served-model-name must not be empty');
-  const apiKey = stringFlag(v, 'api-key') ?? (process.env.LLMTS_API_KEY || undefined);
-  if (apiKey !== undefined && apiKey === '') throw new UsageError('--api-key must not be empty');
-  const maxBatch = numberFlag(v, 'max-batch', { integer: true, min: 1 });
-  const maxQueued = numberFlag(v, 'max-queued', { integer: true, min: 0 });
-  const maxModelLen = numberFlag(v, 'max-model-len', { integer: true, min: 2 });
-  const kvRaw = stringFlag(v, 'kv-budget');
-  const kvBudget = kvRaw === undefined ? undefined : parseSize(kvRaw, 'kv-budget');
-  const kvDtypeRequested = kvDtypeFlag(v);
-  const utilization = numberFlag(v, 'gpu-memory-utilization');
-  if (utilization !== undefined && !(utilization > 0 && utilization <= 1))
-    throw new UsageError(`--gpu-memory-utilization must be in (0, 1], got ${utilization}`);
-  if (utilization !== undefined && kvBudget !== undefined) throw new UsageError('give --kv-budget or --gpu-memory-utilization, not both');
-  const maxBodyRaw = stringFlag(v, 'max-body');
-  const maxBody = maxBodyRaw === undefined ? DEFAULT_MAX_BODY_BYTES : parseSize(maxBodyRaw, 'max-body');
-  if (maxBody < 1) throw new UsageError('--max-body must be at least 1 byte');
-  const graceS = numberFlag(v, 'shutdown-grace', { min: 0 }) ?? 30;
-  const device = parseDevice(stringFlag(v, 'device'));
-  const promptCacheBytes = promptCacheFlag(stringFlag(v, 'prompt-cache'));
-  const cacheDir = stringFlag(v, 'cache-dir');
-  if (cacheDir !== undefined && cacheDir.trim() === '') throw new UsageError('--cache-dir must not be empty');
-  if (cacheDir === undefined && v['cache-dir-size'] !== undefined) throw new UsageError('--cache-dir-size needs --cache-dir');
-  if (cacheDir !== undefined) {
-    try {
-      fs.mkdirSync(cacheDir, { recursive: true });
-      fs.accessSync(cacheDir, fs.constants.W_OK);
-    } catch (err) {
-      throw new UsageError(`--cache-dir ${cacheDir} is not a writable directory (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
-    }
-  }
-  const cacheDirSize = cacheDir === undefined ? 0 : cacheDirBytes(cacheDir, stringFlag(v, 'cache-dir-size'));
-  const toolCallFormat = toolCallFormatFlag(stringFlag(v, 'tool-call-format'));
-
-  const backend = await openBackend(device);
-  if (utilization !== undefined && backend.name !== 'cuda') {
-    await backend.close();
-    throw new UsageError(`--gpu-memory-utilization is not supported yet (on the ${backend.name} backend it has no GPU memory to size; size the KV cache with --kv-budget)`);
-  }
-  let kvDtype;
+  const options = serveOptionsOf(v);
+  let srv: ServerHandle;
   try {
-    kvDtype = resolveKvDtype(backend, kvDtypeRequested);
+    srv = await startServer(options);
   } catch (err) {
-    await backend.close();
-    throw new UsageError(`--kv-dtype: ${(err as Error).message}`);
-  }
-  const loaded = await loadModel(backend, dir, { maxModelLen });
-  const batch = maxBatch ?? DEFAULT_MAX_BATCH;
-  // The KV pool is sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts).
-  const planner = await FitPlanner.open(dir);
-  let kv: ServeKvPlan;
-  try {
-    kv = await planServeKv(planner, {
-      backend: backend.name, kvDtype, maxBatch: batch, maxModelLen: loaded.maxContext,
-      kvBudgetBytes: kvBudget, utilization, memory: machineMemory(backend),
-    });
-  } catch (err) {
-    if (err instanceof KvBudgetError && kvBudget !== undefined) throw new UsageError(`--kv-budget ${kvRaw} ${err.message}`);
+    if (err instanceof ServeOptionsError) throw new UsageError(err.message);
     throw err;
-  }
-  const kvTokens = kv.kvTokens;
-  const perToken = kv.bytesPerToken;
-  const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
-  const engine = new Engine(loaded.model, loaded, {
-    maxBatch: batch, maxQueued, maxModelLen: loaded.maxContext, kvTokens, kvDtype,
-    prefixCache: {
-      promptCacheBytes,
-      tokenizerFingerprint: loaded.tokenizer.fingerprint,
-      // the SSD tier outlives the process: its files must name the exact weights
-      ...(cacheDir !== undefined ? { modelFingerprint: modelFingerprint(dir), ssd: { dir: cacheDir, maxBytes: cacheDirSize, log } } : {}),
-    },
-  });
-  const server = new LlmServer({ engine, loaded, servedModelName: servedName, apiKey, maxBodyBytes: maxBody, toolCallFormat });
-  const cap = server.model.contextLen;
-  process.stderr.write(
-    `llmts serve: model "${servedName}" from ${dir} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
-    `KV cache (${kvDtype}) for ${kvTokens} tokens (${perToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
-    `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}\n`,
-  );
-  log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
-    `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
-    `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${dir} --ctx ${engine.maxModelLen} --batch ${batch}` +
-    `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
-  log(`tool calls: ${server.model.toolFormat} format (${toolCallFormat ? '--tool-call-format' : 'detected from the chat template and vocabulary'})`);
-  const pc = engine.stats.prefixCache;
-  if (!pc.enabled) log(`prefix cache: off (${pc.off})${cacheDir !== undefined ? '; --cache-dir is unused' : ''}`);
-  else {
-    log(`prefix cache: up to ${mib(pc.ramCapacityBytes)} of finished prompts kept in the KV pool` +
-      (pc.ssd ? `; SSD tier ${cacheDir} (${pc.ssd.files} prefixes, ${mib(pc.ssd.bytes)} of ${mib(pc.ssd.maxBytes)})` : '') +
-      (pc.ssdOff ? `; SSD tier off (${pc.ssdOff})` : ''));
-  }
-
-  if (v.warmup ?? (!v['no-warmup'] && backend.name === 'cuda')) {
-    const w = await warmUp(engine);
-    log(`warm-up: decode batch sizes ${w.rowCounts.join(', ')} in ${(w.ms / 1000).toFixed(1)} s`);
-  }
-
-  let addr;
-  try {
-    addr = await server.listen(port, host);
-  } catch (err) {
-    throw new Error(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
   }
 
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) {
-      process.stderr.write(`llmts serve: ${signal} again, exiting now\n`);
+      log(`${signal} again, exiting now`);
       process.exit(1);
     }
     stopping = true;
-    process.stderr.write(`llmts serve: ${signal}: finishing ${server.inFlight} running request(s) (grace ${graceS} s)\n`);
-    void server.shutdown(graceS * 1000) // the engine writes the prefix cache to the SSD tier as it closes
-      .then(() => {
-        const ssd = engine.stats.prefixCache.ssd;
-        if (ssd) log(`prefix cache: ${ssd.files} prefixes (${mib(ssd.bytes)}) in ${cacheDir}`);
-        return backend.close();
-      })
-      .then(() => process.exit(0), (err) => {
-        process.stderr.write(`llmts serve: error while shutting down: ${(err as Error).message}\n`);
-        process.exit(1);
-      });
+    log(`${signal}: finishing ${srv.server.inFlight} running request(s) (grace ${options.shutdownGraceMs! / 1000} s)`);
+    void srv.close().then(() => process.exit(0), (err) => {
+      log(`error while shutting down: ${(err as Error).message}`);
+      process.exit(1);
+    });
   };
   process.on('SIGTERM', () => stop('SIGTERM'));
   process.on('SIGINT', () => stop('SIGINT'));
 
-  process.stdout.write(`listening on http://${formatUrlHost(host)}:${addr.port}\n`);
+  process.stdout.write(`listening on ${srv.url}\n`);
 }

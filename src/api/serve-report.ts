@@ -1,0 +1,46 @@
+// The notes startServer writes through ServeOptions.log: what it serves, the memory plan behind
+// the KV pool (with the `llmts fit` command that reproduces it), the tool-call format and the
+// prefix cache; on close, what the SSD tier holds. Options are named as the caller names them.
+
+import type { Backend, DType } from '../contracts/backend.ts';
+import type { Engine } from '../execution/engine.ts';
+import type { ServeKvPlan } from '../execution/fit/index.ts';
+import type { LlmServer } from '../server/server.ts';
+import type { ResolvedServeOptions } from './serve-options.ts';
+
+const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+
+export interface StartupFacts {
+  backend: Backend;
+  engine: Engine;
+  server: LlmServer;
+  kvDtype: DType;
+  kvPlan: ServeKvPlan;
+}
+
+export function reportStartup(o: ResolvedServeOptions, { backend, engine, server, kvDtype, kvPlan: kv }: StartupFacts): void {
+  const cap = server.model.contextLen;
+  o.log(
+    `model "${o.servedModelName}" from ${o.model} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
+    `KV cache (${kvDtype}) for ${kv.kvTokens} tokens (${kv.bytesPerToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
+    `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}`,
+  );
+  o.log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
+    `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
+    `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${o.model} --ctx ${engine.maxModelLen} --batch ${o.maxBatch}` +
+    `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
+  o.log(`tool calls: ${server.model.toolFormat} format (${o.toolCallFormat ? o.nameOf('toolCallFormat') : 'detected from the chat template and vocabulary'})`);
+  const pc = engine.stats.prefixCache;
+  if (!pc.enabled) o.log(`prefix cache: off (${pc.off})${o.cacheDir !== undefined ? `; ${o.nameOf('cacheDir')} is unused` : ''}`);
+  else {
+    o.log(`prefix cache: up to ${mib(pc.ramCapacityBytes)} of finished prompts kept in the KV pool` +
+      (pc.ssd ? `; SSD tier ${o.cacheDir} (${pc.ssd.files} prefixes, ${mib(pc.ssd.bytes)} of ${mib(pc.ssd.maxBytes)})` : '') +
+      (pc.ssdOff ? `; SSD tier off (${pc.ssdOff})` : ''));
+  }
+}
+
+/** After the engine closed: the prefixes the SSD tier holds for the next start. */
+export function reportPrefixCache(o: ResolvedServeOptions, engine: Engine): void {
+  const ssd = engine.stats.prefixCache.ssd;
+  if (ssd) o.log(`prefix cache: ${ssd.files} prefixes (${mib(ssd.bytes)}) in ${o.cacheDir}`);
+}

@@ -1,0 +1,135 @@
+// Starting the OpenAI/Anthropic-compatible server from code: what `llmts serve` runs, with its
+// flags as ServeOptions (serve-options.ts). Opens the backend, loads the model, sizes the KV pool
+// with the memory plan `llmts fit` reports, builds the engine (prefix cache, SSD tier), warms it
+// up, listens, and hands back a handle that closes it all.
+//
+//   const srv = await startServer({ model: 'models/demo', device: 'cpu', port: 0 });
+//   console.log(srv.url); // http://127.0.0.1:PORT, OpenAI routes under /v1
+//   await srv.close();
+//
+// Invariant: when startServer rejects, everything it opened is closed again (backend, model,
+// engine, listener); a process that embeds it keeps running.
+
+import os from 'node:os';
+import type { Backend } from '../contracts/backend.ts';
+import { openBackend } from '../execution/devices.ts';
+import { loadModel, type LoadedModel } from '../execution/load-model.ts';
+import { Engine, resolveKvDtype } from '../execution/engine.ts';
+import { warmUp } from '../execution/warmup.ts';
+import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
+import { modelFingerprint } from '../state/fingerprint.ts';
+import { LlmServer } from '../server/server.ts';
+import { resolveServeOptions, ServeOptionsError, type ResolvedServeOptions, type ServeOptions } from './serve-options.ts';
+import { reportPrefixCache, reportStartup } from './serve-report.ts';
+
+export interface ServerHandle {
+  /** `http://HOST:PORT`, the port the listener got (also with `port: 0`) */
+  readonly url: string;
+  readonly host: string;
+  readonly port: number;
+  readonly engine: Engine;
+  readonly server: LlmServer;
+  /** the KV pool's size and why, as the memory plan gave it */
+  readonly kvPlan: ServeKvPlan;
+  /**
+   * Stops accepting, lets running requests finish for up to `graceMs` (default: the options'
+   * shutdownGraceMs), cancels the rest, writes the prefix cache to the SSD tier, frees the model
+   * and closes the backend. Calling it again returns the same promise.
+   */
+  close(graceMs?: number): Promise<void>;
+}
+
+export async function startServer(options: ServeOptions): Promise<ServerHandle> {
+  const o = resolveServeOptions(options);
+  const backend = await openBackend(o.device);
+  let loaded: LoadedModel | undefined;
+  let engine: Engine | undefined;
+  try {
+    const kvDtype = checkBackend(backend, o);
+    loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
+    const kvPlan = await planKv(backend, loaded, kvDtype, o);
+    engine = new Engine(loaded.model, loaded, {
+      maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
+      prefixCache: {
+        promptCacheBytes: o.promptCacheBytes,
+        tokenizerFingerprint: loaded.tokenizer.fingerprint,
+        // the SSD tier outlives the process: its files must name the exact weights
+        ...(o.cacheDir !== undefined ? { modelFingerprint: modelFingerprint(o.model), ssd: { dir: o.cacheDir, maxBytes: o.cacheDirBytes, log: o.log } } : {}),
+      },
+    });
+    const server = new LlmServer({
+      engine, loaded, servedModelName: o.servedModelName, apiKey: o.apiKey, maxBodyBytes: o.maxBodyBytes, toolCallFormat: o.toolCallFormat,
+    });
+    reportStartup(o, { backend, engine, server, kvDtype, kvPlan });
+    if (o.warmup ?? backend.name === 'cuda') {
+      const w = await warmUp(engine);
+      o.log(`warm-up: decode batch sizes ${w.rowCounts.join(', ')} in ${(w.ms / 1000).toFixed(1)} s`);
+    }
+    let port: number;
+    try {
+      port = (await server.listen(o.port, o.host)).port;
+    } catch (err) {
+      throw new Error(`cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`);
+    }
+    return handle(o, backend, server, engine, kvPlan, port);
+  } catch (err) {
+    // the engine owns the model once it exists; before that the model is freed here
+    if (engine) await engine.close(0);
+    else loaded?.model.dispose();
+    await backend.close();
+    throw err;
+  }
+}
+
+/** What only the opened backend can say: whether it has GPU memory to size, which KV dtypes it keeps. */
+function checkBackend(backend: Backend, o: ResolvedServeOptions) {
+  if (o.gpuMemoryUtilization !== undefined && backend.name !== 'cuda') {
+    throw new ServeOptionsError(
+      `${o.nameOf('gpuMemoryUtilization')} is not supported yet (on the ${backend.name} backend it has no GPU memory to size; ` +
+      `size the KV cache with ${o.nameOf('kvBudgetBytes')})`, 'gpuMemoryUtilization');
+  }
+  try {
+    return resolveKvDtype(backend, o.kvDtype);
+  } catch (err) {
+    throw new ServeOptionsError(`${o.nameOf('kvDtype')}: ${(err as Error).message}`, 'kvDtype');
+  }
+}
+
+/** The KV pool, sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts). */
+async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: ReturnType<typeof checkBackend>, o: ResolvedServeOptions): Promise<ServeKvPlan> {
+  const planner = await FitPlanner.open(o.model);
+  try {
+    return await planServeKv(planner, {
+      backend: backend.name, kvDtype, maxBatch: o.maxBatch, maxModelLen: loaded.maxContext,
+      kvBudgetBytes: o.kvBudgetBytes, utilization: o.gpuMemoryUtilization, memory: machineMemory(backend, o),
+    });
+  } catch (err) {
+    if (err instanceof KvBudgetError && o.kvBudgetBytes !== undefined)
+      throw new ServeOptionsError(`${o.nameOf('kvBudgetBytes')} ${o.kvBudgetBytes} ${err.message}`, 'kvBudgetBytes');
+    throw err;
+  }
+}
+
+/** RAM (CPU backends) or device memory (CUDA): total, and free now. */
+function machineMemory(backend: Backend, o: ResolvedServeOptions): { totalBytes: number; freeBytes: number } {
+  if (backend.name !== 'cuda') return { totalBytes: os.totalmem(), freeBytes: os.freemem() };
+  const info = backend.memoryInfo?.();
+  if (!info) throw new Error(`the CUDA backend does not report its device memory; size the KV cache with ${o.nameOf('kvBudgetBytes')}`);
+  return { totalBytes: info.total, freeBytes: info.free };
+}
+
+function handle(o: ResolvedServeOptions, backend: Backend, server: LlmServer, engine: Engine, kvPlan: ServeKvPlan, port: number): ServerHandle {
+  let closing: Promise<void> | undefined;
+  const host = o.host.includes(':') ? `[${o.host}]` : o.host;
+  return {
+    url: `http://${host}:${port}`, host: o.host, port, engine, server, kvPlan,
+    close(graceMs = o.shutdownGraceMs) {
+      closing ??= (async () => {
+        await server.shutdown(graceMs); // the engine writes the prefix cache to the SSD tier as it closes
+        reportPrefixCache(o, engine);
+        await backend.close();
+      })();
+      return closing;
+    },
+  };
+}
