@@ -34,9 +34,9 @@ export interface Constant {
 // above, commit 42d6701, 2026-11-30 (/proc/loadavg 0.43 at the start, 2.14 at the end; copy
 // bandwidth 42.4 GB/s, the best of the run's 102 measurements): every case of the script in a fresh
 // process, decode the fastest of 5 processes' median step. Where a second calibration run measured
-// the same quantity directly (commit 0d5c97d, the same day, 41.4 GB/s: the same kernels, a decode
-// model that did not yet run a small attention on one thread), its value is given beside; the fitted
-// decode constants are the ones fitted with the decode model of decode-model.ts.
+// the same quantity directly (commit 0d5c97d, the same day, 41.4 GB/s, the same kernels), its value
+// is given beside; its fitted values are not (its decode model ran every layer's attention on the
+// OpenMP team), so the fitted decode constants are those of decode-model.ts as it is.
 
 /** The command, machine, commit and date of the CPU calibration every CPU constant below comes from. */
 const CPU_CALIBRATION = 'node --import tsx bench/fit-accuracy.ts --calibrate --repeats 5, AMD EPYC 2-vCPU VM, commit 42d6701, 2026-11-30';
