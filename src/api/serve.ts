@@ -11,7 +11,7 @@
 // engine, listener); a process that embeds it keeps running.
 
 import os from 'node:os';
-import type { Backend } from '../contracts/backend.ts';
+import type { Backend, DType } from '../contracts/backend.ts';
 import { openBackend } from '../execution/devices.ts';
 import { loadModel, type LoadedModel } from '../execution/load-model.ts';
 import { Engine, resolveKvDtype } from '../execution/engine.ts';
@@ -82,7 +82,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
 }
 
 /** What only the opened backend can say: whether it has GPU memory to size, which KV dtypes it keeps. */
-function checkBackend(backend: Backend, o: ResolvedServeOptions) {
+function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {
   if (o.gpuMemoryUtilization !== undefined && backend.name !== 'cuda') {
     throw new ServeOptionsError(
       `${o.nameOf('gpuMemoryUtilization')} is not supported yet (on the ${backend.name} backend it has no GPU memory to size; ` +
@@ -96,7 +96,7 @@ function checkBackend(backend: Backend, o: ResolvedServeOptions) {
 }
 
 /** The KV pool, sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts). */
-async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: ReturnType<typeof checkBackend>, o: ResolvedServeOptions): Promise<ServeKvPlan> {
+async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: DType, o: ResolvedServeOptions): Promise<ServeKvPlan> {
   const planner = await FitPlanner.open(o.model);
   try {
     return await planServeKv(planner, {
