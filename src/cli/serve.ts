@@ -108,7 +108,8 @@ const FLAG_OF: Record<ServeOptionName, string> = {
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
 
 /** The flags as ServeOptions: syntax is checked here, values by startServer. */
-function serveOptionsOf(v: Values): ServeOptions {
+export function serveOptionsOf(argv: string[]): ServeOptions {
+  const v = parseFlags(argv, OPTIONS);
   if (v.warmup && v['no-warmup']) throw new UsageError('--warmup and --no-warmup contradict each other');
   return {
     model: requiredString(v, 'model'),
@@ -137,12 +138,11 @@ function serveOptionsOf(v: Values): ServeOptions {
 }
 
 export async function runServe(argv: string[]): Promise<void> {
-  const v = parseFlags(argv, OPTIONS);
-  if (v.help) {
+  if (parseFlags(argv, OPTIONS).help) {
     process.stdout.write(`${HELP}\n`);
     return;
   }
-  const options = serveOptionsOf(v);
+  const options = serveOptionsOf(argv);
   let srv: ServerHandle;
   try {
     srv = await startServer(options);
