@@ -4,6 +4,7 @@
 
 import type { LoadedModel } from '../execution/load-model.ts';
 import { Engine } from '../execution/engine.ts';
+import { engineSettingsFrom } from '../execution/engine-settings.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import { Sampler, TokenHistory } from '../sampling/index.ts';
 import { IncrementalDetokenizer } from '../generation/detokenizer.ts';
@@ -35,7 +36,8 @@ export async function dedicatedLoop(m: LoadedModel, prompt: readonly number[], t
   const sampler = new Sampler({ temperature: 0 }, { vocabSize: cfg.vocabSize });
   const history = new TokenHistory(prompt);
   const detok = new IncrementalDetokenizer(m.decode, { contextTokens: prompt });
-  const graphWidth = Math.ceil(total / bs) + 1;
+  // as the engine would: graphs unless $LLMTS_GRAPHS=off (EngineSettings.graphs)
+  const graphWidth = engineSettingsFrom(process.env).graphs ? Math.ceil(total / bs) + 1 : undefined;
   const next = async (ids: Int32Array, start: number): Promise<number> => {
     kv.grow(seq, start, start + ids.length);
     const r = await m.model.step({ tokens: ids, rows: [{ seq, start, count: ids.length }], logitTokens: [ids.length - 1], graphWidth }, kv, [false]);

@@ -21,9 +21,10 @@ import { StepLauncher, returnDraws, type InFlight } from './step-launch.ts';
 import { DecodePipeline } from './pipeline.ts';
 import { TokenAcceptor } from './token-accept.ts';
 import { recomputeStaleKv } from './stale-kv.ts';
-import { envSwitch } from '../backends/common/env.ts';
+import { type EngineSettings, engineSettingsFrom } from './engine-settings.ts';
 
-export interface EngineOptions {
+/** `pipeline`, `deviceSampling`, `graphs` (engine-settings.ts): set here, they win over the environment. */
+export interface EngineOptions extends Partial<EngineSettings> {
   /** rows decoding together (default 16) */
   maxBatch?: number;
   /** sequences waiting for admission before new ones are refused (default 256) */
@@ -46,17 +47,6 @@ export interface EngineOptions {
   idleTimeoutMs?: number;
   /** prefix cache: RAM size, namespace, SSD tier (default: on, the whole KV pool, no SSD tier) */
   prefixCache?: PrefixCacheSettings;
-  /**
-   * enqueue decode steps one ahead of reading their tokens back (default true; env
-   * LLMTS_PIPELINE=off turns it off): steps of greedy rows, and of device-sampled rows without
-   * penalties or grammar; needs a backend with a device argmax
-   */
-  pipeline?: boolean;
-  /**
-   * sample non-greedy rows on the device (Backend.sampleRows) instead of reading their logits back
-   * (default true when the backend has the op; env LLMTS_DEVICE_SAMPLING=off turns it off)
-   */
-  deviceSampling?: boolean;
 }
 
 /**
@@ -130,7 +120,9 @@ export class Engine {
   private wake?: () => void;
   private steps = 0;
   private pipelinedSteps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | 'pipeline' | 'deviceSampling' | 'kvDtype'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype'>>;
+  /** what the engine was created with (EngineOptions over the environment) */
+  readonly settings: EngineSettings;
   private readonly prefix: PrefixReuse;
   /** whether decode steps may be enqueued one ahead (EngineOptions.pipeline) */
   readonly pipeline: boolean;
@@ -155,9 +147,9 @@ export class Engine {
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     };
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
-    this.pipeline = (options.pipeline ?? true) && envSwitch('LLMTS_PIPELINE', true) && typeof model.backend.argmax === 'function';
-    this.deviceSampling = (options.deviceSampling ?? true) && envSwitch('LLMTS_DEVICE_SAMPLING', true) &&
-      typeof model.backend.sampleRows === 'function';
+    this.settings = engineSettingsFrom(process.env, options); // its pipeline, deviceSampling and graphs, over the environment
+    this.pipeline = this.settings.pipeline && typeof model.backend.argmax === 'function';
+    this.deviceSampling = this.settings.deviceSampling && typeof model.backend.sampleRows === 'function';
     const bs = this.opts.blockSize;
     const kvTokens = options.kvTokens ?? this.opts.maxBatch * this.maxModelLen;
     const kvDtype = resolveKvDtype(model.backend, options.kvDtype);
@@ -179,7 +171,7 @@ export class Engine {
     });
     this.launcher = new StepLauncher(model, this.kv, {
       // decode-only steps may replay a captured graph: tables as wide as the longest sequence
-      graphWidth: Math.ceil(this.maxModelLen / bs) + 1,
+      graphWidth: this.settings.graphs ? Math.ceil(this.maxModelLen / bs) + 1 : undefined,
       keepDeviceTokens: this.pipeline,
       deviceSampling: this.deviceSampling,
     }, (cur, err) => this.dropFailedStep(cur, err));

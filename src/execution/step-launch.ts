@@ -41,8 +41,8 @@ export interface InFlight {
 }
 
 export interface StepLaunchOptions {
-  /** StepBatch.graphWidth: a decode-only step may replay a captured graph with tables this wide */
-  graphWidth: number;
+  /** StepBatch.graphWidth: a decode-only step may replay a captured graph with tables this wide (undefined: never) */
+  graphWidth: number | undefined;
   /** keep each step's device tokens, for a pipelined step's ids (EngineOptions.pipeline) */
   keepDeviceTokens: boolean;
   /** non-greedy rows sample on the device (EngineOptions.deviceSampling) */

@@ -12,12 +12,15 @@
 
 import type { Backend, CapturedGraph, HostStepLayout, StepLayout, Tensor } from '../contracts/backend.ts';
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
-import { envSwitch } from '../backends/common/env.ts';
 
 export type GraphBackend = Backend & Required<Pick<Backend, 'captureGraph' | 'copyInto' | 'rowView'>>;
 
+/**
+ * Whether `b` can capture decode graphs. Whether a step uses them is its batch's (StepBatch.graphWidth:
+ * the engine leaves it unset with EngineSettings.graphs off).
+ */
 export function canCaptureGraphs(b: Backend): b is GraphBackend {
-  return !!(b.captureGraph && b.copyInto && b.rowView) && envSwitch('LLMTS_GRAPHS', true);
+  return !!(b.captureGraph && b.copyInto && b.rowView);
 }
 
 /** What a captured step body reads: views into the packed input buffer. */

@@ -13,11 +13,13 @@ import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { CpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
+import { cpuSettingsFrom } from '../../src/backends/cpu/cpu-settings.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import type { Tensor } from '../../src/contracts/backend.ts';
 import type { DeviceSampleRow } from '../../src/contracts/device-sampling.ts';
 import { loadModel, type LoadedModel } from '../../src/execution/load-model.ts';
 import { Engine, type EngineOptions, type EngineStats, type TextCodec } from '../../src/execution/engine.ts';
+import { engineSettingsFrom } from '../../src/execution/engine-settings.ts';
 import type { EngineRequest, SequenceEvent } from '../../src/execution/sequence.ts';
 import { GrammarCompiler, grammarVocabFrom } from '../../src/sampling/grammar/index.ts';
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
@@ -327,16 +329,15 @@ test('grammar rows (JSON schema) sampled on the device validate, beside pipelina
   });
 });
 
-test('deviceSampling: on by default with sampleRows; off by option, by LLMTS_DEVICE_SAMPLING=off, and without the op', async () => {
+test('deviceSampling: on by default with sampleRows; off by option (over the environment), by LLMTS_DEVICE_SAMPLING=off, and without the op', async () => {
+  assert.equal(engineSettingsFrom({ LLMTS_DEVICE_SAMPLING: 'off' }).deviceSampling, false);
+  assert.equal(engineSettingsFrom({ LLMTS_DEVICE_SAMPLING: 'off' }, { deviceSampling: true }).deviceSampling, true, 'the option wins');
+  assert.throws(() => engineSettingsFrom({ LLMTS_DEVICE_SAMPLING: 'no' }), /LLMTS_DEVICE_SAMPLING must be "on" or "off", got "no"/);
   const m = await loadModel(new ReferenceBackend(), writeTinyLlama());
-  const before = process.env.LLMTS_DEVICE_SAMPLING;
-  process.env.LLMTS_DEVICE_SAMPLING = 'off';
-  const flagged = new Engine(m.model, m);
-  if (before === undefined) delete process.env.LLMTS_DEVICE_SAMPLING;
-  else process.env.LLMTS_DEVICE_SAMPLING = before;
   const plain = new Engine(m.model, m), optedOut = new Engine(m.model, m, { deviceSampling: false });
-  assert.deepEqual([flagged.deviceSampling, plain.deviceSampling, optedOut.deviceSampling], [false, true, false]);
-  for (const x of [flagged, plain, optedOut]) await x.close(0);
+  assert.deepEqual([plain.deviceSampling, optedOut.deviceSampling], [true, false]);
+  assert.equal(optedOut.settings.deviceSampling, false);
+  for (const x of [plain, optedOut]) await x.close(0);
   const noOp = new (class extends ReferenceBackend {})();
   Object.defineProperty(noOp, 'sampleRows', { value: undefined });
   const m2 = await loadModel(noOp, writeTinyLlama());
@@ -357,7 +358,7 @@ class CountingCpu extends CpuBackend {
   }
 }
 
-test('CPU backend: LLMTS_DEVICE_SAMPLING=off and on give identical seeded outputs; on, temperature rows are pipelined', async () => {
+test('CPU backend: deviceSampling off and on give identical seeded outputs; on, temperature rows are pipelined', async () => {
   const requests: EngineRequest[] = [
     { sampling: { temperature: 0.9, seed: 121 } },
     { sampling: { temperature: 1.1, topK: 30, seed: 122 } },
@@ -373,15 +374,11 @@ test('CPU backend: LLMTS_DEVICE_SAMPLING=off and on give identical seeded output
     sampling: { temperature: 0.8, repetitionPenalty: 1.3, frequencyPenalty: 0.4, presencePenalty: 0.2, seed: 128 },
   };
   const run = async (off: boolean) => {
-    const backend = new CountingCpu(loadNativeLib());
-    const before = process.env.LLMTS_DEVICE_SAMPLING;
+    const settings = cpuSettingsFrom(process.env);
+    const backend = new CountingCpu(loadNativeLib(settings), settings);
     try {
       const m = await loadModel(backend, LLAMA, { maxModelLen: 4096 });
-      if (off) process.env.LLMTS_DEVICE_SAMPLING = 'off';
-      else delete process.env.LLMTS_DEVICE_SAMPLING;
-      const e = new Engine(m.model, m, { maxModelLen: m.maxContext, maxBatch: 8 });
-      if (before === undefined) delete process.env.LLMTS_DEVICE_SAMPLING;
-      else process.env.LLMTS_DEVICE_SAMPLING = before;
+      const e = new Engine(m.model, m, { maxModelLen: m.maxContext, maxBatch: 8, deviceSampling: !off });
       assert.equal(e.deviceSampling, !off);
       // alone first (pipelined from its first decode to its last), then all together
       const alone = await record(e, requests[0]!);
@@ -392,8 +389,6 @@ test('CPU backend: LLMTS_DEVICE_SAMPLING=off and on give identical seeded output
       assert.equal(stats.kvBlocksUsed, 0);
       return { out: [alone, ...together], stats, pipelinedAlone, calls: backend.calls };
     } finally {
-      if (before === undefined) delete process.env.LLMTS_DEVICE_SAMPLING;
-      else process.env.LLMTS_DEVICE_SAMPLING = before;
       await backend.close();
     }
   };

@@ -14,6 +14,7 @@ import { ReferenceBackend } from '../../src/backends/reference/reference-backend
 import type { Tensor } from '../../src/contracts/backend.ts';
 import { loadModel, type LoadedModel } from '../../src/execution/load-model.ts';
 import { Engine, type EngineOptions, type TextCodec } from '../../src/execution/engine.ts';
+import { engineSettingsFrom } from '../../src/execution/engine-settings.ts';
 import type { EngineRequest, SequenceEvent } from '../../src/execution/sequence.ts';
 import { ReplayingReference } from '../helpers/replaying-reference.ts';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
@@ -323,18 +324,15 @@ test('a pipelined step that fails is only a head start lost: its rows recompute 
   assert.equal(faulted.stats.kvBlocksUsed, 0);
 });
 
-test('LLMTS_PIPELINE=off and a backend without a device argmax turn the pipeline off', async () => {
+test('LLMTS_PIPELINE=off, pipeline: false and a backend without a device argmax turn the pipeline off', async () => {
+  assert.equal(engineSettingsFrom({ LLMTS_PIPELINE: 'off' }).pipeline, false);
+  assert.equal(engineSettingsFrom({ LLMTS_PIPELINE: 'off' }, { pipeline: true }).pipeline, true, 'the option wins');
+  assert.equal(engineSettingsFrom({}).pipeline, true);
   const m = await loadModel(new ReferenceBackend(), writeTinyLlama());
-  const before = process.env.LLMTS_PIPELINE;
-  process.env.LLMTS_PIPELINE = 'off';
-  const flagged = new Engine(m.model, m);
-  if (before === undefined) delete process.env.LLMTS_PIPELINE;
-  else process.env.LLMTS_PIPELINE = before;
-  assert.equal(flagged.pipeline, false);
   const plain = new Engine(m.model, m), optedOut = new Engine(m.model, m, { pipeline: false });
   assert.equal(plain.pipeline, true);
   assert.equal(optedOut.pipeline, false);
-  for (const x of [flagged, plain, optedOut]) await x.close(0);
+  for (const x of [plain, optedOut]) await x.close(0);
   const noArgmax = new (class extends ReferenceBackend {})();
   Object.defineProperty(noArgmax, 'argmax', { value: undefined });
   const m2 = await loadModel(noArgmax, writeTinyLlama());

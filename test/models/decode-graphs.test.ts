@@ -89,6 +89,19 @@ test('a capture that fails turns graphs off and the steps run op by op, same tok
   assert.equal(errors.filter((l) => /decode graphs are off/.test(l)).length, 1, 'logged once');
 });
 
+test('graphs: false (EngineSettings.graphs, $LLMTS_GRAPHS=off) runs every step op by op, same tokens', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[]; steps: StepRecord[] }[] };
+  const c = ref.cases[0]!;
+  const backend = new ReplayingReference();
+  const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+  const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, graphs: false });
+  const out = await e.complete({ promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true });
+  await e.close(0);
+  assert.deepEqual(out.tokenIds, c.steps.map((s) => s.token_id));
+  assert.deepEqual([backend.captures, backend.replays], [0, 0], 'nothing captured or replayed');
+});
+
 test('padding rows (10 rows in the 16-row bucket) write no KV and change no row', async () => {
   const dir = join(FIXTURES, 'llama');
   const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[] }[] };

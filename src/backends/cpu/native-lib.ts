@@ -4,11 +4,10 @@
 // is just base + offset in JS. Every llm_op_* call only enqueues (~0.1 us); waits go through
 // koffi's `.async` on a worker thread so the event loop never blocks.
 import { existsSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import koffi from 'koffi';
 
 import type { DType } from '../../contracts/backend.ts';
-import { cpuBf16Dot, gemvParallelMinBytes } from './cpu-knobs.ts';
+import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 
 /** dtype codes of native/llm.h */
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
@@ -74,15 +73,41 @@ export interface NativeLib {
     K: number, D: number, I: number, E: number, gateDt: number, upDt: number, downDt: number, act: number): void;
 }
 
-export const defaultLibraryPath = fileURLToPath(new URL('../../../build/libllmts_cpu.so', import.meta.url));
+/** native/llm.h ISA_AVX512: the best kernels without the bf16 dot products (CpuSettings.bf16Dot off) */
+const ISA_AVX512 = 2;
 
-let loaded: NativeLib | null = null;
+/** The settings the library's process-wide knobs were last set to (applyNativeSettings). */
+type NativeKnobs = Pick<CpuSettings, 'gemvParallelMinBytes' | 'bf16Dot'>;
 
-/** Loads the library once per process (the command queue and its worker thread are process-wide). */
-export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibraryPath): NativeLib {
-  if (loaded) return loaded;
-  gemvParallelMinBytes();
-  cpuBf16Dot();
+const knobsOf = (s: NativeKnobs): NativeKnobs => ({ gemvParallelMinBytes: s.gemvParallelMinBytes, bf16Dot: s.bf16Dot });
+
+let loaded: { lib: NativeLib; knobs: NativeKnobs } | null = null;
+
+/**
+ * Sets the library's process-wide knobs to `s` where they differ from what they were last set to
+ * (so a backend created with the same settings leaves a test's llm_set_isa alone). Call while the
+ * queue is idle: a backend is created before it enqueues anything.
+ */
+function applyNativeSettings(lib: NativeLib, s: NativeKnobs, last: NativeKnobs | null): void {
+  if (last?.gemvParallelMinBytes !== s.gemvParallelMinBytes) lib.setGemvParallelMinBytes(s.gemvParallelMinBytes);
+  if (last?.bf16Dot !== s.bf16Dot) lib.setIsa(s.bf16Dot ? -1 : ISA_AVX512);
+}
+
+/**
+ * Loads the library once per process (the command queue and its worker thread are process-wide:
+ * a later call's libraryPath is not loaded) and sets its knobs to `settings` (default: from the
+ * environment on the first call, unchanged after).
+ */
+export function loadNativeLib(settings?: CpuSettings): NativeLib {
+  if (loaded) {
+    if (settings) {
+      applyNativeSettings(loaded.lib, settings, loaded.knobs);
+      loaded.knobs = knobsOf(settings);
+    }
+    return loaded.lib;
+  }
+  const s = settings ?? cpuSettingsFrom(process.env);
+  const path = s.libraryPath;
   if (!existsSync(path)) {
     throw new Error(`CPU backend: native library ${path} is missing; build it with \`npm run build:native\` ` +
       '(needs gcc with OpenMP)');
@@ -139,6 +164,7 @@ export function loadNativeLib(path = process.env.LLMTS_CPU_LIB || defaultLibrary
   // Join the worker before Node tears the process down: a native thread still parked inside the
   // library while the runtime unloads it crashed ~1 exit in 10 (SIGSEGV, exit code 139).
   process.once('exit', () => native.shutdown());
-  loaded = native;
+  applyNativeSettings(native, s, null);
+  loaded = { lib: native, knobs: knobsOf(s) };
   return native;
 }

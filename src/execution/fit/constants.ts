@@ -17,7 +17,6 @@
 // choices, not measurements, and say so.
 
 import os from 'node:os';
-import { gemvParallelMinBytes } from '../../backends/cpu/cpu-knobs.ts';
 
 export interface Constant {
   value: number;
@@ -147,13 +146,6 @@ export const CPU_ROW_OVERHEAD_MS: Constant = {
   how: `${CPU_CALIBRATION}: fitted with the other decode constants from the batch 4 and 8 cases (demo, small-matrix model, MoE): ` +
     '0.0013: sampling and events per row cost little next to the rows\' matmul work',
 };
-
-/**
- * Weight bytes below which the native CPU backend runs a small-M matmul on one thread
- * (native/isa.c GEMV_PAR_MIN_BYTES_DEFAULT, 1 MiB, or $LLMTS_GEMV_PAR_MIN_BYTES as the native
- * library reads it). A property of the code, not a measurement.
- */
-export const cpuGemvParallelMinBytes = gemvParallelMinBytes;
 
 /** Policy: RAM left to the operating system and other processes when planning for a CPU. */
 export function cpuSystemReserveBytes(totalBytes: number): number {

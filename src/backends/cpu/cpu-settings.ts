@@ -1,0 +1,48 @@
+// The CPU backend's settings: one object per backend, built by cpuSettingsFrom when the backend is
+// created (CpuBackendOptions.settings over the LLMTS_* environment). No koffi here: the fit planner
+// reads them without loading the native library.
+import { fileURLToPath } from 'node:url';
+
+import type { Env } from '../common/env.ts';
+import { intKnob, type Knobs, settingsFrom, switchKnob, textKnob } from '../common/knobs.ts';
+
+export const DEFAULT_LIBRARY_PATH = fileURLToPath(new URL('../../../build/libllmts_cpu.so', import.meta.url));
+
+export interface CpuSettings {
+  /**
+   * The native library ($LLMTS_CPU_LIB; default build/libllmts_cpu.so, which `npm ci` builds). It
+   * loads once per process: the first backend's path is the one.
+   */
+  readonly libraryPath: string;
+  /**
+   * Weight bytes below which a small-M matmul runs on one thread, and KV bytes below which a step's
+   * attention does ($LLMTS_GEMV_PAR_MIN_BYTES; default 1 MiB, 0 to 2^50; native/isa.c documents
+   * the trade: waking the OpenMP team costs about what one thread needs to stream a few hundred
+   * KiB). The native library is process-wide: a backend created with another value sets it for
+   * every CPU backend of the process.
+   */
+  readonly gemvParallelMinBytes: number;
+  /**
+   * Whether prefill matmuls of bf16 weights may round x to bf16 and use the CPU's AVX512-BF16 dot
+   * products (native/gemm_bf16.c; $LLMTS_CPU_BF16_DOT, on by default): about 1.85x the f32
+   * kernel's multiply-adds, at a relative 2^-9 a product of rounding (transformers' bf16 inference
+   * rounds every activation so). Off keeps them f32 (the ISA capped at AVX-512). Process-wide, as
+   * gemvParallelMinBytes; native/isa.c also reads $LLMTS_CPU_BF16_DOT=off itself, which `true` in
+   * code does not undo.
+   */
+  readonly bf16Dot: boolean;
+}
+
+const CPU_KNOBS: Knobs<CpuSettings> = {
+  libraryPath: textKnob('LLMTS_CPU_LIB', (text) => text ?? DEFAULT_LIBRARY_PATH,
+    (v) => (typeof v === 'string' && v !== '' ? undefined : 'a path')),
+  // native/isa.c reads the variable itself (strtoull reads "abc" as 0: every matmul parallel), so
+  // a value it would read as something else stops here first
+  gemvParallelMinBytes: intKnob('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 }),
+  bf16Dot: switchKnob('LLMTS_CPU_BF16_DOT', true),
+};
+
+/** The CPU backend's settings: `overrides` where given (checked), the rest from `env`. */
+export function cpuSettingsFrom(env: Env, overrides: Partial<CpuSettings> = {}): CpuSettings {
+  return settingsFrom(CPU_KNOBS, env, overrides);
+}
