@@ -8,16 +8,17 @@
 // the KV bytes read (every attended key and value row once per KV head) per second of device time
 // against the H200's copy bandwidth; prefill reports attention TFLOP/s (4 * D * H per query-key
 // pair, causal: T(T+1)/2 pairs) against the bf16 GEMM peak measured for the README. --generic
-// runs the old generic kernel as well (slow: few iterations); --check compares fast and generic
-// outputs (max |difference|).
+// runs the generic kernel as well (slow: few iterations), on a second backend created with
+// attention mode 'generic' and the same inputs; --check compares fast and generic outputs (max
+// |difference|). The CUDA knobs (LLMTS_CUDA_ATT_*) apply to both.
 //
 //   node --import tsx bench/cuda-attention.ts [--generic] [--check] [--decode 512,4096,32768] [--prefill 1024,8192]
 //        [--batch 1] [--heads 32] [--kv-heads 8] [--head-dim 128] [--block 16] [--json out.json]
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
-import { planAttention, setAttentionMode } from '../src/backends/cuda/attention.ts';
-import { createCudaBackend } from '../src/backends/cuda/index.ts';
+import { planAttention } from '../src/backends/cuda/attention.ts';
+import { type CudaBackend, createCudaBackend } from '../src/backends/cuda/index.ts';
 import type { PagedKv, StepLayout, Tensor } from '../src/contracts/backend.ts';
 
 const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
@@ -42,6 +43,8 @@ const B = Number(values.batch), H = Number(values.heads), KVH = Number(values['k
 const D = Number(values['head-dim']), BS = Number(values.block);
 
 const b = await createCudaBackend();
+/** the generic kernel's backend (--generic, --check): the same knobs, attention mode 'generic' */
+const generic = values.generic || values.check ? await createCudaBackend({ settings: { attention: { mode: 'generic' } } }) : undefined;
 console.log(`# ${b.describe()}`);
 console.log(`# H=${H} KVH=${KVH} D=${D} blockSize=${BS}; times per call; device = sum of the call's kernels`);
 
@@ -55,8 +58,8 @@ function fill(n: number, seed: number, scale = 1): Float32Array {
   }
   return out;
 }
-/** a bf16 tensor (upload f32, convert on the device, free the f32 copy) */
-function bf16(data: Float32Array, shape: number[]): Tensor {
+/** a bf16 tensor of backend `b` (upload f32, convert on the device, free the f32 copy) */
+function bf16(b: CudaBackend, data: Float32Array, shape: number[]): Tensor {
   const f = b.upload(data, shape);
   const t = b.scale(f, 1);
   b.free(f);
@@ -66,8 +69,8 @@ function bf16(data: Float32Array, shape: number[]): Tensor {
 interface Setup { label: string; q: Tensor; kv: PagedKv; layout: StepLayout; T: number; R: number; MBR: number;
   NB: number; keys: number; kvBytes: number; flops: number; kind: 'decode' | 'prefill'; free(): void }
 
-/** rows of `tokens` queries each, ending at position ctx - 1; blocks shuffled over the pool */
-function setup(kind: 'decode' | 'prefill', rows: number, ctx: number, tokens: number): Setup {
+/** rows of `tokens` queries each, ending at position ctx - 1, on backend `b`; blocks shuffled over the pool */
+function setup(b: CudaBackend, kind: 'decode' | 'prefill', rows: number, ctx: number, tokens: number): Setup {
   const per = Math.ceil(ctx / BS), NB = rows * per + 1, MBR = per;
   const perm = Array.from({ length: NB }, (_, i) => i);
   let s = 12345;
@@ -88,8 +91,8 @@ function setup(kind: 'decode' | 'prefill', rows: number, ctx: number, tokens: nu
       keys += ctx - tokens + k + 1;
     }
   }
-  const kv = { k: bf16(fill(NB * BS * KVH * D, 1), [NB, BS, KVH, D]), v: bf16(fill(NB * BS * KVH * D, 2), [NB, BS, KVH, D]) };
-  const q = bf16(fill(T * H * D, 3, 2), [T, H, D]);
+  const kv = { k: bf16(b, fill(NB * BS * KVH * D, 1), [NB, BS, KVH, D]), v: bf16(b, fill(NB * BS * KVH * D, 2), [NB, BS, KVH, D]) };
+  const q = bf16(b, fill(T * H * D, 3, 2), [T, H, D]);
   const layout: StepLayout = {
     tokenRow: b.upload(tokenRow, [T]), tokenPos: b.upload(tokenPos, [T]), slots: b.upload(new Int32Array(T).fill(-1), [T]),
     blockTables: b.upload(tables, [rows, MBR]), blockSize: BS,
@@ -110,7 +113,7 @@ function setup(kind: 'decode' | 'prefill', rows: number, ctx: number, tokens: nu
 const params = { scale: 1 / Math.sqrt(D), window: 0, softcap: 0 };
 
 interface Timing { deviceUs: number; wallUs: number; graphUs: number; kernels: string }
-async function time(st: Setup, iters: number): Promise<Timing> {
+async function time(b: CudaBackend, st: Setup, iters: number): Promise<Timing> {
   const call = () => b.attention(st.q, st.kv, st.layout, params);
   const once = () => { b.beginScope(); call(); b.endScope(); };
   once();
@@ -146,11 +149,11 @@ const cases: { kind: 'decode' | 'prefill'; n: number }[] = [
   ...list(values.prefill!).map((n) => ({ kind: 'prefill' as const, n })),
 ];
 for (const { kind, n } of cases) {
-  const st = kind === 'decode' ? setup('decode', B, n, 1) : setup('prefill', 1, n, n);
+  const st = kind === 'decode' ? setup(b, 'decode', B, n, 1) : setup(b, 'prefill', 1, n, n);
   const plan = planAttention({ T: st.T, H, KVH, D, numBlocks: st.NB, blockSize: BS, R: st.R, maxBlocksPerRow: st.MBR,
-    window: 0, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: st.layout.oneTokenPerRow }, b.info.sms);
+    window: 0, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: st.layout.oneTokenPerRow }, b.info.sms, b.settings.attention);
   const iters = kind === 'decode' ? (n >= 16384 ? 100 : 300) : (n >= 4096 ? 5 : 30);
-  const fast = await time(st, iters);
+  const fast = await time(b, st, iters);
   const rate = (us: number) => kind === 'decode'
     ? `${(st.kvBytes / (us * 1e3)).toFixed(0)} GB/s (${((st.kvBytes / (us * 1e3) / README_COPY_GBPS) * 100).toFixed(0)}% of ${README_COPY_GBPS})`
     : `${(st.flops / (us * 1e6)).toFixed(1)} TFLOP/s (${((st.flops / (us * 1e6) / README_GEMM_TFLOPS) * 100).toFixed(0)}% of ${README_GEMM_TFLOPS})`;
@@ -163,18 +166,18 @@ for (const { kind, n } of cases) {
     (process.env.LLMTS_CUDA_ATT_DEFINES ? `; defines ${process.env.LLMTS_CUDA_ATT_DEFINES}` : ''));
   const row: Record<string, unknown> = { case: st.label, kind, n, batch: st.R, H, KVH, D, blockSize: BS, ...fast,
     kvBytes: st.kvBytes, flops: st.flops, slots: plan.slots };
-  if (values.generic || values.check) {
-    const old = setAttentionMode('generic');
+  if (generic) {
+    // the same inputs on the generic backend (setup's values are deterministic)
+    const gst = kind === 'decode' ? setup(generic, 'decode', B, n, 1) : setup(generic, 'prefill', 1, n, n);
     try {
       if (values.generic) {
         const gi = kind === 'decode' ? 20 : 1;
-        const gen = await time(st, gi);
+        const gen = await time(generic, gst, gi);
         console.log(`#   generic kernel: device ${gen.deviceUs.toFixed(1)} us -> ${rate(gen.deviceUs)} (${(gen.deviceUs / fast.deviceUs).toFixed(1)}x the fast path)`);
         row.genericDeviceUs = gen.deviceUs;
       }
       if (values.check) {
-        const slow = await b.read(b.attention(st.q, st.kv, st.layout, params));
-        setAttentionMode(old);
+        const slow = await generic.read(generic.attention(gst.q, gst.kv, gst.layout, params));
         const got = await b.read(b.attention(st.q, st.kv, st.layout, params));
         let md = 0;
         for (let i = 0; i < got.length; i++) md = Math.max(md, Math.abs(got[i]! - slow[i]!));
@@ -182,7 +185,8 @@ for (const { kind, n } of cases) {
         row.maxDiff = md;
       }
     } finally {
-      setAttentionMode(old);
+      gst.free();
+      await generic.sync();
     }
   }
   results.push(row);
@@ -190,4 +194,5 @@ for (const { kind, n } of cases) {
   await b.sync();
 }
 if (values.json) writeFileSync(values.json, JSON.stringify({ device: b.info, results }, null, 2));
+await generic?.close();
 await b.close();

@@ -49,10 +49,9 @@ const { values } = parseArgs({
     'profile-batch': { type: 'string', default: '1' },
   },
 });
-// --profile-graph: event nodes around every call captured into a graph (graph-profiler.ts); the
-// backend reads the switch when it is created. Profiled replays run slower: the decode figures of
-// such a run are not the engine's.
-if (values['profile-graph']) process.env.LLMTS_CUDA_GRAPH_PROFILE = '1';
+// --profile-graph: event nodes around every call captured into a graph (graph-profiler.ts;
+// CudaRuntimeSettings.graphProfile, passed when the backend is created). Profiled replays run
+// slower: the decode figures of such a run are not the engine's.
 const promptTokens = Number(values['prompt-tokens']);
 const decodeTokens = Number(values['decode-tokens']);
 const repeats = Number(values.repeats);
@@ -78,7 +77,7 @@ if (values.device === 'cpu') {
   backend = await createCpuBackend() as typeof backend;
 } else {
   const { createCudaBackend } = await import('../src/backends/cuda/index.ts');
-  backend = await createCudaBackend() as typeof backend;
+  backend = await createCudaBackend(values['profile-graph'] ? { settings: { runtime: { graphProfile: true } } } : {}) as typeof backend;
 }
 const launchCount = () => backend.launches ?? 0;
 const tBackend = performance.now();

@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
-import { attTcMinChunk } from '../../src/backends/cuda/attention-kernels.ts';
-import { planAttention, setDecodeKernelKind, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
+import { planAttention, tcDecodeSlots } from '../../src/backends/cuda/attention.ts';
+import { CUDA_DEFAULTS, type CudaAttentionSettings, cudaSettingsFrom } from '../../src/backends/cuda/cuda-settings.ts';
 import { runAttentionSim, type SimCall, simUnavailable, tcSplitsSim } from './cuda-sim/attention-sim.ts';
 import { randomF32, rng, scatteredBlockTables } from './helpers.ts';
 
@@ -16,6 +16,9 @@ const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-attention-sim: skipping: ${SKIP}`);
 /** a small simulated GPU: few slots, so splits, strides over tokens and the combine all happen */
 const SIM_SMS = 2;
+/** the backend's default attention settings, and with the CUDA-core decode kernel */
+const ATT: CudaAttentionSettings = CUDA_DEFAULTS.attention;
+const withDecode = (kind: 'cuda-core' | 'tc'): CudaAttentionSettings => ({ ...ATT, decodeKernel: kind });
 
 
 interface Case {
@@ -88,14 +91,9 @@ function reference(s: SimCall): Float64Array {
 function check(label: string, c: Case, kind: 'cuda-core' | 'tc', expectErr?: number, sms = SIM_SMS,
   defines: readonly string[] = [], stages?: number): void {
   const s = build(c);
-  const old = setDecodeKernelKind(kind);
-  let plan;
-  try {
-    plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
-      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: c.oneTokenPerRow }, sms);
-  } finally {
-    setDecodeKernelKind(old);
-  }
+  const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
+    maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: c.oneTokenPerRow }, sms,
+  { ...withDecode(kind), ...(stages ? { tcStages: stages } : {}) });
   assert.equal(plan.tensorCores, kind === 'tc', `${label}: the plan picked ${plan.decodeKernel}`);
   const { out, err, countersLeft } = runAttentionSim(s, plan, defines, stages);
   assert.equal(err[0], expectErr ?? 0, `${label}: error word ${[...err].join(', ')}`);
@@ -145,7 +143,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     const c: Case = { D: 64, H: 4, KVH: 1, BS: 16, rows: [{ start: 2559 }], seed: 12 };
     const s = build(c);
     const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
-      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 16);
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 16, ATT);
     // att_tc_splits: 80 tiles, round(sqrt(80 / 6.5)) = 4 tiles a split
     assert.ok(plan.slots >= 20, `${plan.slots} slots: the case must split its 2,560 keys 20 ways (128 keys each)`);
     check('tc long row', c, 'tc', undefined, 16);
@@ -155,7 +153,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     const c: Case = { D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 16700 }], seed: 13, vOffset: 1 }; // 16 heads x 64 dims: 256 float4 columns, two a thread
     const s = build(c);
     const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R,
-      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 64);
+      maxBlocksPerRow: s.MBR, window: s.window, qDtype: 'bf16', poolDtype: 'bf16' }, 64, ATT);
     // a tile worth 1000 partials: the shortest splits the slots allow (173 slots: 4 tiles each, 131 splits)
     assert.ok(plan.slots >= 131, `${plan.slots} slots: the case must split its 16,701 keys 131 ways (128 keys each)`);
     check('tc 131 splits', c, 'tc', undefined, 64, ['ATT_TC_TILE_RATIO10=10000']);
@@ -169,13 +167,13 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
       [2048, 45], // 64 tiles: round(3.14) = 3
       [4096, 45], // 128 tiles: round(4.44) = 4
       [16384, 45], // 512 tiles: 9 a split would be 57 splits, over 45: 12 tiles (384 keys), 43 splits
-      [100, 45], // 4 tiles: round(0.78) = 1, raised to ATT_TC_MIN_CHUNK's 2
+      [100, 45], // 4 tiles: round(0.78) = 1, raised to the default tcMinChunk's 2
       [16, 45], // one tile: one split
       [0, 45], // no keys: one (empty) split
       [4096, 1], // one slot: one split of every key
     ];
     assert.deepEqual(tcSplitsSim(cases), [[8, 64], [9, 64], [16, 64], [22, 96], [32, 128], [43, 384], [2, 64], [1, 64], [1, 64], [1, 4096]]);
-    // a tile worth 1000 partials: splits as short as ATT_TC_MIN_CHUNK allows; 0.1 partial: round(sqrt(160)) = 13 tiles a split
+    // a tile worth 1000 partials: splits as short as tcMinChunk allows; 0.1 partial: round(sqrt(160)) = 13 tiles a split
     assert.deepEqual(tcSplitsSim([[512, 45], [16701, 173]], ['ATT_TC_TILE_RATIO10=10000']), [[8, 64], [131, 128]]);
     assert.deepEqual(tcSplitsSim([[512, 45]], ['ATT_TC_TILE_RATIO10=1']), [[2, 416]]);
   });
@@ -217,7 +215,7 @@ describe('CUDA decode attention kernels on the warp simulator', { skip: SKIP ?? 
     const many = one({ D: 64, H: 4, KVH: 2, BS: 16, rows: Array.from({ length: 150 }, (_, i) => ({ start: (i * 7) % 60 })), seed: 13 });
     const s = build(many);
     const plan = planAttention({ T: s.T, H: s.H, KVH: s.KVH, D: s.D, numBlocks: s.NB, blockSize: s.BS, R: s.R, maxBlocksPerRow: s.MBR,
-      window: 0, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: true }, SIM_SMS);
+      window: 0, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow: true }, SIM_SMS, ATT);
     assert.ok(plan.identityList && !plan.planKernel && !plan.prefillKernel, '150 rows: no plan kernel, no prefill kernel');
     check('one token a row, 150 rows', many, 'tc');
     check('one token a row, hole', one({ D: 128, H: 4, KVH: 1, BS: 16, rows: [100, 50].map((start) => ({ start })), holes: [[0, 2]], seed: 9 }),
@@ -239,31 +237,26 @@ describe('the prefill kernel in the plan (planAttention)', () => {
   const shape = { T: 16, H: 32, KVH: 8, D: 128, numBlocks: 64, blockSize: 16, R: 16, maxBlocksPerRow: 8, window: 0,
     qDtype: 'bf16', poolDtype: 'bf16' } as const;
   it('past ATT_DEC_MAX_RUN tokens, unless the layout promises one token a row (a decode graph)', () => {
-    assert.equal(planAttention(shape, 132).prefillKernel, 'k_attn_prefill_d128');
-    assert.equal(planAttention({ ...shape, T: 4 }, 132).prefillKernel, undefined);
-    const decodeOnly = planAttention({ ...shape, oneTokenPerRow: true }, 132);
+    assert.equal(planAttention(shape, 132, ATT).prefillKernel, 'k_attn_prefill_d128');
+    assert.equal(planAttention({ ...shape, T: 4 }, 132, ATT).prefillKernel, undefined);
+    const decodeOnly = planAttention({ ...shape, oneTokenPerRow: true }, 132, ATT);
     assert.equal(decodeOnly.prefillKernel, undefined);
     assert.equal(decodeOnly.prefillTiles, 0);
     assert.equal(decodeOnly.decodeKernel, 'k_attn_decode_tc_d128');
     assert.ok(decodeOnly.identityList, 'the tensor-core kernel takes every token in order');
-    assert.ok(!planAttention(shape, 132).identityList);
+    assert.ok(!planAttention(shape, 132, ATT).identityList);
     // past 128 rows: k_attn_plan lists the decode tokens, unless one token a row makes the list every token
-    assert.ok(planAttention({ ...shape, T: 200, R: 200 }, 132).planKernel);
-    assert.ok(!planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132).planKernel);
+    assert.ok(planAttention({ ...shape, T: 200, R: 200 }, 132, ATT).planKernel);
+    assert.ok(!planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132, ATT).planKernel);
     // the CUDA-core kernel (its k_attn_combine reads a stored list) never takes the identity
-    const old = setDecodeKernelKind('cuda-core');
-    try {
-      const cc = planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132);
-      assert.ok(!cc.identityList && cc.planKernel && !cc.prefillKernel);
-    } finally {
-      setDecodeKernelKind(old);
-    }
+    const cc = planAttention({ ...shape, T: 200, R: 200, oneTokenPerRow: true }, 132, withDecode('cuda-core'));
+    assert.ok(!cc.identityList && cc.planKernel && !cc.prefillKernel);
   });
 });
 
 describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blocks an SM)', () => {
   // the H200's 132 SMs, Llama-3.1-8B's 8 kv heads: a wave is 396 blocks
-  const slots = (T: number, maxSplits: number) => tcDecodeSlots(T, 8, maxSplits, 132);
+  const slots = (T: number, maxSplits: number) => tcDecodeSlots(T, 8, maxSplits, 132, ATT.tcResident);
   it('one row: enough splits to fill a wave to 90%, no more than its keys allow', () => {
     assert.equal(slots(1, 128), 45); // 360 blocks: 0.91 of a wave
     assert.equal(slots(1, 32), 32); // a 4k table at 128 keys a split
@@ -279,7 +272,8 @@ describe('tensor-core decode slots (tcDecodeSlots: whole waves of 3 resident blo
     assert.equal(slots(8192, 128), 400);
   });
   it('$LLMTS_CUDA_ATT_TC_MIN_CHUNK: a multiple of 32 from 32 to 1024 (default 64), not through $LLMTS_CUDA_ATT_DEFINES', () => {
-    const chunk = (v?: string, defines?: string) => attTcMinChunk({ LLMTS_CUDA_ATT_TC_MIN_CHUNK: v, LLMTS_CUDA_ATT_DEFINES: defines });
+    const chunk = (v?: string, defines?: string) =>
+      cudaSettingsFrom({ LLMTS_CUDA_ATT_TC_MIN_CHUNK: v, LLMTS_CUDA_ATT_DEFINES: defines }).attention.tcMinChunk;
     assert.equal(chunk(), 64);
     assert.equal(chunk(''), 64);
     assert.equal(chunk('32', 'ATT_TC_EARLY=1'), 32);

@@ -9,10 +9,14 @@ import { describe, it } from 'node:test';
 import { bf16ToF32, decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
 import { gemvFusedChoice, gemvNormGluChoice, gemvNormRopeChoice } from '../../src/backends/cuda/gemv-kernels.ts';
+import { CUDA_DEFAULTS } from '../../src/backends/cuda/cuda-settings.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { type RopeSimCall, runAddRmsnormSim, runArgmaxSim, runGluPackedSim, runRopeQkvSim } from './cuda-sim/fused-sim.ts';
 import { runGemvLaunchSim, runGemvNormGluLaunchSim, runGemvNormLaunchSim, runGemvNormRopeLaunchSim } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
+
+/** resident blocks an SM of the fused persistent launches, as the backend's default settings have them */
+const BPS = CUDA_DEFAULTS.gemv.fusedBlocksPerSm;
 
 const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-fused-sim: skipping: ${SKIP}`);
@@ -68,7 +72,7 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
     const r = rng(43);
     // SMs 1-2: the persistent blocks loop over several row groups; K 4104 = 4096 + 8 (a ragged pass)
     for (const [T, K, N, sms] of [[1, 4104, 37, 1], [3, 520, 29, 2], [8, 3072, 11, 1], [5, 24, 19, 2]] as const) {
-      const f = gemvFusedChoice(T, N, K)!;
+      const f = gemvFusedChoice(T, N, K, BPS)!;
       assert.ok(f, `T=${T} K=${K} fits shared memory`);
       const w = encodeHalf(randomF32(r, N * K), 'bf16');
       for (const act of ['silu', 'gelu_tanh'] as const) {
@@ -100,8 +104,8 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
     // the launch takes twice the warps a row of the norm twin takes, half on the gate row and half
     // on the up row, each summed as the norm twin sums its rows; SMs 1-2 make its blocks loop
     for (const [T, K, I, sms] of [[1, 4104, 37, 1], [1, 520, 64, 2], [2, 1032, 19, 2], [8, 3072, 11, 1], [3, 24, 9, 1]] as const) {
-      const f = gemvNormGluChoice(T, I, K)!;
-      const plainChoice = gemvFusedChoice(T, 2 * I, K)!;
+      const f = gemvNormGluChoice(T, I, K, BPS)!;
+      const plainChoice = gemvFusedChoice(T, 2 * I, K, BPS)!;
       assert.equal(f.choice.warpsPerRow, Math.min(8, 2 * plainChoice.choice.warpsPerRow));
       const w = encodeHalf(randomF32(r, 2 * I * K), 'bf16');
       const x = encodeHalf(randomF32(r, T * K, 2), 'bf16'), res = encodeHalf(randomF32(r, T * K, 2), 'bf16');
@@ -132,8 +136,8 @@ describe('CUDA fused kernels on the warp simulator', { skip: SKIP ?? false }, ()
     ];
     for (const [label, T, H, KVH, D, half, K, perToken, slots, sms] of cases) {
       const rows = (H + 2 * KVH) * D;
-      const f = gemvNormRopeChoice(T, rows, K)!;
-      const plain = gemvFusedChoice(T, rows, K)!;
+      const f = gemvNormRopeChoice(T, rows, K, BPS)!;
+      const plain = gemvFusedChoice(T, rows, K, BPS)!;
       const numSlots = 8;
       const call: RopeSimCall = {
         T, H, KVH, D, half, invStride: perToken ? half : 0, numSlots, scaling: 0.9,

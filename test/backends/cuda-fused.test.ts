@@ -14,8 +14,7 @@ import { hasFusedOps } from '../../src/contracts/backend.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from '../../src/backends/cuda/cuda-backend.ts';
-import { assertClose, randomF32, rng, type Tolerance, WeightDir } from './helpers.ts';
+import { assertClose, randomF32, rng, type Tolerance, WeightDir, withCudaBackend } from './helpers.ts';
 
 const probe = probeCuda();
 const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
@@ -54,13 +53,15 @@ const fused = (b: Backend) => {
   return b;
 };
 
-async function compare(label: string, graph: (b: Backend) => Promise<Tensor[]> | Tensor[], tol: Tolerance): Promise<void> {
+/** `graph` on the reference and on `on` (default: the shared backend), within `tol`. */
+async function compare(label: string, graph: (b: Backend) => Promise<Tensor[]> | Tensor[], tol: Tolerance,
+  on: Backend = cuda): Promise<void> {
   const want = await graph(ref);
-  const got = await graph(cuda);
+  const got = await graph(on);
   assert.equal(got.length, want.length);
   for (let i = 0; i < want.length; i++) {
     assert.deepEqual([...got[i]!.shape], [...want[i]!.shape], `${label}: output ${i} shape`);
-    assertClose(`${label} (output ${i})`, await cuda.read(got[i]!), await ref.read(want[i]!), tol);
+    assertClose(`${label} (output ${i})`, await on.read(got[i]!), await ref.read(want[i]!), tol);
   }
 }
 
@@ -132,12 +133,10 @@ describe('fused ops', { skip: SKIP }, () => {
   // weight is off by O(|y|). Short rows keep the tight tolerance.
   const longK = (K: number, scale: number) => ({ atol: K > 1024 ? 4e-3 * Math.sqrt(K) * scale : 4e-3, rtol: 1.2e-2 });
 
-  it('gluMatmul: the two ops, and fused into the decode GEMV ($LLMTS_CUDA_FUSE_GLU=on) at one row (more: the two ops), each activation', async () => {
+  it('gluMatmul: the two ops, and fused into the decode GEMV (fuseGlu, $LLMTS_CUDA_FUSE_GLU=on) at one row (more: the two ops), each activation', async () => {
     const r = rng(14);
-    const old = setCudaFuseGlu(false);
-    try {
-      for (const fuse of [false, true]) {
-        setCudaFuseGlu(fuse);
+    for (const fuse of [false, true]) {
+      await withCudaBackend({ fused: { fuseGlu: fuse } }, async (on) => {
         for (const [T, I, N] of [[1, 520, 40], [3, 264, 17], [8, 136, 9], [12, 136, 5], [2, 136, 3000], [1, 4096, 700],
           [3, 7168, 20], [6, 4096, 30]] as const) { // the last: 48 KiB of x, no room for the kernel's own: unfused
           const gu = randomF32(r, T * 2 * I, 3), w = randomF32(r, N * I);
@@ -148,39 +147,31 @@ describe('fused ops', { skip: SKIP }, () => {
               const g = act(b, gu, [T, 2 * I]), ww = act(b, w, [N, I]);
               if (b.name === 'cuda') return [b.gluMatmul!(g, a, ww)];
               return [b.matmul(await roundedBf16(b, b.gluPacked!(g, a)), ww)];
-            }, longK(I, 3));
+            }, longK(I, 3), on);
           }
         }
-      }
-    } finally {
-      setCudaFuseGlu(old);
+      });
     }
   });
 
-  it('addRmsnormMatmul: the two ops, and fused into the decode GEMV at one row (the default; $LLMTS_CUDA_FUSE_NORM=off unfuses; more rows: the two ops)', async () => {
+  it('addRmsnormMatmul: the two ops, and fused into the decode GEMV at one row (the default; fuseNorm off unfuses; more rows: the two ops)', async () => {
     const r = rng(15);
-    const old = setCudaFuseNorm(false);
-    try {
-      for (const fuse of [false, true]) {
-        setCudaFuseNorm(fuse);
+    for (const fuse of [false, true]) {
+      await withCudaBackend({ fused: { fuseNorm: fuse } }, async (on) => {
         for (const [T, D, N, rScale, off] of [[1, 520, 40, 1, 0], [3, 264, 17, 0.5, 1], [8, 136, 9, 1, 0], [12, 136, 5, 1, 0],
           [1, 264, 3000, 1, 0], [2, 4096, 900, 1, 0], [5, 4096, 40, 1, 0], [6, 4096, 50, 1, 0]] as const) { // 6 x 4096: unfused
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, N * D);
           await compare(`addRmsnormMatmul ${T}x${D} -> ${N} fused ${fuse}`, addRmsnormMatmulGraph(T, D, N, x, res, nw, w, rScale, off),
-            longK(D, 0.6));
+            longK(D, 0.6), on);
         }
-      }
-    } finally {
-      setCudaFuseNorm(old);
+      });
     }
   });
 
   it('addRmsnormGateUpGlu: the ops, and one kernel with the GLU in its epilogue (the default at one row)', async () => {
     const r = rng(16);
-    const old = setCudaGluEpilogue(false);
-    try {
-      for (const epi of [false, true]) {
-        setCudaGluEpilogue(epi);
+    for (const epi of [false, true]) {
+      await withCudaBackend({ fused: { gluEpilogue: epi } }, async (on) => {
         for (const [T, D, I] of [[1, 520, 40], [1, 4096, 700], [3, 264, 17], [1, 264, 1500]] as const) {
           const x = randomF32(r, T * D, 2), res = randomF32(r, T * D, 2), nw = randomF32(r, D), w = randomF32(r, 2 * I * D);
           for (const a of ['silu', 'gelu_tanh'] as const) {
@@ -195,16 +186,14 @@ describe('fused ops', { skip: SKIP }, () => {
               const sum = await roundedBf16(b, b.add(xx, rr, 1));
               const normed = await roundedBf16(b, b.rmsnorm(sum, g, 1e-5, 0));
               return [sum, b.gluPacked!(await roundedBf16(b, b.matmul(normed, ww)), a)];
-            }, longK(D, 1.5));
+            }, longK(D, 1.5), on);
           }
         }
-      }
-    } finally {
-      setCudaGluEpilogue(old);
+      });
     }
   });
 
-  it('addRmsnormQkvRope: one kernel with rope and the KV write in its epilogue ($LLMTS_CUDA_ROPE_EPILOGUE=on) gives the two ops\' results at one row', async () => {
+  it('addRmsnormQkvRope: one kernel with rope and the KV write in its epilogue (ropeEpilogue, $LLMTS_CUDA_ROPE_EPILOGUE=on) gives the two ops\' results at one row', async () => {
     const r = rng(17);
     const [NB, BS] = [6, 4];
     // heads, kv heads, head dim, rotated dims, per-token invFreq, hidden size, slot (-1: skipped)
@@ -214,23 +203,18 @@ describe('fused ops', { skip: SKIP }, () => {
       const inv = perToken ? randomF32(r, rot / 2, 1).map((v) => Math.abs(v) + 1e-3)
         : Float32Array.from({ length: rot / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / rot));
       const kPool0 = bf(randomF32(r, NB * BS * KVH * D)), vPool0 = bf(randomF32(r, NB * BS * KVH * D));
-      const run = async (epilogue: boolean) => {
-        const old = setCudaRopeEpilogue(epilogue);
-        try {
-          const kv: PagedKv = { k: act(cuda, kPool0, [NB, BS, KVH, D]), v: act(cuda, vPool0, [NB, BS, KVH, D]) };
-          const layout: StepLayout = {
-            tokenRow: cuda.upload(new Int32Array(1), [1]), tokenPos: cuda.upload(new Int32Array([77]), [1]),
-            slots: cuda.upload(new Int32Array([slot]), [1]), blockTables: cuda.upload(new Int32Array([0, 1, 2, 3, 4, 5]), [1, 6]),
-            blockSize: BS,
-          };
-          const f = cuda.addRmsnormQkvRope(act(cuda, x, [1, Dh]), act(cuda, res, [1, Dh]), 1, act(cuda, nw, [Dh]), 1e-5, 0,
-            act(cuda, w, [(H + 2 * KVH) * D, Dh]), { heads: H, kvHeads: KVH, headDim: D }, layout.tokenPos,
-            cuda.upload(inv, perToken ? [1, rot / 2] : [rot / 2]), 0.9, kv, layout);
-          return await Promise.all([f.sum, f.q, kv.k, kv.v].map((t) => cuda.read(t)));
-        } finally {
-          setCudaRopeEpilogue(old);
-        }
-      };
+      const run = (epilogue: boolean) => withCudaBackend({ fused: { ropeEpilogue: epilogue } }, async (on) => {
+        const kv: PagedKv = { k: act(on, kPool0, [NB, BS, KVH, D]), v: act(on, vPool0, [NB, BS, KVH, D]) };
+        const layout: StepLayout = {
+          tokenRow: on.upload(new Int32Array(1), [1]), tokenPos: on.upload(new Int32Array([77]), [1]),
+          slots: on.upload(new Int32Array([slot]), [1]), blockTables: on.upload(new Int32Array([0, 1, 2, 3, 4, 5]), [1, 6]),
+          blockSize: BS,
+        };
+        const f = on.addRmsnormQkvRope(act(on, x, [1, Dh]), act(on, res, [1, Dh]), 1, act(on, nw, [Dh]), 1e-5, 0,
+          act(on, w, [(H + 2 * KVH) * D, Dh]), { heads: H, kvHeads: KVH, headDim: D }, layout.tokenPos,
+          on.upload(inv, perToken ? [1, rot / 2] : [rot / 2]), 0.9, kv, layout);
+        return await Promise.all([f.sum, f.q, kv.k, kv.v].map((t) => on.read(t)));
+      });
       const [plain, fusedOut] = [await run(false), await run(true)];
       // the same sums (the same row split); the rope's a c - b s may contract into an FMA
       // differently in the two kernels, so a roped value may land one bf16 step apart

@@ -15,9 +15,13 @@ import {
   GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_MAX_SHARED_BYTES, type GemvChoice, gemvCandidates, gemvFusedChoice, gemvGrid,
   gemvLabel, gemvLaunchGrid,
 } from '../../src/backends/cuda/gemv-kernels.ts';
+import { CUDA_DEFAULTS } from '../../src/backends/cuda/cuda-settings.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { runGemvLaunchSim, runGemvNormLaunchSim, runGemvSim, type SimLaunch } from './cuda-sim/gemv-sim.ts';
 import { randomF32, rng } from './helpers.ts';
+
+/** resident blocks an SM of the fused persistent launches, as the backend's default settings have them */
+const BPS = CUDA_DEFAULTS.gemv.fusedBlocksPerSm;
 
 const SKIP = simUnavailable();
 if (SKIP) console.log(`# cuda-gemv-sim: skipping: ${SKIP}`);
@@ -97,19 +101,19 @@ describe('GEMV launch choices (gemv-kernels.ts)', () => {
   });
 
   it('the fused launch: a persistent kernel with M K 2 bytes of shared memory, only within 48 KiB', () => {
-    const f = gemvFusedChoice(1, 4096, 14336)!;
+    const f = gemvFusedChoice(1, 4096, 14336, BPS)!;
     assert.equal(f.sharedBytes, 14336 * 2);
     assert.equal(f.glu, 'k_gemvp_glu_m1_u16');
     assert.equal(f.norm, 'k_gemvp_norm_m1_u16');
     assert.ok(f.choice.blocksPerSm);
-    assert.equal(gemvFusedChoice(8, 100, 3072)!.sharedBytes, GEMVP_MAX_SHARED_BYTES);
-    assert.equal(gemvFusedChoice(8, 100, 3080), undefined);
-    assert.equal(gemvFusedChoice(2, 4096, 14336), undefined);
-    assert.equal(gemvFusedChoice(3, 6144, 4096)!.norm, 'k_gemvp_norm_m4_u8');
-    assert.equal(gemvFusedChoice(9, 10, 8), undefined);
-    assert.equal(gemvFusedChoice(1, 128256, 4096), undefined); // lm_head: 1 GB of weights
-    assert.equal(gemvFusedChoice(1, 4096, 14336)!.choice.warpsPerRow, 2); // a lane's ring is full at 2 warps a row
-    assert.equal(gemvFusedChoice(1, 28672, 4096)!.choice.warpsPerRow, 1);
+    assert.equal(gemvFusedChoice(8, 100, 3072, BPS)!.sharedBytes, GEMVP_MAX_SHARED_BYTES);
+    assert.equal(gemvFusedChoice(8, 100, 3080, BPS), undefined);
+    assert.equal(gemvFusedChoice(2, 4096, 14336, BPS), undefined);
+    assert.equal(gemvFusedChoice(3, 6144, 4096, BPS)!.norm, 'k_gemvp_norm_m4_u8');
+    assert.equal(gemvFusedChoice(9, 10, 8, BPS), undefined);
+    assert.equal(gemvFusedChoice(1, 128256, 4096, BPS), undefined); // lm_head: 1 GB of weights
+    assert.equal(gemvFusedChoice(1, 4096, 14336, BPS)!.choice.warpsPerRow, 2); // a lane's ring is full at 2 warps a row
+    assert.equal(gemvFusedChoice(1, 28672, 4096, BPS)!.choice.warpsPerRow, 1);
   });
 });
 
@@ -202,7 +206,7 @@ describe('persistent GEMV kernels on the warp simulator', { skip: SKIP ?? false 
   it('the fused launches as cuda-fused-ops.ts makes them (gemvFusedChoice), and the simulator catches too little shared memory', () => {
     const r = rng(37);
     const [M, N, K] = [2, 40, 1032];
-    const f = gemvFusedChoice(M, N, K)!;
+    const f = gemvFusedChoice(M, N, K, BPS)!;
     const w = encodeHalf(randomF32(r, N * K), 'bf16'), gu = encodeHalf(randomF32(r, M * 2 * K, 3), 'bf16');
     const l: SimLaunch = { choice: f.choice, smCount: 2, kernel: f.glu, sharedBytes: f.sharedBytes };
     runGemvLaunchSim(l, M, N, K, w, gu, ACT_CODE.silu!);

@@ -12,7 +12,8 @@ import { after, describe, test } from 'node:test';
 import koffi from 'koffi';
 
 import { type Driver, loadNvrtc, type Nvrtc, NVRTC_ASYNC_STACK_BYTES } from '../../src/backends/cuda/cuda-lib.ts';
-import { KERNEL_MODULES, KERNEL_NAMES, KERNEL_PRELUDE, type KernelModule } from '../../src/backends/cuda/kernels.ts';
+import { CUDA_DEFAULTS } from '../../src/backends/cuda/cuda-settings.ts';
+import { kernelModules, KERNEL_NAMES, KERNEL_PRELUDE, type KernelModule } from '../../src/backends/cuda/kernels.ts';
 import {
   type CompiledModule, compileModule, forgetCompiledModules, kernelCompileOptions, moduleCacheKey, type ModuleSource,
   nvrtcCompileMode, nvrtcJobs,
@@ -23,6 +24,8 @@ import { CudaRuntime } from '../../src/backends/cuda/runtime.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 
 const ROOT = join(import.meta.dirname, '..', '..');
+/** the modules as a backend with the default settings builds them */
+const KERNEL_MODULES = kernelModules(CUDA_DEFAULTS);
 const tmp = mkdtempSync(join(tmpdir(), 'llmts-cuda-modules-'));
 after(() => rmSync(tmp, { recursive: true, force: true }));
 let dirs = 0;
@@ -354,7 +357,7 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('starts every module before any finishes, stays responsive, and looks kernels up in their own module', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const created = CudaRuntime.create(0, { driver: dev.driver, compile: g.compile });
+    const created = CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile });
     assert.deepEqual(g.started, KERNEL_MODULES.map((m) => m.name), 'every module started before any finished');
     assert.equal(await settled(created), false, 'create waits for the modules');
     // release them one by one from timers: the event loop runs meanwhile
@@ -390,7 +393,7 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('an error in one module rejects create with that module\'s name and NVRTC\'s log, and releases the device', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const created = CudaRuntime.create(0, { driver: dev.driver, compile: g.compile });
+    const created = CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile });
     g.release('base');
     g.fail('fused', 'compiling for sm_90 with NVRTC 12.8 failed: NVRTC_ERROR_COMPILATION\n' +
       'llmts_fused.cu(40): error: identifier "warp_summ" is undefined');
@@ -412,7 +415,7 @@ describe('CudaRuntime.create (fake driver)', () => {
     const nv = fakeNvrtc(50, ['attention']);
     const dir = freshDir();
     const compile = (m: ModuleSource, arch: string) => compileModule(m, arch, { nvrtc: nv, cacheDir: dir });
-    const { value: err, ticks } = await ticksDuring(CudaRuntime.create(0, { driver: dev.driver, compile }).then(
+    const { value: err, ticks } = await ticksDuring(CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile }).then(
       () => assert.fail('create resolved'), (e: Error) => e));
     assert.match(err.message, /kernel module 'attention' \(sm_90\): compiling for sm_90 with NVRTC 12\.8 failed/);
     assert.match(err.message, /llmts_attention\.cu\(12\): error: identifier "nope" is undefined/);
@@ -422,7 +425,7 @@ describe('CudaRuntime.create (fake driver)', () => {
     forgetCompiledModules();
     const ok = fakeNvrtc(50);
     const dev2 = fakeDevice();
-    const rt = await CudaRuntime.create(0, { driver: dev2.driver,
+    const rt = await CudaRuntime.create(CUDA_DEFAULTS, { driver: dev2.driver,
       compile: (m, arch) => compileModule(m, arch, { nvrtc: ok, cacheDir: freshDir() }) });
     try {
       assert.deepEqual(ok.started, KERNEL_MODULES.map((m) => m.name));
@@ -437,7 +440,7 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('background: create resolves while modules compile; launch waits for ready(); close during a compile', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const rt = await CudaRuntime.create(0, { driver: dev.driver, compile: g.compile }, { background: true });
+    const rt = await CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile }, { background: true });
     assert.deepEqual(rt.modules.map((m) => m.state), KERNEL_MODULES.map(() => 'compiling'));
     assert.throws(() => rt.launch('k_convert', [1, 1, 1], 256, 0, []),
       /kernel k_convert is not loaded yet \(module 'base' is compiling\)/);
@@ -459,8 +462,8 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('the backend\'s describe() line: per module NVRTC ms or cache, the total, while building and after', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const rt = await CudaRuntime.create(0, { driver: dev.driver, compile: g.compile }, { background: true });
-    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)');
+    const rt = await CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile }, { background: true });
+    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)', CUDA_DEFAULTS);
     try {
       g.release('base');
       await rt.moduleReady('k_convert');
@@ -484,10 +487,10 @@ describe('CudaRuntime.create (fake driver)', () => {
     }
     // every module from the cache
     const g2 = gatedCompile();
-    const rt2 = await CudaRuntime.create(0, { driver: fakeDevice().driver, compile: g2.compile }, { background: true });
+    const rt2 = await CudaRuntime.create(CUDA_DEFAULTS, { driver: fakeDevice().driver, compile: g2.compile }, { background: true });
     for (const m of KERNEL_MODULES) g2.release(m.name, 'cache');
     await rt2.ready();
-    const b2 = new CudaBackend(rt2, new DevicePool(rt2), null, 'simple (forced)');
+    const b2 = new CudaBackend(rt2, new DevicePool(rt2), null, 'simple (forced)', CUDA_DEFAULTS);
     try {
       assert.match(b2.describe(), new RegExp(`\\(kernels \\d+ ms: ${KERNEL_MODULES.length} modules from cache\\)`));
       assert.equal(b2.info.kernels, 'cache');
@@ -499,8 +502,8 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('background: the demo model\'s weights load while the kernels compile; loadModel awaits ready()', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const rt = await CudaRuntime.create(0, { driver: dev.driver, compile: g.compile }, { background: true });
-    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)');
+    const rt = await CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile }, { background: true });
+    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)', CUDA_DEFAULTS);
     try {
       const loading = loadModel(backend, join(ROOT, 'models/demo'), { onProgress: () => {} });
       // f32 conversions (norm weights) wait for the base module; copies go on meanwhile
@@ -525,8 +528,8 @@ describe('CudaRuntime.create (fake driver)', () => {
   test('background: a failed module stops weight loading early', async () => {
     const dev = fakeDevice();
     const g = gatedCompile();
-    const rt = await CudaRuntime.create(0, { driver: dev.driver, compile: g.compile }, { background: true });
-    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)');
+    const rt = await CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile }, { background: true });
+    const backend = new CudaBackend(rt, new DevicePool(rt), null, 'simple (forced)', CUDA_DEFAULTS);
     try {
       g.fail('attention', 'compiling for sm_90 with NVRTC 12.8 failed: NVRTC_ERROR_COMPILATION\nbroken');
       await assert.rejects(backend.ready(), /kernel module 'attention'/);
@@ -542,7 +545,7 @@ describe('CudaRuntime.create (fake driver)', () => {
     const dev = fakeDevice();
     const g = gatedCompile();
     const dup = [KERNEL_MODULES[0], { name: 'again', source: KERNEL_MODULES[0].source, kernels: [KERNEL_MODULES[0].kernels[0]] }];
-    await assert.rejects(CudaRuntime.create(0, { driver: dev.driver, compile: g.compile, modules: dup }),
+    await assert.rejects(CudaRuntime.create(CUDA_DEFAULTS, { driver: dev.driver, compile: g.compile, modules: dup }),
       /is in modules attention and again/);
     assert.deepEqual(g.started, [], 'nothing compiled');
   });

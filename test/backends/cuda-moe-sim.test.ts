@@ -10,7 +10,8 @@ import { describe, it } from 'node:test';
 
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ACT_CODE } from '../../src/backends/cuda/cuda-tensor.ts';
-import { MOE_GROUPED_MIN_ROWS, MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped } from '../../src/backends/cuda/moe-kernels.ts';
+import { CUDA_DEFAULTS } from '../../src/backends/cuda/cuda-settings.ts';
+import { moeGroupedScratch, moeRunsGrouped } from '../../src/backends/cuda/moe-kernels.ts';
 import { simUnavailable } from './cuda-sim/build.ts';
 import { type MoeSimCase, type MoeSimResult, runMoeSim, runRouteSim } from './cuda-sim/moe-sim.ts';
 import { randomF32, rng } from './helpers.ts';
@@ -287,25 +288,17 @@ describe('CUDA MoE router on the warp simulator', { skip: SKIP ?? false }, () =>
 });
 
 describe('when moeFfn groups by expert, and its scratch (shared with the fit planner)', () => {
-  it('groups from MOE_GROUPED_MIN_ROWS tokens (0: never), up to 2048 experts; scratch for one pass of up to MOE_PASS_ROWS tokens', () => {
-    const old = MOE_GROUPED_MIN_ROWS.set(8);
-    try {
-      assert.equal(moeRunsGrouped(7, 128, 8), false);
-      assert.equal(moeRunsGrouped(8, 128, 8), true);
-      assert.equal(moeRunsGrouped(8, 4096, 8), false, 'k_moe_group holds 2048 experts');
-      MOE_GROUPED_MIN_ROWS.set(0);
-      assert.equal(moeRunsGrouped(512, 128, 8), false);
-    } finally {
-      MOE_GROUPED_MIN_ROWS.set(old);
-    }
-    assert.equal(MOE_PASS_ROWS.value, 2048, 'the default pass length');
-    assert.deepEqual(moeGroupedScratch(16, 8, 2048, 768), [16 * 8 * 768 * 4, 16 * 8 * 2048 * 4, (2 + 3 * 128) * 4]);
-    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [2048 * 8 * 768 * 4, 2048 * 8 * 2048 * 4, (2 + 3 * 16384) * 4]);
-    const oldPass = MOE_PASS_ROWS.set(256); // $LLMTS_CUDA_MOE_PASS_ROWS: shorter passes, less scratch
-    try {
-      assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
-    } finally {
-      MOE_PASS_ROWS.set(oldPass);
-    }
+  it('groups from groupedMinRows tokens (default 8; 0: never), up to 2048 experts; scratch for one pass of up to passRows tokens', () => {
+    const moe = CUDA_DEFAULTS.moe;
+    assert.equal(moe.groupedMinRows, 8, 'the default');
+    assert.equal(moeRunsGrouped(7, 128, 8, moe), false);
+    assert.equal(moeRunsGrouped(8, 128, 8, moe), true);
+    assert.equal(moeRunsGrouped(8, 4096, 8, moe), false, 'k_moe_group holds 2048 experts');
+    assert.equal(moeRunsGrouped(512, 128, 8, { groupedMinRows: 0 }), false);
+    assert.equal(moe.passRows, 2048, 'the default pass length');
+    assert.deepEqual(moeGroupedScratch(16, 8, 2048, 768, moe), [16 * 8 * 768 * 4, 16 * 8 * 2048 * 4, (2 + 3 * 128) * 4]);
+    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768, moe), [2048 * 8 * 768 * 4, 2048 * 8 * 2048 * 4, (2 + 3 * 16384) * 4]);
+    // shorter passes ($LLMTS_CUDA_MOE_PASS_ROWS), less scratch
+    assert.deepEqual(moeGroupedScratch(8192, 8, 2048, 768, { passRows: 256 }), [256 * 8 * 768 * 4, 256 * 8 * 2048 * 4, (2 + 3 * 2048) * 4]);
   });
 });

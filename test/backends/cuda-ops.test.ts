@@ -24,13 +24,10 @@ import type { Activation, Backend, MoeRouting, StepLayout, Tensor } from '../../
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
-import { setAttentionMode, setDecodeKernelKind } from '../../src/backends/cuda/attention.ts';
-import {
-  type MoeKernels, setMoeDownRows, setMoeGroupedMinRows, setMoeHiddenRows, setMoeKernels, setMoeTcDownMinRows, setMoeTcMinRows,
-} from '../../src/backends/cuda/cuda-moe-ops.ts';
+import type { CudaMoeSettings, CudaSettingsOverrides } from '../../src/backends/cuda/cuda-settings.ts';
+import { parseGemvPicks } from '../../src/backends/cuda/gemm-tuning.ts';
 import { GEMV_KERNEL_NAMES, GEMVP_KERNEL_NAMES, gemvCandidates } from '../../src/backends/cuda/gemv-kernels.ts';
-import { MOE_PASS_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
-import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir } from './helpers.ts';
+import { assertClose, randomF32, rng, scatteredBlockTables, type Tolerance, WeightDir, withCudaBackend } from './helpers.ts';
 
 const probe = probeCuda();
 const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
@@ -61,7 +58,7 @@ before(async () => {
   if (SKIP) return;
   ref = new ReferenceBackend();
   cuda = await createCudaBackend();
-  cudaSimple = await createCudaBackend({ gemm: 'simple' });
+  cudaSimple = await createCudaBackend({ settings: { gemm: { engine: 'simple' } } });
   files = new WeightDir();
   console.log(`# ${cuda.describe()}`);
 });
@@ -72,6 +69,22 @@ after(async () => {
   await cudaSimple.close();
   files.cleanup();
 });
+
+/**
+ * Runs `f` with `cuda` (compare's default backend) a backend created with `settings`, the kernels a
+ * test compares; the shared one again after.
+ */
+async function withSettings(settings: CudaSettingsOverrides, f: () => Promise<void>): Promise<void> {
+  const main = cuda;
+  try {
+    await withCudaBackend(settings, (b) => {
+      cuda = b;
+      return f();
+    });
+  } finally {
+    cuda = main;
+  }
+}
 
 /** x rounded to bf16 (what a bf16 activation holds). */
 function bf(x: Float32Array): Float32Array {
@@ -224,7 +237,7 @@ describe('matmul', { skip: SKIP }, () => {
     });
   }
 
-  it('each GEMV kernel (bf16 decode shapes, forced through $LLMTS_CUDA_GEMV) matches the reference', async () => {
+  it('each GEMV kernel (bf16 decode shapes, forced through CudaGemvSettings.mode, $LLMTS_CUDA_GEMV) matches the reference', async () => {
     const r = rng(12);
     // K: one pass, a ragged tail, 2-8 warps per row (4104, 20488) and more than one pass (40968)
     // N 5000 / 3000: more row groups than a persistent grid holds, so its blocks loop
@@ -232,10 +245,7 @@ describe('matmul', { skip: SKIP }, () => {
       [2, 20, 16392], [3, 70, 4096], [4, 9, 264], [5, 33, 2056], [8, 130, 520], [8, 17, 9224], [1, 5000, 4096],
       [2, 3000, 1032], [7, 3000, 264]];
     for (const name of [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES]) {
-      const old = process.env.LLMTS_CUDA_GEMV;
-      process.env.LLMTS_CUDA_GEMV = name;
-      const on = await createCudaBackend();
-      try {
+      await withCudaBackend({ gemv: { mode: name } }, async (on) => {
         let ran = 0;
         for (const [M, N, K] of shapes) {
           if (!gemvCandidates(M, K).some((c) => c.kernel === name)) continue;
@@ -245,20 +255,14 @@ describe('matmul', { skip: SKIP }, () => {
           await compare(`gemv ${name} M=${M} N=${N} K=${K}`, async (b) => [b.matmul(act(b, x, [M, K]), act(b, w, [N, K]))], GEMM, on);
         }
         assert.ok(ran > 0, `no shape exercised ${name}`);
-      } finally {
-        if (old === undefined) delete process.env.LLMTS_CUDA_GEMV;
-        else process.env.LLMTS_CUDA_GEMV = old;
-        await on.close();
-      }
+      });
     }
   });
 
   it('$LLMTS_CUDA_GEMV_PICKS: listed shapes run their pick untimed and exact; a pick its shape has no launch for is refused', async () => {
     const r = rng(14);
-    const old = process.env.LLMTS_CUDA_GEMV_PICKS;
-    process.env.LLMTS_CUDA_GEMV_PICKS = '1x300x4104=k_gemv_m1_u16/w4,1x37x20488=cublaslt,1x13x8=k_gemv_m1_u8/w16';
-    const on = await createCudaBackend();
-    try {
+    const picks = parseGemvPicks('1x300x4104=k_gemv_m1_u16/w4,1x37x20488=cublaslt,1x13x8=k_gemv_m1_u8/w16');
+    await withCudaBackend({ gemv: { picks } }, async (on) => {
       for (const [N, K] of [[300, 4104], [37, 20488]] as const) {
         const x = randomF32(r, K), w = randomF32(r, N * K);
         await compare(`picked 1x${N}x${K}`, async (b) => [b.matmul(act(b, x, [1, K]), act(b, w, [N, K]))], GEMM, on);
@@ -266,11 +270,7 @@ describe('matmul', { skip: SKIP }, () => {
       assert.deepEqual(on.gemmTuning.filter((t) => t.shape === '1x300x4104' || t.shape === '1x37x20488'), [], 'picked shapes are not timed');
       assert.throws(() => on.matmul(act(on, randomF32(r, 8), [1, 8]), act(on, randomF32(r, 13 * 8), [13, 8])),
         /k_gemv_m1_u8\/w16 is not a launch for 1x13x8/);
-    } finally {
-      if (old === undefined) delete process.env.LLMTS_CUDA_GEMV_PICKS;
-      else process.env.LLMTS_CUDA_GEMV_PICKS = old;
-      await on.close();
-    }
+    });
   });
 
   it('GEMM shapes of one tuning class share one timing; the others adopt its winner and stay exact', async () => {
@@ -503,15 +503,9 @@ describe('mixture of experts', { skip: SKIP }, () => {
     }
   });
 
-  /** Runs `f` with the MoE FFN kernels set to `kind` (cuda-moe-ops.ts), restoring the old setting. */
-  async function withMoeKernels(kind: MoeKernels, f: () => Promise<void>): Promise<void> {
-    const old = setMoeKernels(kind);
-    try {
-      await f();
-    } finally {
-      setMoeKernels(old);
-    }
-  }
+  /** Runs `f` on a backend with the MoE FFN kernels `kind` (CudaMoeSettings.kernels) and the other MoE knobs `moe`. */
+  const withMoeKernels = (kind: CudaMoeSettings['kernels'], f: () => Promise<void>, moe: Partial<CudaMoeSettings> = {}) =>
+    withSettings({ moe: { ...moe, kernels: kind } }, f);
 
   /** Random expert weights (values times `scale`): gate and up [E, I, D], down [E, D, I]. */
   function expertWeights(r: () => number, [E, I, D]: [number, number, number], dtype: 'f32' | 'f16' | 'bf16', scale = 1) {
@@ -569,42 +563,32 @@ describe('mixture of experts', { skip: SKIP }, () => {
     }));
 
     if (kind === 'vec') {
-      it('moeFfn grouped by expert (vec kernels, 8 tokens or more): 300 tokens in two passes, a bad expert in the second', () =>
-        withMoeKernels(kind, async () => {
-          const r = rng(16);
-          const [T, D, I, E, K] = [300, 256, 64, 16, 4];
-          const x = randomF32(r, T * D);
-          const ffn = expertWeights(r, [E, I, D], 'bf16', 0.1);
-          const logits = randomF32(r, T * E, 2);
-          // grouped (the default from 8 tokens) with gate/up on CUDA cores, then on tensor cores, then
-          // down too, then per (token, expert) pair
-          const oldPass = MOE_PASS_ROWS.set(256); // two passes of the 300 tokens
-          try {
-            // (rows: a warp of the CUDA-core down projection takes 4 output rows, k_moe_down_g4, or 1, and of
-          // the gate/up products 2, k_moe_hidden_g2, or 1)
-          for (const [minRows, tcRows, tcDownRows, rows] of [[8, 0, 0, 4], [8, 0, 0, 1], [8, 1, 0, 4], [8, 1, 1, 4],
-            [0, 0, 0, 4]] as const) {
-              const old = setMoeGroupedMinRows(minRows), oldTc = setMoeTcMinRows(tcRows), oldDown = setMoeTcDownMinRows(tcDownRows);
-              const oldRows = setMoeDownRows(rows), oldHidden = setMoeHiddenRows(rows === 4 ? 2 : 1);
-              try {
-                await compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, down from ${tcDownRows}, ` +
-                  `${rows} down rows a warp`, (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM);
-              } finally {
-                setMoeGroupedMinRows(old);
-                setMoeTcMinRows(oldTc);
-                setMoeTcDownMinRows(oldDown);
-                setMoeDownRows(oldRows);
-                setMoeHiddenRows(oldHidden);
-              }
-            }
-            const experts = new Int32Array(T * K).map((_, i) => i % E);
-            experts[258 * K + 1] = 21;
-            const [y] = await ffn(cuda, act(cuda, x, [T, D]), upRouting(cuda, randomF32(r, T * K), experts, T, K), 'silu');
-            await assert.rejects(cuda.read(y!), /moeFfn: expert 21 \(token 258\) is outside \[0, 16\)/);
-          } finally {
-            MOE_PASS_ROWS.set(oldPass);
-          }
-        }));
+      it('moeFfn grouped by expert (vec kernels, 8 tokens or more): 300 tokens in two passes, a bad expert in the second', async () => {
+        const r = rng(16);
+        const [T, D, I, E, K] = [300, 256, 64, 16, 4];
+        const x = randomF32(r, T * D);
+        const ffn = expertWeights(r, [E, I, D], 'bf16', 0.1);
+        const logits = randomF32(r, T * E, 2);
+        // grouped (the default from 8 tokens) with gate/up on CUDA cores, then on tensor cores, then
+        // down too, then per (token, expert) pair; passes of 256: two passes of the 300 tokens
+        // (rows: a warp of the CUDA-core down projection takes 4 output rows, k_moe_down_g4, or 1, and of
+        // the gate/up products 2, k_moe_hidden_g2, or 1)
+        for (const [minRows, tcRows, tcDownRows, rows] of [[8, 0, 0, 4], [8, 0, 0, 1], [8, 1, 0, 4], [8, 1, 1, 4],
+          [0, 0, 0, 4]] as const) {
+          await withMoeKernels(kind, () => compare(`moe 300 tokens, grouped from ${minRows}, tensor cores from ${tcRows}, ` +
+            `down from ${tcDownRows}, ${rows} down rows a warp`,
+          (b) => ffn(b, act(b, x, [T, D]), b.moeRoute(act(b, logits, [T, E]), K, true), 'silu'), GEMM), {
+            passRows: 256, groupedMinRows: minRows, tcMinRows: tcRows, tcDownMinRows: tcDownRows, downRows: rows,
+            hiddenRows: rows === 4 ? 2 : 1,
+          });
+        }
+        await withMoeKernels(kind, async () => {
+          const experts = new Int32Array(T * K).map((_, i) => i % E);
+          experts[258 * K + 1] = 21;
+          const [y] = await ffn(cuda, act(cuda, x, [T, D]), upRouting(cuda, randomF32(r, T * K), experts, T, K), 'silu');
+          await assert.rejects(cuda.read(y!), /moeFfn: expert 21 \(token 258\) is outside \[0, 16\)/);
+        }, { passRows: 256 });
+      });
     }
 
     it(`moeFfn (${kind} kernels) after moeRoute, prefill-sized batch`, () => withMoeKernels(kind, async () => {
@@ -761,36 +745,31 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
     }
   });
 
-  for (const kind of ['tc', 'cuda-core'] as const) it(`decode on ${kind === 'tc' ? 'tensor cores (k_attn_decode_tc, the default)' : 'CUDA cores (k_attn_decode_d<D>_g<GC>, $LLMTS_CUDA_ATT_DECODE=cuda-core)'}: GQA 1-16, head dims 64/128, windows, soft-capping, block sizes, many rows`, async () => {
-    const old = setDecodeKernelKind(kind);
-    try {
-      const many = Array.from({ length: 150 }, (_, i) => ({ start: (i * 37) % 900, count: 1 })); // T > 128: the plan kernel
-      const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
-        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [4100, 1, 17, 300, 1000, 64, 65, 2048].map((n) => ({ start: n - 1, count: 1 })) },
-          [{ scale: peaky(128), window: 0, softcap: 0 }]],
-        [{ D: 128, H: 32, KVH: 8, BS: 16, rows: many }, [{ scale: peaky(128), window: 0, softcap: 0 }]],
-        [{ D: 64, H: 4, KVH: 4, BS: 16, rows: [{ start: 4099, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
-        [{ D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 299, count: 1 }, { start: 16, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
-        [{ D: 128, H: 16, KVH: 2, BS: 16, rows: [{ start: 999, count: 1 }, { start: 40, count: 1 }, { start: 4099, count: 1 }], releaseWindow: 100 },
-          [{ scale: peaky(128), window: 100, softcap: 0 }]],
-        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 777, count: 1 }, { start: 3, count: 1 }], padCols: 7 },
-          [{ scale: 0.35, window: 0, softcap: 5 }, { scale: peaky(128), window: 1, softcap: 0 }, { scale: peaky(128), window: 5000, softcap: 30 }]],
-        [{ D: 64, H: 8, KVH: 1, BS: 1, rows: [{ start: 300, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
-        [{ D: 128, H: 12, KVH: 4, BS: 12, rows: [{ start: 500, count: 1 }, { start: 11, count: 1 }, { start: 12, count: 1 }] },
-          [{ scale: peaky(128), window: 37, softcap: 0 }]],
-        [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
-          [{ scale: 0.5, window: 0, softcap: 50 }]],
-        [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
-          [{ scale: peaky(128), window: 0, softcap: 0 }]],
-      ];
-      for (const [i, [c, params]] of cases.entries()) {
-        const s = build({ ...c, seed: 300 + i });
-        await compare(`decode ${kind} ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
-      }
-    } finally {
-      setDecodeKernelKind(old);
+  for (const kind of ['tc', 'cuda-core'] as const) it(`decode on ${kind === 'tc' ? 'tensor cores (k_attn_decode_tc, the default)' : 'CUDA cores (k_attn_decode_d<D>_g<GC>, $LLMTS_CUDA_ATT_DECODE=cuda-core)'}: GQA 1-16, head dims 64/128, windows, soft-capping, block sizes, many rows`, () => withSettings({ attention: { decodeKernel: kind } }, async () => {
+    const many = Array.from({ length: 150 }, (_, i) => ({ start: (i * 37) % 900, count: 1 })); // T > 128: the plan kernel
+    const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [4100, 1, 17, 300, 1000, 64, 65, 2048].map((n) => ({ start: n - 1, count: 1 })) },
+        [{ scale: peaky(128), window: 0, softcap: 0 }]],
+      [{ D: 128, H: 32, KVH: 8, BS: 16, rows: many }, [{ scale: peaky(128), window: 0, softcap: 0 }]],
+      [{ D: 64, H: 4, KVH: 4, BS: 16, rows: [{ start: 4099, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+      [{ D: 64, H: 16, KVH: 1, BS: 16, rows: [{ start: 299, count: 1 }, { start: 16, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+      [{ D: 128, H: 16, KVH: 2, BS: 16, rows: [{ start: 999, count: 1 }, { start: 40, count: 1 }, { start: 4099, count: 1 }], releaseWindow: 100 },
+        [{ scale: peaky(128), window: 100, softcap: 0 }]],
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 777, count: 1 }, { start: 3, count: 1 }], padCols: 7 },
+        [{ scale: 0.35, window: 0, softcap: 5 }, { scale: peaky(128), window: 1, softcap: 0 }, { scale: peaky(128), window: 5000, softcap: 30 }]],
+      [{ D: 64, H: 8, KVH: 1, BS: 1, rows: [{ start: 300, count: 1 }, { start: 0, count: 1 }] }, [{ scale: peaky(64), window: 0, softcap: 0 }]],
+      [{ D: 128, H: 12, KVH: 4, BS: 12, rows: [{ start: 500, count: 1 }, { start: 11, count: 1 }, { start: 12, count: 1 }] },
+        [{ scale: peaky(128), window: 37, softcap: 0 }]],
+      [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
+        [{ scale: 0.5, window: 0, softcap: 50 }]],
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
+        [{ scale: peaky(128), window: 0, softcap: 0 }]],
+    ];
+    for (const [i, [c, params]] of cases.entries()) {
+      const s = build({ ...c, seed: 300 + i });
+      await compare(`decode ${kind} ${label(c, ` ${JSON.stringify(params)}`)}`, (b) => run(b, s, params), ATTN_BF16);
     }
-  });
+  }));
 
   it('prefill: fresh and after a cached prefix, ragged tails, windows, soft-capping, head dims 64/128/256', async () => {
     const cases: [Case, { scale: number; window: number; softcap: number }[]][] = [
@@ -839,12 +818,7 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
     const s128 = build({ ...c, D: 128 });
     const p128 = [{ scale: peaky(128), window: 0, softcap: 0 }];
     await compare('generic f32 pools', (b) => run(b, s128, p128, true), ATTN);
-    const old = setAttentionMode('generic');
-    try {
-      await compare('generic forced', (b) => run(b, s128, p128), ATTN);
-    } finally {
-      setAttentionMode(old);
-    }
+    await withCudaBackend({ attention: { mode: 'generic' } }, (generic) => compare('generic forced', (b) => run(b, s128, p128), ATTN, generic));
   });
 
   it('fast paths agree with the generic kernel at sizes the reference is too slow for', async () => {
@@ -854,19 +828,15 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
       [{ D: 128, H: 32, KVH: 8, BS: 16, rows: [{ start: 32767, count: 1 }, { start: 20000, count: 1 }] }, 0], // 32k decode
       [{ D: 256, H: 8, KVH: 4, BS: 16, rows: [{ start: 2000, count: 600 }] }, 0],
     ];
-    for (const [c, window] of cases) {
-      const s = build(c);
-      const params = [{ scale: peaky(c.D), window, softcap: 0 }];
-      const fast = run(cuda, s, params)[0]!;
-      const old = setAttentionMode('generic');
-      let slow: Tensor;
-      try {
-        slow = run(cuda, s, params)[0]!;
-      } finally {
-        setAttentionMode(old);
+    await withCudaBackend({ attention: { mode: 'generic' } }, async (generic) => {
+      for (const [c, window] of cases) {
+        const s = build(c);
+        const params = [{ scale: peaky(c.D), window, softcap: 0 }];
+        const fast = run(cuda, s, params)[0]!;
+        const slow = run(generic, s, params)[0]!;
+        assertClose(`fast vs generic ${label(c)} window ${window}`, await cuda.read(fast), await generic.read(slow), ATTN_BF16);
       }
-      assertClose(`fast vs generic ${label(c)} window ${window}`, await cuda.read(fast), await cuda.read(slow), ATTN_BF16);
-    }
+    });
   });
 
   it('one captured graph serves growing positions (splits follow tokenPos on the device)', async () => {

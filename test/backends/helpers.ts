@@ -1,5 +1,6 @@
 // Shared helpers for backend op tests: seeded random data (never zero), weight files in a temp
-// dir, running the same graph on the reference and CPU backends, and tolerance checks.
+// dir, running the same graph on the reference and CPU backends, tolerance checks, and a CUDA
+// backend created with the settings a test compares.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -7,6 +8,8 @@ import { join } from 'node:path';
 
 import type { Backend, Tensor, WeightSource } from '../../src/contracts/backend.ts';
 import { encodeHalf } from '../../src/backends/common/half.ts';
+import type { CudaBackend } from '../../src/backends/cuda/cuda-backend.ts';
+import type { CudaSettingsOverrides } from '../../src/backends/cuda/cuda-settings.ts';
 
 /** mulberry32: small, seeded, good enough for test data */
 export function rng(seed: number): () => number {
@@ -120,5 +123,20 @@ export async function compareBackends(label: string, ref: Backend, cpu: Backend,
     assert.deepEqual([...got[i]!.shape], [...want[i]!.shape], `${label}: output ${i} shape`);
     assert.equal(got[i]!.dtype, want[i]!.dtype, `${label}: output ${i} dtype`);
     assertClose(`${label} (output ${i})`, await cpu.read(got[i]!), await ref.read(want[i]!), tol);
+  }
+}
+
+/**
+ * Runs `body` on a CUDA backend created with `settings` (the knobs a test compares; the others from
+ * the environment), closed after. The CUDA modules load only when it is called, so CPU tests
+ * importing this file never load them.
+ */
+export async function withCudaBackend<T>(settings: CudaSettingsOverrides, body: (b: CudaBackend) => Promise<T>): Promise<T> {
+  const { createCudaBackend } = await import('../../src/backends/cuda/cuda-backend.ts');
+  const b = await createCudaBackend({ settings });
+  try {
+    return await body(b);
+  } finally {
+    await b.close();
   }
 }

@@ -10,11 +10,10 @@ import path from 'node:path';
 import {
   tensorsFor, writeCheckpoint, tempModelDir, LLAMA_3_1_8B, GEMMA_2_9B, GEMMA_2_2B, GEMMA_2_2B_PARAMS, QWEN3_30B_A3B,
 } from './checkpoints.ts';
-import { FitPlanner, realBackendCaps } from '../../src/execution/fit/plan.ts';
+import { FitPlanner, type PlannerSettings, realBackendCaps } from '../../src/execution/fit/plan.ts';
 import { cpuMachine, gpuMachine } from '../../src/execution/fit/machines.ts';
 import * as K from '../../src/execution/fit/constants.ts';
 import { decodeSeconds, groupedExpertReads, termSeconds, type DecodeTerm } from '../../src/execution/fit/decode-model.ts';
-import { MOE_GROUPED_MIN_ROWS } from '../../src/backends/cuda/moe-kernels.ts';
 import { nnls, fitDecodeConstants, meanTerms, type DecodeSample } from '../../src/execution/fit/calibrate.ts';
 import { CUDA_L2_FLUSH_BYTES, DryRunBackend } from '../../src/execution/fit/dry-run-backend.ts';
 import { ExactModel } from '../../src/execution/fit/allocator.ts';
@@ -27,21 +26,26 @@ const H200 = gpuMachine('h200');
 const CPU = cpuMachine(20);
 
 const opened = new Map<string, Promise<FitPlanner>>();
-function sparse(name: string, config: Record<string, unknown>, shards = 1): Promise<FitPlanner> {
-  let p = opened.get(name);
-  if (!p) opened.set(name, (p = FitPlanner.open(writeCheckpoint(tempModelDir(`llmts-fit-${name}-`), config, tensorsFor(config), { shards }))));
+/** A planner of a sparse checkpoint of `config` for backends with `settings` (one per name and settings). */
+function sparse(name: string, config: Record<string, unknown>, shards = 1, settings: PlannerSettings = {}): Promise<FitPlanner> {
+  const key = `${name} ${JSON.stringify(settings)}`;
+  let p = opened.get(key);
+  if (!p) {
+    opened.set(key, (p = FitPlanner.open(writeCheckpoint(tempModelDir(`llmts-fit-${name}-`), config, tensorsFor(config), { shards }),
+      settings)));
+  }
   return p;
 }
 const llama = () => sparse('llama8b', LLAMA_3_1_8B, 4);
 const gemma = () => sparse('gemma9b', GEMMA_2_9B);
-const qwen = () => sparse('qwen30b', QWEN3_30B_A3B, 16);
+const qwen = (settings: PlannerSettings = {}) => sparse('qwen30b', QWEN3_30B_A3B, 16, settings);
 // every matrix under 1 MiB (q/o 0.5, k/v 0.125, MLP 0.94 MiB), a 32 MiB lm_head
 const SMALL = {
   architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 32768, hidden_size: 512, intermediate_size: 960,
   num_hidden_layers: 24, num_attention_heads: 8, num_key_value_heads: 2, head_dim: 64, max_position_embeddings: 4096,
   rms_norm_eps: 1e-5, rope_theta: 10000, hidden_act: 'silu', tie_word_embeddings: false,
 };
-const small = () => sparse('small', SMALL);
+const small = (settings: PlannerSettings = {}) => sparse('small', SMALL, 1, settings);
 
 const sumTerms = (terms: DecodeTerm[], constant: K.ConstantName) => terms.filter((t) => t.constant === constant).reduce((a, t) => a + t.unit, 0);
 
@@ -64,15 +68,9 @@ test('CPU decode: matrices under 1 MiB run on one thread, the rest on the OpenMP
   const f17 = (await s.decodeStep(CPU, 100, 17, 'f32')).features;
   assert.equal(f17.small.count, 0);
   assert.equal(f17.parallel.count, 24 * 7 + 1);
-  // the threshold follows the native library's environment variable
-  const saved = process.env.LLMTS_GEMV_PAR_MIN_BYTES;
-  process.env.LLMTS_GEMV_PAR_MIN_BYTES = '0';
-  try {
-    assert.equal((await s.decodeStep(CPU, 100, 1, 'f32')).features.small.count, 0);
-  } finally {
-    if (saved === undefined) delete process.env.LLMTS_GEMV_PAR_MIN_BYTES;
-    else process.env.LLMTS_GEMV_PAR_MIN_BYTES = saved;
-  }
+  // the threshold follows the CPU backend's settings (CpuSettings.gemvParallelMinBytes, $LLMTS_GEMV_PAR_MIN_BYTES)
+  const everyParallel = await small({ cpu: { gemvParallelMinBytes: 0 } });
+  assert.equal((await everyParallel.decodeStep(CPU, 100, 1, 'f32')).features.small.count, 0);
   // Qwen3-30B-A3B: experts of 768 x 2048 bf16 (3 MiB) are team matmuls, one region per matrix of
   // every touched expert: 8 of 128 per layer for one row, 128 x (1 - (15/16)^4) for four
   const q = await qwen();
@@ -92,14 +90,11 @@ test('CUDA MoE decode: each (token, expert) pair reads its expert below 8 rows; 
   assert.equal(await at(4), 48 * 4 * 8 * expert);
   // 16 rows: 128 (1 - (15/16)^16) = 82.4 distinct experts a layer, not 128 pairs
   assert.ok(Math.abs(await at(16) - 48 * 128 * (1 - (15 / 16) ** 16) * expert) < 1);
-  const saved = MOE_GROUPED_MIN_ROWS.set(0); // never grouped: per pair again
-  try {
-    assert.equal(await at(16), 48 * 16 * 8 * expert);
-  } finally {
-    MOE_GROUPED_MIN_ROWS.set(saved);
-  }
-  // one pass past MOE_PASS_ROWS tokens reads the experts again
-  assert.ok(Math.abs(groupedExpertReads(2048 + 16, 128, 8) - 128 * ((1 - (15 / 16) ** 2048) + (1 - (15 / 16) ** 16))) < 1e-9);
+  // never grouped (CudaMoeSettings.groupedMinRows 0): per pair again
+  const perPair = await qwen({ cuda: { moe: { groupedMinRows: 0 } } });
+  assert.equal((await perPair.decodeStep(H200, 0, 16, 'bf16')).features.expertPairBytes, 48 * 16 * 8 * expert);
+  // one pass past passRows tokens (2048 by default) reads the experts again
+  assert.ok(Math.abs(groupedExpertReads(2048 + 16, 128, 8, 2048) - 128 * ((1 - (15 / 16) ** 2048) + (1 - (15 / 16) ** 16))) < 1e-9);
 });
 
 test('CPU decode: a one-thread matrix costs the longer of streaming it and its multiply-adds (batch rows cost once compute-bound)', async () => {

@@ -1,6 +1,7 @@
 // Registers, spills and shared memory of every CUDA kernel as ptxas compiles it for a GPU
-// architecture, without a GPU: each kernel module's source (kernels.ts KERNEL_MODULES, with the
-// attention module's $LLMTS_CUDA_ATT_DEFINES) through a local nvcc (`-cubin --resource-usage`).
+// architecture, without a GPU: each kernel module's source (kernels.ts kernelModules, as the
+// LLMTS_CUDA_* environment sets the backend's settings, $LLMTS_CUDA_ATT_DEFINES among them)
+// through a local nvcc (`-cubin --resource-usage`).
 // Occupancy decisions rest on these numbers (the tensor-core decode kernel's 3 blocks an SM, the
 // GEMV kernels' 2), and a change that adds registers can silently halve them; check here before
 // spending device time. The SASS column counts each kernel's instructions (its .text section in the
@@ -17,7 +18,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { KERNEL_MODULES } from '../../src/backends/cuda/kernels.ts';
+import { cudaSettingsFrom } from '../../src/backends/cuda/cuda-settings.ts';
+import { kernelModules } from '../../src/backends/cuda/kernels.ts';
 
 const { values } = parseArgs({
   options: {
@@ -52,7 +54,7 @@ function sassInstructions(cubin: Buffer): Map<string, number> {
 const rows: Row[] = [];
 const dir = mkdtempSync(path.join(tmpdir(), 'llmts-kernel-resources-'));
 try {
-  for (const m of KERNEL_MODULES) {
+  for (const m of kernelModules(cudaSettingsFrom(process.env))) {
     const src = path.join(dir, `${m.name}.cu`);
     writeFileSync(src, m.source);
     // ptxas reports on stderr

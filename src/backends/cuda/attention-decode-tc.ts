@@ -29,8 +29,11 @@
 //       the group's heads (through the ring, a chunk of splits a round trip) and writes the
 //       output, and sets the counter back to 0 for the next call (a graph replays the same
 //       buffer). At one row that saves a dependent launch per layer.
-import { envInt } from '../common/env.ts';
-
+/**
+ * The module's source of the kernel at `stages` stages (CudaAttentionSettings.tcStages; the define
+ * comes last before the body, so CudaKernelSettings.attentionDefines cannot set a ring size the host
+ * does not launch with).
+ */
 export const attDecodeTcKernels = (stages: number): string => `#define ATT_TC_STAGES ${stages}\n` + DECODE_TC_BODY;
 const DECODE_TC_BODY = String.raw`
 // ATT_TC_EARLY=1 (default; $LLMTS_CUDA_ATT_DEFINES=ATT_TC_EARLY=0 waits first): with programmatic
@@ -39,13 +42,13 @@ const DECODE_TC_BODY = String.raw`
 // chain of global round trips, and these are the first ones; and a block with no split to run
 // exits without waiting. A server's graphs plan the slots for the longest context a row may have
 // (45 at one row on the H200), so at a 512-token context 288 of a launch's 360 blocks are such.
-// H200, B=1: +0.0-0.5% in sessions 7, 8 and 11; session 12, +0.04-0.43% in 8 pairs, none slower (512 and 4k,
-// the bench's table and a 32k one).
+// H200, B=1: +0.04-0.43% in 8 pairs of runs, none slower (512 and 4k, the bench's table and a 32k
+// one).
 #ifndef ATT_TC_EARLY
 #define ATT_TC_EARLY 1
 #endif
 // Resident blocks an SM the kernel is compiled for (attention.ts plans its slots in waves of
-// TC_DECODE_RESIDENT = 3): caps it at 168 registers (d128 takes 128 with nvcc 13 for sm_90, no spills), so growth
+// CudaAttentionSettings.tcResident, 3 by default): caps it at 168 registers (d128 takes 128 with nvcc 13 for sm_90, no spills), so growth
 // spills instead of silently dropping to 2 blocks an SM and breaking the plan's waves.
 #ifndef ATT_TC_MINB
 #define ATT_TC_MINB 3
@@ -65,21 +68,21 @@ const DECODE_TC_BODY = String.raw`
 // thread fences its writes, tid 0 counts (atomicAdd), and the merging block's threads each fence
 // again before reading; 1: tid 0 alone, one atom.add.acq_rel.gpu after the block's barrier (its
 // release covers the block's writes, its acquire the others'; the barrier after it passes that on
-// to the block's threads: the PTX memory model's cumulativity). H200, session 11: the merging
-// block's fence 650-900 -> 200 cycles; B=1 +0.2-0.6% in 4 of 4 pairs (512 and 4k), so 1.
+// to the block's threads: the PTX memory model's cumulativity). H200: the merging block's fence
+// takes 200 cycles with 1 against 650-900 with 0; B=1 +0.2-0.6% in 4 of 4 pairs (512 and 4k), so 1.
 #ifndef ATT_TC_SYNC
 #define ATT_TC_SYNC 1
 #endif
 // Code size: at one row every block runs the kernel once on an SM whose instruction caches the
 // step's other kernels have since filled, so each instruction of its path is fetched anew, a round
-// trip a cache line, in the chain. Measured on the H200 (session 11, ATT_TC_PHASES): the merge's
+// trip a cache line, in the chain. On the H200 (ATT_TC_PHASES): the merge's
 // fold of 5 splits took 4.5k cycles its first time and 1.5k when run again at once; with the copy
 // loops and the folds not unrolled (SASS of d128: 2.5k instructions, not 6.2k) the fold took 1.7k
 // and B=1 at 512 ran 0.7% faster, but at 4k context (folds of 17 splits, the merge's copies of 17
 // a thread) 1% slower. Kept: the tiles' and Q's copy-issue loops rolled (3.6k instructions); the
 // merge's loops unrolled by 4 (rolled up to 8 splits measured the same: 231.1 tok/s at 512, 218.0
 // at 4k, either way).
-// ATT_TC_TRIGGER (attention-kernels.ts, $LLMTS_CUDA_ATT_TC_TRIGGER): when a block lets the next kernel
+// ATT_TC_TRIGGER (CudaAttentionSettings.tcTrigger, $LLMTS_CUDA_ATT_TC_TRIGGER): when a block lets the next kernel
 // launch (griddepcontrol.launch_dependents). 0: right after its wait (PDL_ENTRY), so the next
 // kernel's blocks sit resident, waiting, beside the attention's chain; 1: once its split has counted
 // itself (a merging block: before its merge; a lone split or an idle slot: at its exit); 2: at its
@@ -543,24 +546,9 @@ ATT_DECODE_TC_KERNEL(128)
 export const ATT_TC_PHASE_NAMES = ['wait', 'start', 'tiles', 'partial', 'fence', 'mload', 'mfold', 'block'] as const;
 
 /**
- * Stages of the tensor-core decode kernel's key / value ring ($LLMTS_CUDA_ATT_TC_STAGES, 2-4; default
- * 2): more stages keep more bytes in flight a block, where a batch's many rows make the kernel
- * bandwidth-bound.
+ * Dynamic shared memory of a k_attn_decode_tc_d<D> launch: its ring, `stages` (the kernel's, tcStages)
+ * x (K and V tiles of 32 keys, rows of D + 8) bf16.
  */
-export function attTcStages(env: Readonly<Record<string, string | undefined>> = process.env): number {
-  return envInt('LLMTS_CUDA_ATT_TC_STAGES', 2, { min: 2, max: 4 }, env);
-}
-
-/** the stages the kernels are compiled with (the ring's size on the host, attTcSharedBytes, follows it) */
-export const ATT_TC_STAGES = attTcStages();
-
-/**
- * The module's source of the kernel, at ATT_TC_STAGES stages (the define comes last before the
- * body, so $LLMTS_CUDA_ATT_DEFINES cannot set a ring size the host does not launch with).
- */
-export const ATTENTION_DECODE_TC_KERNELS = attDecodeTcKernels(ATT_TC_STAGES);
-
-/** Dynamic shared memory of a k_attn_decode_tc_d<D> launch: its ring, stages x (K and V tiles of 32 keys, rows of D + 8) bf16. */
-export function attTcSharedBytes(D: number, stages = ATT_TC_STAGES): number {
+export function attTcSharedBytes(D: number, stages: number): number {
   return stages * 2 * 32 * (D + 8) * 2;
 }

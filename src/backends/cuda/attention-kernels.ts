@@ -1,4 +1,4 @@
-// CUDA source of the fast paged-attention kernels (its own NVRTC module, KERNEL_MODULES in kernels.ts,
+// CUDA source of the fast paged-attention kernels (its own NVRTC module, kernelModules in kernels.ts,
 // after KERNEL_PRELUDE: u16, i64, bf2f, f2bf, report, NEG_INF). The launch logic is attention.ts.
 //
 // Fast path: bf16 q, bf16 KV pools, headDim in ATT_FAST_HEAD_DIMS. Everything else goes to the
@@ -40,8 +40,8 @@
 // zeros; an attended key without a block (-1, >= numBlocks, or past maxBlocksPerRow) reports code 4
 // (row, position, entry) and is left out of the softmax.
 
-import { ATTENTION_DECODE_TC_KERNELS } from './attention-decode-tc.ts';
-import { envChoice, envInt } from '../common/env.ts';
+import { attDecodeTcKernels } from './attention-decode-tc.ts';
+import type { CudaAttentionSettings } from './cuda-settings.ts';
 
 /** runs of at most this many tokens of one row take the decode (split-KV) path */
 export const ATT_DEC_MAX_RUN = 4;
@@ -51,67 +51,15 @@ export const ATT_DEC_INLINE_T = 128;
 export const ATT_MIN_CHUNK = 64;
 /** keys per tile of the tensor-core decode kernel (its splits are whole tiles: att_tc_splits) */
 export const ATT_TC_BK = 32;
-/**
- * Fewest keys a split of the tensor-core decode kernel gets (attention-decode-tc.ts; above it
- * att_tc_splits sizes them, about sqrt(tiles / 6.5) tiles a split): two tiles (at a 512-token
- * context on the H200 one-tile splits were 1.3% slower at B=1, session 12; 128, the default before,
- * left 4 splits of 4 tiles there, 1.5% slower). $LLMTS_CUDA_ATT_TC_MIN_CHUNK sets it for the host's
- * slot plan (its most splits a token) and the kernel alike (a multiple of 32 from 32 to 1024; the
- * macro alone, as sessions 7-8 tried it, left the host's slots at the default's).
- */
-export const ATT_TC_MIN_CHUNK = attTcMinChunk();
-
-export function attTcMinChunk(env: Readonly<Record<string, string | undefined>> = process.env): number {
-  if (/\bATT_TC_MIN_CHUNK\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
-    throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_MIN_CHUNK (the host plans the slots with it): use LLMTS_CUDA_ATT_TC_MIN_CHUNK');
-  }
-  return envInt('LLMTS_CUDA_ATT_TC_MIN_CHUNK', 64, { min: 32, max: 1024, multipleOf: 32 }, env);
-}
-/**
- * The tensor-core decode kernel's grid: (KVH, W), kv heads fastest, by default; `slots-first`
- * ($LLMTS_CUDA_ATT_TC_GRID) is (W, KVH), as before session 12. The block scheduler hands blocks out
- * in linear order, one an SM first; slots past a token's splits exit at once (a server's graphs plan
- * W = 45 at one row on the H200 whatever the context: at 512 keys 9 of them work). Heads first, the
- * working blocks come first and each gets its own SM; slots first, the kv heads' working blocks lie
- * W apart and pair up on SMs.
- */
-export const ATT_TC_HEADS_FIRST = envChoice('LLMTS_CUDA_ATT_TC_GRID', ['heads-first', 'slots-first']) === 'heads-first';
-/**
- * When a block of the tensor-core decode kernel lets the next kernel launch under PDL
- * ($LLMTS_CUDA_ATT_TC_TRIGGER; the kernel's ATT_TC_TRIGGER 3, 1, 0, 2): `loaded` (default) once its split
- * has counted itself, a merging block once its merge's first chunk of partials has landed; `split`
- * the same, but a merging block before its merge; `entry` right after its wait; `exit` at its end. A
- * launched block sits resident, waiting, beside the attention's chain of round trips and slows it,
- * and its early weight loads slow the chain's L2 reads: at `entry`, o on our PDL GEMV
- * (k_gemv_m1_u8/w4) ran 1.7% slower at B=1 than on cuBLASLt, which has no PDL; at `split` 0.9-1.1%
- * faster than cuBLASLt's o at 512 and 1.5-1.8% at 4k (H200, session 13, a server's 32k table; 64 x
- * 512/256 throughput even), but the merge's loads took 6.7k cycles instead of 2k under o's early
- * loads; `loaded` +0.2-0.3% over `split` (4 of 4 pairs, 512 and 4k); `exit` 0.4% below `split`.
- * gemm-tuning.ts gives o its GEMV margin back where the trigger is not at entry.
- */
-export const ATT_TC_TRIGGER = attTcTrigger();
-
-export function attTcTrigger(env: Readonly<Record<string, string | undefined>> = process.env): 'loaded' | 'split' | 'entry' | 'exit' {
-  if (/\bATT_TC_TRIGGER\b/.test(env.LLMTS_CUDA_ATT_DEFINES ?? '')) {
-    throw new Error('LLMTS_CUDA_ATT_DEFINES cannot set ATT_TC_TRIGGER (the GEMM tuner reads it): use LLMTS_CUDA_ATT_TC_TRIGGER');
-  }
-  return envChoice('LLMTS_CUDA_ATT_TC_TRIGGER', ['loaded', 'split', 'entry', 'exit'], env);
-}
 /** query tokens per prefill block */
 export const ATT_BQ = 64;
 /** keys per tile of the prefill kernel at head dim D (its registers and shared memory bound it at 256) */
 export const attPfBk = (D: number): number => (D === 256 ? 32 : 64);
 /**
- * Stages of the prefill kernel's key / value ring ($LLMTS_CUDA_ATT_PF_STAGES, 2-4; default 2): tiles
- * it + 1 .. it + STAGES - 1 load while tile it computes. H200, 8B heads, 8k causal prefill (session
- * 14): 140 TFLOP/s before the ring (a K and a V buffer, 4 barriers a tile), 145 at 2 and 3 stages,
- * 89 at 4 (139 KB a block: one block an SM); the 8B's 8k TTFT 348.8 / 345.8 ms at 2 / 3 (every CUDA
- * test passed there with 3). 2 because its 70 KB a block (d128) fit the 99 KB that sm_86 / sm_89
- * GPUs allow a block, where 3 stages' 104 KB do not.
+ * Dynamic shared memory of a k_attn_prefill_d<D> launch: its ring of `stages` (CudaAttentionSettings.pfStages:
+ * tiles it + 1 .. it + stages - 1 load while tile it computes) x (K and V tiles, rows of D + 8) bf16.
  */
-export const ATT_PF_STAGES = envInt('LLMTS_CUDA_ATT_PF_STAGES', 2, { min: 2, max: 4 });
-/** Dynamic shared memory of a k_attn_prefill_d<D> launch: its ring, stages x (K and V tiles, rows of D + 8) bf16. */
-export function attPfSharedBytes(D: number, stages = ATT_PF_STAGES): number {
+export function attPfSharedBytes(D: number, stages: number): number {
   return stages * 2 * attPfBk(D) * (D + 8) * 2;
 }
 /** head dims with fast kernels */
@@ -185,20 +133,27 @@ __device__ __forceinline__ uint4 att_ldg16(const void* p) {
 }
 `;
 
-/** The kernels proper: plain CUDA C++ over the primitives above and the kernels.ts prelude. */
-export const ATTENTION_KERNELS = String.raw`
+/** The kernel's ATT_TC_TRIGGER of each CudaAttentionSettings.tcTrigger */
+const TC_TRIGGER_CODE = { entry: 0, split: 1, exit: 2, loaded: 3 } as const;
+
+/**
+ * The kernels proper: plain CUDA C++ over the primitives above and the kernels.ts prelude, with
+ * the host-planned macros of `a` (the tensor-core decode kernel's split size, grid order and PDL
+ * trigger; the prefill ring's stages).
+ */
+export const attentionKernels = (a: CudaAttentionSettings): string => String.raw`
 #define ATT_DEC_MAX_RUN ${ATT_DEC_MAX_RUN}
 #define ATT_DEC_INLINE_T ${ATT_DEC_INLINE_T}
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
-#define ATT_TC_MIN_CHUNK ${ATT_TC_MIN_CHUNK}
+#define ATT_TC_MIN_CHUNK ${a.tcMinChunk}
 #define ATT_TC_BK ${ATT_TC_BK}
-#define ATT_TC_HEADS_FIRST ${ATT_TC_HEADS_FIRST ? 1 : 0}
-#define ATT_TC_TRIGGER ${{ entry: 0, split: 1, exit: 2, loaded: 3 }[ATT_TC_TRIGGER]}
+#define ATT_TC_HEADS_FIRST ${a.tcGrid === 'heads-first' ? 1 : 0}
+#define ATT_TC_TRIGGER ${TC_TRIGGER_CODE[a.tcTrigger]}
 #ifndef ATT_TC_TILE_RATIO10 // $LLMTS_CUDA_ATT_DEFINES may set it (the host's slots do not depend on it)
 #define ATT_TC_TILE_RATIO10 65
 #endif
 #define ATT_BQ ${ATT_BQ}
-#define ATT_PF_STAGES ${ATT_PF_STAGES}
+#define ATT_PF_STAGES ${a.pfStages}
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
 #define ATT_FULL 0xffffffffu
@@ -307,7 +262,7 @@ __device__ __forceinline__ int att_decode_tokens(const int* rows, int T, int* pl
 // least ATT_TC_MIN_CHUNK keys. Why: at one row a split's tiles are a chain of round trips, and each
 // split adds a partial that the last one reads and folds; a token's time ~ ns x partial + (tiles /
 // ns) x tile is least at sqrt(tiles x tile / partial) tiles a split, ratio the tile-to-partial cost.
-// H200, 8B shapes, B=1 (session 12): at 512 keys 2 tiles a split beat 1 and 4 (+1.3-1.5%); at 4k 4
+// H200, 8B shapes, B=1: at 512 keys 2 tiles a split beat 1 and 4 (+1.3-1.5%); at 4k 4
 // tiles (33 splits) beat 3 (45 splits, -1%) and 4.5 (29 splits, -0.6%); at 16k 45 splits (the
 // slots' limit) beat 32 (-3.4%). A fixed ATT_TC_MIN_CHUNK alone cannot give all three.
 __device__ __forceinline__ int att_tc_splits(int len, int seff, int& chunk) {
@@ -972,5 +927,7 @@ ATT_PREFILL_KERNEL(128, 64)
 ATT_PREFILL_KERNEL(256, 32)
 `;
 
-/** Everything above: the attention module's kernels (KERNEL_MODULES in kernels.ts). */
-export const ATTENTION_KERNEL_SOURCE = ATTENTION_PRIMITIVES + ATTENTION_KERNELS + ATTENTION_DECODE_TC_KERNELS;
+/** Everything above: the attention module's kernels (kernelModules in kernels.ts) as `a` plans them. */
+export function attentionKernelSource(a: CudaAttentionSettings): string {
+  return ATTENTION_PRIMITIVES + attentionKernels(a) + attDecodeTcKernels(a.tcStages);
+}

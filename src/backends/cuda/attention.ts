@@ -9,31 +9,19 @@
 // on the device. The decode kernels always run (a step may hold decode tokens whatever its
 // shape); the prefill kernel runs whenever T > ATT_DEC_MAX_RUN (with fewer tokens every run is
 // short enough to be decode), unless the layout promises one token a row (StepLayout.oneTokenPerRow).
+//
+// The plan follows the backend's CudaAttentionSettings: which kernels, the decode grid's aims and
+// order, and the tensor-core decode kernel's resident blocks an SM (its __launch_bounds__ minimum
+// ATT_TC_MINB: 128 threads of at most 168 registers), the wave its slots fill.
 import type { DType } from '../../contracts/backend.ts';
-import { Setting } from '../common/setting.ts';
-import {
-  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, ATT_TC_HEADS_FIRST, ATT_TC_MIN_CHUNK,
-  attPfSharedBytes,
-} from './attention-kernels.ts';
+import { ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, attPfSharedBytes } from './attention-kernels.ts';
 import { attTcSharedBytes } from './attention-decode-tc.ts';
+import type { CudaAttentionSettings } from './cuda-settings.ts';
 import { DT_CODE } from './cuda-tensor.ts';
 import { ATT_THREADS, type KernelName } from './kernels.ts';
 import type { KernelArg } from './runtime.ts';
-import { envChoice, envInt, envSwitch } from '../common/env.ts';
 
-/**
- * decode blocks aimed for per SM (about two waves at the decode kernels' 3-4 resident blocks);
- * $LLMTS_CUDA_ATT_DECODE_BLOCKS overrides it, for experiments
- */
-const DECODE_BLOCKS_PER_SM = envInt('LLMTS_CUDA_ATT_DECODE_BLOCKS', 8, { min: 1, max: 64 });
-/**
- * Blocks of the tensor-core decode kernel resident per SM (its __launch_bounds__ minimum,
- * ATT_TC_MINB: 128 threads of at most 168 registers; 154 at d128 on the H200 in session 5), the wave
- * size its slots are planned in; $LLMTS_CUDA_ATT_TC_RESIDENT overrides it
- */
-const TC_DECODE_RESIDENT = envInt('LLMTS_CUDA_ATT_TC_RESIDENT', 3, { min: 1, max: 32 });
 const MAX_GRID_Y = 65535;
-const ONE_TOKEN_HINT = envSwitch('LLMTS_CUDA_ATT_ONE_TOKEN_HINT', true);
 /**
  * Ints in the backend's buffer of split counters (AttentionCall.counters: zeroed once, every
  * counter set back to 0 by the kernel that used it): one per (decode token, kv head) of a call.
@@ -90,38 +78,14 @@ export interface AttentionCall extends AttentionShape {
   softcap: number;
 }
 
-export type AttentionMode = 'auto' | 'generic';
-
-const mode = new Setting<AttentionMode>(envChoice('LLMTS_CUDA_ATTENTION', ['auto', 'generic']));
-
-/**
- * 'generic' forces the plain k_attention kernel for every call (A/B checks and benchmarks);
- * default 'auto' ($LLMTS_CUDA_ATTENTION=generic sets 'generic' at startup). Returns the old mode.
- */
-export function setAttentionMode(m: AttentionMode): AttentionMode {
-  return mode.set(m);
-}
-
-/**
- * The decode kernel: 'tc' (k_attn_decode_tc_d<D>, tensor cores, attention-decode-tc.ts; the
- * default, for head dims 64 and 128 and GQA groups of up to 16 heads; on the H200 1.9x the
- * CUDA-core kernel's bandwidth at 256 rows, 1.2-1.9x at 1-32 rows) or 'cuda-core'
- * (k_attn_decode_d<D>_g<GC>: every other shape, and everywhere with $LLMTS_CUDA_ATT_DECODE=cuda-core).
- */
-export type DecodeKernelKind = 'cuda-core' | 'tc';
-const decodeKind = new Setting<DecodeKernelKind>(envChoice('LLMTS_CUDA_ATT_DECODE', ['tc', 'cuda-core']));
-
-/** Sets the decode kernel kind for later calls (tests, benchmarks); returns the old one. */
-export function setDecodeKernelKind(k: DecodeKernelKind): DecodeKernelKind {
-  return decodeKind.set(k);
-}
-
 export interface AttentionPlan {
   path: 'fast' | 'generic';
   /** fast path: the decode kernel, its query heads per block and blocks per kv head */
   decodeKernel?: KernelName;
   /** the decode kernel is the tensor-core one (it takes the split counters as a last argument) */
   tensorCores?: boolean;
+  /** the tensor-core decode grid is (KVH, W), kv heads first (CudaAttentionSettings.tcGrid), not (W, KVH) */
+  headsFirst?: boolean;
   /** the decode kernel's dynamic shared memory (the tensor-core kernel's ring of tiles, attTcSharedBytes) */
   decodeSharedBytes: number;
   headChunk?: number;
@@ -155,8 +119,8 @@ export interface AttentionPlan {
  * waves) beat 1 (0.65 of a wave) by 1.45x at 16k context. Capped at 8 waves of slots: a prefill
  * step's T counts its prompt tokens too, whose slots have nothing to do.
  */
-export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount: number): number {
-  const cap = smCount * TC_DECODE_RESIDENT;
+export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount: number, resident: number): number {
+  const cap = smCount * resident;
   const items = T * KVH;
   let s = 1;
   if (items < 2 * cap) {
@@ -169,10 +133,10 @@ export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount
   return Math.max(1, Math.min(T * s, 8 * Math.ceil(cap / KVH)));
 }
 
-/** The launch plan of a call: a function of shapes only (see the top of this file). */
-export function planAttention(s: AttentionShape, smCount: number): AttentionPlan {
+/** The launch plan of a call under `a`: a function of shapes only (see the top of this file). */
+export function planAttention(s: AttentionShape, smCount: number, a: CudaAttentionSettings): AttentionPlan {
   const tiles = Math.ceil(s.T / ATT_BQ);
-  const fast = mode.value === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
+  const fast = a.mode === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) {
     return {
@@ -182,7 +146,7 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   }
   const G = s.H / s.KVH;
   // the tensor-core kernel merges its splits itself (its splits differ from k_attn_combine's)
-  const tc = decodeKind.value === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
+  const tc = a.decodeKernel === 'tc' && (s.D === 64 || s.D === 128) && G <= 16 && s.T * s.KVH <= ATT_COUNTERS;
   // the CUDA-core decode kernels are instantiated for 4 and 8 heads per block; the tensor-core one
   // takes the whole group
   const headChunk = tc ? G : G <= 4 ? 4 : 8;
@@ -190,13 +154,13 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
   // most keys a query can see: the table's capacity, or the window
   const maxKeys = Math.max(1, s.window > 0 ? Math.min(s.window, s.maxBlocksPerRow * s.blockSize)
     : s.maxBlocksPerRow * s.blockSize);
-  const maxSplits = Math.ceil(maxKeys / (tc ? ATT_TC_MIN_CHUNK : ATT_MIN_CHUNK));
-  const slots = tc ? tcDecodeSlots(s.T, s.KVH, maxSplits, smCount)
-    : Math.max(1, Math.min(Math.ceil((smCount * DECODE_BLOCKS_PER_SM) / (s.KVH * headChunks)), s.T * maxSplits));
+  const maxSplits = Math.ceil(maxKeys / (tc ? a.tcMinChunk : ATT_MIN_CHUNK));
+  const slots = tc ? tcDecodeSlots(s.T, s.KVH, maxSplits, smCount, a.tcResident)
+    : Math.max(1, Math.min(Math.ceil((smCount * a.decodeBlocksPerSm) / (s.KVH * headChunks)), s.T * maxSplits));
   // a decode graph's layout promises one token a row: the prefill kernel's blocks would all exit
-  // (at 16 rows on the H200, 4.3 us a layer of an 8B step's 203 us; $LLMTS_CUDA_ATT_ONE_TOKEN_HINT=off
-  // launches it anyway, for A/B runs)
-  const oneToken = !!s.oneTokenPerRow && ONE_TOKEN_HINT;
+  // (at 16 rows on the H200, 4.3 us a layer of an 8B step's 203 us; oneTokenHint off launches it
+  // anyway, for A/B runs)
+  const oneToken = !!s.oneTokenPerRow && a.oneTokenHint;
   const prefill = s.T > ATT_DEC_MAX_RUN && !oneToken;
   const fused = tc && slots >= 2;
   const identityList = tc && oneToken;
@@ -204,7 +168,8 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     path: 'fast',
     decodeKernel: (tc ? `k_attn_decode_tc_d${s.D}` : `k_attn_decode_d${s.D}_g${headChunk}`) as KernelName,
     tensorCores: tc,
-    decodeSharedBytes: tc ? attTcSharedBytes(s.D) : 0,
+    headsFirst: tc && a.tcGrid === 'heads-first',
+    decodeSharedBytes: tc ? attTcSharedBytes(s.D, a.tcStages) : 0,
     headChunk,
     headChunks,
     slots,
@@ -214,20 +179,20 @@ export function planAttention(s: AttentionShape, smCount: number): AttentionPlan
     fusedCombine: fused,
     prefillKernel: prefill ? `k_attn_prefill_d${s.D}` as KernelName : undefined,
     prefillTiles: prefill ? tiles : 0,
-    prefillSharedBytes: prefill ? attPfSharedBytes(s.D) : 0,
+    prefillSharedBytes: prefill ? attPfSharedBytes(s.D, a.pfStages) : 0,
   };
 }
 
-/** The decode kernel's grid: W slots by the kv heads' chunks (the tensor-core kernel: ATT_TC_HEADS_FIRST). */
+/** The decode kernel's grid: W slots by the kv heads' chunks (the tensor-core kernel: its plan's headsFirst order). */
 export function decodeGrid(p: AttentionPlan, W: number, KVH: number): [number, number, number] {
   const heads = KVH * p.headChunks!;
-  return p.tensorCores && ATT_TC_HEADS_FIRST ? [heads, W, 1] : [W, heads, 1];
+  return p.headsFirst ? [heads, W, 1] : [W, heads, 1];
 }
 
-/** Enqueues attention (output to call.out, bf16 [T, H, D]). */
-export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall): void {
+/** Enqueues attention (output to call.out, bf16 [T, H, D]) as `a` plans it. */
+export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall, a: CudaAttentionSettings): void {
   if (c.T === 0 || c.H === 0) return;
-  const p = planAttention(c, dev.smCount);
+  const p = planAttention(c, dev.smCount, a);
   if (p.path === 'generic') {
     dev.launch('k_attention', [c.T, c.H, 1], ATT_THREADS, (c.D + 2 * ATT_THREADS + 32) * 4, [
       ['p', c.q], ['i', DT_CODE[c.qDtype]], ['p', c.k], ['p', c.v], ['i', DT_CODE[c.poolDtype]],

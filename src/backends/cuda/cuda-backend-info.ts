@@ -1,7 +1,6 @@
 // What the CUDA backend reports about itself (CudaBackend.info, describe()): the device, each
 // kernel module's state and where its cubin came from, the GEMM engine. Separate from
 // cuda-backend.ts because it only reads the runtime, for logs and tests; no op depends on it.
-import { cudaCacheDir } from './nvrtc.ts';
 import type { CudaRuntime } from './runtime.ts';
 
 /** One kernel module of CudaBackendInfo. */
@@ -49,7 +48,7 @@ export function backendInfo(rt: CudaRuntime, gemmNote: string): CudaBackendInfo 
     device: rt.deviceName, arch: rt.arch, sms: rt.smCount, driverVersion: rt.driverVersion,
     nvrtcVersion: rt.nvrtcVersion(),
     kernels: modules.every((m) => m.kernels === 'cache') ? 'cache' : 'nvrtc', kernelCompileMs: rt.kernelsMs,
-    kernelCachePath: cudaCacheDir(), kernelCompile: rt.compileMode, kernelModules: modules, gemm: gemmNote,
+    kernelCachePath: rt.cacheDir, kernelCompile: rt.compileMode, kernelModules: modules, gemm: gemmNote,
   };
 }
 

@@ -1,12 +1,10 @@
 // The CUDA backend's fused decode ops (Backend's optional FusedOps and their GEMV-fused twins):
-// addRmsnorm, addRmsnormMatmul, gluPacked, gluMatmul, ropeQkvWriteKv; the switches that turn the
-// GLU/norm-into-GEMV fusions on or off ($LLMTS_CUDA_FUSE_GLU, $LLMTS_CUDA_FUSE_NORM) and the
-// shared-memory check that decides whether a fused GEMV launch fits. Separate from cuda-backend.ts
+// addRmsnorm, addRmsnormMatmul, gluPacked, gluMatmul, ropeQkvWriteKv, under the backend's
+// CudaFusedSettings (which GEMV fusions are on), and the shared-memory check that decides whether a
+// fused GEMV launch fits. Separate from cuda-backend.ts
 // because these are the decoder's fast path, with their own tuning rules; the plain ops stay there.
 import type { Activation, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor } from '../../contracts/backend.ts';
 import { numel } from '../../contracts/backend.ts';
-import { Setting } from '../common/setting.ts';
-import { envSwitch } from '../common/env.ts';
 import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X } from './cuda-op-context.ts';
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
@@ -24,54 +22,6 @@ import { describe, expectDim, expectFinite, opError, sameShape } from './validat
  */
 const FUSED_GEMV_MAX_ROWS = 1;
 
-/** $LLMTS_CUDA_FUSE_GLU=on: gluMatmul fuses the GLU into the decode GEMV (off: on the H200 at B=1 210.3 tok/s fused vs 212.4, the persistent loop at K=14336 slower than the tuned GEMV) */
-const FUSE_GLU = new Setting<boolean>(envSwitch('LLMTS_CUDA_FUSE_GLU', false));
-
-/** Turns the GLU-into-GEMV fusion of gluMatmul on or off (tests, benchmarks); returns the old setting. */
-export function setCudaFuseGlu(on: boolean): boolean {
-  return FUSE_GLU.set(on);
-}
-
-/**
- * addRmsnormMatmul fuses the norm into the decode GEMV unless $LLMTS_CUDA_FUSE_NORM=off: B=1 decode
- * of the 8B on the H200 211.8 tok/s fused (mid, input and final norms), 204.7 unfused
- */
-const FUSE_NORM = new Setting<boolean>(envSwitch('LLMTS_CUDA_FUSE_NORM', true));
-
-/** Turns the norm-into-GEMV fusion of addRmsnormMatmul on or off (tests, benchmarks); returns the old setting. */
-export function setCudaFuseNorm(on: boolean): boolean {
-  return FUSE_NORM.set(on);
-}
-
-/**
- * $LLMTS_CUDA_ROPE_EPILOGUE=on: addRmsnormQkvRope runs the input norm, the packed q/k/v GEMV, rope
- * and the KV write as one kernel (k_gemvp_normrope_*: a kernel and the [T, (H + 2 KVH) D] q/k/v
- * output less than addRmsnormMatmul + ropeQkvWriteKv). Off: slower at B=1 on the H200 (session 6:
- * 218.5 vs 222.2 tok/s, 213.5 vs 219.0 without the GLU epilogue), though faster with PDL off
- * (graph profile: 5.20 vs 5.33 ms a step). Not for want of registers for the attention kernel's
- * early blocks: compiled at 79 registers (GEMVP_M1_UNR=8) it lost as much (219.9 vs 224.4). Why
- * is not known.
- */
-const ROPE_EPILOGUE = new Setting<boolean>(envSwitch('LLMTS_CUDA_ROPE_EPILOGUE', false));
-
-/** Turns the rope epilogue of addRmsnormQkvRope on or off (tests, benchmarks); returns the old setting. */
-export function setCudaRopeEpilogue(on: boolean): boolean {
-  return ROPE_EPILOGUE.set(on);
-}
-
-/**
- * addRmsnormGateUpGlu runs the mid norm, the packed gate/up GEMV and the GLU as one kernel
- * (k_gemvp_normglu_*: the GLU in its epilogue, a kernel and the [T, 2I] gate/up output less than
- * addRmsnormMatmul + gluPacked) unless $LLMTS_CUDA_GLU_EPILOGUE=off: +1.3% at B=1 on the H200
- * (session 6: 221.8 vs 219.0 tok/s; with the read flush 222.2-222.9 vs 216.0-216.3).
- */
-const GLU_EPILOGUE = new Setting<boolean>(envSwitch('LLMTS_CUDA_GLU_EPILOGUE', true));
-
-/** Turns the GLU epilogue of addRmsnormGateUpGlu on or off (tests, benchmarks); returns the old setting. */
-export function setCudaGluEpilogue(on: boolean): boolean {
-  return GLU_EPILOGUE.set(on);
-}
-
 export class CudaFusedOps {
   /** static shared bytes by kernel (sharedFits) */
   private readonly staticShared = new Map<KernelName, number>();
@@ -86,7 +36,7 @@ export class CudaFusedOps {
   private normGemvApplies(a: CudaTensor, rr: CudaTensor, g: CudaTensor, m: CudaTensor, rScale: number, eps: number,
     weightOffset: number): boolean {
     const [T, D] = a.shape as [number, number];
-    return FUSE_NORM.value && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' && sameShape(a.shape, rr.shape) &&
+    return this.c.settings.fused.fuseNorm && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' && sameShape(a.shape, rr.shape) &&
       m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS &&
       a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
       Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset);
@@ -135,7 +85,7 @@ export class CudaFusedOps {
    * GEMVP_MAX_SHARED_BYTES, weights within GEMVP_FUSED_MAX_WEIGHT_BYTES) runs one persistent GEMV
    * kernel whose blocks each make the normed rows once into shared memory while their first weights
    * stream (gemv-kernels.ts k_gemvp_norm_*), writing the new residual too: a kernel and the normed
-   * copy less (the default; $LLMTS_CUDA_FUSE_NORM=off); otherwise the two ops.
+   * copy less (the default; CudaFusedSettings.fuseNorm off: never); otherwise the two ops.
    */
   addRmsnormMatmul(x: Tensor, r: Tensor, rScale: number, normW: Tensor, eps: number, weightOffset: number, w: Tensor,
     bias?: Tensor): { sum: Tensor; y: Tensor } {
@@ -150,7 +100,7 @@ export class CudaFusedOps {
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
     expectDim(op, 'w columns', m.shape[1]!, D, () => `x ${describe(a)}`);
     const gemv = bias === undefined && N > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
-      ? gemvFusedChoice(T, N, D) : undefined;
+      ? gemvFusedChoice(T, N, D, this.c.settings.gemv.fusedBlocksPerSm) : undefined;
     if (!gemv || !this.sharedFits(gemv.norm, gemv.sharedBytes)) {
       const { sum, normed } = this.addRmsnorm(a, rr, rScale, g, eps, weightOffset);
       const y = this.c.matmul(normed, m, bias);
@@ -166,8 +116,8 @@ export class CudaFusedOps {
   }
 
   /**
-   * addRmsnormMatmul(x, r, ..., gateUp), then gluPacked(·, act): y [T, I]. With the norm fusion on
-   * on (unless $LLMTS_CUDA_GLU_EPILOGUE=off), a one-row decode shape (bf16, 16-byte aligned, the normed row
+   * addRmsnormMatmul(x, r, ..., gateUp), then gluPacked(·, act): y [T, I]. With the norm fusion and
+   * CudaFusedSettings.gluEpilogue on (the default), a one-row decode shape (bf16, 16-byte aligned, the normed row
    * within GEMVP_MAX_SHARED_BYTES) is one kernel whose warps sum the gate and the up row of each
    * output and store its GLU (gemv-kernels.ts k_gemvp_normglu_*); otherwise the ops above.
    */
@@ -185,8 +135,8 @@ export class CudaFusedOps {
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
     const I = N2 / 2;
-    const fuse = GLU_EPILOGUE.value && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
-      ? gemvNormGluChoice(T, I, D) : undefined;
+    const fuse = this.c.settings.fused.gluEpilogue && I > 0 && this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvNormGluChoice(T, I, D, this.c.settings.gemv.fusedBlocksPerSm) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const y = this.gluPacked(f.y, act);
@@ -219,11 +169,11 @@ export class CudaFusedOps {
   }
 
   /**
-   * matmul(gluPacked(gu, act), w, bias). With $LLMTS_CUDA_FUSE_GLU=on, a decode shape (at most
+   * matmul(gluPacked(gu, act), w, bias). With CudaFusedSettings.fuseGlu on, a decode shape (at most
    * FUSED_GEMV_MAX_ROWS rows, bf16 gu and w, no bias, 16-byte aligned, the [T, I] glu within
    * GEMVP_MAX_SHARED_BYTES) runs one persistent GEMV kernel whose blocks each make the GLU once
    * into shared memory (gemv-kernels.ts k_gemvp_glu_*): a kernel and the [T, I] glu output less
-   * per layer. Off by default (measured a small loss, see FUSE_GLU); otherwise the two ops.
+   * per layer. Off by default (a small loss at B=1: TUNING.md); otherwise the two ops.
    */
   gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
     const op = 'gluMatmul';
@@ -235,8 +185,8 @@ export class CudaFusedOps {
     if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
-    const gemv = FUSE_GLU.value && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
-      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I) : undefined;
+    const gemv = this.c.settings.fused.fuseGlu && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
+      g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I, this.c.settings.gemv.fusedBlocksPerSm) : undefined;
     if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
       const h = this.gluPacked(g, act);
       const y = this.c.matmul(h, b, bias);
@@ -278,7 +228,8 @@ export class CudaFusedOps {
 
   /**
    * addRmsnormMatmul(x, r, ..., qkv), then ropeQkvWriteKv without qk-norm: { sum, q }. With the norm
-   * fusion on and $LLMTS_CUDA_ROPE_EPILOGUE=on, a one-row decode shape (bf16 x, r, weights and
+   * fusion and CudaFusedSettings.ropeEpilogue on (off by default: slower at B=1 under PDL, for reasons
+   * not known; TUNING.md), a one-row decode shape (bf16 x, r, weights and
    * pools, 16-byte aligned, the normed row within GEMVP_MAX_SHARED_BYTES) is one kernel whose
    * warps sum the rows of each rotated pair and store them roped, to q or the pools
    * (gemv-kernels.ts k_gemvp_normrope_*); otherwise the ops above.
@@ -294,8 +245,9 @@ export class CudaFusedOps {
     const [T, Dh] = a.shape as [number, number];
     const rows = m.shape[0]!;
     const kp = kv.k as CudaTensor, vp = kv.v as CudaTensor;
-    const fuse = ROPE_EPILOGUE.value && kp.dtype === 'bf16' && vp.dtype === 'bf16' &&
-      this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset) ? gemvNormRopeChoice(T, rows, Dh) : undefined;
+    const fuse = this.c.settings.fused.ropeEpilogue && kp.dtype === 'bf16' && vp.dtype === 'bf16' &&
+      this.normGemvApplies(a, rr, g, m, rScale, eps, weightOffset)
+      ? gemvNormRopeChoice(T, rows, Dh, this.c.settings.gemv.fusedBlocksPerSm) : undefined;
     if (!fuse || !this.sharedFits(fuse.kernel, fuse.sharedBytes)) {
       const f = this.addRmsnormMatmul(a, rr, rScale, g, eps, weightOffset, m); // checks the shapes
       const q = this.ropeQkvWriteKv(f.y, heads, pos, invFreq, attentionScaling, undefined, kv, layout);

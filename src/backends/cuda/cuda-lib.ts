@@ -4,7 +4,6 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import koffi, { type LibraryHandle } from 'koffi';
-import { envNumber } from '../common/env.ts';
 
 export class CudaUnavailableError extends Error {}
 
@@ -178,20 +177,12 @@ export interface CublasLt {
 
 const u64 = 'uint64_t';
 
-/**
- * LLMTS_CUDA_SLOW_CALL_MS=N: every synchronous driver / cuBLASLt call that holds the calling thread
- * N ms or more is reported on stderr with the JS stack that made it. A diagnostic for event-loop
- * stalls: a call that waits for the device (cuMemFree, cuStreamSynchronize, a full launch queue)
- * blocks the whole server while the GPU finishes what is queued.
- */
-const SLOW_CALL_MS = envNumber('LLMTS_CUDA_SLOW_CALL_MS', 0, { min: 0, max: 1e6 });
-
-function traced(name: string, f: (...args: unknown[]) => unknown): (...args: unknown[]) => unknown {
+function traced(name: string, f: (...args: unknown[]) => unknown, slowMs: number): (...args: unknown[]) => unknown {
   const g = (...args: unknown[]): unknown => {
     const t0 = performance.now();
     const r = f(...args);
     const ms = performance.now() - t0;
-    if (ms >= SLOW_CALL_MS) {
+    if (ms >= slowMs) {
       const stack = (new Error().stack ?? '').split('\n').slice(2, 9).join('\n');
       process.stderr.write(`[llmts] slow CUDA call ${name}: ${ms.toFixed(1)} ms\n${stack}\n`);
     }
@@ -200,12 +191,23 @@ function traced(name: string, f: (...args: unknown[]) => unknown): (...args: unk
   return Object.assign(g, { async: (f as { async?: unknown }).async });
 }
 
+/**
+ * `lib` (a driver, NVRTC or cuBLASLt binding) with every synchronous call that holds the calling
+ * thread `slowMs` ms or more reported on stderr with the JS stack that made it
+ * (CudaRuntimeSettings.slowCallMs; 0: `lib` itself). A diagnostic for event-loop stalls: a call that
+ * waits for the device (cuMemFree, cuStreamSynchronize, a full launch queue) blocks the whole
+ * server while the GPU finishes what is queued.
+ */
+export function traceSlowCalls<T extends object>(lib: T, slowMs: number): T {
+  if (slowMs <= 0) return lib;
+  const out: Record<string, unknown> = {};
+  for (const [name, v] of Object.entries(lib)) out[name] = typeof v === 'function' ? traced(name, v as (...args: unknown[]) => unknown, slowMs) : v;
+  return out as T;
+}
+
 function bind<T>(lib: LibraryHandle, path: string, decls: Record<string, string>): T {
   const out: Record<string, unknown> = { path };
-  for (const [name, decl] of Object.entries(decls)) {
-    const f = lib.func(decl) as (...args: unknown[]) => unknown;
-    out[name] = SLOW_CALL_MS > 0 ? traced(name, f) : f;
-  }
+  for (const [name, decl] of Object.entries(decls)) out[name] = lib.func(decl);
   return out as T;
 }
 

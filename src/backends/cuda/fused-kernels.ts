@@ -1,4 +1,4 @@
-// CUDA source of the fused decode kernels (the Backend contract's optional fused ops). Its own NVRTC module (KERNEL_MODULES in kernels.ts) after KERNEL_PRELUDE: bf2f/f2bf,
+// CUDA source of the fused decode kernels (the Backend contract's optional fused ops). Its own NVRTC module (kernelModules in kernels.ts) after KERNEL_PRELUDE: bf2f/f2bf,
 // ld/st, report, block_sum, warp_sum, activate, GRID_STRIDE.
 //
 // Each fused kernel rounds to bf16 exactly where the plain ops it replaces store bf16 (the sum
@@ -93,21 +93,21 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 // (weights [D]), rotate-half rope on the first 2*half dims, q to qOut [T, H, D]; a k head's block
 // also writes its k and the matching v head to the pools at slots[t] (-1 = skip).
 //
-// ROPE_EARLY=1 (the default; $LLMTS_CUDA_FUSED_DEFINES=ROPE_EARLY=0 for the old order): with
+// ROPE_EARLY=1 (the default; $LLMTS_CUDA_FUSED_DEFINES=ROPE_EARLY=0 reads them after the wait): with
 // programmatic dependent launch, the position, the slot and the angle of the thread's first dim are
 // read and made before the wait for the kernel before (the q/k/v GEMV): they are step inputs the
 // host uploads, which no kernel of the step writes, and every kernel before the one this waits on
 // has completed when this one starts (PDL_ENTRY). At one row the kernel is a chain of global round
-// trips; these were two of its three.
+// trips; these are two of its three.
 // ROPE_TIMING_SKIP=1: return after the wait (wrong outputs): only for timing what the kernel costs
 // in a decode step.
 #define ROPE_MAX_D 512
 #ifndef ROPE_EARLY
 #define ROPE_EARLY 1
 #endif
-// ROPE_V_EARLY=1 (the default; =0 for the old order, to measure it): a k head's block loads the
-// thread's first value of its v head beside its key, not where it stores it: one round trip of the
-// kernel's chain less (session 11; simulator-checked bit for bit, not yet timed on the GPU).
+// ROPE_V_EARLY=1 (the default; =0 loads it where it stores it, to measure it): a k head's block
+// loads the thread's first value of its v head beside its key: one round trip of the kernel's chain
+// less (the warp simulator checks both bit for bit; its GPU time is unmeasured).
 #ifndef ROPE_V_EARLY
 #define ROPE_V_EARLY 1
 #endif
@@ -115,8 +115,8 @@ extern "C" __global__ void k_glu_packed(const void* gu, int gdt, u16* out, i64 T
 #define ROPE_TIMING_SKIP 0
 #endif
 // ROPE_TRIGGER=1 (0 by default): the next kernel (the decode attention) launches when this one's
-// blocks exit, not after their wait, so its blocks are not resident beside this chain. H200, B=1,
-// session 13: 0.7% slower at 512 (the attention's early reads then come after rope), even at 4k.
+// blocks exit, not after their wait, so its blocks are not resident beside this chain. H200, B=1:
+// 0.7% slower at 512 (the attention's early reads then come after rope), even at 4k.
 #ifndef ROPE_TRIGGER
 #define ROPE_TRIGGER 0
 #endif

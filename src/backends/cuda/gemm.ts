@@ -4,21 +4,14 @@
 // Row-major [M, N] = x [M, K] · w [N, K]^T is, in cuBLASLt's column-major terms,
 // D (N x M, ld N) = op(A) · B with A = w viewed as K x N (ld K) transposed, B = x as K x M (ld K):
 // the "TN" layout. Plans (descriptors + the heuristic's algorithm) are cached per shape and types.
-import { envChoice, envInt, envSwitch } from '../common/env.ts';
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
+import type { CudaSettings } from './cuda-settings.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, parseGemvPicks, TUNE_MAX_M, tuneClassOf } from './gemm-tuning.ts';
+import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, tuneClassOf } from './gemm-tuning.ts';
 import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
-/**
- * The tuner empties L2 between timed calls by reading a 128 MB buffer (k_l2_flush_read), not by
- * writing it ($LLMTS_CUDA_TUNE_FLUSH=write), so the timed call does not also write back up to 50 MB
- * of dirty lines. On the H200 (8B shapes) the write flush timed q/k/v at 22.7 us and o at 17.8 where
- * the read flush times 18.4 and 14.7, and its picks decode 1.3% slower at B=1 (session 6).
- */
-const TUNE_FLUSH_READ = envChoice('LLMTS_CUDA_TUNE_FLUSH', ['read', 'write']) === 'read';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
 const CUBLAS_COMPUTE_32F = 68;
 const CUBLASLT_MATMUL_DESC_TRANSA = 3;
@@ -91,8 +84,6 @@ export interface TuneRecord {
   gemvMargin: number;
 }
 
-/** rows per bucket of untuned shapes that share the heuristic's pick ($LLMTS_CUDA_GEMM_PICK_BUCKET=1: none share) */
-const PICK_BUCKET_ROWS = envInt('LLMTS_CUDA_GEMM_PICK_BUCKET', 64, { min: 1, max: 1 << 20 });
 const TUNE_CANDIDATES = 16;
 const TUNE_REPEATS = 3;
 
@@ -102,19 +93,18 @@ export class LtGemm {
   private readonly workspace: number;
   private readonly plans = new Map<string, Plan | null>();
   private readonly classes = new Map<string, TuneClass>();
-  /** untuned shapes: the heuristic's pick per row bucket (PICK_BUCKET_ROWS) */
+  /** untuned shapes: the heuristic's pick per row bucket (CudaGemmSettings.pickBucketRows) */
   private readonly picks = new Map<string, Uint8Array>();
-  private readonly tuneMaxM = envInt('LLMTS_CUDA_GEMM_TUNE_MAX_M', TUNE_MAX_M, { min: 1, max: 1 << 20 });
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
   readonly version: number;
   /** one entry per tuned shape, in the order their timings were read */
   readonly tuned: TuneRecord[] = [];
   private pending: PendingTune[] = [];
-  /** $LLMTS_CUDA_GEMV_PICKS (gemm-tuning.ts parseGemvPicks): picks by shape, read when the backend starts */
-  private readonly gemvPicks = parseGemvPicks(process.env.LLMTS_CUDA_GEMV_PICKS);
 
-  constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool) {
+  /** `settings`: the backend's (its gemm and gemv groups; the attention's trigger for the GEMV margin) */
+  constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool,
+    private readonly settings: Pick<CudaSettings, 'gemm' | 'gemv' | 'attention'>) {
     this.version = Number(lt.cublasLtGetVersion());
     const h = out64();
     checkLt(lt.cublasLtCreate(h), 'cublasLtCreate');
@@ -168,15 +158,15 @@ export class LtGemm {
    * Enqueues the timing of each candidate (cuBLASLt algorithms, then GEMV kernels when given) on the
    * real operands (the output is rewritten by the call that follows), each timed call after an L2
    * flush, between two events. The host does not wait: the events are read by settleTuning() once
-   * they have completed (the plan keeps the heuristic's algorithm until then). A long prefill's
-   * first chunk of a new shape used to block the event loop ~0.1 s here.
+   * they have completed (the plan keeps the heuristic's algorithm until then): waiting here would
+   * hold the event loop ~0.1 s at a long prefill's first chunk of a new shape.
    */
   private tune(plan: Plan, shape: string, call: (algo: Uint8Array) => number,
     gemv: ((c: GemvChoice) => void) | undefined): void {
     const d = this.rt.d;
     const flush = this.pool.alloc(L2_FLUSH_BYTES).addr; // pooled: freeing an exact block (cuMemFree) waits for the device
     const events: number[] = [];
-    const margin = gemvMarginAfter(this.rt.lastLaunch);
+    const margin = gemvMarginAfter(this.rt.lastLaunch, this.settings.gemv, this.settings.attention.tcTrigger);
     const pending: PendingTune = {
       plan, record: { shape, cublasLtMs: Infinity, firstMs: NaN, gemvMs: {}, chosen: 'cublaslt', gemvMargin: margin }, runs: [], events, margin,
     };
@@ -186,7 +176,9 @@ export class LtGemm {
       const pairs: [number, number][] = [];
       for (let i = 0; i < TUNE_REPEATS; i++) {
         const e0 = this.event(events), e1 = this.event(events);
-        if (TUNE_FLUSH_READ) {
+        // reading the flush buffer, not writing it (CudaGemmSettings.tuneFlush): a write leaves dirty
+        // lines that the timed call would also write back
+        if (this.settings.gemm.tuneFlush === 'read') {
           this.rt.launch('k_l2_flush_read', [4 * this.rt.smCount, 1, 1], 512, 0, [['p', flush], ['p', L2_FLUSH_BYTES / 16], ['p', 0]]);
         } else {
           check(d.cuMemsetD8Async(flush, i & 0xff, L2_FLUSH_BYTES, this.rt.stream), 'L2 flush');
@@ -256,10 +248,10 @@ export class LtGemm {
             plan.algo = r.algo;
           }
         }
-        // a GEMV within the margin of cuBLASLt alone wins (GEMV_MARGIN: in a decode graph it overlaps
+        // a GEMV within the margin of cuBLASLt alone wins (CudaGemvSettings.margin: in a decode graph it overlaps
         // its weight fetch with the kernel before, which a lone timing misses; 1 right after an
         // attention kernel); 'prefer': the fastest GEMV whatever cuBLASLt timed
-        let bestMs = gemvBar(record.cublasLtMs, process.env.LLMTS_CUDA_GEMV, p.margin);
+        let bestMs = gemvBar(record.cublasLtMs, this.settings.gemv.mode, p.margin);
         for (const r of p.runs) {
           if (!r.gemv) continue;
           const t = total(r.pairs) / TUNE_REPEATS;
@@ -321,14 +313,14 @@ export class LtGemm {
     const a = layout(wt, K, N, K);
     const b = layout(xt, K, M, K);
     const d = layout(dt, N, M, N);
-    const tune = M <= this.tuneMaxM && envSwitch('LLMTS_CUDA_GEMM_TUNE', true);
+    const { tune: tuning, tuneMaxM, pickBucketRows } = this.settings.gemm;
+    const tune = M <= tuneMaxM && tuning;
     // an untuned shape takes the heuristic's pick of the first shape in its row bucket where
     // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the first
     // query of a process took 70-190 ms on the H200; later ones stayed under the slow-call tracer's
-    // 8 ms, not timed one by one), and mixed steps bring new row counts all the time; suspected of
-    // most of the ~9 ms event-loop stall left during a long prefill (not yet measured)
-    const shared = M > Math.max(this.tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
-    const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / PICK_BUCKET_ROWS)}.${N}.${K}` : '';
+    // 8 ms, not timed one by one), and mixed steps bring new row counts all the time
+    const shared = M > Math.max(tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
+    const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / pickBucketRows)}.${N}.${K}` : '';
     const known = shared ? this.picks.get(bucketKey) : undefined;
     if (known && this.algoFits(op, a, b, d, known)) {
       return this.remember(key, { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] });
@@ -347,13 +339,13 @@ export class LtGemm {
         const state = view.getInt32(base + 72, true);
         if (state === 0 && wsNeeded <= WORKSPACE_BYTES) candidates.push(results.slice(base, base + 64));
       }
-      const gemvMode = process.env.LLMTS_CUDA_GEMV ?? 'auto';
+      const gemvMode = this.settings.gemv.mode;
       const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
       if (candidates.length > 0) {
         plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
         if (shared && !known) this.picks.set(bucketKey, candidates[0]!);
-        // $LLMTS_CUDA_GEMV_PICKS: this shape's pick, untimed, outside any tuning class
-        const pick = this.gemvPicks.get(`${M}x${N}x${K}`);
+        // CudaGemvSettings.picks: this shape's pick, untimed, outside any tuning class
+        const pick = this.settings.gemv.picks.get(`${M}x${N}x${K}`);
         if (pick !== undefined) {
           const chosen = gemv.find((g) => gemvLabel(g) === pick);
           if (!chosen && pick !== 'cublaslt') {
@@ -377,8 +369,8 @@ export class LtGemm {
             } else if (cls.state === 'pending') cls.waiting.push(plan);
             else this.adopt(plan, cls);
           }
-          // $LLMTS_CUDA_GEMV=<kernel name>: that kernel wherever it applies (its first candidate), or
-          // =<gemvLabel> (e.g. k_gemvp_m1_u16/w1/b2): that launch; untimed (tests, A/B runs)
+          // CudaGemvSettings.mode a kernel name: that kernel wherever it applies (its first
+          // candidate), or a gemvLabel (e.g. k_gemvp_m1_u16/w1/b2): that launch; untimed (tests, A/B runs)
           const forced = gemv.find((g) => g.kernel === gemvMode) ?? gemv.find((g) => gemvLabel(g) === gemvMode);
           if (forced) {
             plan.gemv = forced;

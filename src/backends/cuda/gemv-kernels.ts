@@ -1,5 +1,5 @@
 // CUDA source of the skinny-GEMM ("GEMV") kernels: y[M, N] = x[M, K] · w[N, K]^T, bf16 in and out,
-// f32 accumulation, for decode shapes (M <= 8 rows). Its own NVRTC module (KERNEL_MODULES in
+// f32 accumulation, for decode shapes (M <= 8 rows). Its own NVRTC module (kernelModules in
 // kernels.ts) after KERNEL_PRELUDE's helpers (bf2f, f2bf, u16, i64).
 //
 // Why our own: a decode step reads every weight once, so a decode GEMM is a pure memory stream.
@@ -18,16 +18,15 @@
 // persistent, software-pipelined gemvp_rows (k_gemvp_*: a resident grid that loops over the row
 // groups with its next loads always in flight; why and how where their section starts below). The tuner times
 // both; the fused GLU / norm paths use the persistent twins, which make their x once per block.
-import { envChoice } from '../common/env.ts';
 
 export const GEMV_KERNEL_SOURCE = String.raw`
 // (without __CUDA_ARCH__: plain loads, for the host warp simulator of test/backends/cuda-sim)
 // GEMV_L2_EVICT_FIRST ($LLMTS_CUDA_GEMV_DEFINES; 1 by default, 0 for plain streaming loads): the weight
 // loads ask L2 to evict their lines first (a fractional createpolicy, sm_80+), so that a layer's
-// ~440 MB of weights streaming through the 50 MB L2 no longer push out what the step reads again: the
+// ~440 MB of weights streaming through the 50 MB L2 do not push out what the step reads again: the
 // kernels' code (at one row the decode attention fetches its instructions anew each layer, a round
-// trip a cache line in its chain), the activations and part of the KV cache. Measured on the H200
-// (session 14, Llama-3.1-8B shapes, B=1, a 32k table): +2.1% at 512 tokens, +1.6% at 4k.
+// trip a cache line in its chain), the activations and part of the KV cache. On the H200
+// (Llama-3.1-8B shapes, B=1, a 32k table): +2.1% at 512 tokens, +1.6% at 4k (TUNING.md).
 #ifndef GEMV_L2_EVICT_FIRST
 #define GEMV_L2_EVICT_FIRST 1
 #endif
@@ -670,12 +669,6 @@ export const GEMV_MAX_M = 8;
  * backend the sum with the kernel's static bytes).
  */
 export const GEMVP_MAX_SHARED_BYTES = 48 * 1024;
-/**
- * resident blocks an SM of a fused persistent launch (not tuned: two keep 2 x 256 x UNR x 16 B in
- * flight an SM; $LLMTS_CUDA_GEMVP_FUSED_BPS=1 or 3 for experiments: one leaves half the SM's registers
- * to the next kernel's early blocks under PDL, three needs GEMVP_MINB=3 in $LLMTS_CUDA_GEMV_DEFINES)
- */
-export const GEMVP_FUSED_BLOCKS_PER_SM = Number(envChoice('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3']));
 
 interface Variant {
   name: GemvKernelName; mmax: number; unroll: number; glu?: GemvFusedKernelName; norm?: GemvFusedKernelName;
@@ -765,16 +758,17 @@ export const GEMVP_FUSED_MAX_WEIGHT_BYTES = 256 * 1024 * 1024;
 /**
  * The persistent launch gluMatmul / addRmsnormMatmul fuse into an [M, K] x [N, K]^T product
  * (untimed: the most warps a row that fill a lane's ring, as persistentWarpsPerRow, at
- * GEMVP_FUSED_BLOCKS_PER_SM), with its kernels and dynamic shared memory (M K 2 bytes); undefined
- * where M or K rule the GEMV out, x would not fit GEMVP_MAX_SHARED_BYTES or the weights pass
+ * `blocksPerSm` resident blocks an SM, CudaGemvSettings.fusedBlocksPerSm: two keep 2 x 256 x UNR x
+ * 16 B in flight an SM), with its kernels and dynamic shared memory (M K 2 bytes); undefined where
+ * M or K rule the GEMV out, x would not fit GEMVP_MAX_SHARED_BYTES or the weights pass
  * GEMVP_FUSED_MAX_WEIGHT_BYTES (the caller runs the two ops).
  */
-export function gemvFusedChoice(M: number, N: number, K: number):
+export function gemvFusedChoice(M: number, N: number, K: number, blocksPerSm: number):
   { choice: GemvChoice; glu: GemvFusedKernelName; norm: GemvFusedKernelName; sharedBytes: number } | undefined {
   if (!fits(M, K) || M * K * 2 > GEMVP_MAX_SHARED_BYTES || N * K * 2 > GEMVP_FUSED_MAX_WEIGHT_BYTES) return undefined;
   const p = PERSISTENT.find((x) => x.mmax >= M)!;
   const warpsPerRow = Math.max(...persistentWarpsPerRow(p, K));
-  return { choice: { kernel: p.name, warpsPerRow, blocksPerSm: GEMVP_FUSED_BLOCKS_PER_SM }, glu: p.glu!, norm: p.norm!,
+  return { choice: { kernel: p.name, warpsPerRow, blocksPerSm }, glu: p.glu!, norm: p.norm!,
     sharedBytes: M * K * 2 };
 }
 
@@ -783,9 +777,9 @@ export function gemvFusedChoice(M: number, N: number, K: number):
  * row of the same K takes (half on each): `kernel` of the M-row variant; undefined where
  * gemvFusedChoice would be for `rows` weight rows (the caller runs the ops).
  */
-function pairedChoice(M: number, rows: number, K: number, kernel: (v: Variant) => GemvFusedKernelName | undefined):
+function pairedChoice(M: number, rows: number, K: number, blocksPerSm: number, kernel: (v: Variant) => GemvFusedKernelName | undefined):
   { choice: GemvChoice; kernel: GemvFusedKernelName; sharedBytes: number } | undefined {
-  const f = gemvFusedChoice(M, rows, K);
+  const f = gemvFusedChoice(M, rows, K, blocksPerSm);
   if (!f) return undefined;
   const p = PERSISTENT.find((x) => x.mmax >= M)!;
   return { choice: { ...f.choice, warpsPerRow: Math.min(8, 2 * f.choice.warpsPerRow) }, kernel: kernel(p)!, sharedBytes: f.sharedBytes };
@@ -796,8 +790,8 @@ function pairedChoice(M: number, rows: number, K: number, kernel: (v: Variant) =
  * gate/up rows [2I, K] and the GLU (k_gemvp_normglu_*: an output row per GLU value, its gate row
  * and its up row over the two halves of its warps).
  */
-export function gemvNormGluChoice(M: number, I: number, K: number) {
-  return pairedChoice(M, 2 * I, K, (v) => v.normGlu);
+export function gemvNormGluChoice(M: number, I: number, K: number, blocksPerSm: number) {
+  return pairedChoice(M, 2 * I, K, blocksPerSm, (v) => v.normGlu);
 }
 
 /**
@@ -805,8 +799,8 @@ export function gemvNormGluChoice(M: number, I: number, K: number) {
  * q/k/v rows [rows, K], rope and the KV write (k_gemvp_normrope_*: an output unit per rotated pair
  * of rows, or per other row).
  */
-export function gemvNormRopeChoice(M: number, rows: number, K: number) {
-  return pairedChoice(M, rows, K, (v) => v.normRope);
+export function gemvNormRopeChoice(M: number, rows: number, K: number, blocksPerSm: number) {
+  return pairedChoice(M, rows, K, blocksPerSm, (v) => v.normRope);
 }
 
 /** rope-out units of q/k/v rows (gemv_rope_units): each q/k head's rotated pairs and other dims, every v dim */

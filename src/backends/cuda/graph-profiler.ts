@@ -2,8 +2,8 @@
 // decode step's time goes once it is a graph replay, which the per-launch profiler (profiler.ts)
 // cannot see: a replay is one launch to it.
 //
-// With $LLMTS_CUDA_GRAPH_PROFILE=1, every kernel and cuBLASLt call captured into a graph is
-// bracketed by two event-record nodes (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL: during a
+// With CudaRuntimeSettings.graphProfile ($LLMTS_CUDA_GRAPH_PROFILE=1), every kernel and cuBLASLt
+// call captured into a graph is bracketed by two event-record nodes (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL: during a
 // capture that records a node instead of a capture dependency). After a replay has finished, each
 // bracket's elapsed time is that kernel's device time in the graph, and the time from one bracket's
 // end to the next one's start is the gap between them (launch latency inside the graph, plus the

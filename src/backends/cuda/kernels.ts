@@ -1,5 +1,5 @@
 // CUDA C++ source of every kernel the CUDA backend launches, as separate NVRTC modules
-// (KERNEL_MODULES at the end): each module is KERNEL_PRELUDE + its own kernels, compiled at run time
+// (kernelModules at the end): each module is KERNEL_PRELUDE + its own kernels, compiled at run time
 // for the device's architecture on its own, concurrently with the others and off the main thread,
 // and cached on disk by source hash (nvrtc.ts, runtime.ts). Changing one module recompiles only it.
 //
@@ -12,7 +12,8 @@
 // the first error in `err` (int[4]: code, op-specific a, b, c), which read/sync turn into a
 // rejected promise.
 
-import { ATTENTION_KERNEL_NAMES, ATTENTION_KERNEL_SOURCE, ATTENTION_PRIMITIVES } from './attention-kernels.ts';
+import { ATTENTION_KERNEL_NAMES, ATTENTION_PRIMITIVES, attentionKernelSource } from './attention-kernels.ts';
+import { CUDA_DEFAULTS, type CudaSettings, type KernelDefines } from './cuda-settings.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
@@ -490,19 +491,13 @@ export interface KernelModule<K extends string = string> {
 }
 
 /**
- * Macros put before a module's source from $`variable`="NAME=VALUE,...", for experiments with its
- * tuning macros ($LLMTS_CUDA_ATT_DEFINES: the attention module, attention-kernels.ts;
- * $LLMTS_CUDA_GEMV_DEFINES: the gemv module, gemv-kernels.ts; $LLMTS_CUDA_FUSED_DEFINES: the fused
- * module, fused-kernels.ts); the module's cache key is its source,
- * so each setting is compiled and cached apart.
+ * The macros put before a module's source, for experiments with its tuning macros
+ * (CudaKernelSettings: the attention, gemv and fused modules'; none by default, so the default
+ * source is the module's alone). The module's cache key is its source, so each setting is compiled
+ * and cached apart.
  */
-function moduleDefines(variable: string): string {
-  const spec = process.env[variable] ?? '';
-  return spec.split(',').filter((d) => d.trim() !== '').map((d) => {
-    const m = /^\s*([A-Z_][A-Z0-9_]*)=(-?\d+)\s*$/.exec(d);
-    if (!m) throw new Error(`${variable}: "${d}" is not NAME=INTEGER`);
-    return `#define ${m[1]} ${m[2]}\n`;
-  }).join('');
+export function moduleDefines(defines: KernelDefines): string {
+  return Object.entries(defines).map(([name, value]) => `#define ${name} ${value}\n`).join('');
 }
 
 function kernelModule<K extends string>(name: string, body: string, kernels: readonly K[]): KernelModule<K> {
@@ -510,26 +505,29 @@ function kernelModule<K extends string>(name: string, body: string, kernels: rea
 }
 
 /**
- * Every kernel module. Adding one is one line here (its file exports the source, which may use
- * KERNEL_PRELUDE's helpers, and the kernel names). They start compiling in this order, at most a
- * few at a time (nvrtc.ts): heaviest first.
+ * Every kernel module as `s` builds them (the attention module's host-planned macros and each
+ * module's tuning defines; CUDA_DEFAULTS gives the default sources). Adding one is one line here
+ * (its file exports the source, which may use KERNEL_PRELUDE's helpers, and the kernel names).
+ * They start compiling in this order, at most a few at a time (nvrtc.ts): heaviest first.
  */
-export const KERNEL_MODULES = [
-  kernelModule('attention', moduleDefines('LLMTS_CUDA_ATT_DEFINES') + ATTENTION_KERNEL_SOURCE, ATTENTION_KERNEL_NAMES),
-  kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
-  kernelModule('fused', moduleDefines('LLMTS_CUDA_FUSED_DEFINES') + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
-  // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
-  kernelModule('gemv', moduleDefines('LLMTS_CUDA_GEMV_DEFINES') + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
-    [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
-      ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
-  kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
-] as const;
+export function kernelModules(s: Pick<CudaSettings, 'kernels' | 'attention'>) {
+  return [
+    kernelModule('attention', moduleDefines(s.kernels.attentionDefines) + attentionKernelSource(s.attention), ATTENTION_KERNEL_NAMES),
+    kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
+    kernelModule('fused', moduleDefines(s.kernels.fusedDefines) + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
+    // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
+    kernelModule('gemv', moduleDefines(s.kernels.gemvDefines) + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+      [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
+        ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
+    kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
+  ] as const;
+}
 
 /** Any kernel of any module (rt.launch looks it up in the module that defines it). */
-export type KernelName = (typeof KERNEL_MODULES)[number]['kernels'][number];
+export type KernelName = ReturnType<typeof kernelModules>[number]['kernels'][number];
 
-/** Every kernel of every module. */
-export const KERNEL_NAMES: readonly KernelName[] = KERNEL_MODULES.flatMap((m): readonly KernelName[] => m.kernels);
+/** Every kernel of every module (the same whatever the settings). */
+export const KERNEL_NAMES: readonly KernelName[] = kernelModules(CUDA_DEFAULTS).flatMap((m): readonly KernelName[] => m.kernels);
 
 /**
  * threads per block of k_attention (its shared memory layout depends on it). k_attention is the

@@ -1,7 +1,7 @@
 // CUDA source of the bf16 mixture-of-experts FFN kernels (k_moe_hidden_v, k_moe_down_v): the
 // vectorized twins of kernels.ts' k_moe_hidden / k_moe_down, with the same semantics (the same
 // outputs up to f32 summation order, the same error reporting). They follow GEMV_KERNEL_SOURCE in
-// the 'gemv' module (KERNEL_MODULES in kernels.ts) and use its loaders and dot product
+// the 'gemv' module (kernelModules in kernels.ts) and use its loaders and dot product
 // (gemv_ld_stream, gemv_ld_cached, gemv_dot8), after KERNEL_PRELUDE's helpers.
 //
 // Why: a decode step of a Qwen3-30B-A3B-style model (D 2048, 128 experts of I 768, top 8) streams
@@ -32,8 +32,7 @@
 // k_moe_down_v multiplies each chunk's partial dot by its routing weight (sum_k sum_c w_k p_kc
 // instead of sum_k w_k sum_c p_kc): a reassociation of the same f32 sums.
 import type { DType } from '../../contracts/backend.ts';
-import { envInt } from '../common/env.ts';
-import { Setting } from '../common/setting.ts';
+import type { CudaMoeSettings } from './cuda-settings.ts';
 
 export const MOE_KERNEL_SOURCE = String.raw`
 #ifndef MOE_UNR_H
@@ -165,12 +164,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) k_moe_down_v(const float* h
   }
 }
 
-// ---- grouped by expert (moeFfn at MOE_GROUPED_MIN_ROWS tokens and more) ----
+// ---- grouped by expert (moeFfn at CudaMoeSettings.groupedMinRows tokens and more) ----
 //
 // Why: k_moe_hidden_v / k_moe_down_v read each (token, expert) pair's weight rows, so an expert chosen
 // by several tokens of a step is streamed once per token (16 tokens x 8 of 128 experts: 128 expert
 // reads a layer where ~81 experts are distinct; a 512-token prefill chunk: 4,096 where 128 are). Here
-// a pass of up to MOE_PASS_ROWS tokens is first grouped by expert (k_moe_group), then each warp
+// a pass of up to CudaMoeSettings.passRows tokens is first grouped by expert (k_moe_group), then each warp
 // streams one weight row of an active expert once per MOE_GROUP_TOKENS of its pairs and multiplies
 // it with each of their activations; the down projection writes each pair's f32 output row, and
 // k_moe_combine sums a token's pairs in k order (the order the other kernels sum in, up to f32
@@ -630,25 +629,10 @@ export const MOE_ROUTE_WARPS = 4;
 export const MOE_ROUTE_MAX_EXPERTS = 2048;
 /** k_moe_group's block: one, of this many threads (it groups up to 2x this many experts) */
 export const MOE_GROUP_THREADS = 1024;
-/**
- * The most tokens one grouped pass takes (moeFfn runs longer inputs in passes of this many; each
- * pass reads every expert its tokens chose again, and its scratch grows with it: moeGroupedScratch,
- * 184 MB at 2048 on Qwen3-30B-A3B shapes). On the H200 (session 7, both projections on tensor
- * cores) passes of 2048 against 256: 2048-token prefill 9,797 tok/s vs 9,605, 16 x 512/256 TTFT
- * 0.61 s vs 0.84. $LLMTS_CUDA_MOE_PASS_ROWS sets it (16 to 65536; default 2048).
- */
-export const MOE_PASS_ROWS = new Setting<number>(envInt('LLMTS_CUDA_MOE_PASS_ROWS', 2048, { min: 16, max: 65536 }));
 /** k_moe_hidden_tc / k_moe_down_tc: expert rows a block (MOE_TC_ROWS in their source) and threads */
 export const MOE_TC_ROWS = 64;
 export const MOE_TC_THREADS = 128;
 
-/**
- * With the bf16 ('vec') kernels, moeFfn inputs of at least this many tokens run grouped by expert
- * (moeFfnGrouped in cuda-moe-ops.ts: each active expert's rows streamed once per MOE_GROUP_TOKENS of
- * its tokens instead of once per token); $LLMTS_CUDA_MOE_GROUPED_MIN_ROWS sets it (0: never). Here,
- * not in cuda-moe-ops.ts, because the fit planner's dry run (execution/fit) sizes the same scratch.
- */
-export const MOE_GROUPED_MIN_ROWS = new Setting<number>(envInt('LLMTS_CUDA_MOE_GROUPED_MIN_ROWS', 8, { min: 0, max: 1 << 20 }));
 
 /** Whether the bf16 MoE kernels take these sizes: hidden D and intermediate I in whole 16-byte chunks. */
 export function moeVecSizes(D: number, I: number): boolean {
@@ -656,7 +640,7 @@ export function moeVecSizes(D: number, I: number): boolean {
 }
 
 /**
- * Whether the bf16 MoE kernels (per pair, and grouped by expert from MOE_GROUPED_MIN_ROWS tokens)
+ * Whether the bf16 MoE kernels (per pair, and grouped by expert from CudaMoeSettings.groupedMinRows tokens)
  * take operands of these dtypes and sizes: every one bf16, moeVecSizes (cuda-moe-ops.ts also wants
  * 16-byte aligned addresses; the fit planner's dry run and decode model ask this of the weights).
  */
@@ -664,14 +648,23 @@ export function moeVecKernelsApply(dtypes: readonly DType[], D: number, I: numbe
   return dtypes.every((t) => t === 'bf16') && moeVecSizes(D, I);
 }
 
-/** Whether a T-token moeFfn with E experts, K a token, whose bf16 kernels apply, runs grouped. */
-export function moeRunsGrouped(T: number, E: number, K: number): boolean {
-  const min = MOE_GROUPED_MIN_ROWS.value;
+/**
+ * Whether a T-token moeFfn with E experts, K a token, whose bf16 kernels apply, runs grouped by
+ * expert (moeFfnGrouped in cuda-moe-ops.ts: each active expert's rows streamed once per
+ * MOE_GROUP_TOKENS of its tokens instead of once per token) under `moe` (groupedMinRows). Here, not
+ * in cuda-moe-ops.ts, because the fit planner's dry run (execution/fit) sizes the same scratch.
+ */
+export function moeRunsGrouped(T: number, E: number, K: number, moe: Pick<CudaMoeSettings, 'groupedMinRows'>): boolean {
+  const min = moe.groupedMinRows;
   return min > 0 && K > 0 && T >= min && E <= 2 * MOE_GROUP_THREADS;
 }
 
-/** A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints (rows: a pass, MOE_PASS_ROWS). */
-export function moeGroupedScratch(T: number, K: number, D: number, I: number): [number, number, number] {
-  const pairs = Math.min(T, MOE_PASS_ROWS.value) * K;
+/**
+ * A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints
+ * (rows: a pass of at most `moe.passRows` tokens; each pass reads every expert its tokens chose
+ * again, so longer passes read less for more scratch: 184 MB at 2048 on Qwen3-30B-A3B shapes).
+ */
+export function moeGroupedScratch(T: number, K: number, D: number, I: number, moe: Pick<CudaMoeSettings, 'passRows'>): [number, number, number] {
+  const pairs = Math.min(T, moe.passRows) * K;
   return [pairs * I * 4, pairs * D * 4, (2 + 3 * pairs) * 4];
 }

@@ -1,6 +1,6 @@
 // Compiles one kernel module (kernels.ts) with NVRTC for one GPU architecture, caching the cubin on
-// disk under $LLMTS_CACHE_DIR or $XDG_CACHE_HOME/llmts/cuda or ~/.cache/llmts/cuda, one file per
-// module, `<module>-<key>.cubin` with key = sha256(source, arch, NVRTC version, options): a second
+// disk under the backend's CudaRuntimeSettings.cacheDir ($LLMTS_CACHE_DIR/cuda, $XDG_CACHE_HOME/llmts/cuda
+// or ~/.cache/llmts/cuda), one file per module, `<module>-<key>.cubin` with key = sha256(source, arch, NVRTC version, options): a second
 // start loads the cubin without compiling. A cache that cannot be written is no error (the compile
 // result is used anyway); files appear by atomic rename, so a concurrent start never reads half one.
 //
@@ -12,16 +12,9 @@
 // needed: loading the cubin (cuModuleLoadData) is runtime.ts's, on the main thread.
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
-import { homedir } from 'node:os';
 import { join } from 'node:path';
 
 import { asyncStackBytes, loadNvrtc, NVRTC_ASYNC_STACK_BYTES, type Nvrtc, num, out64 } from './cuda-lib.ts';
-
-export function cudaCacheDir(): string {
-  if (process.env.LLMTS_CACHE_DIR) return join(process.env.LLMTS_CACHE_DIR, 'cuda');
-  const base = process.env.XDG_CACHE_HOME || join(homedir(), '.cache');
-  return join(base, 'llmts', 'cuda');
-}
 
 /** What NVRTC compiles: a module's name (names the cache file) and its whole source. */
 export interface ModuleSource {
@@ -114,8 +107,8 @@ export function forgetCompiledModules(): void {
 export interface CompileDeps {
   /** the NVRTC binding (default: libnvrtc through cuda-lib.ts) */
   nvrtc?: Nvrtc;
-  /** default cudaCacheDir() */
-  cacheDir?: string;
+  /** where cubins are cached (CudaRuntimeSettings.cacheDir) */
+  cacheDir: string;
   /** default nvrtcCompileMode() === 'async' */
   async?: boolean;
 }
@@ -124,11 +117,11 @@ export interface CompileDeps {
  * Compiles `mod` for `arch`, or loads it from the disk cache. Rejects with NVRTC's error and log
  * (the caller adds the module's name).
  */
-export function compileModule(mod: ModuleSource, arch: string, deps: CompileDeps = {}): Promise<CompiledModule> {
+export function compileModule(mod: ModuleSource, arch: string, deps: CompileDeps): Promise<CompiledModule> {
   const nv = deps.nvrtc ?? loadNvrtc();
   const version = nvrtcVersionOf(nv);
   const options = kernelCompileOptions(arch);
-  const dir = deps.cacheDir ?? cudaCacheDir();
+  const dir = deps.cacheDir;
   const cachePath = join(dir, `${mod.name}-${moduleCacheKey(mod.source, arch, version, options)}.cubin`);
   let p = memo.get(cachePath);
   if (!p) {

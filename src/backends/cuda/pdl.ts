@@ -11,7 +11,6 @@ import {
   GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
 import type { KernelName } from './kernels.ts';
-import { envSwitch } from '../common/env.ts';
 
 export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   'k_embedding', 'k_rmsnorm', 'k_gather_rows', 'k_add', 'k_scale', 'k_softcap', 'k_glu', 'k_write_kv', 'k_rope',
@@ -27,14 +26,11 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
 ]);
 
 /**
- * On by default on sm_90 and newer ($LLMTS_CUDA_PDL=off turns it off). Measured on the H200
- * (Llama-3.1-8B shapes, B=1 decode, graphs on): session 3, with only the one-shot GEMVs listed,
- * no gain (194.5 tok/s with, 193.8 without); session 5, with the tensor-core decode attention and
- * the persistent GEMVs listed too, 216.1 with vs 213.6-214.0 without at a 512-token context, 197.8
- * vs 196.5 at 4k.
+ * Whether a device of compute capability `ccMajor` launches PDL_KERNELS with PDL: sm_90 and newer,
+ * where CudaRuntimeSettings.pdl is on (the default; +1% at B=1 on the H200, TUNING.md).
  */
-export function pdlEnabled(ccMajor: number): boolean {
-  return ccMajor >= 9 && envSwitch('LLMTS_CUDA_PDL', true);
+export function pdlEnabled(ccMajor: number, on: boolean): boolean {
+  return ccMajor >= 9 && on;
 }
 
 // CUlaunchConfig (cuda.h): 7 unsigned ints (grid xyz, block xyz, shared bytes), 4 bytes padding,

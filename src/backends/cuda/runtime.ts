@@ -3,7 +3,7 @@
 // and waits that never block the Node event loop (events are polled, not synchronized).
 //
 // Every driver call is made on the Node main thread, where the primary context is current. Kernel
-// modules (kernels.ts KERNEL_MODULES) compile concurrently off the main thread (nvrtc.ts) from the
+// modules (kernels.ts kernelModules) compile concurrently off the main thread (nvrtc.ts) from the
 // moment `create` knows the architecture; each is loaded (cuModuleLoadData, main thread) as soon as
 // its cubin is there. `create` resolves once all are loaded, or at once with `background`: then
 // `ready()` / `moduleReady(kernel)` must resolve before a kernel of an unloaded module is launched
@@ -13,14 +13,14 @@ import koffi from 'koffi';
 import {
   check, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY,
-  CudaUnavailableError, describeCuResult, type Driver, loadDriver, num, out64,
+  CudaUnavailableError, describeCuResult, type Driver, loadDriver, loadNvrtc, num, out64, traceSlowCalls,
 } from './cuda-lib.ts';
-import { KERNEL_MODULES, type KernelModule, type KernelName } from './kernels.ts';
+import type { CudaSettings } from './cuda-settings.ts';
+import { kernelModules, type KernelModule, type KernelName } from './kernels.ts';
 import { type CompiledModule, type CompileModule, compileModule, nvrtcCompileMode } from './nvrtc.ts';
 import { GraphProfiler } from './graph-profiler.ts';
 import { KernelProfiler } from './profiler.ts';
 import { LAUNCH_CONFIG_BYTES, PDL_KERNELS, pdlEnabled, writePdlLaunchConfig } from './pdl.ts';
-import { envChoice } from '../common/env.ts';
 
 /** CU_STREAM_CAPTURE_MODE_RELAXED: cuMemAlloc and event queries stay legal while capturing */
 const CU_STREAM_CAPTURE_MODE_RELAXED = 2;
@@ -40,9 +40,12 @@ const WAIT_SPIN_MS = 50;
 export interface RuntimeDeps {
   driver?: Driver;
   compile?: CompileModule;
-  /** default KERNEL_MODULES */
+  /** default kernelModules(settings) */
   modules?: readonly KernelModule[];
 }
+
+/** What the runtime takes of the backend's settings: its own group, and the kernel sources' inputs. */
+export type RuntimeSettings = Pick<CudaSettings, 'runtime' | 'kernels' | 'attention'>;
 
 export interface RuntimeOptions {
   /** resolve `create` before the kernel modules are loaded (await `ready()` before launching) */
@@ -92,16 +95,17 @@ export class CudaRuntime {
   /** graph launches so far (the profiler window counts them) */
   private graphLaunches = 0;
   /**
-   * $LLMTS_CUDA_PROFILER_GRAPHS=FROM[:COUNT]: graph launches FROM .. FROM+COUNT-1 (0-based, COUNT
-   * default 1) run between cuProfilerStart and cuProfilerStop, so that Nsight Compute started with
-   * --profile-from-start off measures those replays' kernels and nothing else (the GEMM tuner's
-   * timings, prefill, warm-up). A diagnostic: it synchronizes after the window's last launch.
+   * CudaRuntimeSettings.profilerGraphs: graph launches FROM .. FROM+COUNT-1 run between
+   * cuProfilerStart and cuProfilerStop, so that Nsight Compute started with --profile-from-start off
+   * measures those replays' kernels and nothing else (the GEMM tuner's timings, prefill, warm-up).
    */
-  private readonly profilerWindow = parseProfilerWindow(process.env.LLMTS_CUDA_PROFILER_GRAPHS);
+  private readonly profilerWindow: CudaSettings['runtime']['profilerGraphs'];
+  /** where the kernel modules' cubins are cached (CudaRuntimeSettings.cacheDir) */
+  readonly cacheDir: string;
   /** set while kernels are being timed (startProfile / stopProfile) */
   profiler: KernelProfiler | null = null;
   /**
-   * $LLMTS_CUDA_GRAPH_PROFILE=1: brackets every call captured into a graph with event nodes
+   * CudaRuntimeSettings.graphProfile: brackets every call captured into a graph with event nodes
    * (graph-profiler.ts; profiled replays run slower)
    */
   readonly graphProfiler: GraphProfiler | null;
@@ -124,12 +128,13 @@ export class CudaRuntime {
   private closed = false;
 
   /**
-   * Opens device `ordinal` and builds the kernel modules (all started at once; see nvrtc.ts for how
-   * many compile at a time). Resolves once every module is loaded (rejects, naming the module, with
-   * NVRTC's log, when one fails; the device is then released), or at once with `background`.
+   * Opens device `settings.runtime.device` and builds the kernel modules as `settings` makes them
+   * (all started at once; see nvrtc.ts for how many compile at a time). Resolves once every module
+   * is loaded (rejects, naming the module, with NVRTC's log, when one fails; the device is then
+   * released), or at once with `background`.
    */
-  static async create(ordinal: number, deps: RuntimeDeps = {}, options: RuntimeOptions = {}): Promise<CudaRuntime> {
-    const rt = new CudaRuntime(ordinal, deps);
+  static async create(settings: RuntimeSettings, deps: RuntimeDeps = {}, options: RuntimeOptions = {}): Promise<CudaRuntime> {
+    const rt = new CudaRuntime(settings, deps);
     if (!options.background) {
       try {
         await rt.ready();
@@ -141,8 +146,15 @@ export class CudaRuntime {
     return rt;
   }
 
-  private constructor(readonly ordinal: number, deps: RuntimeDeps) {
-    const d = (this.d = deps.driver ?? loadDriver());
+  /** the device ordinal */
+  readonly ordinal: number;
+
+  private constructor(settings: RuntimeSettings, deps: RuntimeDeps) {
+    const { device: ordinal, slowCallMs, cacheDir } = settings.runtime;
+    this.ordinal = ordinal;
+    this.cacheDir = cacheDir;
+    this.profilerWindow = settings.runtime.profilerGraphs;
+    const d = (this.d = traceSlowCalls(deps.driver ?? loadDriver(), slowCallMs));
     const rcInit = d.cuInit(0);
     if (rcInit !== 0) throw new CudaUnavailableError(`cuInit failed: ${describeCuResult(rcInit)}`);
     const count = new Int32Array(1);
@@ -165,8 +177,9 @@ export class CudaRuntime {
     // stream, pinned memory) runs while they do.
     this.compileMode = deps.compile ? 'async' : nvrtcCompileMode();
     const t0 = performance.now();
-    const compile = deps.compile ?? ((m, arch) => compileModule(m, arch));
-    for (const spec of deps.modules ?? KERNEL_MODULES) {
+    const compile = deps.compile ??
+      ((m, arch) => compileModule(m, arch, { nvrtc: traceSlowCalls(loadNvrtc(), slowCallMs), cacheDir }));
+    for (const spec of deps.modules ?? kernelModules(settings)) {
       const slot: ModuleSlot = { spec, name: spec.name, state: 'compiling', handle: 0, loaded: Promise.resolve() };
       for (const k of spec.kernels) {
         if (this.slotOf.has(k)) throw new Error(`cuda backend: kernel ${k} is in modules ${this.slotOf.get(k)!.name} and ${spec.name}`);
@@ -226,10 +239,10 @@ export class CudaRuntime {
       this.paramView = new DataView(this.params.view.buffer, this.params.view.byteOffset, this.params.bytes);
       this.launchConfig = this.hostAlloc(LAUNCH_CONFIG_BYTES);
       this.launchConfigView = new DataView(this.launchConfig.view.buffer, this.launchConfig.view.byteOffset, LAUNCH_CONFIG_BYTES);
-      this.graphProfiler = envChoice('LLMTS_CUDA_GRAPH_PROFILE', ['0', '1']) === '1' ? new GraphProfiler(this.d, this.stream) : null;
+      this.graphProfiler = settings.runtime.graphProfile ? new GraphProfiler(this.d, this.stream) : null;
       // a profiled graph has event nodes between its kernels, where programmatic edges would join
       // kernel to kernel: profile without PDL
-      this.pdl = pdlEnabled(major) && !this.graphProfiler;
+      this.pdl = pdlEnabled(major, settings.runtime.pdl) && !this.graphProfiler;
       for (let i = 0; i < MAX_ARGS; i++) {
         this.paramView.setBigUint64(MAX_ARGS * 8 + i * 8, BigInt(this.params.addr + i * 8), true);
       }
@@ -282,7 +295,7 @@ export class CudaRuntime {
     for (const s of this.slots) if (s.error) throw s.error;
   }
 
-  /** Every kernel module, in KERNEL_MODULES order. */
+  /** Every kernel module, in kernelModules order. */
   get modules(): readonly KernelModuleStatus[] {
     return this.slots;
   }
@@ -487,13 +500,4 @@ export class CudaRuntime {
     this.d.cuStreamDestroy_v2(this.stream);
     this.d.cuDevicePrimaryCtxRelease_v2(this.dev);
   }
-}
-
-/** $LLMTS_CUDA_PROFILER_GRAPHS ("FROM" or "FROM:COUNT"), or null when unset; throws on anything else. */
-export function parseProfilerWindow(v: string | undefined): { from: number; count: number } | null {
-  if (v === undefined || v === '') return null;
-  const m = /^(\d+)(?::(\d+))?$/.exec(v.trim());
-  const count = m ? Number(m[2] ?? '1') : 0;
-  if (!m || count < 1) throw new Error(`LLMTS_CUDA_PROFILER_GRAPHS must be FROM or FROM:COUNT (graph launches, COUNT >= 1), got ${JSON.stringify(v)}`);
-  return { from: Number(m[1]), count };
 }

@@ -1,6 +1,6 @@
 // CUDA source of on-device sampling (Backend.sampleRows; semantics and the packed row layout in
 // contracts/device-sampling.ts, launch logic in sampling.ts). Its own NVRTC module
-// (KERNEL_MODULES in kernels.ts): it uses KERNEL_PRELUDE's ld(), DT_F32, NEG_INF and i64; every helper of its own is
+// (kernelModules in kernels.ts): it uses KERNEL_PRELUDE's ld(), DT_F32, NEG_INF and i64; every helper of its own is
 // prefixed sr_. Needs sm_70+ (__match_any_sync).
 //
 // One block of SR_THREADS threads per row (k_sample_rows, grid = P). Nothing is sorted: the

@@ -36,7 +36,16 @@ import os from 'node:os';
 import * as K from './constants.ts';
 import type { ConstantName } from './constants.ts';
 import type { Machine } from './machines.ts';
-import { MOE_PASS_ROWS, moeRunsGrouped } from '../../backends/cuda/moe-kernels.ts';
+import { moeRunsGrouped } from '../../backends/cuda/moe-kernels.ts';
+import type { CudaMoeSettings } from '../../backends/cuda/cuda-settings.ts';
+
+/** What the decode model takes of the backends' settings (FitPlanner's, as the real backends would run). */
+export interface DecodeSettings {
+  /** CpuSettings.gemvParallelMinBytes: matrices (and a layer's KV) under it run on one thread */
+  cpuGemvParallelMinBytes: number;
+  /** CudaSettings.moe: when MoE layers run grouped by expert, in passes of how many tokens */
+  cudaMoe: Pick<CudaMoeSettings, 'groupedMinRows' | 'passRows'>;
+}
 
 /** A 2-D weight matrix a decode step reads whole. */
 export interface MatrixRead {
@@ -55,7 +64,7 @@ export interface DecodeWeights {
   /**
    * MoE layers: the matrices of one expert (gate, up, down) and the routing; groupedKernels: the
    * CUDA backend's bf16 expert kernels apply (bf16 stacks, sizes in 16-byte chunks), so a step of
-   * MOE_GROUPED_MIN_ROWS rows or more runs grouped by expert
+   * CudaMoeSettings.groupedMinRows rows or more runs grouped by expert
    */
   experts?: { layers: number; perExpert: MatrixRead[]; numExperts: number; topK: number; groupedKernels?: boolean };
 }
@@ -103,7 +112,7 @@ const CPU_GEMV_MAX_ROWS = 16;
  */
 export function decodeFeatures(
   w: DecodeWeights, layers: number, kind: 'cpu' | 'cuda', rows: number,
-  attention: readonly { kvBytes: number; flops: number }[], kernels = 0, headDim = 128,
+  attention: readonly { kvBytes: number; flops: number }[], kernels: number, headDim: number, settings: DecodeSettings,
 ): DecodeFeatures {
   const f: DecodeFeatures = {
     rows, weightBytes: w.vectorBytes + w.embeddingRowBytes * rows, kvBytes: 0, attentionFlops: 0, layers,
@@ -112,7 +121,7 @@ export function decodeFeatures(
     parallel: { bytes: 0, macs: 0, count: 0 }, small: { bytes: 0, macs: 0, count: 0 },
     kernels, expertPairBytes: 0, moeLayers: w.experts?.layers ?? 0,
   };
-  const threshold = K.cpuGemvParallelMinBytes();
+  const threshold = settings.cpuGemvParallelMinBytes;
   for (const a of attention) {
     f.kvBytes += a.kvBytes;
     f.attentionFlops += a.flops;
@@ -135,11 +144,12 @@ export function decodeFeatures(
   };
   for (const m of w.matrices) read(m, 1, m.params * rows);
   if (w.experts && kind === 'cuda') {
-    // backends/cuda/moe-kernels.ts: below MOE_GROUPED_MIN_ROWS every (token, expert) pair reads its
+    // backends/cuda/moe-kernels.ts: below cudaMoe.groupedMinRows every (token, expert) pair reads its
     // expert's rows (k_moe_hidden_v / k_moe_down_v); from there the step is grouped by expert and
     // each chosen expert's rows stream from HBM once (groupedExpertReads)
     const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
-    const reads = w.experts.groupedKernels && moeRunsGrouped(rows, E, k) ? groupedExpertReads(rows, E, k) : rows * k;
+    const moe = settings.cudaMoe;
+    const reads = w.experts.groupedKernels && moeRunsGrouped(rows, E, k, moe) ? groupedExpertReads(rows, E, k, moe.passRows) : rows * k;
     for (const m of perExpert) f.expertPairBytes += m.bytes * n * reads;
   } else if (w.experts) {
     const { layers: n, perExpert, numExperts: E, topK: k } = w.experts;
@@ -156,15 +166,14 @@ export function touchedExperts(tokens: number, E: number, k: number): number {
 
 /**
  * Expert reads from HBM of one grouped MoE layer under uniform routing: each pass of up to
- * MOE_PASS_ROWS tokens reads every expert its tokens chose once (touchedExperts; 16 rows, 8 of 128
+ * `passRows` tokens (CudaMoeSettings.passRows) reads every expert its tokens chose once (touchedExperts; 16 rows, 8 of 128
  * experts: 82.4 reads where per pair it was 128). A block that takes an expert's rows for more than
  * 4 or 8 of its tokens (k_moe_hidden_g2 / k_moe_down_g4) reads them again right away, from L2; the
  * tensor-core kernels (64 tokens and more) likewise.
  */
-export function groupedExpertReads(rows: number, E: number, k: number): number {
-  const pass = MOE_PASS_ROWS.value;
+export function groupedExpertReads(rows: number, E: number, k: number, passRows: number): number {
   let reads = 0;
-  for (let done = 0; done < rows; done += pass) reads += touchedExperts(Math.min(pass, rows - done), E, k);
+  for (let done = 0; done < rows; done += passRows) reads += touchedExperts(Math.min(passRows, rows - done), E, k);
   return reads;
 }
 

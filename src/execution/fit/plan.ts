@@ -42,6 +42,14 @@ import type { Machine } from './machines.ts';
 import * as K from './constants.ts';
 import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFeatures, type DecodeTerm, type DecodeWeights } from './decode-model.ts';
 import { moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
+import { type CpuSettings, cpuSettingsFrom } from '../../backends/cpu/cpu-settings.ts';
+import { type CudaSettings, cudaSettingsFrom, type CudaSettingsOverrides } from '../../backends/cuda/cuda-settings.ts';
+
+/** Knobs of the backends the plan is for, set in code (the rest from the environment, as the backends read them). */
+export interface PlannerSettings {
+  cpu?: Partial<CpuSettings>;
+  cuda?: CudaSettingsOverrides;
+}
 import { DEFAULT_TOKEN_BUDGET } from '../engine.ts';
 
 /** the engine's defaults (engine.ts): block size and per-step token budget */
@@ -280,13 +288,22 @@ export class FitPlanner {
   private graphSim?: Promise<Simulation>;
   private readonly kernelsByBatch = new Map<number, number>();
 
-  private constructor(readonly source: PlannerSource) {
+  /** the backends' settings the plan models (what they would run with: PlannerSettings over the environment) */
+  readonly cpu: CpuSettings;
+  readonly cuda: CudaSettings;
+
+  private constructor(readonly source: PlannerSource, settings: PlannerSettings) {
     this.config = source.config;
     this.contextLength = derivedContextLength(source.config);
+    this.cpu = cpuSettingsFrom(process.env, settings.cpu);
+    this.cuda = cudaSettingsFrom(process.env, settings.cuda);
   }
 
-  /** Reads config.json and the safetensors headers of `dir` (no tensor data, no tokenizer). */
-  static async open(dir: string): Promise<FitPlanner> {
+  /**
+   * Reads config.json and the safetensors headers of `dir` (no tensor data, no tokenizer); plans for
+   * backends created with `settings`.
+   */
+  static async open(dir: string, settings: PlannerSettings = {}): Promise<FitPlanner> {
     const art = loadModelDir(dir, { tokenizer: false });
     let tokenizerFileBytes = 0;
     try {
@@ -300,7 +317,7 @@ export class FitPlanner {
       throw new ArtifactError(`${path.join(dir, 'config.json')}: num_experts_per_tok ${moe.topK} is more than the ` +
         `${moe.numExperts} experts (num_experts / num_local_experts); a token is routed to at most every expert`, path.join(dir, 'config.json'));
     }
-    const planner = new FitPlanner({ dir, config: art.config, weights: art.weights, tokenizerFileBytes });
+    const planner = new FitPlanner({ dir, config: art.config, weights: art.weights, tokenizerFileBytes }, settings);
     await planner.weights(); // every header/shape disagreement surfaces here, before any planning
     return planner;
   }
@@ -400,6 +417,7 @@ export class FitPlanner {
         // a run tunes each GEMM shape once; a plan counts the tuner's flush buffer at any GEMM
         gemmTune: pool === 'real' ? 'once' : 'always',
         ...(cudaTuning ? { cudaTuning } : {}),
+        cuda: this.cuda,
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
@@ -621,7 +639,8 @@ export class FitPlanner {
     });
     const cpu = machine.kind === 'cpu';
     const kernels = cpu ? 0 : await this.decodeKernels(batch);
-    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, attention, kernels, cfg.headDim);
+    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, attention, kernels, cfg.headDim,
+      { cpuGemvParallelMinBytes: this.cpu.gemvParallelMinBytes, cudaMoe: this.cuda.moe });
     const { kvBytes, attentionFlops } = features;
     const terms = decodeTerms(features, machine);
     const overheadMs = 1000 * terms.filter((t) => /_OVERHEAD_MS$/.test(t.constant)).reduce((a, t) => a + termSeconds(t), 0);

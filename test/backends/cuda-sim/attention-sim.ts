@@ -4,9 +4,13 @@
 // GPU; this checks the kernels' index and fragment logic there (not their speed, nor anything
 // the emulation itself gets wrong: warp-sim.h follows the PTX ISA's fragment layouts).
 import { buildSim, bytesOf, runSim } from './build.ts';
-import { ATTENTION_KERNELS } from '../../../src/backends/cuda/attention-kernels.ts';
-import { ATT_TC_STAGES, attDecodeTcKernels, attTcSharedBytes } from '../../../src/backends/cuda/attention-decode-tc.ts';
+import { attentionKernels } from '../../../src/backends/cuda/attention-kernels.ts';
+import { attDecodeTcKernels, attTcSharedBytes } from '../../../src/backends/cuda/attention-decode-tc.ts';
 import { type AttentionPlan, decodeGrid } from '../../../src/backends/cuda/attention.ts';
+import { CUDA_DEFAULTS } from '../../../src/backends/cuda/cuda-settings.ts';
+
+/** the module's kernels as the default settings plan them (the tests' plans use the same) */
+const ATTENTION_KERNELS = attentionKernels(CUDA_DEFAULTS.attention);
 
 export { simUnavailable } from './build.ts';
 
@@ -105,7 +109,7 @@ int main(int argc, char** argv) {
 
 /**
  * The attention module's kernels and the driver, built once per process (cached on disk), with
- * `defines` (NAME=VALUE: the tuning macros $LLMTS_CUDA_ATT_DEFINES sets) put first.
+ * `defines` (NAME=VALUE: the tuning macros CudaKernelSettings.attentionDefines sets) put first.
  */
 function attentionSim(defines: readonly string[], stages: number): string {
   const head = defines.map((d) => `#define ${d.replace('=', ' ')}\n`).join('');
@@ -123,9 +127,9 @@ export interface SimCall {
 /**
  * Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns
  * the bf16 output bits and the error word. `stages`: the tensor-core kernel's ring, compiled and
- * sized for that many stages (default: the host's ATT_TC_STAGES, the plan's decodeSharedBytes).
+ * sized for that many stages (default: the default tcStages, the plan's decodeSharedBytes).
  */
-export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = [], stages = ATT_TC_STAGES):
+export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = [], stages = CUDA_DEFAULTS.attention.tcStages):
   { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
   const name = Buffer.alloc(128);

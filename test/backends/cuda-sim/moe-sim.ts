@@ -4,9 +4,10 @@
 // bf16 twins k_moe_hidden_v / k_moe_down_v (moe-kernels.ts, after the GEMV source whose loaders
 // they use).
 import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
-import { KERNEL_MODULES, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
+import { CUDA_DEFAULTS } from '../../../src/backends/cuda/cuda-settings.ts';
+import { kernelModules, KERNEL_PRELUDE } from '../../../src/backends/cuda/kernels.ts';
 import {
-  MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_PASS_ROWS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
+  MOE_GROUP_THREADS, MOE_KERNEL_SOURCE, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK, MOE_TC_ROWS, MOE_TC_THREADS,
   MOE_THREADS,
 } from '../../../src/backends/cuda/moe-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
@@ -23,7 +24,7 @@ function kernelText(source: string, name: string): string {
   throw new Error(`kernel ${name} does not end`);
 }
 
-const BASE = KERNEL_MODULES.find((m) => m.name === 'base')!.source.slice(KERNEL_PRELUDE.length);
+const BASE = kernelModules(CUDA_DEFAULTS).find((m) => m.name === 'base')!.source.slice(KERNEL_PRELUDE.length);
 
 const DRIVER = String.raw`
 // reads v.size() values of v's type; false on a short file
@@ -129,7 +130,7 @@ export interface MoeSimCase {
   experts: Int32Array; weights: Float32Array;
   /** the cap on either launch's grid y (cuda-moe-ops.ts: 65535); smaller makes the blocks loop over pairs */
   gridY?: number;
-  /** grouped: tokens a pass (cuda-moe-ops.ts: MOE_PASS_ROWS) */
+  /** grouped: tokens a pass (cuda-moe-ops.ts: CudaMoeSettings.passRows, 2048 by default) */
   chunk?: number;
   /** grouped on CUDA cores: output rows a warp of the down projection takes (cuda-moe-ops.ts: 4 by default) */
   downRows?: 1 | 4;
@@ -154,7 +155,7 @@ export interface MoeSimResult {
 export function runMoeSim(kind: 'scalar' | 'vec' | 'grouped' | 'grouped-tc' | 'grouped-tc2', c: MoeSimCase): MoeSimResult {
   const { T, K, D, I, E } = c;
   const buf = runSim(sim(), bytesOf(Int32Array.of(['scalar', 'vec', 'grouped', 'grouped-tc', 'grouped-tc2'].indexOf(kind), T, K, D, I, E, c.act, c.gridY ?? 65535,
-    c.chunk ?? MOE_PASS_ROWS.value, c.downRows ?? 4, c.hiddenRows ?? 2), c.x,
+    c.chunk ?? CUDA_DEFAULTS.moe.passRows, c.downRows ?? 4, c.hiddenRows ?? 2), c.x,
     c.experts, c.weights, c.gate, c.up, c.down));
   const h = T * K * I * 4, o = T * D * 2;
   return { hidden: new Float32Array(buf, 0, T * K * I), out: new Uint16Array(buf, h, T * D), err: new Int32Array(buf.slice(h + o, h + o + 16)) };
