@@ -9,7 +9,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { DType } from '../contracts/backend.ts';
-import { parseDevice, type Device } from '../execution/devices.ts';
+import { parseDevice, type BackendSettings, type Device } from '../execution/devices.ts';
+import type { EngineSettings } from '../execution/engine-settings.ts';
 import { DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import { TOOL_CALL_FORMATS, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 
@@ -52,6 +53,10 @@ export interface ServeOptions {
   toolCallFormat?: ToolCallFormatName;
   /** run every decode batch size once before listening (default: on for CUDA, off for the CPU) */
   warmup?: boolean;
+  /** the backend's knobs set in code, as load() takes them; the rest come from the LLMTS_* environment */
+  backendSettings?: BackendSettings;
+  /** the engine's knobs set in code (pipeline, deviceSampling, graphs); the rest come from the environment */
+  engineSettings?: Partial<EngineSettings>;
   /** startup and shutdown notes, one line each (default: none) */
   log?: (line: string) => void;
   /** how messages name the options (default: as ServeOptions spells them) */
@@ -59,7 +64,7 @@ export interface ServeOptions {
 }
 
 /** the options a message can name */
-export type ServeOptionName = Exclude<keyof ServeOptions, 'log' | 'optionNames'>;
+export type ServeOptionName = Exclude<keyof ServeOptions, 'backendSettings' | 'engineSettings' | 'log' | 'optionNames'>;
 
 /** An option's value is not one startServer can serve with; `option` names the field at fault. */
 export class ServeOptionsError extends Error {

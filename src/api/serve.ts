@@ -41,7 +41,7 @@ export interface ServerHandle {
 
 export async function startServer(options: ServeOptions): Promise<ServerHandle> {
   const o = resolveServeOptions(options);
-  const backend = await openBackend(o.device);
+  const backend = await openBackend(o.device, o.backendSettings);
   let loaded: LoadedModel | undefined;
   let engine: Engine | undefined;
   try {
@@ -49,6 +49,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
     const kvPlan = await planKv(backend, loaded, kvDtype, o);
     engine = new Engine(loaded.model, loaded, {
+      ...o.engineSettings,
       maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
       prefixCache: {
         promptCacheBytes: o.promptCacheBytes,
@@ -97,7 +98,8 @@ function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {
 
 /** The KV pool, sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts). */
 async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: DType, o: ResolvedServeOptions): Promise<ServeKvPlan> {
-  const planner = await FitPlanner.open(o.model);
+  // the plan models the backend as it was opened: the same knobs set in code
+  const planner = await FitPlanner.open(o.model, o.backendSettings);
   try {
     return await planServeKv(planner, {
       backend: backend.name, kvDtype, maxBatch: o.maxBatch, maxModelLen: loaded.maxContext,

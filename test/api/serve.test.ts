@@ -61,9 +61,10 @@ test('option errors: ServeOptionsError naming the field, or as optionNames spell
     (e: unknown) => e instanceof ServeOptionsError && e.message === '--max-batch must be >= 1, got 0');
 });
 
-test('a start that fails at listen closes what it opened; the port stays with its owner', async () => {
-  const first = await startServer({ ...base, kvBudgetBytes: 64 * 1024 });
+test('a start that fails at listen closes what it opened; the port stays with its owner; engine settings reach the engine', async () => {
+  const first = await startServer({ ...base, kvBudgetBytes: 64 * 1024, engineSettings: { pipeline: false } });
   try {
+    assert.equal(first.engine.pipeline, false);
     await assert.rejects(startServer({ ...base, kvBudgetBytes: 64 * 1024, port: first.port }),
       (e: Error) => e.message.startsWith(`cannot listen on 127.0.0.1:${first.port}: `));
     const r = await fetch(`${first.url}/health`);
