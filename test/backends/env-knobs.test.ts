@@ -74,6 +74,7 @@ describe('LLMTS_* knobs (envInt, envNumber, envChoice, envSwitch; knobs.ts setti
       [(env) => cudaSettingsFrom(env), 'LLMTS_CUDA_PROFILER_GRAPHS', '3:0', /LLMTS_CUDA_PROFILER_GRAPHS must be FROM or FROM:COUNT/],
       [(env) => cudaSettingsFrom(env), 'LLMTS_CUDA_GEMV_DEFINES', 'GEMVP_MINB', /LLMTS_CUDA_GEMV_DEFINES: "GEMVP_MINB" is not NAME=INTEGER/],
       [(env) => cudaSettingsFrom(env), 'LLMTS_CUDA_ATT_DEFINES', 'A=1,A=2', /LLMTS_CUDA_ATT_DEFINES: A is listed twice/],
+      [(env) => cudaSettingsFrom(env), 'LLMTS_CUDA_FUSED_DEFINES', 'A=010', /LLMTS_CUDA_FUSED_DEFINES: "A=010" is not NAME=INTEGER \(decimal\)/],
       [(env) => cpuSettingsFrom(env), 'LLMTS_GEMV_PAR_MIN_BYTES', '1e6', /LLMTS_GEMV_PAR_MIN_BYTES must be an integer from 0 to/],
       [(env) => engineSettingsFrom(env), 'LLMTS_GRAPHS', 'of', /LLMTS_GRAPHS must be "on" or "off", got "of"/],
     ];

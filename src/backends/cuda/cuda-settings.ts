@@ -244,12 +244,16 @@ export function parseProfilerWindow(v: string | undefined): { from: number; coun
   return { from: Number(m[1]), count };
 }
 
-/** `variable`'s "NAME=INTEGER,..." as defines; throws naming the variable on anything else. */
+/**
+ * `variable`'s "NAME=INTEGER,..." as defines; throws naming the variable on anything else. Decimal
+ * without leading zeros: a C compiler reads 010 as octal 8, so the value is written back as it was
+ * meant.
+ */
 export function parseKernelDefines(variable: string, text: string | undefined): KernelDefines {
   const defines: Record<string, number> = {};
   for (const d of (text ?? '').split(',').filter((e) => e.trim() !== '')) {
-    const m = /^\s*([A-Z_][A-Z0-9_]*)=(-?\d+)\s*$/.exec(d);
-    if (!m || !Number.isSafeInteger(Number(m[2]))) throw new Error(`${variable}: "${d}" is not NAME=INTEGER`);
+    const m = /^\s*([A-Z_][A-Z0-9_]*)=(-?(?:0|[1-9]\d*))\s*$/.exec(d);
+    if (!m || !Number.isSafeInteger(Number(m[2]))) throw new Error(`${variable}: "${d}" is not NAME=INTEGER (decimal)`);
     if (m[1]! in defines) throw new Error(`${variable}: ${m[1]} is listed twice`);
     defines[m[1]!] = Number(m[2]);
   }
