@@ -14,7 +14,7 @@
 
 import type { Backend } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
-import { openBackend, parseDevice } from '../execution/devices.ts';
+import { type BackendSettings, openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel, type ChatMessage, type LoadedModel } from '../execution/load-model.ts';
 import { Engine, type Completion, type EngineOptions } from '../execution/engine.ts';
 import type { EngineRequest, SequenceEvent } from '../execution/sequence.ts';
@@ -24,6 +24,10 @@ import { GrammarCompiler, GrammarSpecError, grammarVocabFrom, type CompiledGramm
 export type { ChatMessage, Completion, SequenceEvent, SamplingParamsInput, GrammarSpec };
 export { GrammarSpecError };
 export { startServer, type ServerHandle } from './serve.ts';
+export type { BackendSettings } from '../execution/devices.ts';
+export type { EngineSettings } from '../execution/engine-settings.ts';
+export type { CpuSettings } from '../backends/cpu/cpu-settings.ts';
+export type { CudaSettings, CudaSettingsOverrides } from '../backends/cuda/cuda-settings.ts';
 export { ServeOptionsError, SERVE_DEFAULTS, type ServeOptions, type ServeOptionName } from './serve-options.ts';
 
 /** OpenAI's `response_format`, as the server takes it. */
@@ -37,6 +41,12 @@ export interface LoadOptions extends EngineOptions {
   /** Hugging Face model directory */
   model: string;
   device?: 'auto' | 'cpu' | 'cuda';
+  /**
+   * the backend's knobs set in code, e.g. `{ cuda: { attention: { decodeKernel: 'cuda-core' } } }`
+   * (cpu-settings.ts, cuda-settings.ts; the engine's are `pipeline`, `deviceSampling`, `graphs`);
+   * whatever is not set here comes from the LLMTS_* environment
+   */
+  backendSettings?: BackendSettings;
   /** called with non-fatal notes (e.g. a context limit past what the model was built for) */
   onWarning?: (message: string) => void;
 }
@@ -109,7 +119,7 @@ export class Llm {
   ) {}
 
   static async load(opts: LoadOptions): Promise<Llm> {
-    const backend = await openBackend(parseDevice(opts.device));
+    const backend = await openBackend(parseDevice(opts.device), opts.backendSettings);
     try {
       const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning });
       return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...opts, maxModelLen: loaded.maxContext }));
