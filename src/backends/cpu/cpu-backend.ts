@@ -15,6 +15,7 @@ import { CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
 import { ACT_CODE, DT_CODE, loadNativeLib, type NativeLib } from './native-lib.ts';
+import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 import {
   attentionParams, checkShape, describe, expectDim, expectFinite, moeShapes, opError, sameShape, tensorArg, weightRows,
 } from './validate.ts';
@@ -32,8 +33,8 @@ const STAGED_UPLOAD_MAX = 1 << 20;
 let nextBackendId = 1;
 
 export interface CpuBackendOptions {
-  /** path of libllmts_cpu.so (default build/libllmts_cpu.so, or $LLMTS_CPU_LIB) */
-  libraryPath?: string;
+  /** knobs set in code (cpu-settings.ts); the others come from the environment */
+  settings?: Partial<CpuSettings>;
 }
 
 export class CpuBackend implements Backend {
@@ -46,7 +47,8 @@ export class CpuBackend implements Backend {
   private readonly waiter: FenceWaiter;
   private closed = false;
 
-  constructor(private readonly lib: NativeLib) {
+  /** `settings`: what the backend was created with (the native library's process-wide knobs among them) */
+  constructor(private readonly lib: NativeLib, readonly settings: CpuSettings) {
     this.pool = new BlockPool(lib);
     this.waiter = new FenceWaiter(lib);
     this.scopes = new ScopeStack<CpuTensor>((t) => this.release(t), (t) => t.owner);
@@ -542,5 +544,6 @@ export class CpuBackend implements Backend {
 
 /** Loads the native library (build/libllmts_cpu.so) and returns a ready backend. */
 export async function createCpuBackend(options: CpuBackendOptions = {}): Promise<CpuBackend> {
-  return new CpuBackend(loadNativeLib(options.libraryPath));
+  const settings = cpuSettingsFrom(process.env, options.settings);
+  return new CpuBackend(loadNativeLib(settings), settings);
 }

@@ -22,7 +22,8 @@ import type {
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../common/scopes.ts';
-import { check, CudaUnavailableError, loadCublasLt, probeCuda } from './cuda-lib.ts';
+import { check, CudaUnavailableError, loadCublasLt, probeCuda, traceSlowCalls } from './cuda-lib.ts';
+import { type CudaSettings, cudaSettingsFrom, type CudaSettingsOverrides } from './cuda-settings.ts';
 import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { DevicePool } from './device-pool.ts';
 import type { GraphProfile } from './graph-profiler.ts';
@@ -44,18 +45,17 @@ import {
 import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
 import { CudaWeightLoader } from './cuda-weight-loader.ts';
-import { envChoice, envInt } from '../common/env.ts';
 
-export { setCudaFuseGlu, setCudaFuseNorm, setCudaGluEpilogue, setCudaRopeEpilogue } from './cuda-fused-ops.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;
 
 export interface CudaBackendOptions {
-  /** device ordinal (default $LLMTS_CUDA_DEVICE or 0) */
-  device?: number;
-  /** 'simple' forces the plain GEMM kernel instead of cuBLASLt (default $LLMTS_CUDA_GEMM or cublaslt) */
-  gemm?: 'cublaslt' | 'simple';
+  /**
+   * knobs set in code (cuda-settings.ts: the device, the GEMM engine, kernels, fusions...); the
+   * others come from the environment
+   */
+  settings?: CudaSettingsOverrides;
   /**
    * 'wait' (default): resolve once every kernel module is compiled and loaded. 'background': resolve
    * while they still compile, so weights can load meanwhile; `ready()` must resolve before any op
@@ -85,8 +85,9 @@ export class CudaBackend implements Backend {
   /** captured graphs not yet disposed (close disposes them) */
   private readonly liveGraphs = new Set<CapturedGraph>();
 
+  /** `settings`: what the backend was created with; every op reads its group of them */
   constructor(private readonly rt: CudaRuntime, private readonly pool: DevicePool,
-    private readonly gemm: LtGemm | null, private readonly gemmNote: string) {
+    private readonly gemm: LtGemm | null, private readonly gemmNote: string, readonly settings: CudaSettings) {
     this.scopes = new ScopeStack<CudaTensor>((t) => this.release(t), (t) => t.owner);
     this.errWord = pool.alloc(16, true).addr;
     check(rt.d.cuMemsetD32Async(this.errWord, 0, 4, rt.stream), 'clearing the error word');
@@ -101,7 +102,7 @@ export class CudaBackend implements Backend {
   /** What the modules split out of this class get of it (cuda-op-context.ts). */
   private opContext(): CudaOpContext {
     return {
-      rt: this.rt, pool: this.pool, errWord: this.errWord,
+      rt: this.rt, pool: this.pool, settings: this.settings, errWord: this.errWord,
       isClosed: () => this.closed,
       assertOpen: (op) => this.assertOpen(op),
       assertNotCapturing: (op) => this.assertNotCapturing(op),
@@ -161,7 +162,7 @@ export class CudaBackend implements Backend {
   }
 
   /**
-   * With $LLMTS_CUDA_GRAPH_PROFILE=1 (read when the backend is created): waits for the stream and
+   * With CudaRuntimeSettings.graphProfile ($LLMTS_CUDA_GRAPH_PROFILE=1): waits for the stream and
    * returns each captured graph's kernels as its last replay ran them (graph-profiler.ts); else [].
    */
   async graphProfile(): Promise<GraphProfile[]> {
@@ -634,7 +635,7 @@ export class CudaBackend implements Backend {
   }
 
   /**
-   * The tensor-core decode attention's phase counters ($LLMTS_CUDA_ATT_DEFINES=ATT_TC_PHASES=1,
+   * The tensor-core decode attention's phase counters (CudaKernelSettings.attentionDefines ATT_TC_PHASES=1,
    * attention-decode-tc.ts): each phase's cycles over the blocks that had it, and how many, since
    * the module loaded or resetAttentionPhases; null where the module was compiled without them.
    */
@@ -672,7 +673,7 @@ export class CudaBackend implements Backend {
     return this.fused.gluPacked(gu, act);
   }
 
-  /** matmul(gluPacked(gu, act), w, bias); the GLU fused into the decode GEMV with $LLMTS_CUDA_FUSE_GLU=on (cuda-fused-ops.ts). */
+  /** matmul(gluPacked(gu, act), w, bias); the GLU fused into the decode GEMV with CudaFusedSettings.fuseGlu (cuda-fused-ops.ts). */
   gluMatmul(gu: Tensor, act: Activation, w: Tensor, bias?: Tensor): Tensor {
     return this.fused.gluMatmul(gu, act, w, bias);
   }
@@ -720,31 +721,31 @@ export class CudaBackend implements Backend {
 export type { KernelArg };
 
 /**
- * Opens device `options.device` (default $LLMTS_CUDA_DEVICE or 0). Throws CudaUnavailableError
- * (with the reason) when CUDA cannot be used here.
+ * Opens the device of its settings (CudaRuntimeSettings.device: options.settings over the
+ * environment, read once here). Throws CudaUnavailableError (with the reason) when CUDA cannot be
+ * used here, and an Error naming the variable or field of a knob set to a value it does not allow.
  */
 export async function createCudaBackend(options: CudaBackendOptions = {}): Promise<CudaBackend> {
+  const settings = cudaSettingsFrom(process.env, options.settings);
   const probe = probeCuda();
   if (!probe.ok) throw new CudaUnavailableError(probe.reason ?? 'CUDA is not usable');
-  const ordinal = options.device ?? envInt('LLMTS_CUDA_DEVICE', 0, { min: 0, max: 1023 });
   // The kernel modules start compiling (off the main thread) inside create; the rest of the setup
   // (cuBLASLt included) overlaps with them, and so does weight loading with kernels: 'background'.
-  const rt = await CudaRuntime.create(ordinal, {}, { background: true });
+  const rt = await CudaRuntime.create(settings, {}, { background: true });
   const pool = new DevicePool(rt);
   let gemm: LtGemm | null = null;
   let note: string;
-  const mode = options.gemm ?? envChoice('LLMTS_CUDA_GEMM', ['cublaslt', 'simple']);
-  if (mode === 'simple') {
+  if (settings.gemm.engine === 'simple') {
     note = 'simple (forced)';
   } else {
     try {
-      gemm = new LtGemm(loadCublasLt(), rt, pool);
+      gemm = new LtGemm(traceSlowCalls(loadCublasLt(), settings.runtime.slowCallMs), rt, pool, settings);
       note = `cublaslt ${gemm.version}`;
     } catch (e) {
       note = `simple (cuBLASLt unusable: ${(e as Error).message})`;
     }
   }
-  const backend = new CudaBackend(rt, pool, gemm, note);
+  const backend = new CudaBackend(rt, pool, gemm, note, settings);
   if (options.kernels !== 'background') {
     try {
       await backend.ready();

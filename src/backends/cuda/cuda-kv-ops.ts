@@ -69,6 +69,6 @@ export function attention(c: CudaOpContext, counters: number, q: Tensor, kv: Pag
     q: qq.addr, k: kp.addr, v: vp.addr, tokenRow: row.addr, tokenPos: pos.addr, blockTables: bt.addr, out: y.addr,
     err: c.errWord, counters, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
     qDtype: qq.dtype, poolDtype: kp.dtype, oneTokenPerRow: layout.oneTokenPerRow === true,
-  });
+  }, c.settings.attention);
   return y;
 }

@@ -3,6 +3,7 @@
 // object, so none of them reaches into its private state, plus the dtype sets and launch geometry
 // that every CUDA op shares. Separate so those modules depend on this small file, not on the class.
 import type { DType, Tensor } from '../../contracts/backend.ts';
+import type { CudaSettings } from './cuda-settings.ts';
 import type { CudaTensor } from './cuda-tensor.ts';
 import type { DevicePool } from './device-pool.ts';
 import type { KernelName } from './kernels.ts';
@@ -26,6 +27,8 @@ export function elementwiseGrid(n: number): [number, number, number] {
 export interface CudaOpContext {
   readonly rt: CudaRuntime;
   readonly pool: DevicePool;
+  /** what the backend was created with (cuda-settings.ts): which kernels and fusions each op takes */
+  readonly settings: CudaSettings;
   /** device int[4]: first kernel error (code, a, b, c); 0 = none */
   readonly errWord: number;
   /** whether the backend was closed */

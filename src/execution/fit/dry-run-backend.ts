@@ -18,8 +18,8 @@ import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
-import { MOE_PASS_ROWS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
-import { envSwitch } from '../../backends/common/env.ts';
+import { moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
+import { type CudaSettings, cudaSettingsFrom } from '../../backends/cuda/cuda-settings.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -36,7 +36,7 @@ const PACK_THREAD_BYTES = 2 * 48 * 128 * 4;
  * outside a graph capture, and the timing writes an L2-flush buffer of L2_FLUSH_BYTES (a pool
  * block of its own size class) between calls: live for that op on top of everything the step holds then (on
  * the H200 it was the step's live high-water mark in most runs: the lm_head of a prefill chunk's
- * last step is a new shape once every layer's residual is live). $LLMTS_CUDA_GEMM_TUNE=off skips it.
+ * last step is a new shape once every layer's residual is live). CudaGemmSettings.tune off skips it.
  */
 export const CUDA_TUNE_MAX_M = TUNE_MAX_M;
 export const CUDA_L2_FLUSH_BYTES = L2_FLUSH_BYTES;
@@ -95,6 +95,8 @@ export interface DryRunOptions {
    * a run recorded before gemm.ts tuned by class passes what that run's tuner did.
    */
   cudaTuning?: CudaTuning;
+  /** the CUDA backend's settings it mirrors (the tuner's on/off, the MoE grouping); default from the environment */
+  cuda?: CudaSettings;
 }
 
 export interface CudaTuning {
@@ -126,6 +128,7 @@ export class DryRunBackend implements Backend {
   private readonly tuned = new Set<string>();
   private reads = new ArrayBuffer(0);
   private readonly cudaTuning: CudaTuning;
+  private readonly cuda: CudaSettings;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -137,7 +140,8 @@ export class DryRunBackend implements Backend {
     this.activationDtype = opts.activationDtype;
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
-    this.gemmTune = !envSwitch('LLMTS_CUDA_GEMM_TUNE', true) ? 'off' : opts.gemmTune ?? 'always';
+    this.cuda = opts.cuda ?? cudaSettingsFrom(process.env);
+    this.gemmTune = !this.cuda.gemm.tune ? 'off' : opts.gemmTune ?? 'always';
     this.cudaTuning = opts.cudaTuning ?? { maxM: CUDA_TUNE_MAX_M, byClass: true };
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
     if (opts.fused || opts.graphs) {
@@ -406,15 +410,16 @@ export class DryRunBackend implements Backend {
     const [E, I] = gate.shape as [number, number, number];
     const K = routing.weights.shape[1]!;
     // backends/cuda/cuda-moe-ops.ts: bf16 experts with D and I multiples of 8 run grouped by expert
-    // from MOE_GROUPED_MIN_ROWS tokens (4 kernels a pass of up to MOE_PASS_ROWS tokens, scratch
+    // from CudaMoeSettings.groupedMinRows tokens (4 kernels a pass of up to passRows tokens, scratch
     // moeGroupedScratch), otherwise per (token, expert) pair (2 kernels, an f32 hidden [T K, I])
-    const grouped = this.name === 'cuda' && moeVecKernelsApply([gate.dtype], D, I) && moeRunsGrouped(T, E, K);
-    this.kernels += grouped ? 4 * Math.ceil(T / MOE_PASS_ROWS.value) : 2;
+    const moe = this.cuda.moe;
+    const grouped = this.name === 'cuda' && moeVecKernelsApply([gate.dtype], D, I) && moeRunsGrouped(T, E, K, moe);
+    this.kernels += grouped ? 4 * Math.ceil(T / moe.passRows) : 2;
     const y = this.out([T, D]);
     // native/moe.c: per-call buckets (T*K + 2E int64) and gathered rows for the busiest expert
     // (at most T tokens): x [T, D], gate and up [T, I], expert output [T, D], all f32, plus the
     // packed copy of the largest matmul input
-    if (grouped && D > 0) this.transient(moeGroupedScratch(T, K, D, I));
+    if (grouped && D > 0) this.transient(moeGroupedScratch(T, K, D, I, moe));
     else if (this.name === 'cuda' && T > 0 && D > 0) this.transient([Math.max(T * K * I * 4, 4)]);
     if (this.name === 'cpu') {
       const packed = T > ROWS_MAX_M ? Math.ceil(T / PACK_WIDTH) * PACK_WIDTH * Math.max(D, I) * 4 + 64 + this.threads * PACK_THREAD_BYTES : 0;
