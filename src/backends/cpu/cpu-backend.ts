@@ -16,17 +16,14 @@ import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
 import { ACT_CODE, DT_CODE, loadNativeLib, type NativeLib } from './native-lib.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
-import {
-  attentionParams, checkShape, describe, expectDim, expectFinite, moeShapes, opError, sameShape, tensorArg, weightRows,
-} from './validate.ts';
+import * as shapes from '../common/op-shapes.ts';
+import { ANY } from '../common/op-shapes.ts';
+import { checkShape, CPU_DTYPES, describe, opChecks, opError, sameShape, tensorArg, weightRows } from './validate.ts';
 import { readInto } from './weight-io.ts';
 
-const F32: readonly DType[] = ['f32'];
-const I32: readonly DType[] = ['i32'];
-const WEIGHT: readonly DType[] = ['f32', 'f16', 'bf16'];
-/** what the KV pools may hold: f32 (the default) or bf16 (half the bytes a decode step reads) */
-const KV: readonly DType[] = ['f32', 'bf16'];
-const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
+const WEIGHT = CPU_DTYPES.weight;
+/** what the KV pools may hold (CPU_DTYPES.kv) */
+const KV = CPU_DTYPES.kv;
 /** uploads up to this size are staged through the queue; larger ones get a fresh block */
 const STAGED_UPLOAD_MAX = 1 << 20;
 
@@ -42,6 +39,8 @@ export class CpuBackend implements Backend {
   readonly activationDtype: DType = 'f32';
   readonly kvDtypes: readonly DType[] = KV;
   private readonly id = nextBackendId++;
+  /** this backend's tensors as the op rules check them (common/op-shapes.ts) */
+  private readonly checks = opChecks(this.id, (op) => this.assertOpen(op));
   private readonly pool: BlockPool;
   private readonly scopes: ScopeStack<CpuTensor>;
   private readonly waiter: FenceWaiter;
@@ -91,15 +90,7 @@ export class CpuBackend implements Backend {
   // ---- memory ------------------------------------------------------------------------------
 
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
-    this.assertOpen('upload');
-    checkShape('upload', shape);
-    if (!(data instanceof Int32Array) && !(data instanceof Float32Array)) {
-      throw opError('upload', 'data must be a Float32Array or an Int32Array');
-    }
-    const dtype: DType = data instanceof Int32Array ? 'i32' : 'f32';
-    if (numel(shape) !== data.length) {
-      throw opError('upload', `shape [${shape.join(', ')}] has ${numel(shape)} elements but data has ${data.length}`);
-    }
+    const dtype = shapes.upload(this.checks, data, shape);
     const bytes = data.length * 4;
     const fresh = bytes > STAGED_UPLOAD_MAX;
     const t = this.make(shape, dtype, true, fresh);
@@ -165,20 +156,14 @@ export class CpuBackend implements Backend {
   }
 
   zeros(shape: readonly number[], dtype: DType): Tensor {
-    this.assertOpen('zeros');
-    checkShape('zeros', shape);
-    if (!ANY.includes(dtype)) throw opError('zeros', `unknown dtype ${dtype}`);
+    shapes.zeros(this.checks, shape, dtype);
     const t = this.make(shape, dtype, false);
     this.lib.opZero(t.addr, t.bytes);
     return t;
   }
 
   reshape(t: Tensor, shape: readonly number[]): Tensor {
-    const x = this.arg('reshape', 't', t, ANY);
-    checkShape('reshape', shape);
-    if (numel(shape) !== numel(x.shape)) {
-      throw opError('reshape', `cannot view ${describe(x)} as [${shape.join(', ')}] (element counts differ)`);
-    }
+    const x = shapes.reshape(this.checks, t, shape);
     return new CpuTensor(Object.freeze([...shape]), x.dtype, x.addr, x.bytes, x.owner, 0, this.id);
   }
 
@@ -258,13 +243,7 @@ export class CpuBackend implements Backend {
   }
 
   copyTensor(t: Tensor, src: Tensor): void {
-    const op = 'copyTensor';
-    this.assertOpen(op);
-    const x = this.arg(op, 't', t, ANY);
-    const s = this.arg(op, 'src', src, ANY);
-    if (x.dtype !== s.dtype || numel(x.shape) !== numel(s.shape)) {
-      throw opError(op, `src ${describe(s)} does not match t ${describe(x)} (same dtype and element count)`);
-    }
+    const { t: x, src: s } = shapes.copyTensor(this.checks, t, src);
     if (x.bytes > 0) this.lib.opCopy(s.addr, x.addr, x.bytes);
   }
 
@@ -308,181 +287,86 @@ export class CpuBackend implements Backend {
   // ---- ops ---------------------------------------------------------------------------------
 
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
-    const op = 'embedding';
-    this.assertOpen(op);
-    const tb = this.arg(op, 'table', table, WEIGHT, 2);
-    const id = this.arg(op, 'ids', ids, I32, 1);
-    expectFinite(op, 'scale', scale);
-    const [V, D] = tb.shape as [number, number];
-    const T = id.shape[0]!;
+    const { table: tb, ids: id, V, D, T } = shapes.embedding(this.checks, table, ids, scale);
     const y = this.out([T, D]);
     this.lib.opEmbedding(tb.addr, id.addr, y.addr, T, V, D, DT_CODE[tb.dtype], scale);
     return y;
   }
 
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
-    const op = 'matmul';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32, 2);
-    const b = this.arg(op, 'w', w, WEIGHT, 2);
-    const [M, K] = a.shape as [number, number];
-    const [N, Kw] = b.shape as [number, number];
-    if (K !== Kw) throw opError(op, `x ${describe(a)} and w ${describe(b)} disagree on K (w is [N, K])`);
-    let biasAddr = 0;
-    if (bias !== undefined) {
-      const c = this.arg(op, 'bias', bias, F32, 1);
-      expectDim(op, 'bias length', c.shape[0]!, N, () => `w ${describe(b)}`);
-      biasAddr = c.addr;
-    }
+    const { x: a, w: b, bias: c, M, N, K } = shapes.matmul(this.checks, x, w, bias);
     const y = this.out([M, N]);
-    this.lib.opMatmul(a.addr, b.addr, biasAddr, y.addr, M, N, K, DT_CODE[b.dtype]);
+    this.lib.opMatmul(a.addr, b.addr, c?.addr ?? 0, y.addr, M, N, K, DT_CODE[b.dtype]);
     return y;
   }
 
   rmsnorm(x: Tensor, w: Tensor, eps: number, weightOffset: number): Tensor {
-    const op = 'rmsnorm';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32);
-    const g = this.arg(op, 'w', w, F32, 1);
-    if (a.shape.length === 0) throw opError(op, 'x must have at least one dimension');
-    const D = a.shape[a.shape.length - 1]!;
-    expectDim(op, 'w length', g.shape[0]!, D, () => `last dim of x ${describe(a)}`);
-    expectFinite(op, 'eps', eps);
-    expectFinite(op, 'weightOffset', weightOffset);
+    const { x: a, w: g, D, rows } = shapes.rmsnorm(this.checks, x, w, eps, weightOffset);
     const y = this.out(a.shape);
-    this.lib.opRmsnorm(a.addr, g.addr, y.addr, D === 0 ? 0 : numel(a.shape) / D, D, eps, weightOffset);
+    this.lib.opRmsnorm(a.addr, g.addr, y.addr, rows, D, eps, weightOffset);
     return y;
   }
 
   add(a: Tensor, b: Tensor, bScale: number): Tensor {
-    const op = 'add';
-    this.assertOpen(op);
-    const x = this.arg(op, 'a', a, F32);
-    const z = this.arg(op, 'b', b, F32);
-    if (!sameShape(x.shape, z.shape)) throw opError(op, `shapes differ: a ${describe(x)}, b ${describe(z)}`);
-    expectFinite(op, 'bScale', bScale);
+    const { a: x, b: z, n } = shapes.add(this.checks, a, b, bScale);
     const y = this.out(x.shape);
-    this.lib.opAdd(x.addr, z.addr, y.addr, numel(x.shape), bScale);
+    this.lib.opAdd(x.addr, z.addr, y.addr, n, bScale);
     return y;
   }
 
   scale(x: Tensor, s: number): Tensor {
-    const op = 'scale';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32);
-    expectFinite(op, 's', s);
+    const { x: a, n } = shapes.scale(this.checks, x, s);
     const y = this.out(a.shape);
-    this.lib.opScale(a.addr, y.addr, numel(a.shape), s);
+    this.lib.opScale(a.addr, y.addr, n, s);
     return y;
   }
 
   glu(gate: Tensor, up: Tensor, act: Activation): Tensor {
-    const op = 'glu';
-    this.assertOpen(op);
-    const g = this.arg(op, 'gate', gate, F32);
-    const u = this.arg(op, 'up', up, F32);
-    if (!sameShape(g.shape, u.shape)) throw opError(op, `shapes differ: gate ${describe(g)}, up ${describe(u)}`);
-    const code = ACT_CODE[act];
-    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const { gate: g, up: u, n } = shapes.glu(this.checks, gate, up, act);
     const y = this.out(g.shape);
-    this.lib.opGlu(g.addr, u.addr, y.addr, numel(g.shape), code);
+    this.lib.opGlu(g.addr, u.addr, y.addr, n, ACT_CODE[act]);
     return y;
   }
 
   rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor {
-    const op = 'rope';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32, 3);
-    const p = this.arg(op, 'pos', pos, I32, 1);
-    const perToken = invFreq.shape.length === 2; // [T, half]: one table per token
-    const f = this.arg(op, 'invFreq', invFreq, F32, perToken ? 2 : 1);
-    const [T, H, D] = a.shape as [number, number, number];
-    expectDim(op, 'pos length', p.shape[0]!, T, () => `x ${describe(a)} is [T, H, headDim]`);
-    if (perToken) expectDim(op, 'invFreq rows', f.shape[0]!, T, () => `per-token invFreq ${describe(f)} needs one row per token`);
-    const half = f.shape[f.shape.length - 1]!;
-    if (2 * half > D) throw opError(op, `invFreq ${describe(f)} rotates ${2 * half} dims but headDim is ${D}`);
-    expectFinite(op, 'attentionScaling', attentionScaling);
+    const { x: a, pos: p, invFreq: f, T, H, D, half, perToken } = shapes.rope(this.checks, x, pos, invFreq, attentionScaling);
     const y = this.out(a.shape);
     this.lib.opRope(a.addr, p.addr, f.addr, y.addr, T, H, D, half, perToken ? half : 0, attentionScaling);
     return y;
   }
 
-  /** Checks a KV pair of pools; returns [numBlocks, blockSize, kvHeads, headDim]. */
-  private poolDims(op: string, kv: PagedKv, layout: StepLayout): [number, number, number, number] {
-    const kp = this.arg(op, 'kv.k', kv.k, KV, 4);
-    const vp = this.arg(op, 'kv.v', kv.v, KV, 4);
-    if (!sameShape(kp.shape, vp.shape) || kp.dtype !== vp.dtype) throw opError(op, `kv.k ${describe(kp)} and kv.v ${describe(vp)} differ`);
-    const dims = kp.shape as [number, number, number, number];
-    expectDim(op, 'layout.blockSize', layout.blockSize, dims[1], () => `pool ${describe(kp)} is [blocks, blockSize, kvHeads, headDim]`);
-    return dims;
-  }
-
   writeKv(kv: PagedKv, k: Tensor, v: Tensor, layout: StepLayout): void {
-    const op = 'writeKv';
-    this.assertOpen(op);
-    const [NB, BS, KVH, D] = this.poolDims(op, kv, layout);
-    const kk = this.arg(op, 'k', k, F32, 3);
-    const vv = this.arg(op, 'v', v, F32, 3);
-    if (!sameShape(kk.shape, vv.shape)) throw opError(op, `k ${describe(kk)} and v ${describe(vv)} differ`);
-    const T = kk.shape[0]!;
-    if (kk.shape[1] !== KVH || kk.shape[2] !== D) {
-      throw opError(op, `k ${describe(kk)} must be [T, ${KVH}, ${D}] to match the pool [${NB}, ${BS}, ${KVH}, ${D}]`);
-    }
-    const slots = this.arg(op, 'layout.slots', layout.slots, I32, 1);
-    expectDim(op, 'layout.slots length', slots.shape[0]!, T, () => `k ${describe(kk)}`);
-    this.lib.opWriteKv((kv.k as CpuTensor).addr, (kv.v as CpuTensor).addr, kk.addr, vv.addr, slots.addr, T, KVH * D,
-      NB * BS, DT_CODE[kv.k.dtype]);
+    const { kPool, vPool, NB, BS, KVH, D, k: kk, v: vv, slots, T } = shapes.writeKv(this.checks, kv, k, v, layout);
+    this.lib.opWriteKv(kPool.addr, vPool.addr, kk.addr, vv.addr, slots.addr, T, KVH * D, NB * BS, DT_CODE[kPool.dtype]);
   }
 
   attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor {
-    const op = 'attention';
-    this.assertOpen(op);
-    const [NB, BS, KVH, D] = this.poolDims(op, kv, layout);
-    const qq = this.arg(op, 'q', q, F32, 3);
-    const [T, H, Dq] = qq.shape as [number, number, number];
-    expectDim(op, 'q headDim', Dq, D, () => `pool ${describe(kv.k)}`);
-    if (KVH === 0 || H % KVH !== 0) throw opError(op, `q heads ${H} is not a multiple of kv heads ${KVH}`);
-    const row = this.arg(op, 'layout.tokenRow', layout.tokenRow, I32, 1);
-    const pos = this.arg(op, 'layout.tokenPos', layout.tokenPos, I32, 1);
-    const bt = this.arg(op, 'layout.blockTables', layout.blockTables, I32, 2);
-    expectDim(op, 'layout.tokenRow length', row.shape[0]!, T, () => `q ${describe(qq)}`);
-    expectDim(op, 'layout.tokenPos length', pos.shape[0]!, T, () => `q ${describe(qq)}`);
-    attentionParams(op, params);
+    const {
+      kPool, vPool, NB, BS, KVH, D, q: qq, tokenRow: row, tokenPos: pos, blockTables: bt, T, H, R, MBR,
+    } = shapes.attention(this.checks, q, kv, layout, params);
     const { scale, window, softcap } = params;
-    const [R, MBR] = bt.shape as [number, number];
     const y = this.out(qq.shape);
-    this.lib.opAttention(qq.addr, (kv.k as CpuTensor).addr, (kv.v as CpuTensor).addr, row.addr, pos.addr, bt.addr,
-      y.addr, T, H, KVH, D, NB, BS, R, MBR, window, DT_CODE[kv.k.dtype], scale, softcap);
+    this.lib.opAttention(qq.addr, kPool.addr, vPool.addr, row.addr, pos.addr, bt.addr,
+      y.addr, T, H, KVH, D, NB, BS, R, MBR, window, DT_CODE[kPool.dtype], scale, softcap);
     return y;
   }
 
   softcap(x: Tensor, cap: number): Tensor {
-    const op = 'softcap';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32);
-    if (!Number.isFinite(cap) || cap <= 0) throw opError(op, `cap must be > 0, got ${cap}`);
+    const { x: a, n } = shapes.softcap(this.checks, x, cap);
     const y = this.out(a.shape);
-    this.lib.opSoftcap(a.addr, y.addr, numel(a.shape), cap);
+    this.lib.opSoftcap(a.addr, y.addr, n, cap);
     return y;
   }
 
   gatherRows(x: Tensor, idx: Tensor): Tensor {
-    const op = 'gatherRows';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ANY, 2);
-    const ix = this.arg(op, 'idx', idx, I32, 1);
-    const [T, D] = a.shape as [number, number];
-    const R = ix.shape[0]!;
+    const { x: a, idx: ix, T, D, R } = shapes.gatherRows(this.checks, x, idx);
     const y = this.out([R, D], a.dtype);
     this.lib.opGatherRows(a.addr, ix.addr, y.addr, R, T, D * dtypeBytes[a.dtype]);
     return y;
   }
 
   argmax(x: Tensor): Tensor {
-    const op = 'argmax';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32, 2);
-    const [R, V] = a.shape as [number, number];
+    const { x: a, R, V } = shapes.argmax(this.checks, x);
     const y = this.out([R], 'i32');
     this.lib.opArgmax(a.addr, y.addr, R, V);
     return y;
@@ -495,10 +379,7 @@ export class CpuBackend implements Backend {
    */
   sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
     const op = 'sampleRows';
-    this.assertOpen(op);
-    const a = this.arg(op, 'logits', logits, WEIGHT, 2);
-    const [P, V] = a.shape as [number, number];
-    if (rows.length !== P) throw opError(op, `${rows.length} rows for logits ${describe(a)}`);
+    const { logits: a, P, V } = shapes.sampleRows(this.checks, logits, rows);
     const { words, k } = packSampleRows(rows, V); // RangeError on a bad row, as the reference's
     const W = sampleResultWidth(k);
     const y = this.out([P, W], 'i32');
@@ -510,13 +391,7 @@ export class CpuBackend implements Backend {
   }
 
   moeRoute(logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
-    const op = 'moeRoute';
-    this.assertOpen(op);
-    const l = this.arg(op, 'logits', logits, F32, 2);
-    const [T, E] = l.shape as [number, number];
-    if (!Number.isSafeInteger(topK) || topK < 1 || topK > E) {
-      throw opError(op, `topK must be an integer in [1, ${E}] for logits ${describe(l)}, got ${topK}`);
-    }
+    const { logits: l, T, E } = shapes.moeRoute(this.checks, logits, topK);
     const weights = this.out([T, topK], 'f32');
     const experts = this.out([T, topK], 'i32');
     this.lib.opMoeRoute(l.addr, weights.addr, experts.addr, T, E, topK, renormalize ? 1 : 0);
@@ -524,20 +399,12 @@ export class CpuBackend implements Backend {
   }
 
   moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor, act: Activation): Tensor {
-    const op = 'moeFfn';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, F32, 2);
-    const rw = this.arg(op, 'routing.weights', routing.weights, F32, 2);
-    const re = this.arg(op, 'routing.experts', routing.experts, I32, 2);
-    const g = this.arg(op, 'gate', gate, WEIGHT, 3);
-    const u = this.arg(op, 'up', up, WEIGHT, 3);
-    const d = this.arg(op, 'down', down, WEIGHT, 3);
-    const { T, D, E, I, K } = moeShapes(op, a, rw, re, g, u, d);
-    const code = ACT_CODE[act];
-    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const {
+      x: a, weights: rw, experts: re, gate: g, up: u, down: d, T, D, E, I, K,
+    } = shapes.moeFfn(this.checks, x, routing, gate, up, down, act);
     const y = this.out([T, D]);
     this.lib.opMoeFfn(a.addr, rw.addr, re.addr, g.addr, u.addr, d.addr, y.addr, T, K, D, I, E,
-      DT_CODE[g.dtype], DT_CODE[u.dtype], DT_CODE[d.dtype], code);
+      DT_CODE[g.dtype], DT_CODE[u.dtype], DT_CODE[d.dtype], ACT_CODE[act]);
     return y;
   }
 }

@@ -1,8 +1,12 @@
-// The CPU backend's argument checks (shared implementation in ../common/validate.ts): nothing
-// that fails them reaches the native queue.
+// The CPU backend's argument checks (shared implementation in ../common/validate.ts, the ops'
+// rules in ../common/op-shapes.ts): nothing that fails them reaches the native queue.
+import { F32, FLOATS, type OpDtypes } from '../common/op-shapes.ts';
 import { validators } from '../common/validate.ts';
 import { CpuTensor } from './cpu-tensor.ts';
 
+/** f32 activations and small operands; the KV pools hold f32 (the default) or bf16 (half the bytes a decode step reads) */
+export const CPU_DTYPES: OpDtypes = { act: F32, weight: FLOATS, param: F32, kv: ['f32', 'bf16'], logits: FLOATS };
+
 export const {
-  opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite, weightRows, attentionParams, moeShapes,
-} = validators('cpu', CpuTensor);
+  opError, describe, checkShape, tensorArg, sameShape, expectDim, expectFinite, weightRows, opChecks,
+} = validators('cpu', CpuTensor, CPU_DTYPES);

@@ -34,13 +34,14 @@ import { ATT_TC_PHASE_NAMES } from './attention-decode-tc.ts';
 import type { KernelName } from './kernels.ts';
 import type { DeviceSampleRow } from '../../contracts/device-sampling.ts';
 import { CudaRuntime, type KernelArg } from './runtime.ts';
-import { checkShape, describe, expectDim, expectFinite, opError, sameShape, tensorArg } from './validate.ts';
+import * as shapes from '../common/op-shapes.ts';
+import { describe, opChecks, opError, tensorArg } from './validate.ts';
 import { backendInfo, type CudaBackendInfo, describeInfo } from './cuda-backend-info.ts';
 import { CudaFusedOps } from './cuda-fused-ops.ts';
 import * as kvOps from './cuda-kv-ops.ts';
 import * as moeOps from './cuda-moe-ops.ts';
 import {
-  ACTS, ANY, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X, MAX_GRID_Y,
+  ANY, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, MAX_GRID_X, MAX_GRID_Y,
 } from './cuda-op-context.ts';
 import * as pickOps from './cuda-pick-ops.ts';
 import { CudaReadback } from './cuda-readback.ts';
@@ -71,6 +72,8 @@ export class CudaBackend implements Backend {
   /** GEMMs cuBLASLt declined (run by the plain kernel instead) */
   gemmFallbacks = 0;
   private readonly id = nextBackendId++;
+  /** this backend's tensors as the op rules check them (common/op-shapes.ts) */
+  private readonly checks = opChecks(this.id, (op) => this.assertOpen(op));
   private readonly scopes: ScopeStack<CudaTensor>;
   /** device int[4]: first kernel error (code, a, b, c); 0 = none */
   private readonly errWord: number;
@@ -107,6 +110,7 @@ export class CudaBackend implements Backend {
       assertOpen: (op) => this.assertOpen(op),
       assertNotCapturing: (op) => this.assertNotCapturing(op),
       arg: (op, name, t, dtypes, rank) => this.arg(op, name, t, dtypes, rank),
+      checks: this.checks,
       make: (shape, dtype, scoped, exact) => this.make(shape, dtype, scoped, exact),
       out: (shape, dtype) => this.out(shape, dtype),
       release: (t) => this.release(t),
@@ -271,13 +275,8 @@ export class CudaBackend implements Backend {
 
   copyTensor(t: Tensor, src: Tensor): void {
     const op = 'copyTensor';
-    this.assertOpen(op);
+    const { t: x, src: s } = shapes.copyTensor(this.checks, t, src);
     this.assertNotCapturing(op);
-    const x = this.arg(op, 't', t, ANY);
-    const s = this.arg(op, 'src', src, ANY);
-    if (x.dtype !== s.dtype || numel(x.shape) !== numel(s.shape)) {
-      throw opError(op, `src ${describe(s)} does not match t ${describe(x)} (same dtype and element count)`);
-    }
     // a plain driver copy on the stream: no kernel
     if (x.bytes > 0) check(this.rt.d.cuMemcpyDtoDAsync_v2(x.addr, s.addr, x.bytes, this.rt.stream), op);
   }
@@ -325,16 +324,8 @@ export class CudaBackend implements Backend {
   // ---- memory ------------------------------------------------------------------------------
 
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
-    this.assertOpen('upload');
+    const dtype = shapes.upload(this.checks, data, shape);
     this.assertNotCapturing('upload');
-    checkShape('upload', shape);
-    if (!(data instanceof Int32Array) && !(data instanceof Float32Array)) {
-      throw opError('upload', 'data must be a Float32Array or an Int32Array');
-    }
-    const dtype: DType = data instanceof Int32Array ? 'i32' : 'f32';
-    if (numel(shape) !== data.length) {
-      throw opError('upload', `shape [${shape.join(', ')}] has ${numel(shape)} elements but data has ${data.length}`);
-    }
     const t = this.make(shape, dtype, true);
     // From pageable memory the driver stages the bytes before returning: `data` may change after.
     if (t.bytes > 0) check(this.rt.d.cuMemcpyHtoDAsync_v2(t.addr, data, t.bytes, this.rt.stream), 'upload copy');
@@ -358,20 +349,14 @@ export class CudaBackend implements Backend {
   }
 
   zeros(shape: readonly number[], dtype: DType): Tensor {
-    this.assertOpen('zeros');
-    checkShape('zeros', shape);
-    if (!ANY.includes(dtype)) throw opError('zeros', `unknown dtype ${dtype}`);
+    shapes.zeros(this.checks, shape, dtype);
     const t = this.make(shape, dtype, false);
     if (t.bytes > 0) check(this.rt.d.cuMemsetD8Async(t.addr, 0, t.bytes, this.rt.stream), 'zeros');
     return t;
   }
 
   reshape(t: Tensor, shape: readonly number[]): Tensor {
-    const x = this.arg('reshape', 't', t, ANY);
-    checkShape('reshape', shape);
-    if (numel(shape) !== numel(x.shape)) {
-      throw opError('reshape', `cannot view ${describe(x)} as [${shape.join(', ')}] (element counts differ)`);
-    }
+    const x = shapes.reshape(this.checks, t, shape);
     return new CudaTensor(Object.freeze([...shape]), x.dtype, x.addr, x.bytes, x.owner, this.id);
   }
 
@@ -445,13 +430,7 @@ export class CudaBackend implements Backend {
   // ---- ops ---------------------------------------------------------------------------------
 
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
-    const op = 'embedding';
-    this.assertOpen(op);
-    const tb = this.arg(op, 'table', table, FLOAT, 2);
-    const id = this.arg(op, 'ids', ids, I32, 1);
-    expectFinite(op, 'scale', scale);
-    const [V, D] = tb.shape as [number, number];
-    const T = id.shape[0]!;
+    const { table: tb, ids: id, V, D, T } = shapes.embedding(this.checks, table, ids, scale);
     const y = this.out([T, D]);
     this.rt.launch('k_embedding', elementwiseGrid(T * D), ELEMWISE_THREADS, 0, [
       ['p', tb.addr], ['i', DT_CODE[tb.dtype]], ['p', id.addr], ['p', y.addr], ['p', T], ['p', V], ['p', D],
@@ -460,18 +439,8 @@ export class CudaBackend implements Backend {
   }
 
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
-    const op = 'matmul';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ACTS, 2);
-    const b = this.arg(op, 'w', w, FLOAT, 2);
-    const [M, K] = a.shape as [number, number];
-    const [N, Kw] = b.shape as [number, number];
-    if (K !== Kw) throw opError(op, `x ${describe(a)} and w ${describe(b)} disagree on K (w is [N, K])`);
-    let c: CudaTensor | null = null;
-    if (bias !== undefined) {
-      c = this.arg(op, 'bias', bias, FLOAT, 1);
-      expectDim(op, 'bias length', c.shape[0]!, N, () => `w ${describe(b)}`);
-    }
+    const { x: a, w: b, bias: checkedBias, M, N, K } = shapes.matmul(this.checks, x, w, bias);
+    const c = checkedBias ?? null;
     const y = this.out([M, N]);
     if (M === 0 || N === 0) return y;
     if (K > 0 && this.gemm && this.lt(a, b, c, y, M, N, K)) return y;
@@ -517,17 +486,8 @@ export class CudaBackend implements Backend {
   }
 
   rmsnorm(x: Tensor, w: Tensor, eps: number, weightOffset: number): Tensor {
-    const op = 'rmsnorm';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ACTS);
-    const g = this.arg(op, 'w', w, FLOAT, 1);
-    if (a.shape.length === 0) throw opError(op, 'x must have at least one dimension');
-    const D = a.shape[a.shape.length - 1]!;
-    expectDim(op, 'w length', g.shape[0]!, D, () => `last dim of x ${describe(a)}`);
-    expectFinite(op, 'eps', eps);
-    expectFinite(op, 'weightOffset', weightOffset);
+    const { x: a, w: g, D, rows } = shapes.rmsnorm(this.checks, x, w, eps, weightOffset);
     const y = this.out(a.shape);
-    const rows = D === 0 ? 0 : numel(a.shape) / D;
     this.rt.launch('k_rmsnorm', [Math.min(rows, MAX_GRID_X), 1, 1], 256, 0, [
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', y.addr], ['p', rows],
       ['i', D], ['f', eps], ['f', weightOffset]]);
@@ -535,14 +495,8 @@ export class CudaBackend implements Backend {
   }
 
   add(a: Tensor, b: Tensor, bScale: number): Tensor {
-    const op = 'add';
-    this.assertOpen(op);
-    const x = this.arg(op, 'a', a, ACTS);
-    const z = this.arg(op, 'b', b, ACTS);
-    if (!sameShape(x.shape, z.shape)) throw opError(op, `shapes differ: a ${describe(x)}, b ${describe(z)}`);
-    expectFinite(op, 'bScale', bScale);
+    const { a: x, b: z, n } = shapes.add(this.checks, a, b, bScale);
     const y = this.out(x.shape);
-    const n = numel(x.shape);
     this.rt.launch('k_add', elementwiseGrid(n), ELEMWISE_THREADS, 0, [
       ['p', x.addr], ['i', DT_CODE[x.dtype]], ['p', z.addr], ['i', DT_CODE[z.dtype]], ['p', y.addr], ['p', n],
       ['f', bScale]]);
@@ -550,46 +504,24 @@ export class CudaBackend implements Backend {
   }
 
   scale(x: Tensor, s: number): Tensor {
-    const op = 'scale';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ACTS);
-    expectFinite(op, 's', s);
+    const { x: a, n } = shapes.scale(this.checks, x, s);
     const y = this.out(a.shape);
-    const n = numel(a.shape);
     this.rt.launch('k_scale', elementwiseGrid(n), ELEMWISE_THREADS, 0, [
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', y.addr], ['p', n], ['f', s]]);
     return y;
   }
 
   glu(gate: Tensor, up: Tensor, act: Activation): Tensor {
-    const op = 'glu';
-    this.assertOpen(op);
-    const g = this.arg(op, 'gate', gate, ACTS);
-    const u = this.arg(op, 'up', up, ACTS);
-    if (!sameShape(g.shape, u.shape)) throw opError(op, `shapes differ: gate ${describe(g)}, up ${describe(u)}`);
-    const code = ACT_CODE[act];
-    if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
+    const { gate: g, up: u, n } = shapes.glu(this.checks, gate, up, act);
     const y = this.out(g.shape);
-    const n = numel(g.shape);
     this.rt.launch('k_glu', elementwiseGrid(n), ELEMWISE_THREADS, 0, [
       ['p', g.addr], ['i', DT_CODE[g.dtype]], ['p', u.addr], ['i', DT_CODE[u.dtype]], ['p', y.addr], ['p', n],
-      ['i', code]]);
+      ['i', ACT_CODE[act]]]);
     return y;
   }
 
   rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor {
-    const op = 'rope';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ACTS, 3);
-    const p = this.arg(op, 'pos', pos, I32, 1);
-    const perToken = invFreq.shape.length === 2; // [T, half]: one table per token
-    const f = this.arg(op, 'invFreq', invFreq, FLOAT, perToken ? 2 : 1);
-    const [T, H, D] = a.shape as [number, number, number];
-    expectDim(op, 'pos length', p.shape[0]!, T, () => `x ${describe(a)} is [T, H, headDim]`);
-    if (perToken) expectDim(op, 'invFreq rows', f.shape[0]!, T, () => `per-token invFreq ${describe(f)} needs one row per token`);
-    const half = f.shape[f.shape.length - 1]!;
-    if (2 * half > D) throw opError(op, `invFreq ${describe(f)} rotates ${2 * half} dims but headDim is ${D}`);
-    expectFinite(op, 'attentionScaling', attentionScaling);
+    const { x: a, pos: p, invFreq: f, T, H, D, half, perToken } = shapes.rope(this.checks, x, pos, invFreq, attentionScaling);
     const y = this.out(a.shape);
     let fAddr = f.addr;
     let fScratch = 0;
@@ -684,24 +616,15 @@ export class CudaBackend implements Backend {
   }
 
   softcap(x: Tensor, cap: number): Tensor {
-    const op = 'softcap';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ACTS);
-    if (!Number.isFinite(cap) || cap <= 0) throw opError(op, `cap must be > 0, got ${cap}`);
+    const { x: a, n } = shapes.softcap(this.checks, x, cap);
     const y = this.out(a.shape);
-    const n = numel(a.shape);
     this.rt.launch('k_softcap', elementwiseGrid(n), ELEMWISE_THREADS, 0, [
       ['p', a.addr], ['i', DT_CODE[a.dtype]], ['p', y.addr], ['p', n], ['f', cap]]);
     return y;
   }
 
   gatherRows(x: Tensor, idx: Tensor): Tensor {
-    const op = 'gatherRows';
-    this.assertOpen(op);
-    const a = this.arg(op, 'x', x, ANY, 2);
-    const ix = this.arg(op, 'idx', idx, I32, 1);
-    const [T, D] = a.shape as [number, number];
-    const R = ix.shape[0]!;
+    const { x: a, idx: ix, T, D, R } = shapes.gatherRows(this.checks, x, idx);
     const y = this.out([R, D], a.dtype);
     const rowUnits = (D * dtypeBytes[a.dtype]) / 2;
     this.rt.launch('k_gather_rows', elementwiseGrid(R * rowUnits), ELEMWISE_THREADS, 0, [

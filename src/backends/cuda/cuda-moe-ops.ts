@@ -3,25 +3,21 @@
 // (token, expert) pair in two kernels through an f32 hidden scratch, or from
 // CudaMoeSettings.groupedMinRows tokens grouped by expert in four kernels a pass (moeFfnGrouped);
 // which kernels run is the backend's CudaMoeSettings (c.settings.moe). Separate from
-// cuda-backend.ts because only MoE models reach them and their checks (expert-stacked weights,
-// routing pairs) are their own.
+// cuda-backend.ts because only MoE models reach them; their argument checks are the op rules'
+// (common/op-shapes.ts) but for the router's expert limit.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
-import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_Y } from './cuda-op-context.ts';
+import * as shapes from '../common/op-shapes.ts';
+import { type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, MAX_GRID_Y } from './cuda-op-context.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
   MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
   MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply,
 } from './moe-kernels.ts';
-import { describe, moeShapes, opError } from './validate.ts';
+import { describe, opError } from './validate.ts';
 
 export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
   const op = 'moeRoute';
-  c.assertOpen(op);
-  const l = c.arg(op, 'logits', logits, ACTS, 2);
-  const [T, E] = l.shape as [number, number];
-  if (!Number.isSafeInteger(topK) || topK < 1 || topK > E) {
-    throw opError(op, `topK must be an integer in [1, ${E}] for logits ${describe(l)}, got ${topK}`);
-  }
+  const { logits: l, T, E } = shapes.moeRoute(c.checks, logits, topK);
   if (E > MOE_ROUTE_MAX_EXPERTS) {
     throw opError(op, `the CUDA router takes at most ${MOE_ROUTE_MAX_EXPERTS} experts, logits ${describe(l)} have ${E}`);
   }
@@ -37,17 +33,10 @@ export function moeRoute(c: CudaOpContext, logits: Tensor, topK: number, renorma
 
 export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor,
   act: Activation): Tensor {
-  const op = 'moeFfn';
-  c.assertOpen(op);
-  const a = c.arg(op, 'x', x, ACTS, 2);
-  const rw = c.arg(op, 'routing.weights', routing.weights, ['f32'], 2);
-  const re = c.arg(op, 'routing.experts', routing.experts, I32, 2);
-  const g = c.arg(op, 'gate', gate, FLOAT, 3);
-  const u = c.arg(op, 'up', up, FLOAT, 3);
-  const d = c.arg(op, 'down', down, FLOAT, 3);
-  const { T, D, E, I, K } = moeShapes(op, a, rw, re, g, u, d);
+  const {
+    x: a, weights: rw, experts: re, gate: g, up: u, down: d, T, D, E, I, K,
+  } = shapes.moeFfn(c.checks, x, routing, gate, up, down, act);
   const code = ACT_CODE[act];
-  if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;
   // (pool blocks are 256-byte aligned, so the hidden scratch needs no check)

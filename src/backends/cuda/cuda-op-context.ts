@@ -3,6 +3,7 @@
 // object, so none of them reaches into its private state, plus the dtype sets and launch geometry
 // that every CUDA op shares. Separate so those modules depend on this small file, not on the class.
 import type { DType, Tensor } from '../../contracts/backend.ts';
+import type { OpChecks } from '../common/op-shapes.ts';
 import type { CudaSettings } from './cuda-settings.ts';
 import type { CudaTensor } from './cuda-tensor.ts';
 import type { DevicePool } from './device-pool.ts';
@@ -37,6 +38,8 @@ export interface CudaOpContext {
   assertNotCapturing(op: string): void;
   /** `t` as a live tensor of this backend, of rank `rank` (if given) and one of `dtypes` */
   arg(op: string, name: string, t: Tensor | undefined, dtypes: readonly DType[], rank?: number): CudaTensor;
+  /** the backend's tensors as the op rules check them (common/op-shapes.ts) */
+  readonly checks: OpChecks<CudaTensor>;
   /** A new owning tensor; `scoped`: adopt into the innermost scope. */
   make(shape: readonly number[], dtype: DType, scoped: boolean, exact?: boolean): CudaTensor;
   /** a new bf16 (or `dtype`) tensor of the innermost scope */

@@ -5,16 +5,15 @@
 import type { Tensor } from '../../contracts/backend.ts';
 import { type DeviceSampleRow, type PackedSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { check } from './cuda-lib.ts';
-import { ACTS, type CudaOpContext, MAX_GRID_Y } from './cuda-op-context.ts';
+import * as shapes from '../common/op-shapes.ts';
+import { type CudaOpContext, MAX_GRID_Y } from './cuda-op-context.ts';
 import { DT_CODE } from './cuda-tensor.ts';
 import { enqueueSampleRows, planSampleRows } from './sampling.ts';
-import { describe, opError } from './validate.ts';
+import { opError } from './validate.ts';
 
 export function argmax(c: CudaOpContext, x: Tensor): Tensor {
   const op = 'argmax';
-  c.assertOpen(op);
-  const a = c.arg(op, 'x', x, ACTS, 2);
-  const [R, V] = a.shape as [number, number];
+  const { x: a, R, V } = shapes.argmax(c.checks, x);
   if (R > MAX_GRID_Y) throw opError(op, `${R} rows is above ${MAX_GRID_Y}`);
   const y = c.out([R], 'i32');
   if (R === 0) return y;
@@ -37,11 +36,8 @@ export function argmax(c: CudaOpContext, x: Tensor): Tensor {
 
 export function sampleRows(c: CudaOpContext, logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
   const op = 'sampleRows';
-  c.assertOpen(op);
+  const { logits: a, P, V } = shapes.sampleRows(c.checks, logits, rows);
   c.assertNotCapturing(op); // it uploads the rows
-  const a = c.arg(op, 'logits', logits, ACTS, 2);
-  const [P, V] = a.shape as [number, number];
-  if (rows.length !== P) throw opError(op, `${rows.length} rows for logits ${describe(a)}`);
   let plan: PackedSampleRows;
   try {
     plan = planSampleRows(rows, Math.max(V, 1));

@@ -8,6 +8,8 @@ import type {
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { decodeHalf, encodeHalf } from '../common/half.ts';
+import * as shapes from '../common/op-shapes.ts';
+import { checkDtypeRank, FLOATS, type OpChecks } from '../common/op-shapes.ts';
 import type { DeviceSampleRow } from '../../contracts/device-sampling.ts';
 import { referenceSampleRows } from './sampling.ts';
 
@@ -20,6 +22,21 @@ class RefTensor implements Tensor {
   ) {}
 }
 
+/**
+ * The op rules' checks of a reference tensor (common/op-shapes.ts). Its float tensors all hold f32
+ * values (a dtype tag records what a native backend would hold), so every float role takes every
+ * float dtype.
+ */
+const checks: OpChecks<RefTensor> = {
+  dtypes: { act: FLOATS, weight: FLOATS, param: FLOATS, kv: FLOATS, logits: FLOATS },
+  error: (op, message) => new Error(`reference backend ${op}: ${message}`),
+  open() {}, // it has nothing to close
+  arg(op, name, t, dtypes, rank) {
+    if (!(t instanceof RefTensor)) throw checks.error(op, `${name} is not a reference backend tensor`);
+    checkDtypeRank(checks, op, name, t, dtypes, rank);
+    return t;
+  },
+};
 
 function asRef(t: Tensor): RefTensor {
   if (!(t instanceof RefTensor)) throw new Error('reference backend: foreign tensor');
@@ -35,7 +52,6 @@ function i(t: Tensor): Int32Array {
   if (!(d instanceof Int32Array)) throw new Error('reference backend: expected an i32 tensor');
   return d;
 }
-const last = (t: Tensor) => t.shape[t.shape.length - 1];
 
 function activate(x: number, act: Activation): number {
   switch (act) {
@@ -96,8 +112,7 @@ export class ReferenceBackend implements Backend {
 
   // ---- memory ----
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
-    if (data.length !== numel(shape)) throw new Error(`upload: ${data.length} values for shape [${shape}]`);
-    return this.make(shape, data instanceof Int32Array ? 'i32' : 'f32', data.slice());
+    return this.make(shape, shapes.upload(checks, data, shape), data.slice());
   }
   async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
     return this.loadWeightRows(src, 0, src.shape[0] ?? 1, as);
@@ -125,12 +140,13 @@ export class ReferenceBackend implements Backend {
     return new RefTensor([parts.length, ...parts[0].shape], parts[0].dtype, out);
   }
   zeros(shape: readonly number[], dtype: DType): Tensor {
+    shapes.zeros(checks, shape, dtype);
     const n = numel(shape);
     return new RefTensor([...shape], dtype, dtype === 'i32' ? new Int32Array(n) : new Float32Array(n));
   }
   reshape(t: Tensor, shape: readonly number[]): Tensor {
-    if (numel(shape) !== numel(t.shape)) throw new Error(`reshape: [${t.shape}] -> [${shape}]`);
-    return new RefTensor([...shape], t.dtype, asRef(t).data);
+    const x = shapes.reshape(checks, t, shape);
+    return new RefTensor([...shape], x.dtype, x.data);
   }
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     return asRef(t).data.slice();
@@ -157,9 +173,8 @@ export class ReferenceBackend implements Backend {
     blocks.forEach((b, k) => dst.set(vals.subarray(k * per, (k + 1) * per), b * per));
   }
   copyTensor(t: Tensor, src: Tensor): void {
-    const d = asRef(t).data, v = asRef(src).data;
-    if (t.dtype !== src.dtype || d.length !== v.length) throw new Error(`copyTensor: ${src.dtype} [${src.shape}] into ${t.dtype} [${t.shape}]`);
-    d.set(v);
+    const { t: x, src: s } = shapes.copyTensor(checks, t, src);
+    x.data.set(s.data);
   }
   free(_t: Tensor): void {}
   async sync(): Promise<void> {}
@@ -176,7 +191,7 @@ export class ReferenceBackend implements Backend {
 
   // ---- ops ----
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
-    const [V, D] = table.shape;
+    const { V, D } = shapes.embedding(checks, table, ids, scale);
     const idv = i(ids), tab = f(table);
     const out = this.floats([idv.length, D]);
     idv.forEach((id, t) => {
@@ -186,8 +201,7 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
-    const [M, K] = x.shape, [N, K2] = w.shape;
-    if (K !== K2) throw new Error(`matmul: x [${x.shape}] vs w [${w.shape}]`);
+    const { M, N, K } = shapes.matmul(checks, x, w, bias);
     const xv = f(x), wv = f(w), bv = bias ? f(bias) : undefined;
     const out = this.floats([M, N]);
     for (let m = 0; m < M; m++)
@@ -199,7 +213,8 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   rmsnorm(x: Tensor, w: Tensor, eps: number, weightOffset: number): Tensor {
-    const D = last(x), xv = f(x), wv = f(w);
+    const { D } = shapes.rmsnorm(checks, x, w, eps, weightOffset);
+    const xv = f(x), wv = f(w);
     const out = this.floats(x.shape);
     for (let r = 0; r < xv.length / D; r++) {
       let ss = 0;
@@ -210,27 +225,28 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   add(a: Tensor, b: Tensor, bScale: number): Tensor {
+    shapes.add(checks, a, b, bScale);
     const av = f(a), bv = f(b);
     const out = this.floats(a.shape);
     for (let k = 0; k < av.length; k++) out.data[k] = av[k] + bScale * bv[k];
     return out;
   }
   scale(x: Tensor, s: number): Tensor {
+    shapes.scale(checks, x, s);
     const out = this.floats(x.shape);
     f(x).forEach((v, k) => (out.data[k] = v * s));
     return out;
   }
   glu(gate: Tensor, up: Tensor, act: Activation): Tensor {
+    shapes.glu(checks, gate, up, act);
     const gv = f(gate), uv = f(up);
     const out = this.floats(gate.shape);
     for (let k = 0; k < gv.length; k++) out.data[k] = activate(gv[k], act) * uv[k];
     return out;
   }
   rope(x: Tensor, pos: Tensor, invFreq: Tensor, attentionScaling: number): Tensor {
-    const [T, H, hd] = x.shape;
+    const { T, H, D: hd, half, perToken } = shapes.rope(checks, x, pos, invFreq, attentionScaling);
     const xv = f(x), pv = i(pos), fv = f(invFreq);
-    const half = last(invFreq);
-    const perToken = invFreq.shape.length === 2; // [T, half]: one table per token
     const out = this.floats(x.shape);
     out.data.set(xv);
     for (let t = 0; t < T; t++)
@@ -248,7 +264,7 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   writeKv(kv: PagedKv, k: Tensor, v: Tensor, layout: StepLayout): void {
-    const [T, Hk, hd] = k.shape;
+    const { T, KVH: Hk, D: hd } = shapes.writeKv(checks, kv, k, v, layout);
     const slots = i(layout.slots), kc = f(kv.k), vc = f(kv.v), kv_ = f(k), vv = f(v);
     const per = Hk * hd;
     for (let t = 0; t < T; t++) {
@@ -258,12 +274,10 @@ export class ReferenceBackend implements Backend {
     }
   }
   attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor {
-    const [T, H, hd] = q.shape;
-    const [, bs, Hk] = kv.k.shape;
+    const { T, H, D: hd, BS: bs, KVH: Hk, MBR: maxBlocks } = shapes.attention(checks, q, kv, layout, params);
     const group = H / Hk;
     const qv = f(q), kc = f(kv.k), vc = f(kv.v);
     const rows = i(layout.tokenRow), poss = i(layout.tokenPos), tables = i(layout.blockTables);
-    const maxBlocks = layout.blockTables.shape[1];
     if (layout.oneTokenPerRow && new Set(rows.subarray(0, T)).size !== T) {
       // the oracle checks the promise a device backend acts on unchecked
       throw new Error(`attention: the layout promises one token a row, but tokenRow is [${[...rows.subarray(0, T)].join(', ')}]`);
@@ -301,19 +315,21 @@ export class ReferenceBackend implements Backend {
     return out;
   }
   softcap(x: Tensor, cap: number): Tensor {
+    shapes.softcap(checks, x, cap);
     const out = this.floats(x.shape);
     f(x).forEach((v, k) => (out.data[k] = cap * Math.tanh(v / cap)));
     return out;
   }
   gatherRows(x: Tensor, idx: Tensor): Tensor {
-    const D = last(x), xv = asRef(x).data, iv = i(idx);
+    const { D } = shapes.gatherRows(checks, x, idx);
+    const xv = asRef(x).data, iv = i(idx);
     // rows of any dtype (i32 ids too: a step's input ids gathered from the previous step's picks)
     const out = xv instanceof Int32Array ? this.make([iv.length, D], 'i32', new Int32Array(iv.length * D)) : this.floats([iv.length, D]);
     iv.forEach((r, k) => out.data.set(xv.subarray(r * D, (r + 1) * D), k * D));
     return out;
   }
   moeRoute(logits: Tensor, topK: number, renormalize: boolean): MoeRouting {
-    const [T, E] = logits.shape;
+    const { T, E } = shapes.moeRoute(checks, logits, topK);
     const lv = f(logits);
     const weights = this.floats([T, topK]);
     const experts = this.make([T, topK], 'i32', new Int32Array(T * topK));
@@ -333,9 +349,7 @@ export class ReferenceBackend implements Backend {
     return { weights, experts };
   }
   moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor, act: Activation): Tensor {
-    const [T, D] = x.shape;
-    const [, I] = gate.shape;
-    const topK = routing.experts.shape[1];
+    const { T, D, I, K: topK } = shapes.moeFfn(checks, x, routing, gate, up, down, act);
     const xv = f(x), gv = f(gate), uv = f(up), dv = f(down), wv = f(routing.weights), ev = i(routing.experts);
     const out = this.floats([T, D]);
     const hidden = new Float64Array(I);
@@ -360,7 +374,7 @@ export class ReferenceBackend implements Backend {
   }
 
   argmax(x: Tensor): Tensor {
-    const [R, V] = x.shape;
+    const { R, V } = shapes.argmax(checks, x);
     const xv = f(x);
     const out = this.make([R], 'i32', new Int32Array(R));
     for (let r = 0; r < R; r++) {
@@ -372,8 +386,7 @@ export class ReferenceBackend implements Backend {
   }
 
   sampleRows(logits: Tensor, rows: readonly DeviceSampleRow[]): Tensor {
-    const [P, V] = logits.shape;
-    if (logits.shape.length !== 2 || rows.length !== P) throw new Error(`sampleRows: ${rows.length} rows for logits [${logits.shape}]`);
+    const { P, V } = shapes.sampleRows(checks, logits, rows);
     const { data, width } = referenceSampleRows(f(logits), V, rows);
     return this.make([P, width], 'i32', data);
   }

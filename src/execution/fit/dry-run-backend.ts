@@ -16,6 +16,8 @@ import type {
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
+import * as shapes from '../../backends/common/op-shapes.ts';
+import { checkDtypeRank, FLOATS, type OpChecks } from '../../backends/common/op-shapes.ts';
 import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocator.ts';
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
 import { moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
@@ -134,6 +136,21 @@ export class DryRunBackend implements Backend {
   readonly allocator: AllocatorModel;
   private readonly threads: number;
   private readonly scopes: ScopeStack<DryTensor>;
+  /**
+   * The op rules' checks of a dry-run tensor (common/op-shapes.ts): a plan runs the shapes the
+   * real backend would check, so a graph it would refuse fails here too; dtypes are the loader's
+   * and the real backend's business, so every float role takes every float dtype.
+   */
+  private readonly checks: OpChecks<DryTensor> = {
+    dtypes: { act: FLOATS, weight: FLOATS, param: FLOATS, kv: FLOATS, logits: FLOATS },
+    error: (op, message) => new Error(`${this.name} backend (dry run) ${op}: ${message}`),
+    open: () => {}, // it has nothing to close
+    arg: (op, name, t, dtypes, rank) => {
+      if (!(t instanceof DryTensor)) throw this.checks.error(op, `${name} is not a dry-run tensor`);
+      checkDtypeRank(this.checks, op, name, t, dtypes, rank);
+      return t;
+    },
+  };
 
   constructor(opts: DryRunOptions) {
     this.name = opts.name;
@@ -198,7 +215,7 @@ export class DryRunBackend implements Backend {
 
   upload(data: Float32Array | Int32Array, shape: readonly number[]): Tensor {
     // both backends keep an upload's own dtype (CUDA keeps f32: rope tables need f32 angles)
-    const dtype: DType = data instanceof Int32Array ? 'i32' : 'f32';
+    const dtype = shapes.upload(this.checks, data, shape);
     const bytes = numel(shape) * dtypeBytes[dtype];
     const fresh = this.name === 'cpu' && bytes > STAGED_UPLOAD_MAX;
     // CPU: a small upload is staged through a malloc'd copy until the queue runs it
@@ -275,6 +292,7 @@ export class DryRunBackend implements Backend {
   }
 
   zeros(shape: readonly number[], dtype: DType): Tensor {
+    shapes.zeros(this.checks, shape, dtype);
     return this.make(shape, dtype, false);
   }
 
@@ -284,7 +302,7 @@ export class DryRunBackend implements Backend {
   }
 
   reshape(t: Tensor, shape: readonly number[]): Tensor {
-    const x = t as DryTensor;
+    const x = shapes.reshape(this.checks, t, shape);
     return new DryTensor(Object.freeze([...shape]), x.dtype, null, x.owner);
   }
 
@@ -324,13 +342,13 @@ export class DryRunBackend implements Backend {
 
   // ---- ops ---------------------------------------------------------------------------------
 
-  embedding(table: Tensor, ids: Tensor, _scale: number): Tensor {
+  embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
+    const { T, D } = shapes.embedding(this.checks, table, ids, scale);
     this.kernels += 1;
-    return this.out([ids.shape[0]!, table.shape[1]!]);
+    return this.out([T, D]);
   }
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
-    const [M, K] = x.shape as [number, number];
-    const N = w.shape[0]!;
+    const { M, N, K } = shapes.matmul(this.checks, x, w, bias);
     const y = this.out([M, N]);
     // the GEMM, a conversion of x when its dtype differs from w's, the f32 epilogue with a bias or a non-bf16 weight
     if (M > 0 && N > 0) this.kernels += 1 + (x.dtype !== w.dtype ? 1 : 0) + (w.dtype === 'bf16' && bias === undefined ? 0 : 1);
@@ -358,32 +376,38 @@ export class DryRunBackend implements Backend {
     if (this.name !== 'cpu' || M <= ROWS_MAX_M) return;
     this.current.scratch(Math.ceil(M / PACK_WIDTH) * PACK_WIDTH * K * 4 + 64 + this.threads * PACK_THREAD_BYTES);
   }
-  rmsnorm(x: Tensor, _w: Tensor, _eps: number, _off: number): Tensor {
+  rmsnorm(x: Tensor, w: Tensor, eps: number, weightOffset: number): Tensor {
+    shapes.rmsnorm(this.checks, x, w, eps, weightOffset);
     this.kernels += 1;
     return this.out(x.shape);
   }
-  add(a: Tensor, _b: Tensor, _s: number): Tensor {
+  add(a: Tensor, b: Tensor, bScale: number): Tensor {
+    shapes.add(this.checks, a, b, bScale);
     this.kernels += 1;
     return this.out(a.shape);
   }
-  scale(x: Tensor, _s: number): Tensor {
+  scale(x: Tensor, s: number): Tensor {
+    shapes.scale(this.checks, x, s);
     this.kernels += 1;
     return this.out(x.shape);
   }
-  glu(gate: Tensor, _up: Tensor, _act: Activation): Tensor {
+  glu(gate: Tensor, up: Tensor, act: Activation): Tensor {
+    shapes.glu(this.checks, gate, up, act);
     this.kernels += 1;
     return this.out(gate.shape);
   }
-  rope(x: Tensor, _pos: Tensor, inv: Tensor, _s: number): Tensor {
+  rope(x: Tensor, pos: Tensor, inv: Tensor, attentionScaling: number): Tensor {
+    shapes.rope(this.checks, x, pos, inv, attentionScaling);
     this.kernels += inv.dtype !== 'f32' ? 2 : 1;
     const y = this.out(x.shape);
     if (this.name === 'cuda' && inv.dtype !== 'f32') this.transient([numel(inv.shape) * 4]);
     return y;
   }
-  writeKv(_kv: PagedKv, _k: Tensor, _v: Tensor, _layout: StepLayout): void {}
-  attention(q: Tensor, kv: PagedKv, _layout: StepLayout, _p: AttentionParams): Tensor {
-    const [, H] = q.shape as [number, number, number];
-    const KVH = kv.k.shape[2]!;
+  writeKv(kv: PagedKv, k: Tensor, v: Tensor, layout: StepLayout): void {
+    shapes.writeKv(this.checks, kv, k, v, layout);
+  }
+  attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor {
+    const { H, KVH } = shapes.attention(this.checks, q, kv, layout, params);
     const G = H / KVH;
     // attention.ts (fast path): the plan kernel above ATT_DEC_INLINE_T tokens, the decode kernel, the combine of split keys
     this.kernels += (q.shape[0]! > 128 ? 1 : 0) + 2;
@@ -392,23 +416,23 @@ export class DryRunBackend implements Backend {
     if (this.name === 'cpu') this.current.scratch(this.threads * ((G * ATTENTION_CHUNK + 2 * G) * 4 + 2 * ATTENTION_CHUNK * 8));
     return y;
   }
-  softcap(x: Tensor, _cap: number): Tensor {
+  softcap(x: Tensor, cap: number): Tensor {
+    shapes.softcap(this.checks, x, cap);
     this.kernels += 1;
     return this.out(x.shape);
   }
   gatherRows(x: Tensor, idx: Tensor): Tensor {
+    const { R, D } = shapes.gatherRows(this.checks, x, idx);
     this.kernels += 1;
-    return this.out([idx.shape[0]!, x.shape[1]!], x.dtype);
+    return this.out([R, D], x.dtype);
   }
   moeRoute(logits: Tensor, topK: number, _renorm: boolean): MoeRouting {
+    const { T } = shapes.moeRoute(this.checks, logits, topK);
     this.kernels += 1;
-    const T = logits.shape[0]!;
     return { weights: this.out([T, topK], 'f32'), experts: this.out([T, topK], 'i32') };
   }
-  moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, _up: Tensor, _down: Tensor, _act: Activation): Tensor {
-    const [T, D] = x.shape as [number, number];
-    const [E, I] = gate.shape as [number, number, number];
-    const K = routing.weights.shape[1]!;
+  moeFfn(x: Tensor, routing: MoeRouting, gate: Tensor, up: Tensor, down: Tensor, act: Activation): Tensor {
+    const { T, D, E, I, K } = shapes.moeFfn(this.checks, x, routing, gate, up, down, act);
     // backends/cuda/cuda-moe-ops.ts: bf16 experts with D and I multiples of 8 run grouped by expert
     // from CudaMoeSettings.groupedMinRows tokens (4 kernels a pass of up to passRows tokens, scratch
     // moeGroupedScratch), otherwise per (token, expert) pair (2 kernels, an f32 hidden [T K, I])
