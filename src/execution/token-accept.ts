@@ -1,25 +1,53 @@
 // Turns a step's results into each row's progress: the KV it computed (committed, so the prefix
 // cache can hash it), then for every row that reached its end one token (sampled from its logits,
-// or the device's pick or sample), recorded, detokenized and emitted, and the stop conditions
-// checked. A row that fails here (sampler error, grammar rejection) ends alone.
+// or the device's pick or sample) and the tokens its grammar forces after it, appended through
+// append-tokens.ts (which checks the stop conditions after each). A row that fails here (sampler
+// error, grammar rejection) ends alone.
 
 import type { ModelConfig } from '../contracts/model-config.ts';
-import type { StepResult } from '../models/decoder.ts';
+import type { RowPick, StepResult } from '../models/decoder.ts';
 import type { KvCache } from '../state/kv-cache.ts';
 import { decodeDeviceSamples, topLogprobs, type DeviceSampleOutcome, type TokenLogprobs } from '../sampling/index.ts';
 import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
-import type { FinishReason, Sequence, TokenLogprob } from './sequence.ts';
+import { appendTokens, type FinishFn, type RunToken } from './append-tokens.ts';
+import type { Sequence } from './sequence.ts';
 import type { InFlight } from './step-launch.ts';
 
+export type { FinishFn } from './append-tokens.ts';
+
 /** what a sampling row's token comes from (TokenAcceptor.accept) */
-type TokenSource =
+export type TokenSource =
   | { logits: Float32Array }
   | { greedy: number }
   | { device: DeviceSampleOutcome }
   | { failed: unknown };
 
-/** Ends a sequence (Engine.finish): retires it and emits its finish event. */
-export type FinishFn = (seq: Sequence, reason: FinishReason, error?: string, errorKind?: 'grammar') => void;
+/**
+ * Where each scheduled row's token comes from this step (undefined for a row that samples
+ * nothing), built once per step from the rows' picks. The results are packed by pick, in
+ * logit-row order: the device's greedy tokens one per logit row, the logits one row per 'logits'
+ * pick, the sampleRows results one per 'sample' pick.
+ */
+export function tokenSources({ rows, step, sampled }: InFlight, result: StepResult, vocabSize: number): (TokenSource | undefined)[] {
+  const outcomes = result.samples ? decodeDeviceSamples(result.samples, sampled.map((d) => d.row)) : [];
+  /** how many rows of each pick came before */
+  const before: Record<RowPick, number> = { logits: 0, argmax: 0, sample: 0 };
+  let logitRow = 0;
+  return rows.map((row): TokenSource | undefined => {
+    if (!row.sample) return undefined;
+    const li = logitRow++;
+    const pick = step.picks?.[li] ?? 'logits';
+    const k = before[pick]++;
+    switch (pick) {
+      case 'logits': return { logits: result.logits.subarray(k * vocabSize, (k + 1) * vocabSize) };
+      case 'argmax': return { greedy: result.tokens![li]! };
+      case 'sample': {
+        const d = sampled[k]!;
+        return d.failed ? { failed: d.failed.error } : { device: outcomes[k]! };
+      }
+    }
+  });
+}
 
 export class TokenAcceptor {
   constructor(
@@ -29,47 +57,41 @@ export class TokenAcceptor {
   ) {}
 
   /** Takes a step's results: computed KV (and its block hashes), then each sampling row's token. */
-  postprocess({ rows, step, sampled }: InFlight, result: StepResult): void {
-    const V = this.config.vocabSize;
-    const outcomes = result.samples ? decodeDeviceSamples(result.samples, sampled.map((d) => d.row)) : [];
-    let li = 0, hi = 0, si = 0;
-    for (const row of rows) {
-      row.seq.computed += row.count;
-      if (!row.seq.finished) this.kv.commit(row.seq.kv!, row.seq.computed, (p) => row.seq.tokenAt(p));
-      if (!row.sample) continue;
-      // where this row's token comes from: its logits (when they came back), the device's greedy
-      // pick, or its sampleRows result
-      const pick = step.picks?.[li] ?? 'logits';
-      let src: TokenSource;
-      if (pick === 'logits') src = { logits: result.logits.subarray(hi * V, ++hi * V) };
-      else if (pick === 'argmax') src = { greedy: result.tokens![li]! };
-      else {
-        const d = sampled[si]!;
-        src = d.failed ? { failed: d.failed.error } : { device: outcomes[si]! };
-        si++;
-      }
-      li++;
-      if (row.seq.finished) continue;
+  postprocess(cur: InFlight, result: StepResult): void {
+    const sources = tokenSources(cur, result, this.config.vocabSize);
+    cur.rows.forEach(({ seq, count }, r) => {
+      seq.computed += count;
+      if (!seq.finished) this.kv.commit(seq.kv!, seq.computed, (p) => seq.tokenAt(p));
+      const src = sources[r];
+      if (!src || seq.finished) return;
       try {
-        this.accept(row.seq, src);
+        this.accept(seq, src);
       } catch (err) {
-        this.finish(row.seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
+        this.finish(seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
       }
-    }
+    });
   }
 
   /**
-   * Samples (or takes the device's greedy pick or sampled token), records and emits one token of
-   * `seq`, finishing it when a stop condition holds.
+   * Takes one token of `seq` from `src` (advancing its grammar over it) and appends it, then the
+   * tokens its grammar forces next.
    */
   private accept(seq: Sequence, src: TokenSource): void {
     const grammar = seq.grammar;
     // a complete grammar that allows nothing but a stop token: end here, no token to sample
     if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
+    const token = this.take(seq, src);
+    grammar?.accept(token.id);
+    appendTokens(seq, [token], this.finish);
+    if (grammar && !seq.finished) this.advanceGrammar(seq, grammar);
+  }
+
+  /** The token `src` gives: sampled from its logits, the device's sample, or its greedy pick; with the logprobs asked for. */
+  private take(seq: Sequence, src: TokenSource): RunToken {
     let id: number;
     let r: TokenLogprobs | undefined;
     if ('logits' in src) {
-      id = seq.sampler.sample(src.logits, seq.history, grammar?.mask());
+      id = seq.sampler.sample(src.logits, seq.history, seq.grammar?.mask());
       if (seq.request.topLogprobs !== undefined) r = topLogprobs(src.logits, seq.request.topLogprobs, id);
     } else if ('device' in src) {
       if ('error' in src.device) throw new Error(src.device.error);
@@ -78,37 +100,18 @@ export class TokenAcceptor {
     } else if ('failed' in src) throw src.failed;
     else if (src.greedy >= 0) id = src.greedy;
     else throw new Error('cannot sample: every logit is -Infinity or NaN');
-    grammar?.accept(id);
-    seq.history.push(id);
-    seq.output.push(id);
-    seq.firstTokenAt ??= performance.now();
-    const lp: TokenLogprob | undefined = r && { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) };
-    if (seq.eos.has(id)) {
-      seq.emit({ type: 'token', tokenId: id, text: '', logprobs: lp });
-      return this.finish(seq, 'stop');
-    }
-    const fed = seq.stops.feed(seq.detok.push(id));
-    seq.emit({ type: 'token', tokenId: id, text: fed.text, logprobs: lp });
-    if (fed.stopped) return this.finish(seq, 'stop');
-    if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
-    if (grammar) this.advanceGrammar(seq, grammar);
+    return { id, logprobs: r && { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) } };
   }
 
   /**
    * After a grammar row's token: when the grammar forces the next characters, they are appended
-   * without sampling (jump-forward), and the catch-up rule computes them with the next step as one
-   * chunk. Not with logprobs: forced tokens have no logits of their own to report.
+   * without sampling (jump-forward; the matcher has accepted them), and the catch-up rule computes
+   * them with the next step as one chunk. Not with logprobs: forced tokens have no logits of their
+   * own to report.
    */
   private advanceGrammar(seq: Sequence, grammar: RowGrammar): void {
     if (seq.request.topLogprobs !== undefined) return;
     const forced = grammar.jumpForward(seq.maxTokensTotal - seq.known);
-    for (const id of forced) {
-      seq.history.push(id);
-      seq.output.push(id);
-      const fed = seq.stops.feed(seq.detok.push(id));
-      seq.emit({ type: 'token', tokenId: id, text: fed.text });
-      if (fed.stopped) return this.finish(seq, 'stop');
-      if (seq.known >= seq.maxTokensTotal) return this.finish(seq, 'length');
-    }
+    if (forced.length > 0) appendTokens(seq, forced.map((id) => ({ id })), this.finish);
   }
 }
