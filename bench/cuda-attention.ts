@@ -21,8 +21,8 @@ import { planAttention } from '../src/backends/cuda/attention.ts';
 import { type CudaBackend, createCudaBackend } from '../src/backends/cuda/index.ts';
 import type { PagedKv, StepLayout, Tensor } from '../src/contracts/backend.ts';
 
-const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
-const README_GEMM_TFLOPS = 797; // shared/device/README.md: H200 bf16 GEMM at 8192^3, PyTorch
+const README_COPY_GBPS = 4275; // H200 device-to-device copy (bench/gpu_ceilings.py, PyTorch; BENCHMARKS.md "Machines")
+const README_GEMM_TFLOPS = 797; // H200 bf16 GEMM at 8192^3 (bench/gpu_ceilings.py, PyTorch; BENCHMARKS.md "Machines")
 
 const { values } = parseArgs({
   options: {

@@ -1,7 +1,7 @@
 // CUDA prefill and decode throughput of one model, through the engine (the path users take).
 // Prints tok/s, achieved weight-read bandwidth for decode against the H200's copy bandwidth
-// (measured in the same run when --ceilings names bench/gpu_ceilings.py's JSON; otherwise
-// shared/device/README.md's 4,275 GB/s, bytes read + written), kernel launches per decode step
+// (measured in the same run when --ceilings names bench/gpu_ceilings.py's JSON; otherwise the
+// H200's 4,275 GB/s of BENCHMARKS.md "Machines", bytes read + written), kernel launches per decode step
 // (small kernels are launch-bound until decode is fused and graph-captured), time from launch to
 // ready, and with --prefill-prompts the time to first token and prefill MFU for each prompt length.
 //
@@ -28,8 +28,8 @@ import { DEFAULT_TOKEN_BUDGET, Engine } from '../src/execution/engine.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import { benchCommit } from './commit.ts';
 
-const README_COPY_GBPS = 4275; // shared/device/README.md: H200 device-to-device copy, PyTorch
-const README_GEMM_TFLOPS = 797; // shared/device/README.md: H200 bf16 GEMM at 8192^3, PyTorch
+const README_COPY_GBPS = 4275; // H200 device-to-device copy (bench/gpu_ceilings.py, PyTorch; BENCHMARKS.md "Machines")
+const README_GEMM_TFLOPS = 797; // H200 bf16 GEMM at 8192^3 (bench/gpu_ceilings.py, PyTorch; BENCHMARKS.md "Machines")
 
 const { values } = parseArgs({
   options: {
@@ -62,7 +62,7 @@ const profileBatch = Number(values['profile-batch']);
 for (const n of [promptTokens, decodeTokens, repeats, prefillRepeats, profileBatch, ...sweep])
   if (!Number.isInteger(n) || n < 1) throw new Error(`bad count ${n}`);
 
-let copyGBps = README_COPY_GBPS, gemmTflops = README_GEMM_TFLOPS, ceilingSource = 'shared/device/README.md';
+let copyGBps = README_COPY_GBPS, gemmTflops = README_GEMM_TFLOPS, ceilingSource = 'BENCHMARKS.md Machines (H200, bench/gpu_ceilings.py)';
 if (values.ceilings) {
   const c = JSON.parse(readFileSync(values.ceilings, 'utf8')) as { copyGBps: number; gemmTflops: number };
   copyGBps = c.copyGBps;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Llama-3.1-8B (random bf16 weights at the real shapes) on the CUDA backend, beside same-run
 # ceilings and the transformers peer. One command on the GPU machine, in the repository root
-# (with .device/ carried along when the machine has no Node.js; see shared/device/README.md):
+# (with .device/ carried along when the machine has no Node.js; README.md's "Benchmarks" says how):
 #
 #   bash bench/cuda-llama8b.sh [OUTDIR]        # OUTDIR default bench-out/cuda-llama8b
 #

@@ -29,7 +29,7 @@ def main():
                    f"(read + written), bf16 GEMM {c['gemmTflops']:.0f} TFLOP/s at 8192³.")
         out.append('Prefill-shape GEMMs (TFLOP/s): ' + ', '.join(f'{k} {v}' for k, v in c['gemmShapes'].items()) + '.')
     else:
-        out.append('Ceilings: not measured in this run (ratios use shared/device/README.md).')
+        out.append('Ceilings: not measured in this run (ratios use the H200 figures of BENCHMARKS.md "Machines").')
     out.append('')
 
     cols = [('llmts CUDA', l)]
