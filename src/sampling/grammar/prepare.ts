@@ -12,6 +12,7 @@ import { XGrammarError, type XgCompiledGrammar, type XgCompiler, type XgInstance
 import { describeGrammar, type GrammarSpec, type StructuralFormat } from './spec.ts';
 import { applySchemaRules, rewriteSchema } from './schema-rewrite.ts';
 import { alt, dfaEbnf, str } from './dfa.ts';
+import { emptyLanguageReason, precheckSpec } from './precheck.ts';
 
 /** The request's schema, regex or grammar is invalid; `message` is the compiler's. */
 export class GrammarSpecError extends Error {
@@ -40,6 +41,8 @@ export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInsta
   const invalid = (message: string): never => {
     throw new GrammarSpecError(`invalid ${describeGrammar(spec)}: ${message}`);
   };
+  const refused = precheckSpec(spec);
+  if (refused !== undefined) invalid(refused);
   /** xgrammar's EBNF for a schema's JSON */
   const fromSchema = (text: string, strict: boolean): string => check<string>((b) => {
     const g = new b.Grammar.FromJSONSchema(text, false, undefined, undefined, strict, undefined, false);
@@ -65,7 +68,16 @@ export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInsta
     case 'ebnf': {
       if (typeof spec.grammar !== 'string' || spec.grammar.trim() === '') invalid('the grammar is empty');
       const root = spec.root ?? 'root';
-      check((b) => new b.Grammar.FromEBNF(spec.grammar, root).delete());
+      const normalized = check<string>((b) => {
+        const g = new b.Grammar.FromEBNF(spec.grammar, root);
+        try {
+          return g.ToString();
+        } finally {
+          g.delete();
+        }
+      });
+      const empty = emptyLanguageReason(normalized, root);
+      if (empty !== undefined) invalid(empty);
       return { kind: 'ebnf', grammar: spec.grammar, root };
     }
     case 'regex': {
@@ -98,10 +110,18 @@ export function checkIn(inst: XgInstance, spec: GrammarSpec): <T>(fn: Parameters
     try {
       return inst.call(fn) as T;
     } catch (err) {
-      if (err instanceof XGrammarError) throw new GrammarSpecError(`invalid ${describeGrammar(spec)}: ${err.message}`);
+      if (err instanceof XGrammarError) throw new GrammarSpecError(`invalid ${describeGrammar(spec)}: ${compilerReason(err.message)}`);
       throw err;
     }
   };
+}
+
+/**
+ * The compiler's message, or a fixed sentence where xgrammar threw a C++ exception without one
+ * (the WASM build surfaces only the exception's address, a number that changes run to run).
+ */
+export function compilerReason(message: string): string {
+  return /^\d+$/.test(message.trim()) ? 'the compiler refused it without giving a reason' : message;
 }
 
 /** Compiles a prepared spec in `inst` (synchronous: the expensive part, see compiler.ts). */
