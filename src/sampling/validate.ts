@@ -22,6 +22,9 @@ export class SamplingParamsError extends Error {
   }
 }
 
+/** a token id as a JSON object key: decimal digits, no sign, spaces or leading zeros */
+const CANONICAL_ID = /^(?:0|[1-9]\d*)$/;
+
 const show = (v: unknown): string => (typeof v === 'string' ? JSON.stringify(v) : String(v));
 
 /**
@@ -55,14 +58,24 @@ export function validateSamplingParams(input: SamplingParamsInput, vocabSize?: n
       issues.push({ param: 'logit_bias', message: `logit_bias must be an object mapping token ids to biases` });
     } else {
       const entries: Iterable<[unknown, unknown]> = bias instanceof Map ? bias.entries() : Object.entries(bias);
+      // token id -> the key that named it: "01" and "1" (or 1 and "1" in a Map) are one token
+      const seen = new Map<number, unknown>();
       for (const [key, value] of entries) {
-        const id = typeof key === 'number' ? key : typeof key === 'string' && /^-?\d+$/.test(key) ? Number(key) : NaN;
-        if (!Number.isSafeInteger(id)) {
+        const id = typeof key === 'number' ? key : typeof key === 'string' && CANONICAL_ID.test(key) ? Number(key) : NaN;
+        if (typeof key === 'string' && !CANONICAL_ID.test(key)) {
+          issues.push({
+            param: 'logit_bias',
+            message: `logit_bias key ${show(key)} is not an integer token id in canonical form (decimal digits, no sign, spaces or leading zeros)`,
+          });
+        } else if (!Number.isSafeInteger(id)) {
           issues.push({ param: 'logit_bias', message: `logit_bias key ${show(key)} is not an integer token id` });
+        } else if (seen.has(id)) {
+          issues.push({ param: 'logit_bias', message: `logit_bias names token id ${id} twice (keys ${show(seen.get(id))} and ${show(key)})` });
         } else if (id < 0 || (vocabSize !== undefined && id >= vocabSize)) {
           const range = vocabSize !== undefined ? `[0, ${vocabSize - 1}]` : '>= 0';
           issues.push({ param: 'logit_bias', message: `logit_bias token id ${id} is out of range ${range}` });
         }
+        if (Number.isSafeInteger(id) && !seen.has(id)) seen.set(id, key);
         if (typeof value !== 'number' || !Number.isFinite(value) || value < -100 || value > 100) {
           issues.push({
             param: 'logit_bias',

@@ -31,8 +31,22 @@ test('each out-of-range value is reported with its wire name and value', () => {
 
 test('logit_bias ids and values are checked', () => {
   assert.deepEqual(messages({ logitBias: { '10': 1 } }, 10), ['logit_bias: logit_bias token id 10 is out of range [0, 9]']);
-  assert.deepEqual(messages({ logitBias: { '-1': 1 } }), ['logit_bias: logit_bias token id -1 is out of range >= 0']);
-  assert.deepEqual(messages({ logitBias: { abc: 1 } }), ['logit_bias: logit_bias key "abc" is not an integer token id']);
+  assert.deepEqual(messages({ logitBias: new Map([[-1, 1]]) }), ['logit_bias: logit_bias token id -1 is out of range >= 0']);
+  const canonical = (key: string) => `logit_bias: logit_bias key ${JSON.stringify(key)} is not an integer token id in canonical form (decimal digits, no sign, spaces or leading zeros)`;
+  for (const key of ['abc', '-1', '+1', '01', '00', ' 1', '1 ', '1.0', '1e2', ''])
+    assert.deepEqual(messages({ logitBias: { [key]: 1 } }), [canonical(key)], key);
+  assert.deepEqual(messages({ logitBias: { '0': 1, '10': 2 } }, 20), []);
+});
+
+test('logit_bias: one token named twice is refused', () => {
+  // as JSON keys "01" and "1" would both be token 1; the non-canonical one is refused
+  assert.deepEqual(messages({ logitBias: { '1': 1, '01': 2 } }, 10), [
+    'logit_bias: logit_bias key "01" is not an integer token id in canonical form (decimal digits, no sign, spaces or leading zeros)',
+  ]);
+  // a Map can hold the number and the string
+  assert.deepEqual(messages({ logitBias: new Map<string | number, number>([[1, 1], ['1', 2]]) as unknown as Map<number, number> }, 10), [
+    'logit_bias: logit_bias names token id 1 twice (keys 1 and "1")',
+  ]);
   assert.deepEqual(messages({ logitBias: new Map([[2, 101]]) }, 10), [
     'logit_bias: logit_bias value for token 2 must be a number in [-100, 100], got 101',
   ]);
