@@ -13,6 +13,7 @@ import { runToCompletion, startStreams, type SeqPlan } from './run.ts';
 import { ClientGoneError } from './http-io.ts';
 import { checkModel, MAX_STOPS } from './openai-params.ts';
 import type { ServedModel } from './served-model.ts';
+import { GrammarSpecError } from '../sampling/grammar/index.ts';
 import { checkToolSchemas, compileConstraint, parseAnthropicTools, planTools, toolMessages, type Constraint, type ToolPlan } from './structured.ts';
 import type { ToolCallParser } from '../generation/tool-calls/index.ts';
 
@@ -174,10 +175,28 @@ function toolInput(args: string): unknown {
   }
 }
 
+/**
+ * The schema checks of /v1/messages, shared with count_tokens so both refuse the same requests:
+ * each offered tool's input_schema, and (`outputFormat`: for count_tokens, which compiles
+ * nothing; /v1/messages compiles it, which checks it) output_config.format's schema.
+ */
+async function checkSchemas(model: ServedModel, req: MessagesRequest, outputFormat: boolean): Promise<void> {
+  if (req.tools && req.tools.offered.length > 0) await checkToolSchemas(model, req.tools.offered, (i) => `tools[${i}].input_schema`);
+  const c = req.constraint;
+  if (outputFormat && c && c.param === 'output_config' && c.spec.type === 'json_schema') {
+    try {
+      await (await model.grammarCompiler()).checkJsonSchema(c.spec.schema);
+    } catch (err) {
+      if (err instanceof GrammarSpecError) throw badRequest(`output_config.format.schema: ${err.message}`, 'output_config', 'invalid_grammar');
+      throw err;
+    }
+  }
+}
+
 export async function handleMessages(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const model = ctx.model;
   const req = parseMessagesRequest(body, model);
-  if (req.tools && req.tools.offered.length > 0) await checkToolSchemas(model, req.tools.offered, (i) => `tools[${i}].input_schema`);
+  await checkSchemas(model, req, false);
   const rendered = renderMessages(model, req);
   const promptIds = rendered.ids;
   const room = model.contextLen - promptIds.length;
@@ -298,6 +317,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesRequest, reques
 /** POST /v1/messages/count_tokens: the prompt's length as /v1/messages would render it */
 export async function handleCountTokens(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const req = parseMessagesRequest({ max_tokens: 1, ...body }, ctx.model);
+  await checkSchemas(ctx.model, req, true);
   const { ids } = renderMessages(ctx.model, req);
   sendJson(ctx.res, 200, { input_tokens: ids.length });
 }

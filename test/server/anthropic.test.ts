@@ -149,3 +149,25 @@ test('errors in Anthropic shape: bad key 401, missing max_tokens 400, unknown mo
   const ok = await client.messages.create({ model: 'tiny', max_tokens: 2, messages: user('x') });
   assert.equal(ok.type, 'message');
 });
+
+test('count_tokens refuses the tool and output schemas /v1/messages refuses, with the same message', async () => {
+  const h = { 'x-api-key': 'sk-test' };
+  const base = { model: 'tiny', max_tokens: 5, messages: user('x') };
+  const bodies = [
+    { ...base, tools: [{ name: 'f', input_schema: { type: 12 } }] },
+    { ...base, tools: [{ name: 'f', input_schema: { type: 'array', minItems: -1 } }] },
+    { ...base, output_config: { format: { type: 'json_schema', schema: { type: 'object', properties: { a: { type: 'string', maxLength: -3 } } } } } },
+  ];
+  for (const body of bodies) {
+    const messages = await postJson(`${srv.url}/v1/messages`, body, h);
+    const count = await postJson(`${srv.url}/v1/messages/count_tokens`, body, h);
+    assert.equal(messages.status, 400, JSON.stringify(messages.body));
+    assert.equal(count.status, 400, JSON.stringify(count.body));
+    assert.equal(count.body.error.type, 'invalid_request_error');
+    assert.match(count.body.error.message, /invalid JSON schema/);
+    assert.equal(count.body.error.message.replace(/^output_config\.format\.schema: /, ''), messages.body.error.message.replace(/^output_config\.format\.schema: /, ''));
+  }
+  const ok = await postJson(`${srv.url}/v1/messages/count_tokens`, { ...base, tools: [{ name: 'f', input_schema: { type: 'object', properties: { minItems: { type: 'integer' } } } }] }, h);
+  assert.equal(ok.status, 200);
+  assert.ok(ok.body.input_tokens > 0);
+});
