@@ -12,6 +12,7 @@ import type { DecoderModel, StepResult } from '../models/decoder.ts';
 import type { Backend, DType } from '../contracts/backend.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
+import type { SpillResult } from '../state/ssd-tier.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
 import { Scheduler } from './scheduler.ts';
@@ -201,7 +202,7 @@ export class Engine {
    * Writes every prefix waiting for the SSD tier, and the computed prefix of every running
    * sequence, now. Resolves to what was written (nothing without an SSD tier).
    */
-  flushPrefixCache(): Promise<{ files: number; bytes: number }> {
+  flushPrefixCache(): Promise<SpillResult> {
     return this.prefix.flush(this.scheduler.running);
   }
 

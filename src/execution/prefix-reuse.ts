@@ -15,7 +15,7 @@ import { createHash } from 'node:crypto';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { prefixNamespace, type KvScheme } from '../state/block-hash.ts';
 import { prefixReuseBlocker, type KvCache, type PrefixCacheOptions } from '../state/kv-cache.ts';
-import { SsdTier, type SsdStats } from '../state/ssd-tier.ts';
+import { SsdTier, type SpillResult, type SsdStats, type SsdTierOptions } from '../state/ssd-tier.ts';
 import type { PrefixCounters } from './scheduler.ts';
 import { RestorePolicy } from './restore-policy.ts';
 import type { Sequence } from './sequence.ts';
@@ -34,7 +34,7 @@ export interface PrefixCacheSettings {
    * the SSD tier: files under `dir` (in a subdirectory per namespace), at most `maxBytes`;
    * `captureBytes`: most host memory for prefixes evicted before they were spilled (ssd-tier.ts)
    */
-  ssd?: { dir: string; maxBytes: number; captureBytes?: number; log?: (line: string) => void };
+  ssd?: { dir: string; maxBytes: number; captureBytes?: number; log?: (line: string) => void; openForWrite?: SsdTierOptions['openForWrite'] };
 }
 
 export interface PrefixCacheStats {
@@ -81,7 +81,7 @@ export function openSsdTier(kv: KvCache, settings: PrefixCacheSettings): { ssd?:
   const ssd = new SsdTier({
     dir: settings.ssd.dir, maxBytes: settings.ssd.maxBytes, model: settings.modelFingerprint!,
     tokenizer: settings.tokenizerFingerprint, kv: kv.scheme, groups: kv.groups.map((g) => g.spec),
-    captureBytes: settings.ssd.captureBytes, log: settings.ssd.log,
+    captureBytes: settings.ssd.captureBytes, log: settings.ssd.log, openForWrite: settings.ssd.openForWrite,
   });
   if (ssd.namespace !== kv.prefixNamespace) throw new Error('the SSD tier and the KV cache disagree on the prefix namespace');
   return { ssd };
@@ -148,8 +148,8 @@ export class PrefixReuse {
    * Spills every pending prefix, plus the computed prefix of every running sequence, now (between
    * steps). Resolves to what was written.
    */
-  async flush(running: readonly Sequence[]): Promise<{ files: number; bytes: number }> {
-    if (!this.ssd) return { files: 0, bytes: 0 };
+  async flush(running: readonly Sequence[]): Promise<SpillResult> {
+    if (!this.ssd) return { files: 0, bytes: 0, errors: [] };
     for (const seq of running) this.onFinish(seq);
     return this.ssd.spill(this.kv);
   }

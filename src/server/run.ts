@@ -6,7 +6,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { EngineRequest, FinishEvent, FinishReason, SequenceEvent, TokenLogprob } from '../execution/sequence.ts';
-import { clientErrorOf } from './errors.ts';
+import { badRequest, clientErrorOf } from './errors.ts';
 import type { ServerMetrics } from './metrics.ts';
 
 /** One sequence to run: which prompt it continues (completions with several prompts) and how. */
@@ -70,6 +70,13 @@ export interface RunContext {
 
 /** Submits `plans` in order; on a refusal cancels what was queued and throws (an HttpError when the client caused it). */
 function submitAll<T>(ctx: RunContext, plans: readonly SeqPlan[], submit: (plan: SeqPlan) => T): T[] {
+  // all of a request's sequences wait together, so more than the queue holds is never admitted:
+  // a 400, where a queue full of other requests' sequences is a 429
+  const limit = ctx.engine.maxQueued;
+  if (plans.length > limit)
+    throw badRequest(
+      `n x prompts = ${plans.length} sequence${plans.length === 1 ? '' : 's'} exceed${plans.length === 1 ? 's' : ''} --max-queued ${limit}; the request can never be admitted`,
+      'n', 'too_many_sequences');
   const out: T[] = [];
   try {
     for (const plan of plans) {

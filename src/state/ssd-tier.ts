@@ -52,6 +52,21 @@ export interface SsdTierOptions {
   captureBytes?: number;
   /** problems worth telling an operator (a corrupt file removed, a failed write) */
   log?: (line: string) => void;
+  /** opens a temporary file for writing (default fs/promises open); a seam for injecting write failures */
+  openForWrite?: (path: string) => Promise<FileHandle>;
+}
+
+/** A prefix file that could not be written: the errno code (ENOSPC, EROFS, EACCES, ...; EIO when the OS gave none). */
+export interface SsdWriteError {
+  code: string;
+  message: string;
+}
+
+/** What one spill or flush wrote, and the writes that failed. */
+export interface SpillResult {
+  files: number;
+  bytes: number;
+  errors: SsdWriteError[];
 }
 
 /** What the tier reads spilled content from: the KV cache. */
@@ -86,6 +101,10 @@ export interface SsdStats {
   captureBytes: number;
   /** pending prefixes lost before they were written (no room to capture them, too many pending) */
   dropped: number;
+  /** failed prefix writes, by errno code */
+  writeErrors: Record<string, number>;
+  /** bytes of temporary files (writes in progress, another live process's) counted against the cap */
+  tempBytes: number;
 }
 
 interface Entry {
@@ -126,6 +145,9 @@ const IO_CHUNK_BYTES = 64 << 20;
 const YIELD_MS = 4;
 /** temporary files of a write that never finished are removed once this old */
 const STALE_TMP_MS = 3600_000;
+/** temporary files this process is writing now (any tier): names are unique per process, never swept as orphans */
+const writingNow = new Set<string>();
+let tmpCounter = 0;
 
 export class SsdTier {
   readonly namespace: string;
@@ -146,8 +168,12 @@ export class SsdTier {
   private pendingTokens = 0;
   private capturedBytes = 0;
   private chain: Promise<unknown> = Promise.resolve();
-  private tmpCounter = 0;
   private readonly counters = { writes: 0, bytesWritten: 0, restores: 0, restoredBlocks: 0, rejected: 0, evictions: 0, captures: 0, dropped: 0 };
+  private readonly writeErrors: Record<string, number> = {};
+  /** bytes of this process's writes in progress (their temporary files) */
+  private writingBytes = 0;
+  /** another live process's temporary files found at startup: path -> bytes (re-checked by enforceCap) */
+  private readonly foreignTmp = new Map<string, number>();
   private readonly log: (line: string) => void;
 
   constructor(private readonly opts: SsdTierOptions) {
@@ -172,7 +198,7 @@ export class SsdTier {
   get stats(): SsdStats {
     return {
       files: this.entries.size, bytes: this.totalBytes, maxBytes: this.opts.maxBytes, ...this.counters,
-      pending: this.pending.length, captureBytes: this.capturedBytes,
+      pending: this.pending.length, captureBytes: this.capturedBytes, writeErrors: { ...this.writeErrors }, tempBytes: this.tempBytes,
     };
   }
 
@@ -187,15 +213,34 @@ export class SsdTier {
 
   // ---- the index -------------------------------------------------------------------------------
 
-  /** Indexes the files already on disk (a restart), removing every one that fails a check. */
+  /** bytes of temporary files present now (they take disk space, so they count against the cap) */
+  private get tempBytes(): number {
+    let n = this.writingBytes;
+    for (const b of this.foreignTmp.values()) n += b;
+    return n;
+  }
+
+  /**
+   * Indexes the files already on disk (a restart), removing every one that fails a check, and
+   * every temporary file no live process is writing (`.tmp-PID-N`: a write cut off by a crash or
+   * kill -9; a PID equal to ours is a previous process's, since this one has written nothing yet).
+   */
   private scan(): void {
     const now = Date.now();
+    let orphans = 0, orphanBytes = 0;
     for (const name of readdirSync(this.path)) {
       const path = join(this.path, name);
       if (name.startsWith('.tmp-')) {
         try {
-          if (now - statSync(path).mtimeMs > STALE_TMP_MS) unlinkSync(path);
-        } catch { /* another process's, or gone */ }
+          const st = statSync(path);
+          const pid = Number(/^\.tmp-(\d+)-/.exec(name)?.[1]);
+          if (writingNow.has(path)) continue;
+          if (now - st.mtimeMs > STALE_TMP_MS || !Number.isInteger(pid) || pid === process.pid || !processAlive(pid)) {
+            unlinkSync(path);
+            orphans++;
+            orphanBytes += st.size;
+          } else this.foreignTmp.set(path, st.size);
+        } catch { /* gone */ }
         continue;
       }
       if (!name.endsWith(FILE_EXT)) continue;
@@ -227,6 +272,7 @@ export class SsdTier {
         if (fd !== undefined) closeSync(fd);
       }
     }
+    if (orphans > 0) this.log(`prefix cache: removed ${orphans} orphaned temporary file${orphans === 1 ? '' : 's'} (${orphanBytes} bytes) of writes that never finished in ${this.path}`);
     this.enforceCap();
   }
 
@@ -437,9 +483,10 @@ export class SsdTier {
    * Writes pending prefixes (oldest first) from `source`, one at a time, until none is left or
    * `stop()` says the engine has work again. Spills and captured writes never overlap (they queue).
    */
-  spill(source: PrefixSource, stop: () => boolean = () => false): Promise<{ files: number; bytes: number }> {
+  spill(source: PrefixSource, stop: () => boolean = () => false): Promise<SpillResult> {
     return this.enqueue(async () => {
       let files = 0, bytes = 0;
+      const errors: SsdWriteError[] = [];
       while (this.pending.length > 0 && !stop()) {
         const c = this.pending[0];
         this.unpend(c);
@@ -450,18 +497,21 @@ export class SsdTier {
           this.log(`prefix cache: could not read KV blocks to spill: ${(err as Error).message}`);
           continue;
         }
-        const written = await this.write(c, data);
+        const written = await this.write(c, data, errors);
         if (written > 0) {
           files++;
           bytes += written;
         }
       }
-      return { files, bytes };
+      return { files, bytes, errors };
     });
   }
 
-  /** Writes one prefix's blocks; returns the bytes written (0 when there was nothing to write). */
-  private async write(c: Candidate, data: PrefixBlocks): Promise<number> {
+  /**
+   * Writes one prefix's blocks; returns the bytes written (0 when there was nothing to write or
+   * the write failed: the failure is counted by errno code, logged, and pushed onto `errors`).
+   */
+  private async write(c: Candidate, data: PrefixBlocks, errors?: SsdWriteError[]): Promise<number> {
     const k = data.blocks;
     if (k === 0 || data.groups.length !== this.groups.length) return 0;
     const have = data.groups.map((g) => g.from);
@@ -512,10 +562,19 @@ export class SsdTier {
     const head = header(n, from, crc.flat());
     const name = `${hashes[n - 1]}${FILE_EXT}`;
     const path = join(this.path, name);
-    const tmp = join(this.path, `.tmp-${process.pid}-${++this.tmpCounter}`);
+    const tmp = join(this.path, `.tmp-${process.pid}-${++tmpCounter}`);
     const size = head.length + payload(n, from);
+    // files this one supersedes once written (a prefix of it, all of whose restore points it has)
+    const superseded = new Set<Entry>();
+    for (let b = 0; b < n - 1; b++)
+      for (const e of this.byHash.get(hashes[b]) ?? []) if (e.hashes.length === b + 1 && from.every((f, g) => f <= e.from[g])) superseded.add(e);
+    // the temporary file counts against the cap while it exists: room is made before it is
+    // written (the files it supersedes go after it instead of being evicted for it)
+    this.writingBytes += size;
+    writingNow.add(tmp);
     try {
-      const fh = await open(tmp, 'w');
+      this.enforceCap(undefined, superseded);
+      const fh = await (this.opts.openForWrite ?? ((p: string) => open(p, 'w')))(tmp);
       try {
         await writeAll(fh, [head, ...parts]);
       } finally {
@@ -524,12 +583,17 @@ export class SsdTier {
       await rename(tmp, path);
     } catch (err) {
       await unlink(tmp).catch(() => {});
-      this.log(`prefix cache: could not write ${path}: ${(err as Error).message}`);
+      const code = (err as NodeJS.ErrnoException).code ?? 'EIO';
+      const message = (err as Error).message;
+      this.writeErrors[code] = (this.writeErrors[code] ?? 0) + 1;
+      errors?.push({ code, message });
+      this.log(`prefix cache: could not write ${path}: ${code}: ${message}`);
       return 0;
+    } finally {
+      this.writingBytes -= size;
+      writingNow.delete(tmp);
     }
-    // files holding a prefix of this one, all of whose restore points this one has, are superseded
-    for (let b = 0; b < n - 1; b++)
-      for (const e of [...(this.byHash.get(hashes[b]) ?? [])]) if (e.hashes.length === b + 1 && from.every((f, g) => f <= e.from[g])) await this.remove(e);
+    for (const e of superseded) await this.remove(e);
     const offsets: number[] = [];
     let offset = head.length;
     from.forEach((f, g) => {
@@ -543,12 +607,29 @@ export class SsdTier {
     return size;
   }
 
-  /** Removes least recently used files until the total fits the cap (never `keep`). */
-  private enforceCap(keep?: string): void {
-    if (this.totalBytes <= this.opts.maxBytes) return;
-    const byAge = [...this.entries.values()].filter((e) => e.name !== keep).sort((a, b) => a.lastUsed - b.lastUsed);
+  /**
+   * Removes least recently used files until the total (temporary files included) fits the cap;
+   * never `keep`, and never a file of `spare`, whose bytes are left out of the total (about to go).
+   */
+  private enforceCap(keep?: string, spare: ReadonlySet<Entry> = new Set()): void {
+    for (const [path, bytes] of this.foreignTmp) {
+      try {
+        const st = statSync(path);
+        if (Date.now() - st.mtimeMs > STALE_TMP_MS) {
+          unlinkSync(path);
+          this.foreignTmp.delete(path);
+        } else if (st.size !== bytes) this.foreignTmp.set(path, st.size);
+      } catch {
+        this.foreignTmp.delete(path); // renamed into place or removed by its writer
+      }
+    }
+    let spareBytes = 0;
+    for (const e of spare) if (this.entries.get(e.name) === e) spareBytes += e.bytes;
+    const other = this.tempBytes - spareBytes;
+    if (this.totalBytes + other <= this.opts.maxBytes) return;
+    const byAge = [...this.entries.values()].filter((e) => e.name !== keep && !spare.has(e)).sort((a, b) => a.lastUsed - b.lastUsed);
     for (const e of byAge) {
-      if (this.totalBytes <= this.opts.maxBytes) break;
+      if (this.totalBytes + other <= this.opts.maxBytes) break;
       this.forget(e);
       this.counters.evictions++;
       try {
@@ -565,18 +646,45 @@ export class SsdTier {
   static readonly fileExtension = FILE_EXT;
 }
 
-/** Writes `parts` in order from offset 0, in calls of at most IO_CHUNK_BYTES, checking every count. */
+/**
+ * Writes `parts` in order from offset 0, in calls of at most IO_CHUNK_BYTES. A short write (the
+ * disk filling up) is continued from where it stopped, so the call that cannot write anything
+ * fails with the OS's errno (ENOSPC), not a byte count.
+ */
 async function writeAll(fh: FileHandle, parts: Uint8Array[]): Promise<void> {
   let position = 0;
   for (let i = 0; i < parts.length;) {
-    const batch: Uint8Array[] = [];
+    let batch: Uint8Array[] = [];
     let bytes = 0;
     while (i < parts.length && batch.length < 512 && (batch.length === 0 || bytes + parts[i].byteLength <= IO_CHUNK_BYTES)) {
       bytes += parts[i].byteLength;
       batch.push(parts[i++]);
     }
-    const { bytesWritten } = await fh.writev(batch, position);
-    if (bytesWritten !== bytes) throw new Error(`short write: ${bytesWritten} of ${bytes} bytes`);
-    position += bytes;
+    while (bytes > 0) {
+      const { bytesWritten } = await fh.writev(batch, position);
+      if (bytesWritten <= 0) throw Object.assign(new Error(`wrote 0 of ${bytes} bytes at offset ${position}`), { code: 'EIO' });
+      position += bytesWritten;
+      bytes -= bytesWritten;
+      batch = skipBytes(batch, bytesWritten);
+    }
+  }
+}
+
+/** `parts` without their first `n` bytes */
+function skipBytes(parts: Uint8Array[], n: number): Uint8Array[] {
+  let i = 0;
+  while (i < parts.length && n >= parts[i].byteLength) n -= parts[i++].byteLength;
+  const rest = parts.slice(i);
+  if (rest.length > 0 && n > 0) rest[0] = rest[0].subarray(n);
+  return rest;
+}
+
+/** true when a process with this id exists (EPERM: it exists, owned by another user) */
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

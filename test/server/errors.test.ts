@@ -78,6 +78,17 @@ const CASES: Case[] = [
   { name: 'echo', path: '/v1/completions', body: cmpl({ echo: true }), status: 400, message: /echo is not supported yet/ },
   { name: 'best_of > n', path: '/v1/completions', body: cmpl({ best_of: 3 }), status: 400, message: /best_of other than n is not supported yet/ },
   { name: 'too many sequences', path: '/v1/completions', body: cmpl({ n: 100, prompt: ['a', 'b', 'c'] }), status: 400, message: /at most 256/ },
+  // the server runs with --max-queued 1: a request of two sequences can never be admitted
+  { name: 'n above --max-queued', path: '/v1/completions', body: cmpl({ n: 2 }), status: 400, message: /^n x prompts = 2 sequences exceed --max-queued 1; the request can never be admitted$/, param: 'n', code: 'too_many_sequences' },
+  { name: 'prompts above --max-queued', path: '/v1/completions', body: cmpl({ prompt: ['a', 'b'] }), status: 400, message: /n x prompts = 2 sequences exceed --max-queued 1/, code: 'too_many_sequences' },
+  { name: 'chat n above --max-queued', path: '/v1/chat/completions', body: chat({ n: 3 }), status: 400, message: /n x prompts = 3 sequences exceed --max-queued 1/, code: 'too_many_sequences' },
+  { name: 'guided_regex lone surrogate', path: '/v1/completions', body: cmpl({ guided_regex: 'a\ud800b' }), status: 400, message: /^invalid regex: the pattern contains a lone UTF-16 surrogate/, param: 'guided_regex', code: 'invalid_grammar' },
+  { name: 'guided_grammar that never ends', path: '/v1/completions', body: cmpl({ guided_grammar: 'root ::= root' }), status: 400, message: /^invalid grammar: the grammar matches no string: rule "root" can never finish/, param: 'guided_grammar' },
+  { name: 'guided_grammar without a base case', path: '/v1/chat/completions', body: chat({ guided_grammar: 'root ::= "a" root' }), status: 400, message: /matches no string/ },
+  { name: 'guided_json minItems negative', path: '/v1/completions', body: cmpl({ guided_json: { type: 'array', minItems: -1 } }), status: 400, message: /invalid JSON schema: minItems at # must be a non-negative integer, got -1/, param: 'guided_json' },
+  { name: 'response_format maxLength fractional', path: '/v1/chat/completions', body: chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { s: { type: 'string', maxLength: 2.5 } } } } } }), status: 400, message: /maxLength at #\/properties\/s must be a non-negative integer, got 2.5/ },
+  { name: 'logit_bias key with a leading zero', path: '/v1/completions', body: '{"model": "tiny", "prompt": "hi", "max_tokens": 2, "logit_bias": {"01": 1, "1": 2}}', status: 400, message: /logit_bias key "01" is not an integer token id in canonical form/, param: 'logit_bias' },
+  { name: 'logit_bias key with a sign', path: '/v1/completions', body: cmpl({ logit_bias: { '+5': 1 } }), status: 400, message: /logit_bias key "\+5" is not an integer token id in canonical form/ },
 ];
 
 test('bad-input matrix: each case gets its 4xx and message in the OpenAI shape', async () => {
