@@ -114,6 +114,13 @@ export class Engine {
   readonly kv: KvCache;
   readonly scheduler: Scheduler;
   readonly maxModelLen: number;
+  /**
+   * Sequences that may wait for admission at once. A request's sequences are all queued before
+   * any is admitted, so one with more of them than this can never be admitted.
+   */
+  get maxQueued(): number {
+    return this.opts.maxQueued;
+  }
   private readonly handles = new Map<Sequence, Handle>();
   private nextId = 1;
   private looping = false;
