@@ -36,13 +36,19 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       cleanup();
       resolve(Buffer.concat(chunks, size));
     };
+    const aborted = () => {
+      const of = Number.isFinite(declared) ? ` of ${declared}` : '';
+      return new ClientAbortedError(`the client closed the connection while sending the body (${size}${of} bytes received)`);
+    };
+    // a peer that drops mid-body makes Node emit 'error' (ECONNRESET "aborted"): that is the
+    // client leaving, not a server fault
     const onError = (err: Error) => {
       cleanup();
-      reject(err);
+      reject(!req.complete && ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || req.destroyed) ? aborted() : err);
     };
     const onClose = () => {
       cleanup();
-      reject(new ClientGoneError('the client closed the connection while sending the body'));
+      reject(aborted());
     };
     req.on('data', onData);
     req.on('end', onEnd);
@@ -76,6 +82,9 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
 
 /** The peer went away: nothing more can be written. */
 export class ClientGoneError extends Error {}
+
+/** The peer went away before its request body was complete. */
+export class ClientAbortedError extends ClientGoneError {}
 
 /**
  * Writes SSE frames one at a time: each write resolves once the socket has taken the data (or

@@ -91,6 +91,8 @@ export class ServerMetrics {
     counter('llmts_prefix_cache_evictions_total', 'cached blocks (ram) or prefix files (ssd) dropped to make room', ['tier'],
       (s) => [[{ tier: 'ram' }, pc(s).ramEvictions], [{ tier: 'ssd' }, pc(s).ssd?.evictions ?? 0]]);
     counter('llmts_prefix_cache_ssd_writes_total', 'prefixes written to the SSD tier', [], (s) => [[{}, pc(s).ssd?.writes ?? 0]]);
+    counter('llmts_prefix_cache_ssd_write_errors_total', 'prefix files the SSD tier failed to write, by errno code (ENOSPC, EROFS, EACCES, EIO, ...)', ['code'],
+      (s) => Object.entries(pc(s).ssd?.writeErrors ?? {}).map(([code, n]) => [{ code }, n]));
     counter('llmts_prefix_cache_ssd_rejected_files_total', 'SSD tier files removed because they were corrupt, truncated or foreign', [], (s) => [[{}, pc(s).ssd?.rejected ?? 0]]);
     tierGauge('llmts_prefix_cache_bytes', 'KV bytes held by the prefix cache: ram = pool blocks holding a cached prefix (shared or evictable), ssd = files',
       (s) => [['ram', pc(s).ramBytes], ['ssd', pc(s).ssd?.bytes ?? 0]]);

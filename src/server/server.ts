@@ -3,7 +3,8 @@
 // Invariants: a request a client got wrong is answered with a 4xx before it reaches the engine
 // and never affects another request; every request owns an AbortController that the response's
 // 'close' (client gone) aborts, which cancels all its sequences; an unexpected error is a 500,
-// logged once to stderr.
+// logged once to stderr; a request whose client left before any response is counted as 499,
+// and one that left mid-body is logged as one "client aborted" line (an abort, not an error).
 
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -12,7 +13,7 @@ import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { LoadedModel } from '../execution/load-model.ts';
 import { HttpError, anthropicErrorBody, badRequest, clientErrorOf, openaiErrorBody } from './errors.ts';
-import { ClientGoneError, parseJsonObject, readBody, sendJson } from './http-io.ts';
+import { ClientAbortedError, ClientGoneError, parseJsonObject, readBody, sendJson } from './http-io.ts';
 import type { JsonObject } from './fields.ts';
 import { ServerMetrics } from './metrics.ts';
 import { ServedModel } from './served-model.ts';
@@ -21,6 +22,7 @@ import { handleChat } from './openai-chat.ts';
 import { handleCompletions } from './openai-completions.ts';
 import { handleCountTokens, handleMessages } from './anthropic.ts';
 import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
+import type { SsdWriteError } from '../state/ssd-tier.ts';
 
 export interface ServerOptions {
   engine: Engine;
@@ -40,6 +42,8 @@ export interface ServerOptions {
 }
 
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
+/** the status a request is counted under when its client closed the connection before any response (nginx's) */
+export const CLIENT_CLOSED_REQUEST = 499;
 
 type Handler = (ctx: HandlerContext, body: JsonObject) => Promise<void>;
 
@@ -133,7 +137,9 @@ export class LlmServer {
     res.once('close', () => {
       this.active.delete(res);
       this.metrics.inFlight.dec();
-      this.metrics.requests.inc({ route: label, method: req.method ?? '', status: String(res.statusCode) });
+      // closed before any response was sent: the client left (nginx's 499), whatever statusCode holds
+      const status = !res.headersSent && !res.writableFinished ? String(CLIENT_CLOSED_REQUEST) : String(res.statusCode);
+      this.metrics.requests.inc({ route: label, method: req.method ?? '', status });
     });
     if (this.shuttingDown) res.setHeader('Connection', 'close');
     try {
@@ -205,8 +211,12 @@ export class LlmServer {
       ...(p.ssd ? {} : { reason: p.ssdOff ?? (p.enabled ? 'no --cache-dir' : `prefix reuse is off: ${p.off}`) }),
       files_written: written.files,
       bytes_written: written.bytes,
+      // writes that failed (disk full, read-only, ...), one entry per errno code
+      write_errors: groupWriteErrors(written.errors),
       ssd_files: p.ssd?.files ?? 0,
       ssd_bytes: p.ssd?.bytes ?? 0,
+      // failed writes since start by errno code, background (idle, eviction) spills included
+      ssd_write_errors: p.ssd?.writeErrors ?? {},
     });
   }
 
@@ -251,6 +261,11 @@ export class LlmServer {
   }
 
   private fail(req: IncomingMessage, res: ServerResponse, err: unknown, anthropic: boolean): void {
+    if (err instanceof ClientAbortedError) {
+      this.log(`llmts serve: client aborted ${req.method} ${req.url}: ${err.message}`);
+      if (!res.destroyed) res.destroy();
+      return;
+    }
     if (err instanceof ClientGoneError) return;
     let httpErr = clientErrorOf(err);
     if (!httpErr) {
@@ -268,6 +283,16 @@ export class LlmServer {
     const detail = err instanceof Error ? err.stack ?? err.message : String(err);
     this.log(`llmts serve: internal error in ${request} (${where}): ${detail}`);
   }
+}
+
+function groupWriteErrors(errors: readonly SsdWriteError[]): { code: string; count: number; message: string }[] {
+  const byCode = new Map<string, { code: string; count: number; message: string }>();
+  for (const e of errors) {
+    const g = byCode.get(e.code);
+    if (g) g.count++;
+    else byCode.set(e.code, { code: e.code, count: 1, message: e.message });
+  }
+  return [...byCode.values()];
 }
 
 function sha256(s: string): Buffer {
