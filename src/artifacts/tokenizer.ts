@@ -12,6 +12,7 @@ import path from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ArtifactError } from './errors.ts';
 import { expectObject, readJsonFile } from './json-file.ts';
+import { maxCharsPerToken } from './token-bound.ts';
 
 export const TOKENIZER_FILE = 'tokenizer.json';
 export const TOKENIZER_CONFIG_FILE = 'tokenizer_config.json';
@@ -45,6 +46,11 @@ export class TextTokenizer {
   readonly cleanUpTokenizationSpaces: boolean;
   /** sha256 of tokenizer.json and tokenizer_config.json: keys caches that hold token ids */
   readonly fingerprint: string;
+  /**
+   * The most characters of input one token covers (token-bound.ts), or undefined when the tokenizer
+   * gives no such bound: a text longer than context x this cannot fit, tokenized or not.
+   */
+  readonly maxCharsPerToken?: number;
   private readonly tok: Tokenizer;
 
   /** @param source names the files in messages */
@@ -57,6 +63,7 @@ export class TextTokenizer {
       throw new ArtifactError(`tokenizer ${source} cannot be loaded: ${(e as Error).message}`, source);
     }
     this.config = tc;
+    this.maxCharsPerToken = maxCharsPerToken(tj);
     // transformers 5 treats every "*_token" string (e.g. image_token) as a named special token,
     // as well as the entries of an extra_special_tokens dict
     const named: Record<string, string> = {};

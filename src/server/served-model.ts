@@ -82,7 +82,22 @@ export class ServedModel {
 
   /** text -> ids with the tokenizer's special tokens (BOS), as a completions prompt */
   encode(text: string): number[] {
+    this.refuseUnfittable(text, 'prompt');
     return this.loaded.encode(text);
+  }
+
+  /**
+   * Refuses, before tokenizing it, a text too long for the context whatever its tokens: more
+   * characters than contextLen tokens can cover (TextTokenizer.maxCharsPerToken). Tokenizing such a
+   * text only to refuse it could stall the event loop for a long time (BPE on a long run of one
+   * character grows faster than linearly).
+   */
+  private refuseUnfittable(text: string, param: string): void {
+    const per = this.loaded.tokenizer.maxCharsPerToken;
+    if (per === undefined || text.length <= this.contextLen * per) return;
+    throw badRequest(
+      `the prompt has ${text.length} characters: at least ${Math.ceil(text.length / per)} tokens (a token covers at most ${per} ` +
+      `characters), but this model's context holds ${this.contextLen} tokens`, param, 'context_length_exceeded');
   }
 
   decode(ids: readonly number[]): string {
@@ -110,6 +125,7 @@ export class ServedModel {
       if (at < 0) throw badRequest('cannot continue the final message: its text does not appear in the rendered chat template', 'messages');
       text = text.slice(0, at + content.length);
     }
+    this.refuseUnfittable(text, 'messages');
     return { ids: this.loaded.tokenizer.encode(text, { addSpecialTokens: false }), text };
   }
 }

@@ -69,6 +69,9 @@ const CASES: Case[] = [
   { name: 'prompt empty string', path: '/v1/completions', body: cmpl({ prompt: '' }), status: 400, message: /prompt is empty/ },
   { name: 'prompt longer than the context', path: '/v1/completions', body: cmpl({ prompt: 'x'.repeat(200) }), status: 400, message: /the prompt has 200 tokens, but this model's context holds 128/, code: 'context_length_exceeded' },
   { name: 'chat longer than the context', path: '/v1/chat/completions', body: chat({ messages: [{ role: 'user', content: 'y'.repeat(300) }] }), status: 400, message: /context holds 128/, code: 'context_length_exceeded' },
+  // refused from its length alone, before tokenizing (a token of this tokenizer covers at most 13 characters)
+  { name: 'prompt too long to fit in any tokenization', path: '/v1/completions', body: cmpl({ prompt: ' '.repeat(5000) }), status: 400, message: /the prompt has 5000 characters: at least 385 tokens .*context holds 128 tokens/, param: 'prompt', code: 'context_length_exceeded' },
+  { name: 'chat too long to fit in any tokenization', path: '/v1/chat/completions', body: chat({ messages: [{ role: 'user', content: 'z'.repeat(5000) }] }), status: 400, message: /characters: at least \d+ tokens .*context holds 128 tokens/, param: 'messages', code: 'context_length_exceeded' },
   { name: 'unknown model', path: '/v1/chat/completions', body: chat({ model: 'gpt-17' }), status: 404, message: /"gpt-17" does not exist/, code: 'model_not_found' },
   { name: 'response_format unknown type', path: '/v1/chat/completions', body: chat({ response_format: { type: 'yaml' } }), status: 400, message: /response_format.type must be/, param: 'response_format' },
   { name: 'response_format bad schema', path: '/v1/chat/completions', body: chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 12 } } } }), status: 400, message: /invalid JSON schema: Type should be a string/, param: 'response_format', code: 'invalid_grammar' },
