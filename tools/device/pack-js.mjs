@@ -2,8 +2,9 @@
 // binary alone is 3.7 MB of the 64 MiB a device call may carry): every .ts file of src/, bench/
 // and test/ transformed to JavaScript here, into .device/js.tar.xz, and a stand-in `tsx` package
 // whose load hook serves those transforms for the original .ts URLs (so import.meta.url and
-// relative paths are unchanged). Run once .device/ holds node, node_modules and env.sh (the
-// development environment's device kit, outside this repository, packs them); then on the device:
+// relative paths are unchanged), and the runtime dependencies as .device/node_modules.tar.xz (end
+// of this file). Run once .device/ holds node and env.sh (the development environment's device kit,
+// outside this repository, puts them there); then on the device:
 //   source .device/env.sh && tar -xJf .device/js.tar.xz && node --import tsx ...
 // (the stand-in replaces node_modules/tsx there; `tsx/esm/api` register() works too).
 import { execFileSync } from 'node:child_process';
@@ -67,3 +68,20 @@ export async function load(url, context, next) {
 execFileSync('tar', ['-C', out, '-cJf', join(root, '.device/js.tar.xz'), '.device/js', 'node_modules/tsx']);
 rmSync(out, { recursive: true, force: true });
 console.log(`packed ${n} transformed .ts files and the stand-in tsx: ${(statSync(join(root, '.device/js.tar.xz')).size / 1024).toFixed(0)} KiB`);
+
+// The runtime dependencies alone, as .device/node_modules.tar.xz (what env.sh unpacks): the lock
+// file's non-dev packages for linux-x64, without tsx and esbuild (the stand-in replaces them) and
+// without what koffi carries for building itself (C++ sources, vendored libraries, docs, the musl
+// binary). The whole node_modules would not fit: the tree that travels to the GPU machine is capped
+// at 64 MiB, and the stripped node binary already takes ~21 MB of it. On a machine kept warm
+// between calls, remove node_modules there first: env.sh does not unpack over an existing one.
+const lock = JSON.parse(readFileSync(join(root, 'package-lock.json'), 'utf8'));
+const fits = (want, have) => !want || want.includes(have) || want.every((w) => w.startsWith('!') && w !== `!${have}`);
+const runtime = Object.entries(lock.packages)
+  .filter(([key, p]) => key.startsWith('node_modules/') && !p.dev && fits(p.os, 'linux') && fits(p.cpu, 'x64'))
+  .map(([key]) => key)
+  .filter((key) => !/^node_modules\/(tsx|esbuild|@esbuild\/)/.test(key) && statSync(join(root, key), { throwIfNoEntry: false }));
+execFileSync('tar', ['-C', root, '-cJf', join(root, '.device/node_modules.tar.xz'),
+  '--exclude=node_modules/koffi/src/koffi/src/*.cc', '--exclude=node_modules/koffi/src/koffi/src/*.hh',
+  '--exclude=node_modules/koffi/vendor', '--exclude=node_modules/koffi/doc', '--exclude=*/musl_x64', ...runtime]);
+console.log(`packed ${runtime.length} runtime packages: ${(statSync(join(root, '.device/node_modules.tar.xz')).size / 1024).toFixed(0)} KiB`);
