@@ -35,6 +35,27 @@ export function maxCharsPerToken(tokenizerJson: unknown): number | undefined {
   return most;
 }
 
+/** A text with more characters than the context's tokens can cover: refused before it is tokenized. */
+export class PromptTooLongError extends Error {
+  constructor(
+    readonly chars: number,
+    readonly perToken: number,
+    readonly contextLen: number,
+  ) {
+    super(`the prompt has ${chars} characters: at least ${Math.ceil(chars / perToken)} tokens (a token covers at most ${perToken} ` +
+      `characters), but this model's context holds ${contextLen} tokens`);
+    this.name = 'PromptTooLongError';
+  }
+}
+
+/**
+ * Throws PromptTooLongError when `chars` characters need more than `contextLen` tokens however
+ * they are tokenized (`perToken`: maxCharsPerToken; undefined = no bound known, nothing refused).
+ */
+export function checkFitsContext(chars: number, perToken: number | undefined, contextLen: number): void {
+  if (perToken !== undefined && chars > contextLen * perToken) throw new PromptTooLongError(chars, perToken, contextLen);
+}
+
 function normalizerKeepsLength(n: unknown): boolean {
   if (n === null || n === undefined) return true;
   if (!isObject(n)) return false;

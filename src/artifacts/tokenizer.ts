@@ -30,6 +30,12 @@ export interface DecodeOptions {
   skipSpecialTokens?: boolean;
 }
 
+/**
+ * What a text worker (text-worker.ts) rebuilds the same tokenizer from: the model directory when
+ * it was loaded from one (the worker reads the files itself), else the parsed files.
+ */
+export type TokenizerSource = { dir: string } | { json: unknown; config: unknown; source: string };
+
 export class TextTokenizer {
   /** tokenizer_config.json as parsed ({} when absent) */
   readonly config: Readonly<Record<string, unknown>>;
@@ -52,6 +58,7 @@ export class TextTokenizer {
    */
   readonly maxCharsPerToken?: number;
   private readonly tok: Tokenizer;
+  private origin: TokenizerSource;
 
   /** @param source names the files in messages */
   constructor(tokenizerJson: unknown, tokenizerConfig: unknown = {}, source = TOKENIZER_FILE) {
@@ -63,6 +70,7 @@ export class TextTokenizer {
       throw new ArtifactError(`tokenizer ${source} cannot be loaded: ${(e as Error).message}`, source);
     }
     this.config = tc;
+    this.origin = { json: tj, config: tc, source };
     this.maxCharsPerToken = maxCharsPerToken(tj);
     // transformers 5 treats every "*_token" string (e.g. image_token) as a named special token,
     // as well as the entries of an extra_special_tokens dict
@@ -97,7 +105,14 @@ export class TextTokenizer {
     const tj = readJsonFile(file, 'tokenizer');
     const configFile = path.join(dir, TOKENIZER_CONFIG_FILE);
     const tc = fs.existsSync(configFile) ? readJsonFile(configFile, 'tokenizer config') : {};
-    return new TextTokenizer(tj, tc, file);
+    const t = new TextTokenizer(tj, tc, file);
+    t.origin = { dir }; // the worker re-reads the files instead of holding a copy of them here
+    return t;
+  }
+
+  /** Where a text worker loads this tokenizer from (it checks the fingerprint matches). */
+  get source(): TokenizerSource {
+    return this.origin;
   }
 
   encode(text: string, opts: EncodeOptions = {}): number[] {
