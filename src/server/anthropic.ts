@@ -160,9 +160,9 @@ const usage = (input: number, output: number, cached = 0) => ({
 });
 
 /** The conversation as the model's template renders it, tools included. */
-function renderMessages(model: ServedModel, req: MessagesRequest): { ids: number[]; text: string } {
+function renderMessages(model: ServedModel, req: MessagesRequest, signal: AbortSignal): Promise<{ ids: number[]; text: string }> {
   const { messages, tools } = toolMessages(model, req.messages, req.tools);
-  return model.renderChat(messages, { continueFinal: req.prefill, tools });
+  return model.renderChat(messages, { continueFinal: req.prefill, tools }, signal);
 }
 
 /** A tool_use block's input: the arguments object (an unparsable one, e.g. cut by max_tokens, is {}). */
@@ -197,7 +197,7 @@ export async function handleMessages(ctx: HandlerContext, body: JsonObject): Pro
   const model = ctx.model;
   const req = parseMessagesRequest(body, model);
   await checkSchemas(model, req, false);
-  const rendered = renderMessages(model, req);
+  const rendered = await renderMessages(model, req, ctx.signal);
   const promptIds = rendered.ids;
   const room = model.contextLen - promptIds.length;
   if (promptIds.length === 0) throw badRequest('the prompt is empty', 'messages');
@@ -318,6 +318,6 @@ async function respondMessages(ctx: HandlerContext, req: MessagesRequest, reques
 export async function handleCountTokens(ctx: HandlerContext, body: JsonObject): Promise<void> {
   const req = parseMessagesRequest({ max_tokens: 1, ...body }, ctx.model);
   await checkSchemas(ctx.model, req, true);
-  const { ids } = renderMessages(ctx.model, req);
+  const { ids } = await renderMessages(ctx.model, req, ctx.signal);
   sendJson(ctx.res, 200, { input_tokens: ids.length });
 }

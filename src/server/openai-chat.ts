@@ -125,7 +125,7 @@ export async function handleChat(ctx: HandlerContext, body: JsonObject): Promise
     throw badRequest('continue_final_message requires the last message to be from the assistant', 'continue_final_message');
   if (tools && tools.offered.length > 0) await checkToolSchemas(ctx.model, tools.offered, (i) => `tools[${i}].function.parameters`);
   const { messages, tools: templateTools } = toolMessages(ctx.model, parsedMessages, tools);
-  const rendered = ctx.model.renderChat(messages, { continueFinal, addGenerationPrompt, variables, tools: templateTools });
+  const rendered = await ctx.model.renderChat(messages, { continueFinal, addGenerationPrompt, variables, tools: templateTools }, ctx.signal);
   const constraint = tools?.constraint ?? p.constraint;
   const grammar = constraint ? await compileConstraint(ctx.model, constraint) : undefined;
   try {

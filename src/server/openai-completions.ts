@@ -24,17 +24,17 @@ function tokenIds(list: Json[], where: string, vocab: number): number[] {
   });
 }
 
-/** every accepted prompt form -> token id lists */
-export function parsePrompts(raw: Json | undefined, model: ServedModel): number[][] {
+/** every accepted prompt form -> token id lists (text prompts tokenized off the event loop when large: ServedModel.encodePrompts) */
+export async function parsePrompts(raw: Json | undefined, model: ServedModel, signal?: AbortSignal): Promise<number[][]> {
   if (raw === undefined) throw badRequest('prompt is required', 'prompt');
   const shape = 'prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays';
-  if (typeof raw === 'string') return [model.encode(raw)];
+  if (typeof raw === 'string') return model.encodePrompts([raw], signal);
   if (!Array.isArray(raw)) throw badRequest(shape, 'prompt');
   if (raw.length === 0) throw badRequest('prompt must not be empty', 'prompt');
   // a flat list of numbers is ONE prompt of token ids (as long as the context allows)
   if (raw.every((x) => typeof x === 'number')) return [tokenIds(raw, 'prompt', model.vocabSize)];
   if (raw.length > MAX_PROMPTS) throw badRequest(`prompt has ${raw.length} prompts; at most ${MAX_PROMPTS} are allowed`, 'prompt');
-  if (raw.every((x) => typeof x === 'string')) return (raw as string[]).map((s) => model.encode(s));
+  if (raw.every((x) => typeof x === 'string')) return model.encodePrompts(raw as string[], signal);
   if (raw.every((x) => Array.isArray(x))) return (raw as Json[][]).map((ids, i) => tokenIds(ids, `prompt[${i}]`, model.vocabSize));
   throw badRequest(shape, 'prompt');
 }
@@ -43,7 +43,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
   const f = new Fields(body);
   checkModel(f, ctx.model);
   const p = parseGenerationParams(f, ctx.model, 'completions');
-  const prompts = parsePrompts(f.raw('prompt'), ctx.model);
+  const prompts = await parsePrompts(f.raw('prompt'), ctx.model, ctx.signal);
   const grammar = p.constraint ? await compileConstraint(ctx.model, p.constraint) : undefined;
   try {
     await respond(ctx, p, prompts, planSequences(prompts, p, ctx.model, grammar));

@@ -10,6 +10,24 @@ import { TokenTexts } from './token-text.ts';
 import { GrammarCompiler, grammarVocabFrom } from '../sampling/grammar/index.ts';
 import { detectToolCallFormat, templateRendersTools, toolCallFormat, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { badRequest } from './errors.ts';
+import { ClientGoneError } from './http-io.ts';
+import { checkFitsContext, PromptTooLongError } from '../artifacts/token-bound.ts';
+import { ContinueFinalError, renderChatText, runChat, textWeight, type ChatJob } from '../artifacts/prompt-jobs.ts';
+import { TextJobAbortedError, TextWorkerPool, TextWorkerStartError, type PoolStats, type TextWorkerPoolOptions } from '../artifacts/text-worker-pool.ts';
+
+/**
+ * Text work (characters to tokenize, or a conversation's textWeight) above this runs on a text
+ * worker; up to it, here: a short chat message tokenizes in about the time a worker round trip
+ * adds, and even the slowest text this long (a run of one character) takes a few milliseconds.
+ */
+export const INLINE_TEXT_WEIGHT = 1024;
+
+export interface ServedModelOptions {
+  /** the text worker pool's size and heap limits */
+  workers?: TextWorkerPoolOptions;
+  /** default INLINE_TEXT_WEIGHT */
+  inlineWeight?: number;
+}
 
 export class ServedModel {
   readonly created = Math.floor(Date.now() / 1000);
@@ -30,6 +48,8 @@ export class ServedModel {
   /** ids of control tokens the tool-call parser must see although decoding drops them */
   readonly toolTriggerTokens: ReadonlyMap<number, string>;
   private grammar?: Promise<GrammarCompiler>;
+  private textPool?: TextWorkerPool;
+  private readonly inlineWeight: number;
 
   constructor(
     readonly name: string,
@@ -37,7 +57,9 @@ export class ServedModel {
     engine: Engine,
     /** overrides the tool-call format detected from the template and vocabulary */
     toolFormat?: ToolCallFormatName,
+    private readonly textOpts: ServedModelOptions = {},
   ) {
+    this.inlineWeight = textOpts.inlineWeight ?? INLINE_TEXT_WEIGHT;
     // ids the model can score AND the tokenizer can decode (a padded embedding has more rows)
     this.vocabSize = Math.min(loaded.config.vocabSize, loaded.tokenizer.vocabSize);
     this.eosIds = new Set(loaded.eosIds);
@@ -80,24 +102,60 @@ export class ServedModel {
     return p;
   }
 
-  /** text -> ids with the tokenizer's special tokens (BOS), as a completions prompt */
-  encode(text: string): number[] {
-    this.refuseUnfittable(text, 'prompt');
-    return this.loaded.encode(text);
+  /**
+   * Completions prompts -> ids, with the tokenizer's special tokens (BOS). A prompt longer than the
+   * context whatever its tokens is refused first, from its length (checkFitsContext); prompts of
+   * more than INLINE_TEXT_WEIGHT characters in all are tokenized on a text worker.
+   */
+  async encodePrompts(texts: string[], signal?: AbortSignal): Promise<number[][]> {
+    for (const t of texts) this.refuseUnfittable(t.length, 'prompt');
+    const total = texts.reduce((a, t) => a + t.length, 0);
+    const inline = () => texts.map((t) => this.loaded.tokenizer.encode(t, { addSpecialTokens: true }));
+    if (total <= this.inlineWeight) return inline();
+    return this.offThread((pool) => pool.encode({ texts, addSpecialTokens: true }, signal), inline, 'prompt');
+  }
+
+  /** Refuses, before tokenizing it, a text too long for the context whatever its tokens. */
+  private refuseUnfittable(chars: number, param: string): void {
+    try {
+      checkFitsContext(chars, this.loaded.tokenizer.maxCharsPerToken, this.contextLen);
+    } catch (err) {
+      throw this.textError(err, param);
+    }
   }
 
   /**
-   * Refuses, before tokenizing it, a text too long for the context whatever its tokens: more
-   * characters than contextLen tokens can cover (TextTokenizer.maxCharsPerToken). Tokenizing such a
-   * text only to refuse it could stall the event loop for a long time (BPE on a long run of one
-   * character grows faster than linearly).
+   * Runs text work on a text worker; the pool's errors become the request's: a prompt too long
+   * for the context or not continuable is a 400, a cancelled job (the client left) ends the
+   * request quietly, and when no worker can start the work runs here instead.
    */
-  private refuseUnfittable(text: string, param: string): void {
-    const per = this.loaded.tokenizer.maxCharsPerToken;
-    if (per === undefined || text.length <= this.contextLen * per) return;
-    throw badRequest(
-      `the prompt has ${text.length} characters: at least ${Math.ceil(text.length / per)} tokens (a token covers at most ${per} ` +
-      `characters), but this model's context holds ${this.contextLen} tokens`, param, 'context_length_exceeded');
+  private async offThread<T>(work: (pool: TextWorkerPool) => Promise<T>, inline: () => T, param: string): Promise<T> {
+    this.textPool ??= new TextWorkerPool(this.loaded.tokenizer, this.loaded.chatTemplate, this.textOpts.workers);
+    try {
+      return await work(this.textPool);
+    } catch (err) {
+      if (err instanceof TextWorkerStartError) return inline();
+      throw this.textError(err, param);
+    }
+  }
+
+  private textError(err: unknown, param: string): unknown {
+    if (err instanceof PromptTooLongError) return badRequest(err.message, param, 'context_length_exceeded');
+    if (err instanceof ContinueFinalError) return badRequest(err.message, 'messages');
+    if (err instanceof TextJobAbortedError) return new ClientGoneError('the client disconnected');
+    return err;
+  }
+
+  /** The text workers' counts (none started yet: all zero). */
+  get textWorkers(): PoolStats {
+    return this.textPool?.stats ?? { workers: 0, running: 0, queued: 0, started: 0, died: 0 };
+  }
+
+  /** Stops the text workers (they never keep the process alive; this frees them sooner). */
+  async close(): Promise<void> {
+    const pool = this.textPool;
+    this.textPool = undefined;
+    await pool?.close();
   }
 
   decode(ids: readonly number[]): string {
@@ -107,25 +165,42 @@ export class ServedModel {
   /**
    * Renders a conversation with the model's template and encodes it. `continueFinal` leaves the
    * last message open (its text is continued instead of a new assistant turn: Anthropic prefill,
-   * vLLM continue_final_message). Returns the ids and the rendered text.
+   * vLLM continue_final_message). Returns the ids and the rendered text. A conversation of more
+   * than INLINE_TEXT_WEIGHT (textWeight) is rendered and encoded on a text worker; a smaller one is
+   * rendered here, and its text encoded here when it is that short too.
    */
-  renderChat(
+  async renderChat(
     messages: ChatMessage[],
     opts: { continueFinal?: boolean; addGenerationPrompt?: boolean; variables?: Record<string, unknown>; tools?: unknown[] } = {},
-  ): { ids: number[]; text: string } {
+    signal?: AbortSignal,
+  ): Promise<{ ids: number[]; text: string }> {
     const tpl = this.chatTemplate;
     if (!tpl) throw badRequest(`the model "${this.name}" has no chat template; use /v1/completions with a raw prompt`, 'messages', 'no_chat_template');
     const render: RenderOptions = { addGenerationPrompt: !opts.continueFinal && (opts.addGenerationPrompt ?? true), variables: opts.variables, tools: opts.tools };
-    let text = tpl.render(messages, render);
-    if (opts.continueFinal) {
-      // vLLM's rule: cut the rendering right after the final message's text
-      const last = messages[messages.length - 1];
-      const content = typeof last.content === 'string' ? last.content : '';
-      const at = content === '' ? -1 : text.lastIndexOf(content);
-      if (at < 0) throw badRequest('cannot continue the final message: its text does not appear in the rendered chat template', 'messages');
-      text = text.slice(0, at + content.length);
+    const job: ChatJob = { kind: 'chat', messages, render, continueFinal: opts.continueFinal ?? false, contextLen: this.contextLen };
+    const tok = this.loaded.tokenizer;
+    const weight = textWeight(messages) + textWeight(opts.tools ?? null) + textWeight(opts.variables ?? null);
+    if (weight > this.inlineWeight) {
+      return this.offThread((pool) => pool.chat(job, signal), () => this.chatInline(tpl, job), 'messages');
     }
-    this.refuseUnfittable(text, 'messages');
-    return { ids: this.loaded.tokenizer.encode(text, { addSpecialTokens: false }), text };
+    let text: string;
+    try {
+      text = renderChatText(tpl, job);
+    } catch (err) {
+      throw this.textError(err, 'messages');
+    }
+    this.refuseUnfittable(text.length, 'messages');
+    if (text.length <= this.inlineWeight) return { ids: tok.encode(text, { addSpecialTokens: false }), text };
+    const [ids] = await this.offThread((pool) => pool.encode({ texts: [text], addSpecialTokens: false }, signal),
+      () => [tok.encode(text, { addSpecialTokens: false })], 'messages');
+    return { ids, text };
+  }
+
+  private chatInline(tpl: ChatTemplate, job: ChatJob): { ids: number[]; text: string } {
+    try {
+      return runChat(tpl, this.loaded.tokenizer, job);
+    } catch (err) {
+      throw this.textError(err, 'messages');
+    }
   }
 }

@@ -34,6 +34,16 @@ function status(fn: () => unknown): { status: number; message: string; param?: s
   assert.fail('expected a throw');
 }
 
+async function statusAsync(fn: () => Promise<unknown>): Promise<{ status: number; message: string; param?: string | null }> {
+  try {
+    await fn();
+  } catch (e) {
+    assert.ok(e instanceof HttpError, `expected an HttpError, got ${e}`);
+    return { status: e.status, message: e.message, param: e.options.param };
+  }
+  assert.fail('expected a rejection');
+}
+
 test('Fields: null is absent; wrong types and ranges name the field', () => {
   const f = new Fields({ a: null, n: 3, s: 'x', b: true, o: { inner: 'y' } });
   assert.equal(f.number('a'), undefined);
@@ -84,20 +94,20 @@ test('generation params: defaults from the model, overrides, seeds per choice, m
   assert.doesNotThrow(() => parseGenerationParams(new Fields({ response_format: { type: 'text' }, tools: [], tool_choice: 'none', user: 'u' }), model, 'chat'));
 });
 
-test('completions prompts: every accepted form, and the rejected ones', () => {
-  assert.deepEqual(parsePrompts('hi', model), [[104, 105]]);
-  assert.deepEqual(parsePrompts(['hi', 'a'], model), [[104, 105], [97]]);
-  assert.deepEqual(parsePrompts([5, 6], model), [[5, 6]]);
-  assert.deepEqual(parsePrompts([[5], [6, 7]], model), [[5], [6, 7]]);
+test('completions prompts: every accepted form, and the rejected ones', async () => {
+  assert.deepEqual(await parsePrompts('hi', model), [[104, 105]]);
+  assert.deepEqual(await parsePrompts(['hi', 'a'], model), [[104, 105], [97]]);
+  assert.deepEqual(await parsePrompts([5, 6], model), [[5, 6]]);
+  assert.deepEqual(await parsePrompts([[5], [6, 7]], model), [[5], [6, 7]]);
   // one long token-id prompt is not "too many prompts"
   const long = Array.from({ length: 1000 }, (_, k) => k % 250);
-  assert.deepEqual(parsePrompts(long, model), [long]);
-  assert.throws(() => parsePrompts(Array.from({ length: 300 }, () => "a"), model), /300 prompts; at most 256/);
+  assert.deepEqual(await parsePrompts(long, model), [long]);
+  await assert.rejects(parsePrompts(Array.from({ length: 300 }, () => "a"), model), /300 prompts; at most 256/);
   for (const bad of [undefined, 3, {}, [], ['a', 1], [[1], 'a'], [1.5], [[-1]], [[]], [259]])
-    assert.equal(status(() => parsePrompts(bad as never, model)).status, 400, JSON.stringify(bad));
+    assert.equal((await statusAsync(() => parsePrompts(bad as never, model))).status, 400, JSON.stringify(bad));
 });
 
-test('chat messages: roles, content parts, developer as system, nullable assistant content', () => {
+test('chat messages: roles, content parts, developer as system, nullable assistant content', async () => {
   const m = parseChatMessages([
     { role: 'developer', content: 'rules' },
     { role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] },
@@ -112,9 +122,9 @@ test('chat messages: roles, content parts, developer as system, nullable assista
   ]);
   assert.equal(status(() => parseChatMessages([{ role: 'user', content: null }])).status, 400);
   assert.match(status(() => parseChatMessages([{ role: 'user', content: [{ type: 'input_audio' }] }])).message, /not supported yet/);
-  assert.deepEqual(model.renderChat(m).ids.slice(0, 1), [257]); // <|im_start|> as one special token
-  assert.ok(model.renderChat(m).text.endsWith('<|im_start|>assistant\n'));
-  assert.ok(model.renderChat([{ role: 'user', content: 'q' }, { role: 'assistant', content: 'pre' }], { continueFinal: true }).text.endsWith('assistant\npre'));
+  assert.deepEqual((await model.renderChat(m)).ids.slice(0, 1), [257]); // <|im_start|> as one special token
+  assert.ok((await model.renderChat(m)).text.endsWith('<|im_start|>assistant\n'));
+  assert.ok((await model.renderChat([{ role: 'user', content: 'q' }, { role: 'assistant', content: 'pre' }], { continueFinal: true })).text.endsWith('assistant\npre'));
 });
 
 test('anthropic request parsing', () => {
@@ -211,7 +221,7 @@ test('served model: the context is bounded by the KV cache the engine got', asyn
 
 test('chat templates: none at all is a 400; a template that refuses the messages is a 400', async () => {
   const bare = new ServedModel('bare', { ...loaded, chatTemplate: undefined }, engine);
-  assert.match(status(() => bare.renderChat([{ role: 'user', content: 'x' }])).message, /has no chat template; use \/v1\/completions/);
+  assert.match((await statusAsync(() => bare.renderChat([{ role: 'user', content: 'x' }]))).message, /has no chat template; use \/v1\/completions/);
   const dir = writeTinyLlama();
   const file = `${dir}/tokenizer_config.json`;
   const cfg = JSON.parse(readFileSync(file, 'utf8'));
@@ -219,10 +229,10 @@ test('chat templates: none at all is a 400; a template that refuses the messages
   writeFileSync(file, JSON.stringify(cfg));
   const strict = await loadModel(new ReferenceBackend(), dir);
   const sm = new ServedModel('strict', strict, new Engine(strict.model, strict, { maxBatch: 1 }));
-  assert.doesNotThrow(() => sm.renderChat([{ role: 'user', content: 'x' }]));
+  await sm.renderChat([{ role: 'user', content: 'x' }]);
   let caught: unknown;
   try {
-    sm.renderChat([{ role: 'system', content: 's' }, { role: 'user', content: 'x' }]);
+    await sm.renderChat([{ role: 'system', content: 's' }, { role: 'user', content: 'x' }]);
   } catch (e) {
     caught = e;
   }
