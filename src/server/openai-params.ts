@@ -98,6 +98,9 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
   const num = (name: string, integer = false) => f.number(name, { integer });
   const bias = f.raw('logit_bias');
   if (bias !== undefined && !isObject(bias)) throw badRequest('logit_bias must be an object mapping token ids to biases', 'logit_bias');
+  // each token once at most: a longer map is refused before its entries are checked one by one
+  const biased = bias === undefined ? 0 : Object.keys(bias).length;
+  if (biased > model.vocabSize) throw badRequest(`logit_bias has ${biased} entries; the vocabulary has ${model.vocabSize} tokens`, 'logit_bias');
   const explicit: SamplingParamsInput = {
     temperature: num('temperature'),
     topP: num('top_p'),
@@ -112,7 +115,7 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
   const sampling: SamplingParamsInput = { ...model.samplingDefaults };
   for (const [k, v] of Object.entries(explicit)) if (v !== undefined) (sampling as Record<string, unknown>)[k] = v;
   const issues = validateSamplingParams(sampling, model.vocabSize);
-  if (issues.length > 0) throw badRequest(issues.map((i) => i.message).join('; '), issues[0].param);
+  if (issues.length > 0) throw badRequest(issuesText(issues), issues[0].param);
 
   return {
     n, stream, includeUsage, maxTokens, sampling,
@@ -181,4 +184,10 @@ export function usageOf(promptTokens: number, completionTokens: number, cachedTo
     total_tokens: promptTokens + completionTokens,
     prompt_tokens_details: { cached_tokens: cachedTokens },
   };
+}
+
+/** The first few issues' messages (a map of thousands of bad logit_bias entries is not echoed whole). */
+function issuesText(issues: readonly { message: string }[], most = 10): string {
+  const shown = issues.slice(0, most).map((i) => i.message).join('; ');
+  return issues.length > most ? `${shown}; and ${issues.length - most} more` : shown;
 }
