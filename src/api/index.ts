@@ -16,13 +16,14 @@ import type { Backend } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { type BackendSettings, openBackend, parseDevice } from '../execution/devices.ts';
 import { loadModel, type ChatMessage, type LoadedModel } from '../execution/load-model.ts';
-import { Engine, type Completion, type EngineOptions } from '../execution/engine.ts';
+import { ContextLengthError, Engine, type Completion, type EngineOptions } from '../execution/engine.ts';
+import { checkFitsContext, PromptTooLongError } from '../artifacts/token-bound.ts';
 import type { EngineRequest, SequenceEvent } from '../execution/sequence.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 import { GrammarCompiler, GrammarSpecError, grammarVocabFrom, type CompiledGrammar, type GrammarSpec } from '../sampling/grammar/index.ts';
 
 export type { ChatMessage, Completion, SequenceEvent, SamplingParamsInput, GrammarSpec };
-export { GrammarSpecError };
+export { GrammarSpecError, ContextLengthError };
 export { startServer, type ServerHandle } from './serve.ts';
 export type { BackendSettings } from '../execution/devices.ts';
 export type { EngineSettings } from '../execution/engine-settings.ts';
@@ -141,11 +142,33 @@ export class Llm {
     return this.loaded.decode(ids);
   }
 
-  /** The prompt token ids a request runs on: its promptIds, its rendered messages, or its encoded prompt. */
+  /**
+   * The prompt token ids a request runs on: its promptIds, its rendered messages, or its encoded
+   * prompt. A text with more characters than the context's tokens can cover (the tokenizer's
+   * longest token each) is refused with ContextLengthError before it is tokenized: tokenizing a
+   * long run of one character takes time that grows faster than its length.
+   */
   promptIdsOf(o: Pick<GenerateOptions, 'prompt' | 'messages' | 'promptIds'>): number[] {
     const given = [o.prompt, o.messages, o.promptIds].filter((x) => x !== undefined).length;
     if (given !== 1) throw new TypeError('give exactly one of prompt, messages or promptIds');
-    return o.promptIds ?? (o.messages ? this.loaded.applyChatTemplate(o.messages) : this.loaded.encode(o.prompt!));
+    if (o.promptIds) return o.promptIds;
+    const tok = this.loaded.tokenizer;
+    const fits = (text: string) => {
+      try {
+        checkFitsContext(text.length, tok.maxCharsPerToken, this.engine.maxModelLen);
+      } catch (err) {
+        throw err instanceof PromptTooLongError ? new ContextLengthError(err.message) : err;
+      }
+    };
+    if (!o.messages) {
+      fits(o.prompt!);
+      return this.loaded.encode(o.prompt!);
+    }
+    const tpl = this.loaded.chatTemplate;
+    if (!tpl) return this.loaded.applyChatTemplate(o.messages); // its error names the model
+    const text = tpl.render(o.messages, { addGenerationPrompt: true });
+    fits(text);
+    return tok.encode(text, { addSpecialTokens: false });
   }
 
   private request(o: GenerateOptions): EngineRequest {
