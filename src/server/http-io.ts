@@ -1,37 +1,23 @@
 // Request bodies with a size limit, JSON responses, and an SSE writer that respects backpressure.
 
-import { maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { Duplex } from 'node:stream';
-import { HttpError, badRequest, openaiErrorBody } from './errors.ts';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { HttpError, badRequest } from './errors.ts';
 import { isObject, type JsonObject } from './fields.ts';
 import { jsonDepthExceeds, MAX_JSON_DEPTH } from './json-depth.ts';
 
 /**
  * Reads the whole body, or throws 413 as soon as it passes `limit` bytes (a declared
  * Content-Length over the limit is refused before reading anything). After a 413 the rest of
- * the body is never read: the caller answers with `Connection: close`. A body still incomplete
- * `timeoutMs` after the headers is a 408 (with `Connection: close`): a client trickling its body
- * would otherwise hold the connection for as long as it likes.
+ * the body is never read: the caller answers with `Connection: close`.
  */
-export function readBody(req: IncomingMessage, limit: number, timeoutMs = 0): Promise<Buffer> {
+export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, `the request body is larger than the server's limit of ${limit} bytes`, { code: 'body_too_large' });
   const declared = Number(req.headers['content-length']);
   if (Number.isFinite(declared) && declared > limit) return Promise.reject(tooLarge());
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    const of = () => (Number.isFinite(declared) ? ` of ${declared}` : '');
-    const timer = timeoutMs > 0
-      ? setTimeout(() => {
-        cleanup();
-        req.pause();
-        reject(new HttpError(408, `the request body did not arrive within ${timeoutMs / 1000} s (${size}${of()} bytes received)`, {
-          code: 'body_timeout', headers: { Connection: 'close' },
-        }));
-      }, timeoutMs)
-      : undefined;
     const cleanup = () => {
-      clearTimeout(timer);
       req.off('data', onData);
       req.off('end', onEnd);
       req.off('error', onError);
@@ -51,7 +37,10 @@ export function readBody(req: IncomingMessage, limit: number, timeoutMs = 0): Pr
       cleanup();
       resolve(Buffer.concat(chunks, size));
     };
-    const aborted = () => new ClientAbortedError(`the client closed the connection while sending the body (${size}${of()} bytes received)`);
+    const aborted = () => {
+      const of = Number.isFinite(declared) ? ` of ${declared}` : '';
+      return new ClientAbortedError(`the client closed the connection while sending the body (${size}${of} bytes received)`);
+    };
     // a peer that drops mid-body makes Node emit 'error' (ECONNRESET "aborted"): that is the
     // client leaving, not a server fault
     const onError = (err: Error) => {
@@ -82,39 +71,6 @@ export function parseJsonObject(body: Buffer): JsonObject {
   }
   if (!isObject(value)) throw badRequest('the request body must be a JSON object', undefined, 'invalid_json');
   return value;
-}
-
-/**
- * The answer to what Node's HTTP parser refuses before any request exists (a malformed request
- * line, header or framing; headers over Node's size limit; headers that do not arrive within
- * `headersTimeoutMs`): an error in the OpenAI shape (no route is known yet), then the connection
- * is closed. Node's own answer has no body. A connection whose response has started, or that the
- * peer reset, is only closed.
- */
-export function clientErrorAnswer(headersTimeoutMs: number): (err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex) => void {
-  return (err, socket) => {
-    const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse })._httpMessage;
-    if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent) {
-      socket.destroy();
-      return;
-    }
-    const [status, reason, e] =
-      err.code === 'HPE_HEADER_OVERFLOW'
-        ? [431, 'Request Header Fields Too Large', new HttpError(431, `the request line and headers are larger than the server's limit of ${maxHeaderSize} bytes`, { code: 'headers_too_large' })] as const
-        : err.code === 'HPE_CHUNK_EXTENSIONS_OVERFLOW'
-          ? [413, 'Payload Too Large', new HttpError(413, 'the chunk extensions of the request body are too large', { code: 'body_too_large' })] as const
-          : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-            ? [408, 'Request Timeout', new HttpError(408, `the request's headers did not arrive within ${headersTimeoutMs / 1000} s`, { code: 'header_timeout' })] as const
-            : [400, 'Bad Request', new HttpError(400, `the request is not valid HTTP/1.1: ${err.reason ?? err.message}${err.code ? ` (${err.code})` : ''}`, { code: 'malformed_http' })] as const;
-    const body = JSON.stringify(openaiErrorBody(e));
-    // destroyed once written: a peer that keeps sending (or never reads) must not keep it open
-    const timer = setTimeout(() => socket.destroy(), 2000);
-    timer.unref();
-    socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`, () => {
-      clearTimeout(timer);
-      socket.destroy();
-    });
-  };
 }
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
