@@ -114,7 +114,8 @@ test('a worker whose tokenizer files changed on disk does not start: its jobs fa
   const pool = new TextWorkerPool(tok, undefined, { size: 2 });
   try {
     const jobs = [pool.encode({ texts: ['a'], addSpecialTokens: false }), pool.encode({ texts: ['b'], addSpecialTokens: false })];
-    for (const j of jobs) await assert.rejects(j, (e: unknown) => e instanceof TextWorkerStartError && /differ from the ones the model was loaded with/.test((e as Error).message));
+    await Promise.all(jobs.map((j) => assert.rejects(j, (e: unknown) =>
+      e instanceof TextWorkerStartError && /differ from the ones the model was loaded with/.test((e as Error).message))));
     assert.equal(pool.stats.workers, 0);
   } finally {
     await pool.close();
