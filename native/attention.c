@@ -6,11 +6,13 @@
 // h / (H / kvHeads). Scores = scale * q.k, optionally cap * tanh(s / cap), then an online
 // (chunked) softmax in f32. Work items are (block, kv head): the G query heads sharing a KV head
 // are done together, so a chunk of key/value rows is fetched from memory once for all of them (and
-// re-read from L1/L2 per head). A block is a lone token (decode: attend, each chunk's 16 dot
-// products reduced together) or up to attn_qb consecutive tokens of one row (a prefill chunk:
-// attend_block puts the block's query rows in vector lanes and transposes each chunk of keys once for
-// all of them, so scores, softmax and weighted values run on whole vectors of rows; see
-// attention_impl.h). No gather copy of the pool: keys are read in place through the block table.
+// re-read from L1/L2 per head). A block is a lone token (decode: attend, the chunk's keys in vector
+// lanes) or up to attn_qb consecutive tokens of one row (a prefill chunk: attend_block puts the
+// block's query rows in vector lanes, so scores, softmax and weighted values run on whole vectors
+// of rows; see attention_impl.h). Both transpose each chunk of keys once, both start chunks at
+// multiples of CHUNK, and both compute a query's output with the same operations in the same order:
+// a token's result does not depend on the other tokens of its step. No gather copy of the pool:
+// keys are read in place through the block table.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,9 @@
 #include "simd.h"
 
 #define CHUNK 16 // keys per softmax rescale
+// Chunks whose scores a decode token computes together (attend): each score is its own multiply-add
+// chain over d, and one chunk's 16 of them are too few chains to keep the multiply-add units busy.
+#define ATTN_SC 4
 // Query tokens of one row attended together (attend_block): as many as keep its transposed Q
 // (D x tokens x G floats) within ATTN_QT_BYTES, so that it stays in L1 beside a chunk of keys, from
 // ATTN_QB_MIN to ATTN_QB_MAX. 32 tokens against 16: +5-16% at the demo model's shape (G 3, D 64:
@@ -37,7 +42,7 @@ static int64_t attn_qb(int64_t D, int64_t G) {
 typedef struct {
   const float *q;              // [T, H, D]
   const void *kpool, *vpool;   // [NB, BS, KVH, D], f32 or bf16 (kv_dt)
-  int kv_dt;                   // DT_F32 or DT_BF16: bf16 rows are widened chunk by chunk (chunk_rows)
+  int kv_dt;                   // DT_F32 or DT_BF16: bf16 rows are widened chunk by chunk (value_rows, transpose_keys)
   const int32_t *row, *pos;    // [T]
   const int32_t *tables;       // [R, MBR]
   float *out;                  // [T, H, D]
@@ -140,29 +145,31 @@ static int exec_attention(const llm_cmd *c) {
   block[nblocks] = a.T;
   const int64_t items = nblocks * a.KVH;
   const int isa = llm_isa();
-  // attend: CHUNK scores + 2G running max/sum; attend_block: Q transposed (D x RP), keys transposed
-  // (D x CHUNK), scores (CHUNK x RP), 5 RP of max, sum, factor and key bounds (RP: qb G rows
-  // rounded up to the widest vector)
-  const int64_t RP = (qb * G + 15) / 16 * 16;
-  const int64_t scratchFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP + CHUNK + 2 * G;
-  // then a chunk's key and value rows widened to f32 when the pools hold bf16 (chunk_rows)
-  const int64_t kvbufFloats = a.kv_dt == DT_F32 ? 0 : 2 * CHUNK * a.D;
+  // attend: ATTN_SC chunks' keys transposed (D x SK) and the G heads' scores (G x SK), 2G of
+  // running max/sum; attend_block: Q transposed (D x RP), keys transposed (D x CHUNK), scores
+  // (CHUNK x RP), 5 RP of max, sum, factor and key bounds (RP: qb G rows rounded up to the widest
+  // vector). Then a chunk's value rows widened to f32 when the pools hold bf16 (value_rows).
+  const int64_t RP = (qb * G + 15) / 16 * 16, SK = ATTN_SC * CHUNK;
+  const int64_t attendFloats = a.D * SK + G * SK + 2 * G;
+  const int64_t blockFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP;
+  const int64_t scratchFloats = attendFloats > blockFloats ? attendFloats : blockFloats;
+  const int64_t vbufFloats = a.kv_dt == DT_F32 ? 0 : CHUNK * a.D;
   // a step that reads little (a few decode rows at short contexts) runs on this thread: waking the
   // team costs more than it saves, as for the small matmuls (llm_gemv_parallel_min_bytes)
 #pragma omp parallel if (kvBytes >= llm_gemv_parallel_min_bytes())
   {
-    float *scratch = malloc((size_t)(scratchFloats + kvbufFloats) * sizeof(float)), *kvbuf = scratch + scratchFloats;
+    float *scratch = malloc((size_t)(scratchFloats + vbufFloats) * sizeof(float)), *vbuf = scratch + scratchFloats;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
       if (nq == 1) {
-        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch, kvbuf);
-        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch, kvbuf);
-        else attend_generic(&a, t0, kh, scratch, kvbuf);
+        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch, vbuf);
+        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch, vbuf);
+        else attend_generic(&a, t0, kh, scratch, vbuf);
       } else {
-        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch, kvbuf);
-        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch, kvbuf);
-        else attend_block_generic(&a, t0, nq, kh, scratch, kvbuf);
+        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch, vbuf);
+        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch, vbuf);
+        else attend_block_generic(&a, t0, nq, kh, scratch, vbuf);
       }
     }
     free(scratch);

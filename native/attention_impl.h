@@ -7,179 +7,98 @@
 
 #include "vec_isa.h"
 
-// Lane i of the result = the sum of a[i]'s lanes, for i < VW: a transposing reduction (log2 VW
-// levels, each adding two shuffles of a pair of vectors, keys' partial sums halving in width), where
-// VW separate horizontal sums would cost log2 VW shuffles and adds each. Level with L lanes a key
-// (h = L / 2): lo[o] = (o / h) L + o % h of the pair (u, v), hi[o] = lo[o] + h.
-SIMD_INLINE VF FN(pair)(VF u, VF v, VI lo, VI hi) { return __builtin_shuffle(u, v, lo) + __builtin_shuffle(u, v, hi); }
-SIMD_INLINE VF FN(hsum_each)(VF *a) {
-#if VW == 16
-  for (int i = 0; i < 8; i++)
-    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                     (VI){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
-  for (int i = 0; i < 4; i++)
-    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-                     (VI){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
-  for (int i = 0; i < 2; i++)
-    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
-                     (VI){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
-  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
-                   (VI){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
-#elif VW == 8
-  for (int i = 0; i < 4; i++)
-    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 2, 3, 8, 9, 10, 11}, (VI){4, 5, 6, 7, 12, 13, 14, 15});
-  for (int i = 0; i < 2; i++)
-    a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5, 8, 9, 12, 13}, (VI){2, 3, 6, 7, 10, 11, 14, 15});
-  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6, 8, 10, 12, 14}, (VI){1, 3, 5, 7, 9, 11, 13, 15});
-#else
-  for (int i = 0; i < 2; i++) a[i] = FN(pair)(a[2 * i], a[2 * i + 1], (VI){0, 1, 4, 5}, (VI){2, 3, 6, 7});
-  return FN(pair)(a[0], a[1], (VI){0, 2, 4, 6}, (VI){1, 3, 5, 7});
-#endif
-}
+// What keeps a decode token's result equal to the same token's in a prefill block (attend and
+// attend_block below compute every query's output with the same operations in the same order):
+// ATTN_KEEP(x) makes x a rounded value the compiler cannot fuse into the next sum (it may turn
+// a * b + c into one fused multiply-add, and would do so in one kernel and not the other), and
+// ATTN_FP_BARRIER() does the same for values kept in memory.
+#define ATTN_KEEP(x) __asm__("" : "+x"(x))
+#define ATTN_FP_BARRIER() __asm__ volatile("" ::: "memory")
 
-// s[i] = q . k[i][0..D) for i < VW (every k[i] readable): the VW keys' products accumulate in VW
-// vectors, q loaded once a step for all of them, then one transposing reduction.
-SIMD_INLINE void FN(dots)(const float *q, const float *const *k, int64_t D, float *s) {
-  VF acc[VW];
-#pragma GCC unroll 16
-  for (int i = 0; i < VW; i++) acc[i] = (VF){0};
-  int64_t d = 0;
-  for (; d + VW <= D; d += VW) {
-    const VF qv = FN(vload)(q + d);
-#pragma GCC unroll 16
-    for (int i = 0; i < VW; i++) acc[i] += qv * FN(vload)(k[i] + d);
-  }
-  FN(vstore)(s, FN(hsum_each)(acc));
-  for (; d < D; d++)
-    for (int i = 0; i < VW; i++) s[i] += q[d] * k[i][d];
-}
-
-// o[0..D) += sum_jj e[jj] * v[jj][0..D): blocks of 4 vectors of o stay in registers across keys.
-SIMD_INLINE void FN(accumulate)(float *o, const float *e, const float *const *v, int64_t n, int64_t D) {
-  int64_t d0 = 0;
-  for (; d0 + 4 * VW <= D; d0 += 4 * VW) {
-    VF c0 = FN(vload)(o + d0), c1 = FN(vload)(o + d0 + VW), c2 = FN(vload)(o + d0 + 2 * VW),
-       c3 = FN(vload)(o + d0 + 3 * VW);
-    for (int64_t jj = 0; jj < n; jj++) {
-      const VF w = FN(vsplat)(e[jj]);
-      const float *vr = v[jj] + d0;
-      c0 += w * FN(vload)(vr);
-      c1 += w * FN(vload)(vr + VW);
-      c2 += w * FN(vload)(vr + 2 * VW);
-      c3 += w * FN(vload)(vr + 3 * VW);
-    }
-    FN(vstore)(o + d0, c0);
-    FN(vstore)(o + d0 + VW, c1);
-    FN(vstore)(o + d0 + 2 * VW, c2);
-    FN(vstore)(o + d0 + 3 * VW, c3);
-  }
-  for (; d0 + VW <= D; d0 += VW) {
-    VF c = FN(vload)(o + d0);
-    for (int64_t jj = 0; jj < n; jj++) c += FN(vsplat)(e[jj]) * FN(vload)(v[jj] + d0);
-    FN(vstore)(o + d0, c);
-  }
-  for (int64_t jj = 0; jj < n; jj++)
-    for (int64_t d = d0; d < D; d++) o[d] += e[jj] * v[jj][d];
-}
-
-// The key and value rows [j0, j0 + n) of kv head kh through a row's block table, prefetched:
-// consecutive keys of one kv head sit a page apart in the pool ([.., slot, kvHeads, D]), so
-// hardware prefetchers do not follow them; ask for the whole chunk up front instead of taking one
-// miss per row. bf16 pools: the chunk's rows are widened into kvbuf (2 CHUNK D floats, L1-resident)
-// and the rows point there, so the kernels below read f32 either way while memory traffic halves.
-SIMD_INLINE void FN(chunk_rows)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
-                                const float **krow, const float **vrow, float *kvbuf) {
+// Pool rows (bytes) of keys and values [j0, j0 + n) of kv head kh through a row's block table,
+// prefetched: consecutive keys of one kv head sit a page apart in the pool ([.., slot, kvHeads, D]),
+// so hardware prefetchers do not follow them; ask for the whole chunk up front instead of taking
+// one miss per row. Lanes n.. of a short chunk repeat key j0 (read, then masked).
+SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
+                               const char **ksrc, const char **vsrc) {
   const int64_t D = a->D, eb = a->kv_dt == DT_F32 ? 4 : 2;
-  const char *src[2 * CHUNK];
   for (int64_t jj = 0; jj < n; jj++) {
     const int64_t j = j0 + jj, off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
-    src[2 * jj] = (const char *)a->kpool + off * D * eb;
-    src[2 * jj + 1] = (const char *)a->vpool + off * D * eb;
+    ksrc[jj] = (const char *)a->kpool + off * D * eb;
+    vsrc[jj] = (const char *)a->vpool + off * D * eb;
     for (int64_t b = 0; b < D * eb; b += 64) {
-      __builtin_prefetch(src[2 * jj] + b);
-      __builtin_prefetch(src[2 * jj + 1] + b);
+      __builtin_prefetch(ksrc[jj] + b);
+      __builtin_prefetch(vsrc[jj] + b);
     }
   }
+  for (int64_t jj = n; jj < CHUNK; jj++) {
+    ksrc[jj] = ksrc[0];
+    vsrc[jj] = vsrc[0];
+  }
+}
+
+// The chunk's value rows as f32: in place (f32 pools), or widened into vbuf (CHUNK D floats,
+// L1-resident) from a bf16 pool, so the kernels read f32 either way while memory traffic halves.
+SIMD_INLINE void FN(value_rows)(const attn_args *a, const char *const *vsrc, int64_t n, const float **vrow, float *vbuf) {
+  const int64_t D = a->D;
   if (a->kv_dt == DT_F32) {
-    for (int64_t jj = 0; jj < n; jj++) {
-      krow[jj] = (const float *)src[2 * jj];
-      vrow[jj] = (const float *)src[2 * jj + 1];
-    }
+    for (int64_t jj = 0; jj < n; jj++) vrow[jj] = (const float *)vsrc[jj];
     return;
   }
   for (int64_t jj = 0; jj < n; jj++) {
-    float *kd = kvbuf + jj * D, *vd = kvbuf + (CHUNK + jj) * D;
+    float *vd = vbuf + jj * D;
     int64_t d = 0;
-    for (; d + VW <= D; d += VW) {
-      FN(vstore)(kd + d, FN(load_w)(src[2 * jj], DT_BF16, d));
-      FN(vstore)(vd + d, FN(load_w)(src[2 * jj + 1], DT_BF16, d));
-    }
-    for (; d < D; d++) {
-      kd[d] = bf16_to_f32(((const uint16_t *)src[2 * jj])[d]);
-      vd[d] = bf16_to_f32(((const uint16_t *)src[2 * jj + 1])[d]);
-    }
-    krow[jj] = kd;
+    for (; d + VW <= D; d += VW) FN(vstore)(vd + d, FN(load_w)(vsrc[jj], DT_BF16, d));
+    for (; d < D; d++) vd[d] = bf16_to_f32(((const uint16_t *)vsrc[jj])[d]);
     vrow[jj] = vd;
   }
 }
 
-// One query row's online-softmax step over a chunk: sg[0..CHUNK) its raw q.k scores, of which
-// lanes [lo, hi) are its keys (the others get weight 0); m, l and o[0..D) updated.
-SIMD_INLINE void FN(chunk_update)(const attn_args *a, float *sg, int64_t lo, int64_t hi, float *m, float *l, float *o,
-                                  const float *const *vrow) {
+// kt[d ldk + jj] = key jj's element d as f32, for d < D, jj < CHUNK: the chunk's keys transposed
+// (and widened from bf16), VW x VW tiles in registers (log2 VW shuffle stages, stage h swapping bit
+// h of the row and column index), the last D % VW elements one by one.
+SIMD_INLINE void FN(transpose_keys)(const attn_args *a, const char *const *ksrc, float *kt, int64_t ldk) {
   const int64_t D = a->D;
-  for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] *= a->scale;
-  if (a->softcap > 0.0f)
-    for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = a->softcap * fast_tanhf(sg[jj] / a->softcap);
-  // the chunk's maximum over its keys' lanes (the others -inf for it), in vector steps
-  for (int64_t jj = 0; jj < lo; jj++) sg[jj] = -INFINITY;
-  for (int64_t jj = hi; jj < CHUNK; jj++) sg[jj] = -INFINITY;
-  VF mv = FN(vload)(sg);
-  for (int64_t j = VW; j < CHUNK; j += VW) mv = FN(vmax)(mv, FN(vload)(sg + j));
-  const float cm = FN(vhmax)(mv), mx = cm > *m ? cm : *m;
-  const float alpha = mx == *m ? 1.0f : fast_expf(*m - mx); // ~0 on the first chunk (m = -inf)
-  for (int64_t jj = 0; jj < CHUNK; jj++) sg[jj] = fast_expf(sg[jj] - mx);
-  for (int64_t jj = 0; jj < lo; jj++) sg[jj] = 0.0f;
-  for (int64_t jj = hi; jj < CHUNK; jj++) sg[jj] = 0.0f;
-  VF acc = FN(vload)(sg);
-  for (int64_t j = VW; j < CHUNK; j += VW) acc += FN(vload)(sg + j);
-  *l = *l * alpha + FN(vhsum)(acc);
-  *m = mx;
-  if (alpha != 1.0f)
-    for (int64_t d = 0; d < D; d++) o[d] *= alpha;
-  FN(accumulate)(o, sg, vrow, hi, D);
-}
-
-// Scores, softmax and weighted values for token t, kv head kh (a decode token, or a row's only
-// token of the step). scratch: CHUNK scores + 2*G running max/sum floats; kvbuf: chunk_rows' widened rows (bf16 pools).
-static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch, float *kvbuf) {
-  const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
-  const int64_t start = attn_start(a, p);
-  const int32_t *table = a->tables + (int64_t)a->row[t] * a->MBR;
-  const float *q = a->q + (t * a->H + kh * G) * D; // G heads, contiguous
-  float *o = a->out + (t * a->H + kh * G) * D;     // accumulated in place
-  float *sg = scratch, *m = scratch + CHUNK, *l = m + G;
-  const float *krow[CHUNK], *vrow[CHUNK];
-  for (int64_t g = 0; g < G; g++) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-    memset(o + g * D, 0, (size_t)D * sizeof(float));
-  }
-  _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
-  for (int64_t j0 = start; j0 <= p; j0 += CHUNK) {
-    const int64_t n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
-    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow, kvbuf);
-    for (int64_t jj = n; jj < CHUNK; jj++) krow[jj] = krow[0]; // a short chunk's spare lanes: read, then dropped
-    for (int64_t g = 0; g < G; g++) {
-      // the whole chunk's lanes (CHUNK, a multiple of VW) in vector steps
-      for (int64_t j = 0; j < CHUNK; j += VW) FN(dots)(q + g * D, krow + j, D, sg + j);
-      FN(chunk_update)(a, sg, 0, n, m + g, l + g, o + g * D, vrow);
+  const int dt = a->kv_dt;
+#if VW == 16
+  static const VI lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                           {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                           {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                           {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+  static const VI hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                           {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                           {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                           {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+#elif VW == 8
+  static const VI lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
+  static const VI hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
+#else
+  static const VI lo[2] = {{0, 1, 4, 5}, {0, 4, 2, 6}};
+  static const VI hi[2] = {{2, 3, 6, 7}, {1, 5, 3, 7}};
+#endif
+  int64_t d0 = 0;
+  for (; d0 + VW <= D; d0 += VW) {
+    for (int j0 = 0; j0 < CHUNK; j0 += VW) {
+      VF v[VW];
+#pragma GCC unroll 16
+      for (int i = 0; i < VW; i++) v[i] = dt == DT_F32 ? FN(vload)((const float *)ksrc[j0 + i] + d0) : FN(load_w)(ksrc[j0 + i], DT_BF16, d0);
+      int s = 0;
+#pragma GCC unroll 4
+      for (int h = VW / 2; h >= 1; h /= 2, s++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < VW; i++) {
+          if (i & h) continue;
+          const VF x = v[i], y = v[i + h];
+          v[i] = __builtin_shuffle(x, y, lo[s]);
+          v[i + h] = __builtin_shuffle(x, y, hi[s]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < VW; i++) FN(vstore)(kt + (d0 + i) * ldk + j0, v[i]); // v[i]: element d0 + i
     }
   }
-  for (int64_t g = 0; g < G; g++) {
-    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; // no key (position -1): zeros
-    for (int64_t d = 0; d < D; d++) o[g * D + d] *= inv;
-  }
+  for (; d0 < D; d0++)
+    for (int jj = 0; jj < CHUNK; jj++) kt[d0 * ldk + jj] = load_elem(ksrc[jj], dt, d0);
 }
 
 // Prefill rows per PV register block and keys per scores register block: AVX-512's 32 registers
@@ -193,22 +112,26 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
 #endif
 
 // o_r[0..D) = o_r * al_r + sum_jj p[jj * RP + r] v[jj][0..D) for the PR rows r0.. (outputs o[k]):
-// each value vector loaded once for PR rows, PR x 4 accumulators.
-SIMD_INLINE void FN(pv_rows)(float *const *o, const float *al, const float *p, int64_t RP, const float *const *v,
-                             int64_t n, int64_t D) {
+// each value vector loaded once for PR rows, PR x 4 accumulators. PR is a constant (ATTN_PR, or 1
+// for a lone row): one body for both, so a row's sums never depend on how many share the call.
+SIMD_INLINE void FN(pv_rows)(const int PR, float *const *o, const float *al, const float *p, int64_t RP,
+                             const float *const *v, int64_t n, int64_t D) {
   int64_t d0 = 0;
   for (; d0 + 4 * VW <= D; d0 += 4 * VW) {
     VF c[ATTN_PR][4];
 #pragma GCC unroll 4
-    for (int k = 0; k < ATTN_PR; k++) {
+    for (int k = 0; k < PR; k++) {
       const VF s = FN(vsplat)(al[k]);
-      for (int u = 0; u < 4; u++) c[k][u] = FN(vload)(o[k] + d0 + u * VW) * s;
+      for (int u = 0; u < 4; u++) {
+        c[k][u] = FN(vload)(o[k] + d0 + u * VW) * s;
+        ATTN_KEEP(c[k][u]);
+      }
     }
     for (int64_t jj = 0; jj < n; jj++) {
       const float *vr = v[jj] + d0;
       const VF v0 = FN(vload)(vr), v1 = FN(vload)(vr + VW), v2 = FN(vload)(vr + 2 * VW), v3 = FN(vload)(vr + 3 * VW);
 #pragma GCC unroll 4
-      for (int k = 0; k < ATTN_PR; k++) {
+      for (int k = 0; k < PR; k++) {
         const VF w = FN(vsplat)(p[jj * RP + k]);
         c[k][0] += w * v0;
         c[k][1] += w * v1;
@@ -217,24 +140,112 @@ SIMD_INLINE void FN(pv_rows)(float *const *o, const float *al, const float *p, i
       }
     }
 #pragma GCC unroll 4
-    for (int k = 0; k < ATTN_PR; k++)
+    for (int k = 0; k < PR; k++)
       for (int u = 0; u < 4; u++) FN(vstore)(o[k] + d0 + u * VW, c[k][u]);
   }
   for (; d0 + VW <= D; d0 += VW) {
     VF c[ATTN_PR];
-    for (int k = 0; k < ATTN_PR; k++) c[k] = FN(vload)(o[k] + d0) * FN(vsplat)(al[k]);
+    for (int k = 0; k < PR; k++) {
+      c[k] = FN(vload)(o[k] + d0) * FN(vsplat)(al[k]);
+      ATTN_KEEP(c[k]);
+    }
     for (int64_t jj = 0; jj < n; jj++) {
       const VF vv = FN(vload)(v[jj] + d0);
-      for (int k = 0; k < ATTN_PR; k++) c[k] += FN(vsplat)(p[jj * RP + k]) * vv;
+      for (int k = 0; k < PR; k++) c[k] += FN(vsplat)(p[jj * RP + k]) * vv;
     }
-    for (int k = 0; k < ATTN_PR; k++) FN(vstore)(o[k] + d0, c[k]);
+    for (int k = 0; k < PR; k++) FN(vstore)(o[k] + d0, c[k]);
   }
-  for (int k = 0; k < ATTN_PR; k++)
+  for (int k = 0; k < PR; k++)
     for (int64_t d = d0; d < D; d++) {
       float c = o[k][d] * al[k];
+      ATTN_KEEP(c);
       for (int64_t jj = 0; jj < n; jj++) c += p[jj * RP + k] * v[jj][d];
       o[k][d] = c;
     }
+}
+
+// Scores, softmax and weighted values for token t, kv head kh (a decode token, or a row's only
+// token of the step). Every query's arithmetic is attend_block's for one of its rows (a score's
+// multiply-adds over d in order, the same softmax steps, sums over keys in order, pv_rows), with
+// the keys in vector lanes instead of the rows: a token's output never depends on whether it ran
+// alone or in a block, or in which. Scores come ATTN_SC chunks at a time, the softmax and values
+// chunk by chunk. scratch: see exec_attention; vbuf: value_rows' widened rows.
+static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch, float *vbuf) {
+  enum { SK = ATTN_SC * CHUNK, NV = SK / VW, HP = VW == 16 ? 2 : 1 }; // keys, their vectors, heads a pass
+  const int64_t D = a->D, G = a->H / a->KVH, p = a->pos[t];
+  const int64_t start = attn_start(a, p);
+  const int32_t *table = a->tables + (int64_t)a->row[t] * a->MBR;
+  const float *q = a->q + (t * a->H + kh * G) * D; // G heads, contiguous
+  float *o = a->out + (t * a->H + kh * G) * D;     // accumulated in place
+  float *kt = scratch, *sc = kt + D * SK, *m = sc + G * SK, *l = m + G;
+  const char *ksrc[SK], *vsrc[SK];
+  const float *vrow[CHUNK];
+  const float scale = a->scale, cap = a->softcap;
+  for (int64_t g = 0; g < G; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+    memset(o + g * D, 0, (size_t)D * sizeof(float));
+  }
+  _Static_assert(CHUNK % VW == 0, "attention: CHUNK must be a multiple of the vector width");
+  // chunks start at multiples of CHUNK whatever the window's start, as attend_block's do
+  for (int64_t s0 = start / CHUNK * CHUNK; s0 <= p; s0 += SK) {
+    const int64_t nc = (p - s0) / CHUNK + 1 < ATTN_SC ? (p - s0) / CHUNK + 1 : ATTN_SC;
+    for (int64_t c = 0; c < ATTN_SC; c++) { // chunks past p repeat chunk 0 (scored, never used)
+      const int64_t j0 = s0 + c * CHUNK, n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
+      if (c < nc) FN(chunk_src)(a, table, kh, j0, n, ksrc + c * CHUNK, vsrc + c * CHUNK);
+      else FN(chunk_src)(a, table, kh, s0, 1, ksrc + c * CHUNK, vsrc + c * CHUNK);
+      FN(transpose_keys)(a, ksrc + c * CHUNK, kt + c * CHUNK, SK);
+    }
+    // scores sc[g SK + jj], HP heads a pass: NV HP independent chains
+    for (int64_t g0 = 0; g0 < G; g0 += HP) {
+      const int hp = G - g0 < HP ? (int)(G - g0) : HP;
+      VF acc[HP][NV];
+      for (int h = 0; h < HP; h++)
+        for (int v = 0; v < NV; v++) acc[h][v] = (VF){0};
+      for (int64_t d = 0; d < D; d++) {
+        VF qv[HP];
+        for (int h = 0; h < HP; h++) qv[h] = FN(vsplat)(q[(g0 + (h < hp ? h : 0)) * D + d]);
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; v++) {
+          const VF kv = FN(vload)(kt + d * SK + v * VW);
+          for (int h = 0; h < HP; h++) acc[h][v] += kv * qv[h];
+        }
+      }
+      for (int h = 0; h < hp; h++)
+        for (int v = 0; v < NV; v++) FN(vstore)(sc + (g0 + h) * SK + v * VW, acc[h][v]);
+    }
+    for (int64_t c = 0; c < nc; c++) {
+      const int64_t j0 = s0 + c * CHUNK, n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
+      FN(value_rows)(a, vsrc + c * CHUNK, n, vrow, vbuf);
+      for (int64_t g = 0; g < G; g++) {
+        float *sg = sc + g * SK + c * CHUNK;
+        // attend_block's softmax step, for one row
+        for (int64_t jj = 0; jj < CHUNK; jj++) {
+          float x = sg[jj] * scale;
+          if (cap > 0.0f) x = cap * fast_tanhf(x / cap);
+          sg[jj] = jj < n && j0 + jj >= start ? x : -INFINITY;
+        }
+        float cm = m[g];
+        for (int64_t jj = 0; jj < CHUNK; jj++) cm = sg[jj] > cm ? sg[jj] : cm;
+        const float alpha = cm == m[g] ? 1.0f : fast_expf(m[g] - cm); // ~0 on the first keys (m = -inf)
+        const float mu = cm == -INFINITY ? 0.0f : cm;
+        float lg = l[g] * alpha;
+        ATTN_KEEP(lg);
+        for (int64_t jj = 0; jj < CHUNK; jj++) {
+          sg[jj] = sg[jj] == -INFINITY ? 0.0f : fast_expf(sg[jj] - mu);
+          lg += sg[jj];
+        }
+        m[g] = cm;
+        l[g] = lg;
+        float *og = o + g * D;
+        FN(pv_rows)(1, &og, &alpha, sg, 1, vrow, n, D);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; g++) {
+    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; // no key (position -1): zeros
+    for (int64_t d = 0; d < D; d++) o[g * D + d] *= inv;
+  }
 }
 
 // Element offset of row r of a prefill block (token t0 + r / G, query head kh G + r % G) in q and out.
@@ -247,14 +258,15 @@ SIMD_INLINE int64_t FN(block_row)(const attn_args *a, int64_t t0, int64_t kh, in
 // (qt[d RP + r], RP = R rounded up to VW), and per chunk of keys (transposed, kt[d CHUNK + jj])
 // the scores of every row as broadcast multiply-adds, key jj's scores of VW rows a vector
 // (st[jj RP + r]); the online softmax lane-wise over rows; then the weighted values PR rows at a
-// time, each value vector loaded once for them. (Before: a row at a time, two loads per
-// multiply-add; this is 1.6-1.8x, see BENCHMARKS.md.) scratch: sized in exec_attention (attention.c).
-static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch, float *kvbuf) {
+// time, each value vector loaded once for them. attend computes each of its queries exactly so.
+// scratch: sized in exec_attention (attention.c).
+static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t kh, float *scratch, float *vbuf) {
   const int64_t D = a->D, G = a->H / a->KVH, R = nq * G, RP = (R + VW - 1) / VW * VW;
   const int32_t *table = a->tables + (int64_t)a->row[t0] * a->MBR;
   float *qt = scratch, *kt = qt + D * RP, *st = kt + D * CHUNK, *m = st + CHUNK * RP, *l = m + RP, *al = l + RP;
   int32_t *lo = (int32_t *)(al + RP), *hi = lo + RP; // row r's keys: [lo, hi] (none when hi < lo)
-  const float *krow[CHUNK], *vrow[CHUNK];
+  const char *ksrc[CHUNK], *vsrc[CHUNK];
+  const float *vrow[CHUNK];
   int64_t jlo = INT64_MAX, jhi = -1;
   for (int64_t r = 0; r < RP; r++) {
     m[r] = -INFINITY;
@@ -275,13 +287,12 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
     jhi = p > jhi ? p : jhi;
   }
   for (int64_t i = 0; i < nq; i++) memset(a->out + ((t0 + i) * a->H + kh * G) * D, 0, (size_t)(G * D) * sizeof(float));
-  for (int64_t j0 = jlo; j0 <= jhi; j0 += CHUNK) {
+  // chunks start at multiples of CHUNK whatever the rows' windows, as attend's do
+  for (int64_t j0 = jlo <= jhi ? jlo / CHUNK * CHUNK : 0; j0 <= jhi; j0 += CHUNK) {
     const int64_t n = jhi + 1 - j0 < CHUNK ? jhi + 1 - j0 : CHUNK;
-    FN(chunk_rows)(a, table, kh, j0, n, krow, vrow, kvbuf);
-    for (int64_t d = 0; d < D; d++) {
-      for (int64_t jj = 0; jj < n; jj++) kt[d * CHUNK + jj] = krow[jj][d];
-      for (int64_t jj = n; jj < CHUNK; jj++) kt[d * CHUNK + jj] = 0.0f;
-    }
+    FN(chunk_src)(a, table, kh, j0, n, ksrc, vsrc);
+    FN(transpose_keys)(a, ksrc, kt, CHUNK);
+    FN(value_rows)(a, vsrc, n, vrow, vbuf);
     // scores: st[jj RP + r] = q_r . k_jj, ATTN_KB keys' vectors of VW rows accumulating over d
     for (int64_t r0 = 0; r0 < RP; r0 += VW)
       for (int kb = 0; kb < CHUNK; kb += ATTN_KB) {
@@ -319,6 +330,7 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
       m[r] = cm;
       l[r] *= al[r];
     }
+    ATTN_FP_BARRIER();
     for (int64_t jj = 0; jj < CHUNK; jj++) {
       float *sj = st + jj * RP;
       for (int64_t r = 0; r < RP; r++) {
@@ -337,14 +349,12 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
         any |= hi[r + k] >= j0 && lo[r + k] < j0 + n;
         o[k] = a->out + FN(block_row)(a, t0, kh, G, r + k);
       }
-      if (any) FN(pv_rows)(o, al + r, st + r, RP, vrow, n, D);
+      if (any) FN(pv_rows)(ATTN_PR, o, al + r, st + r, RP, vrow, n, D);
     }
-    for (; r < R; r++) // the rows past the last whole group: one at a time, as attend's rows
+    for (; r < R; r++) // the rows past the last whole group: one at a time
       if (hi[r] >= j0 && lo[r] < j0 + n) {
-        float *o = a->out + FN(block_row)(a, t0, kh, G, r), e[CHUNK];
-        for (int64_t d = 0; d < D; d++) o[d] *= al[r];
-        for (int64_t jj = 0; jj < n; jj++) e[jj] = st[jj * RP + r];
-        FN(accumulate)(o, e, vrow, n, D);
+        float *o = a->out + FN(block_row)(a, t0, kh, G, r);
+        FN(pv_rows)(1, &o, al + r, st + r, RP, vrow, n, D);
       }
   }
   for (int64_t r = 0; r < R; r++) {

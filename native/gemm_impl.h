@@ -5,9 +5,11 @@
 // VEC_AVX512 / VEC_AVX2 (use intrinsics for the dtype conversions).
 //
 // y[M,N] = x[M,K] . w[N,K]^T, f32 accumulation, w in f32/f16/bf16.
-//   - M <= ROWS_MAX_M (decode): weight rows stream from memory once, converted in registers,
-//     each dotted with up to 4 x rows at a time; K is chunked so x stays in L1 meanwhile; threads
-//     take blocks of 16 rows. Memory bound: the aim is to read w at full bandwidth.
+//   - M <= ROWS_MAX_M (decode): weight rows stream from memory once, converted in registers, VW
+//     rows at a time transposed so that they sit in vector lanes; threads take blocks of VW rows.
+//     Memory bound: the aim is to read w at full bandwidth.
+//   Both paths compute each element of y the same way (one multiply-add chain over k in order),
+//   so a row's result never depends on how many rows share the call.
 //   - larger M (prefill): x is packed K-major into panels of PW rows, w is converted KC columns
 //     at a time into f32 rows (bf16/f16 are never expanded as a whole), and an outer-product
 //     micro-kernel keeps an NRW x PW block of y in registers (NRW broadcasts of w, PW/VW vector
@@ -20,77 +22,88 @@
 #include "vec_isa.h"
 
 // ---- decode path -------------------------------------------------------------------------------
+//
+// Batch invariance: a row of y must come out bit for bit the same whatever M is, so this path
+// computes every element exactly as the packed path's micro-kernel does: one multiply-add chain
+// over k = 0, 1, .., K - 1 from zero, then the bias. The packed kernel has x rows in vector lanes;
+// here VW weight rows are: a VW x VW tile of w (VW rows, VW consecutive k) is transposed in
+// registers, and each x element, broadcast, multiplies the tile's column of VW rows. Weight rows
+// still stream from memory once, converted in registers; the transpose costs shuffles that hide
+// behind the weights' bytes.
 
-// ys[m] += dot(x[m*ldx + 0..n), wrow[0..n)) for m < MB; MB and dt are constants after inlining.
-SIMD_INLINE void FN(dot_rows)(const int MB, const int dt, const float *x, int64_t ldx, int64_t n, const void *wrow,
-                              float *ys) {
-  VF acc[4][2];
-  for (int m = 0; m < MB; m++) acc[m][0] = acc[m][1] = (VF){0};
-  int64_t k = 0;
-  for (; k + 2 * VW <= n; k += 2 * VW) {
-    VF w0 = FN(load_w)(wrow, dt, k), w1 = FN(load_w)(wrow, dt, k + VW);
-    for (int m = 0; m < MB; m++) {
-      acc[m][0] += FN(vload)(x + m * ldx + k) * w0;
-      acc[m][1] += FN(vload)(x + m * ldx + k + VW) * w1;
+// Rows v[0..VW) of a VW x VW tile become its columns: log2 VW stages, stage h swapping bit h of
+// the row and column index (the off-diagonal h x h blocks of each 2h x 2h block).
+SIMD_INLINE void FN(transpose)(VF *v) {
+#if VW == 16
+  static const VI lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                           {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                           {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                           {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+  static const VI hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                           {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                           {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                           {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+#elif VW == 8
+  static const VI lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
+  static const VI hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
+#else
+  static const VI lo[2] = {{0, 1, 4, 5}, {0, 4, 2, 6}};
+  static const VI hi[2] = {{2, 3, 6, 7}, {1, 5, 3, 7}};
+#endif
+  int s = 0;
+#pragma GCC unroll 4
+  for (int h = VW / 2; h >= 1; h /= 2, s++) {
+#pragma GCC unroll 8
+    for (int i = 0; i < VW; i++) {
+      if (i & h) continue;
+      const VF a = v[i], b = v[i + h];
+      v[i] = __builtin_shuffle(a, b, lo[s]);
+      v[i + h] = __builtin_shuffle(a, b, hi[s]);
     }
   }
-  for (; k + VW <= n; k += VW) {
-    VF w0 = FN(load_w)(wrow, dt, k);
-    for (int m = 0; m < MB; m++) acc[m][0] += FN(vload)(x + m * ldx + k) * w0;
-  }
-  float s[4];
-  for (int m = 0; m < MB; m++) s[m] = FN(vhsum)(acc[m][0] + acc[m][1]);
-  for (; k < n; k++) {
-    float wk = load_elem(wrow, dt, k);
-    for (int m = 0; m < MB; m++) s[m] += x[m * ldx + k] * wk;
-  }
-  for (int m = 0; m < MB; m++) ys[m] += s[m];
 }
 
-#define DOT_CASE(MB_, DT_)                                                                           \
-  case (MB_) * 4 + (DT_):                                                                            \
-    FN(dot_rows)(MB_, DT_, x + m0 * K + k0, K, kc, wrow, ys + m0);                                  \
-    break;
-
-#define RB 16 // weight rows per work item
-// k chunk: x[M][rkc] (16 KiB) stays in L1 while the RB weight rows stream past it
-#define RKC_FLOATS 4096
+// y[m][j0 + r] for m < M, r < nr <= VW: lane r of acc[m] is weight row j0 + r.
+static void FN(rows_block)(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
+                           int64_t K, int64_t j0, int64_t nr, VF *acc) {
+  const size_t esz = dtype_size(dt);
+  const char *wr[VW];
+  for (int r = 0; r < VW; r++) wr[r] = (const char *)w + (size_t)(j0 + (r < nr ? r : 0)) * (size_t)K * esz;
+  for (int64_t m = 0; m < M; m++) acc[m] = (VF){0};
+  int64_t k = 0;
+  for (; k + VW <= K; k += VW) {
+    VF t[VW];
+#pragma GCC unroll 16
+    for (int r = 0; r < VW; r++) t[r] = r < nr ? FN(load_w)(wr[r], dt, k) : (VF){0};
+    FN(transpose)(t); // t[i] = the tile's column k + i
+    for (int64_t m = 0; m < M; m++) {
+      const float *xm = x + m * K + k;
+      VF a = acc[m];
+#pragma GCC unroll 16
+      for (int i = 0; i < VW; i++) a += FN(vsplat)(xm[i]) * t[i];
+      acc[m] = a;
+    }
+  }
+  for (; k < K; k++) {
+    VF t = (VF){0};
+    for (int r = 0; r < nr; r++) t[r] = load_elem(wr[r], dt, k);
+    for (int64_t m = 0; m < M; m++) acc[m] += FN(vsplat)(x[m * K + k]) * t;
+  }
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t r = 0; r < nr; r++) y[m * N + j0 + r] = acc[m][r] + (bias ? bias[j0 + r] : 0.0f);
+}
 
 static void FN(gemm_rows)(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M,
                           int64_t N, int64_t K) {
-  const size_t esz = dtype_size(dt);
-  const int64_t rkc = (RKC_FLOATS / M) / (2 * VW) * (2 * VW); // M <= 16: >= 256
-  // Dynamic chunks of rows: on a shared machine one thread may lose its core for a while, and a
+  // Dynamic blocks of VW rows: on a shared machine one thread may lose its core for a while, and a
   // static split would make every op wait for it. Small matrices run on one thread: waking the
   // team costs more than it saves (see llm_gemv_parallel_min_bytes).
-#pragma omp parallel for schedule(dynamic, 1) if ((size_t)N * (size_t)K * esz >= llm_gemv_parallel_min_bytes())
-  for (int64_t j0 = 0; j0 < N; j0 += RB) {
-    const int64_t nr = N - j0 < RB ? N - j0 : RB;
-    float acc[RB * ROWS_MAX_M]; // [row][m] partial sums over the k chunks so far
-    memset(acc, 0, sizeof acc);
-    for (int64_t k0 = 0; k0 < K; k0 += rkc) {
-      const int64_t kc = K - k0 < rkc ? K - k0 : rkc;
-      for (int64_t r = 0; r < nr; r++) {
-        const void *wrow = (const char *)w + ((size_t)(j0 + r) * (size_t)K + (size_t)k0) * esz;
-        float *ys = acc + r * ROWS_MAX_M;
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {
-          const int mb = M - m0 < 4 ? (int)(M - m0) : 4;
-          switch (mb * 4 + dt) {
-            DOT_CASE(1, DT_F32) DOT_CASE(1, DT_F16) DOT_CASE(1, DT_BF16)
-            DOT_CASE(2, DT_F32) DOT_CASE(2, DT_F16) DOT_CASE(2, DT_BF16)
-            DOT_CASE(3, DT_F32) DOT_CASE(3, DT_F16) DOT_CASE(3, DT_BF16)
-            DOT_CASE(4, DT_F32) DOT_CASE(4, DT_F16) DOT_CASE(4, DT_BF16)
-          }
-        }
-      }
-    }
-    for (int64_t m = 0; m < M; m++)
-      for (int64_t r = 0; r < nr; r++) y[m * N + j0 + r] = acc[r * ROWS_MAX_M + m] + (bias ? bias[j0 + r] : 0.0f);
+#pragma omp parallel for schedule(dynamic, 1) if ((size_t)N * (size_t)K * dtype_size(dt) >= llm_gemv_parallel_min_bytes())
+  for (int64_t j0 = 0; j0 < N; j0 += VW) {
+    VF acc[ROWS_MAX_M];
+    FN(rows_block)(x, w, dt, bias, y, M, N, K, j0, N - j0 < VW ? N - j0 : VW, acc);
   }
 }
-#undef DOT_CASE
-#undef RB
-#undef RKC_FLOATS
 
 // ---- prefill path ------------------------------------------------------------------------------
 

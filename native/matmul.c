@@ -9,12 +9,6 @@
 #include "llm.h"
 #include "simd.h"
 
-// Row-streaming is best while w dominates the traffic; from this many rows on, the packed
-// outer-product kernel's compute efficiency wins (measured on a 16-core Xeon and a 2-core EPYC:
-// at M = 9..16 the packed kernel, padding x to 32-row panels, was 2-4x slower).
-#ifndef ROWS_MAX_M
-#define ROWS_MAX_M 16
-#endif
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512")
@@ -75,8 +69,8 @@ void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y
   const int packed = M > ROWS_MAX_M;
   switch (llm_isa()) {
   case ISA_AVX512_BF16:
-    if (packed && wdtype == DT_BF16 && K % 2 == 0) {
-      gemm_packed_bf16dot(x, (const uint16_t *)w, bias, y, M, N, K);
+    if (wdtype == DT_BF16 && K % 2 == 0) { // by the shape alone, whatever M is: see gemm_impl.h
+      (packed ? gemm_packed_bf16dot : gemm_rows_bf16dot)(x, (const uint16_t *)w, bias, y, M, N, K);
       break;
     }
     __attribute__((fallthrough)); // AVX-512's kernels
