@@ -11,7 +11,7 @@ import path from 'node:path';
 import type { DType } from '../contracts/backend.ts';
 import { parseDevice, type BackendSettings, type Device } from '../execution/devices.ts';
 import type { EngineSettings } from '../execution/engine-settings.ts';
-import { DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
+import { DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import { TOOL_CALL_FORMATS, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 
 export interface ServeOptions {
@@ -41,6 +41,10 @@ export interface ServeOptions {
   device?: Device;
   /** largest request body (default 4 MiB); larger gets 413 */
   maxBodyBytes?: number;
+  /** a request's line and headers must arrive within this, from its first byte (default 60 s); else 408 and the connection closes */
+  headersTimeoutMs?: number;
+  /** a request's body must arrive within this, from the end of its headers (default 60 s); else 408 and the connection closes */
+  bodyTimeoutMs?: number;
   /** how long running requests may finish when the handle closes (default 30 s) */
   shutdownGraceMs?: number;
   /** prefix cache (RAM tier) bytes (default: the whole KV pool; 0 = off) */
@@ -80,6 +84,8 @@ export const SERVE_DEFAULTS = {
   /** the engine's default; passed explicitly so the KV plan sizes the pool for the same batch */
   maxBatch: 16,
   maxBodyBytes: DEFAULT_MAX_BODY_BYTES,
+  headersTimeoutMs: DEFAULT_HEADERS_TIMEOUT_MS,
+  bodyTimeoutMs: DEFAULT_BODY_TIMEOUT_MS,
   shutdownGraceMs: 30_000,
   device: 'auto',
   cacheDirBytes: 8 * 2 ** 30,
@@ -92,6 +98,8 @@ export interface ResolvedServeOptions extends Omit<ServeOptions, 'optionNames'> 
   servedModelName: string;
   maxBatch: number;
   maxBodyBytes: number;
+  headersTimeoutMs: number;
+  bodyTimeoutMs: number;
   shutdownGraceMs: number;
   device: Device;
   /** 0 without a cache directory */
@@ -132,6 +140,12 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   if (u !== undefined && o.kvBudgetBytes !== undefined)
     fail('kvBudgetBytes', `give ${nameOf('kvBudgetBytes')} or ${nameOf('gpuMemoryUtilization')}, not both`);
   if (!atLeastOneByte(o.maxBodyBytes)) fail('maxBodyBytes', `${nameOf('maxBodyBytes')} must be at least 1 byte`);
+  for (const option of ['headersTimeoutMs', 'bodyTimeoutMs'] as const) {
+    const ms = o[option];
+    // at least a millisecond: Node reads 0 as "no deadline", which would let slow clients stay forever
+    if (ms !== undefined && !(typeof ms === 'number' && ms >= 1 && ms <= 2 ** 31 - 1))
+      fail(option, `${nameOf(option)} must be between 1 ms and 24 days, got ${JSON.stringify(ms)} ms`);
+  }
   const grace = o.shutdownGraceMs;
   if (grace !== undefined && !(typeof grace === 'number' && grace >= 0)) fail('shutdownGraceMs', `${nameOf('shutdownGraceMs')} must be >= 0, got ${grace}`);
   const device = parseDevice(o.device);
@@ -148,6 +162,8 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
     servedModelName,
     maxBatch: o.maxBatch ?? SERVE_DEFAULTS.maxBatch,
     maxBodyBytes: o.maxBodyBytes ?? SERVE_DEFAULTS.maxBodyBytes,
+    headersTimeoutMs: o.headersTimeoutMs ?? SERVE_DEFAULTS.headersTimeoutMs,
+    bodyTimeoutMs: o.bodyTimeoutMs ?? SERVE_DEFAULTS.bodyTimeoutMs,
     shutdownGraceMs: o.shutdownGraceMs ?? SERVE_DEFAULTS.shutdownGraceMs,
     device,
     cacheDirBytes,

@@ -23,6 +23,8 @@ const OPTIONS: Options = {
   'kv-dtype': { type: 'string' },
   device: { type: 'string' },
   'max-body': { type: 'string' },
+  'header-timeout': { type: 'string' },
+  'body-timeout': { type: 'string' },
   'shutdown-grace': { type: 'string' },
   'prompt-cache': { type: 'string' },
   'cache-dir': { type: 'string' },
@@ -55,6 +57,9 @@ const HELP = `usage: llmts serve --model DIR [options]
                               activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)
   --max-body SIZE             largest request body (default 4M); larger gets 413
+  --header-timeout SECONDS    a request's line and headers must arrive within this (default 60);
+                              else 408 and the connection closes
+  --body-timeout SECONDS      its body within this, from the end of the headers (default 60)
   --shutdown-grace SECONDS    on SIGTERM/SIGINT, how long running requests may finish (default 30)
   --prompt-cache SIZE         prefix cache (RAM tier): KV bytes of finished requests' prompt blocks
                               kept for reuse inside the KV pool (default: the whole pool; 0 = off)
@@ -96,11 +101,20 @@ function sizeFlag(v: Values, name: string): number | undefined {
   return raw === undefined ? undefined : parseSize(raw, name);
 }
 
+/** a duration in seconds (fractions allowed) as milliseconds; more than 0 */
+function secondsFlag(v: Values, name: string): number | undefined {
+  const s = numberFlag(v, name);
+  if (s === undefined) return undefined;
+  if (!(s > 0)) throw new UsageError(`--${name} must be > 0 seconds, got ${s}`);
+  return s * 1000;
+}
+
 /** How startServer's messages name its options: as the flags that set them. */
 const FLAG_OF: Record<ServeOptionName, string> = {
   model: '--model', host: '--host', port: '--port', servedModelName: '--served-model-name', apiKey: '--api-key',
   maxBatch: '--max-batch', maxQueued: '--max-queued', maxModelLen: '--max-model-len', kvBudgetBytes: '--kv-budget',
   kvDtype: '--kv-dtype', gpuMemoryUtilization: '--gpu-memory-utilization', device: '--device', maxBodyBytes: '--max-body',
+  headersTimeoutMs: '--header-timeout', bodyTimeoutMs: '--body-timeout',
   shutdownGraceMs: '--shutdown-grace', promptCacheBytes: '--prompt-cache', cacheDir: '--cache-dir',
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
 };
@@ -124,6 +138,8 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     kvDtype: kvDtypeFlag(v),
     gpuMemoryUtilization: numberFlag(v, 'gpu-memory-utilization'),
     maxBodyBytes: sizeFlag(v, 'max-body'),
+    headersTimeoutMs: secondsFlag(v, 'header-timeout'),
+    bodyTimeoutMs: secondsFlag(v, 'body-timeout'),
     // seconds on the command line; a negative one is refused here, where its unit is known
     shutdownGraceMs: (numberFlag(v, 'shutdown-grace', { min: 0 }) ?? SERVE_DEFAULTS.shutdownGraceMs / 1000) * 1000,
     device: parseDevice(stringFlag(v, 'device')),

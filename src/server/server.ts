@@ -13,7 +13,7 @@ import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { LoadedModel } from '../execution/load-model.ts';
 import { HttpError, anthropicErrorBody, badRequest, clientErrorOf, openaiErrorBody } from './errors.ts';
-import { ClientAbortedError, ClientGoneError, parseJsonObject, readBody, sendJson } from './http-io.ts';
+import { ClientAbortedError, ClientGoneError, clientErrorAnswer, expectationFailed, parseJsonObject, readBody, sendJson } from './http-io.ts';
 import type { JsonObject } from './fields.ts';
 import { ServerMetrics } from './metrics.ts';
 import { ServedModel } from './served-model.ts';
@@ -33,6 +33,10 @@ export interface ServerOptions {
   apiKey?: string;
   /** request bodies larger than this get 413 (default 4 MiB) */
   maxBodyBytes?: number;
+  /** a request's line and headers must arrive within this, from its first byte (default 60 s); else 408 and the connection closes */
+  headersTimeoutMs?: number;
+  /** its body within this, from the end of its headers (default 60 s); else 408 and the connection closes */
+  bodyTimeoutMs?: number;
   /** internal errors are written here (default stderr) */
   log?: (line: string) => void;
   /** include Node process metrics in /metrics (default true) */
@@ -42,6 +46,8 @@ export interface ServerOptions {
 }
 
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
+export const DEFAULT_HEADERS_TIMEOUT_MS = 60_000;
+export const DEFAULT_BODY_TIMEOUT_MS = 60_000;
 /** the status a request is counted under when its client closed the connection before any response (nginx's) */
 export const CLIENT_CLOSED_REQUEST = 499;
 
@@ -62,6 +68,7 @@ export class LlmServer {
   private readonly engine: Engine;
   private readonly apiKeyHash?: Buffer;
   private readonly maxBody: number;
+  private readonly bodyTimeoutMs: number;
   private readonly log: (line: string) => void;
   private readonly routes: Map<string, Route[]>;
   private readonly active = new Set<ServerResponse>();
@@ -89,9 +96,22 @@ export class LlmServer {
       // v1: true = behind --api-key like the /v1 routes
       ['/admin/cache/flush', [{ method: 'POST', v1: true, run: async (_req, res) => this.flushCache(res) }]],
     ]);
-    this.http = http.createServer((req, res) => void this.dispatch(req, res));
-    // requestTimeout (default 300 s) bounds receiving a request, never a long generation
-    this.http.headersTimeout = 60_000;
+    // Node's timers take whole milliseconds
+    const headersTimeout = Math.ceil(opts.headersTimeoutMs ?? DEFAULT_HEADERS_TIMEOUT_MS);
+    this.bodyTimeoutMs = Math.ceil(opts.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS);
+    this.http = http.createServer({
+      headersTimeout,
+      // bounds receiving a request, never a long generation; readBody's own deadline cuts a slow
+      // body first (with a JSON 408), this is the backstop
+      requestTimeout: headersTimeout + this.bodyTimeoutMs + 1000,
+      // Node checks those deadlines this often (default 30 s, which would let a slow client stay
+      // up to 30 s past its deadline)
+      connectionsCheckingInterval: Math.min(1000, headersTimeout),
+      // dispatch refuses a missing Host itself, in the error shape (Node's 400 has no body)
+      requireHostHeader: false,
+    }, (req, res) => void this.dispatch(req, res));
+    this.http.on('clientError', clientErrorAnswer(headersTimeout));
+    this.http.on('checkExpectation', expectationFailed);
   }
 
   listen(port: number, host: string): Promise<AddressInfo> {
@@ -143,6 +163,8 @@ export class LlmServer {
     });
     if (this.shuttingDown) res.setHeader('Connection', 'close');
     try {
+      if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1 && req.headers.host === undefined)
+        throw new HttpError(400, 'an HTTP/1.1 request needs a Host header', { code: 'malformed_http', headers: { Connection: 'close' } });
       if (!candidates) throw new HttpError(404, `no route ${req.method} ${path}`, { code: 'unknown_route' });
       if (!route) {
         const allow = candidates.map((r) => r.method).join(', ');
@@ -171,7 +193,7 @@ export class LlmServer {
     const startedAt = performance.now();
     let body: JsonObject;
     try {
-      body = parseJsonObject(await readBody(req, this.maxBody));
+      body = parseJsonObject(await readBody(req, this.maxBody, this.bodyTimeoutMs));
     } catch (err) {
       if (err instanceof HttpError && err.status === 413) {
         // The rest of the body is never buffered, only discarded while the client finishes
