@@ -25,7 +25,9 @@ export class SamplingParamsError extends Error {
 /** a token id as a JSON object key: decimal digits, no sign, spaces or leading zeros */
 const CANONICAL_ID = /^(?:0|[1-9]\d*)$/;
 
-const show = (v: unknown): string => (typeof v === 'string' ? JSON.stringify(v) : String(v));
+// JSON text for anything but numbers: String() of a request's object throws when its own keys
+// shadow toString and valueOf ({"toString": 1}), and [object Object] says nothing anyway
+const show = (v: unknown): string => (typeof v === 'number' ? String(v) : JSON.stringify(v) ?? String(v));
 
 /**
  * Returns every problem with `input` (empty array = valid). `vocabSize`, when known, bounds the
