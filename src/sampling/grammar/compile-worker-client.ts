@@ -3,12 +3,16 @@
 //
 // The worker is started lazily and unref'd while idle (it never keeps a process alive); it is
 // ref'd while it starts or works, so an awaited check always completes.
+//
+// Memory: the worker's xgrammar heaps are dropped after every trial compile, but they go back
+// to the system only when collected; a worker that reports holding more than `recycleBytes`
+// after a check is terminated (which frees its whole heap at once) and a fresh one started.
 
 import { Worker } from 'node:worker_threads';
 import { GrammarSpecError } from './prepare.ts';
 import { describeGrammar, type GrammarSpec } from './spec.ts';
-import type { CheckResult, SpecCheck, VocabData } from './checker.ts';
-import type { CheckReply, CheckRequest } from './compile-worker.ts';
+import type { CheckResult, SpecCheck, SpecCheckerOptions, VocabData } from './checker.ts';
+import type { CheckReply, CheckRequest, WorkerInit } from './compile-worker.ts';
 
 /** The worker could not be started (the caller checks on its own thread instead). */
 export class WorkerStartError extends Error {
@@ -43,12 +47,18 @@ export class WorkerChecker implements SpecCheck {
   private readonly waiting: Job[] = [];
   private nextId = 1;
   private closed = false;
+  /** workers replaced because they held more than recycleBytes */
+  recycled = 0;
 
   constructor(
     /** the vocabulary trial compiles index (none: the worker only parses and validates) */
     private readonly vocab: VocabData | undefined,
     /** 0 = no deadline */
     private readonly timeoutMs: number,
+    private readonly opts: SpecCheckerOptions & {
+      /** a worker holding more external memory than this after a check is replaced (default: never) */
+      recycleBytes?: number;
+    } = {},
   ) {}
 
   warm(): Promise<void> {
@@ -77,7 +87,8 @@ export class WorkerChecker implements SpecCheck {
     if (this.closed) return Promise.reject(new Error('the grammar compiler was closed'));
     let w: Worker;
     try {
-      w = new Worker(ENTRY, { workerData: { vocab: this.vocab } });
+      const init: WorkerInit = { vocab: this.vocab, limits: this.opts.limits, trialMaxBytes: this.opts.trialMaxBytes };
+      w = new Worker(ENTRY, { workerData: init });
     } catch (err) {
       return Promise.reject(new WorkerStartError((err as Error).message));
     }
@@ -143,9 +154,22 @@ export class WorkerChecker implements SpecCheck {
     if (!cur || cur.id !== m.id) return;
     clearTimeout(cur.timer);
     this.current = undefined;
-    if (m.ok) cur.job.resolve({ prepared: m.prepared, ...(m.trialMs !== undefined ? { trialMs: m.trialMs } : {}) });
-    else cur.job.reject(m.invalid ? new GrammarSpecError(m.message) : new Error(`grammar compile worker: ${m.message}`));
+    if (m.ok) {
+      cur.job.resolve({
+        prepared: m.prepared, ...(m.trialMs !== undefined ? { trialMs: m.trialMs } : {}), ...(m.trialBytes !== undefined ? { trialBytes: m.trialBytes } : {}),
+      });
+    } else cur.job.reject(m.invalid ? new GrammarSpecError(m.message) : new Error(`grammar compile worker: ${m.message}`));
+    if (this.opts.recycleBytes !== undefined && m.externalBytes > this.opts.recycleBytes) this.recycle();
     this.pump();
+  }
+
+  /** Terminates the idle worker (its heap is freed with it) and starts a fresh one in the background. */
+  private recycle(): void {
+    const w = this.worker;
+    this.forget();
+    this.recycled++;
+    void w?.terminate();
+    if (!this.closed) this.start().catch(() => {}); // a start failure shows again on the next check
   }
 
   /** The deadline passed: the worker is terminated mid-compile and a fresh one takes the next job. */

@@ -34,6 +34,8 @@ export class RowGrammar {
     private readonly utf8: Utf8Guard,
     /** append forced text without sampling (see jumpForward) */
     readonly jumpForwardEnabled: boolean,
+    /** called once, when the matcher is freed (the compiler counts the matchers each instance holds) */
+    private readonly onDispose?: () => void,
   ) {
     this.maskBuf = new Int32Array((vocab.vocabSize + 31) >>> 5);
   }
@@ -146,5 +148,6 @@ export class RowGrammar {
         // a matcher of a failed instance: nothing to free
       }
     }
+    this.onDispose?.();
   }
 }

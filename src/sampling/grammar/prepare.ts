@@ -12,7 +12,7 @@ import { XGrammarError, type XgCompiledGrammar, type XgCompiler, type XgInstance
 import { describeGrammar, type GrammarSpec, type StructuralFormat } from './spec.ts';
 import { applySchemaRules, rewriteSchema } from './schema-rewrite.ts';
 import { alt, dfaEbnf, str } from './dfa.ts';
-import { emptyLanguageReason, precheckSpec } from './precheck.ts';
+import { DEFAULT_GRAMMAR_LIMITS, languageProblem, languageReason, precheckSchema, precheckSpec, type GrammarLimits } from './precheck.ts';
 
 /** The request's schema, regex or grammar is invalid; `message` is the compiler's. */
 export class GrammarSpecError extends Error {
@@ -36,13 +36,41 @@ const JSON_OBJECT_SCHEMA = '{"type": "object"}';
  * Checks `spec` with `check` (which runs a function on a validator instance and turns an
  * XGrammarError into a GrammarSpecError carrying the compiler's message) and returns its
  * prepared form. JSON schemas, also those inside structural tags, become compact EBNF here.
+ * Every grammar is then read back in xgrammar's normalized form and refused when it can match
+ * nothing, can enter a rule that never ends, or needs a longer text than the limits allow
+ * (precheck.ts languageProblem).
  */
-export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInstance['call']>[0]) => T): Prepared {
+export function prepareSpec(
+  spec: GrammarSpec,
+  check: <T>(fn: Parameters<XgInstance['call']>[0]) => T,
+  limits: Readonly<GrammarLimits> = DEFAULT_GRAMMAR_LIMITS,
+): Prepared {
   const invalid = (message: string): never => {
     throw new GrammarSpecError(`invalid ${describeGrammar(spec)}: ${message}`);
   };
-  const refused = precheckSpec(spec);
+  const refused = precheckSpec(spec, limits);
   if (refused !== undefined) invalid(refused);
+  /** refuses a grammar (normalized text) that cannot be served */
+  const servable = (normalized: string, root: string | undefined, schema: boolean): void => {
+    const p = languageProblem(normalized, root, limits.maxShortestChars);
+    if (p) invalid(languageReason(p, schema));
+  };
+  const normalizedEbnf = (grammar: string, root: string): string => check<string>((b) => {
+    const g = new b.Grammar.FromEBNF(grammar, root);
+    try {
+      return g.ToString();
+    } finally {
+      g.delete();
+    }
+  });
+  const normalizedTag = (json: string): string => check<string>((b) => {
+    const g = b.Grammar.FromStructuralTag(json);
+    try {
+      return g.ToString();
+    } finally {
+      g.delete();
+    }
+  });
   /** xgrammar's EBNF for a schema's JSON */
   const fromSchema = (text: string, strict: boolean): string => check<string>((b) => {
     const g = new b.Grammar.FromJSONSchema(text, false, undefined, undefined, strict, undefined, false);
@@ -56,9 +84,20 @@ export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInsta
   const jsonEbnf = (schema: unknown): string => {
     const original = schemaText(schema, invalid);
     const rw = rewriteSchema(schema);
-    if (rw.rules.size === 0) return fromSchema(original, true);
-    const asWritten = fromSchema(original, true); // xgrammar's message, should the schema be invalid
-    return applySchemaRules(fromSchema(JSON.stringify(rw.schema), true), rw) ?? asWritten;
+    let ebnf: string;
+    if (rw.rules.size === 0) ebnf = fromSchema(original, true);
+    else {
+      const asWritten = fromSchema(original, true); // xgrammar's message, should the schema be invalid
+      ebnf = applySchemaRules(fromSchema(JSON.stringify(rw.schema), true), rw) ?? asWritten;
+    }
+    servable(normalizedEbnf(ebnf, 'root'), 'root', true);
+    return ebnf;
+  };
+  /** a schema inside a structural tag: the checks a json_schema spec gets first */
+  const nodeEbnf = (schema: unknown): string => {
+    const r = precheckSchema(schema, limits);
+    if (r !== undefined) invalid(r);
+    return jsonEbnf(schema);
   };
   switch (spec.type) {
     case 'json_object':
@@ -68,22 +107,14 @@ export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInsta
     case 'ebnf': {
       if (typeof spec.grammar !== 'string' || spec.grammar.trim() === '') invalid('the grammar is empty');
       const root = spec.root ?? 'root';
-      const normalized = check<string>((b) => {
-        const g = new b.Grammar.FromEBNF(spec.grammar, root);
-        try {
-          return g.ToString();
-        } finally {
-          g.delete();
-        }
-      });
-      const empty = emptyLanguageReason(normalized, root);
-      if (empty !== undefined) invalid(empty);
+      servable(normalizedEbnf(spec.grammar, root), root, false);
       return { kind: 'ebnf', grammar: spec.grammar, root };
     }
     case 'regex': {
       if (typeof spec.pattern !== 'string' || spec.pattern === '') invalid('the pattern is empty');
       const json = JSON.stringify({ type: 'structural_tag', format: { type: 'regex', pattern: spec.pattern } });
-      check((b) => b.Grammar.FromStructuralTag(json).delete());
+      // the regex's rule is the text's "root"
+      servable(normalizedTag(json), 'root', false);
       return { kind: 'structural_tag', json };
     }
     case 'choice': {
@@ -92,13 +123,13 @@ export function prepareSpec(spec: GrammarSpec, check: <T>(fn: Parameters<XgInsta
       // deterministic EBNF, not xgrammar's alternation of strings (see dfa.ts)
       const g = dfaEbnf(alt(...[...new Set(spec.choices)].map(str)), 'choice')!;
       const grammar = [`root ::= ${g.expr}`, ...g.rules].join('\n');
-      check((b) => new b.Grammar.FromEBNF(grammar, 'root').delete());
+      servable(normalizedEbnf(grammar, 'root'), 'root', false);
       return { kind: 'ebnf', grammar, root: 'root' };
     }
     case 'structural_tag': {
-      const format = compactJsonNodes(spec.format, jsonEbnf);
+      const format = compactJsonNodes(spec.format, nodeEbnf);
       const json = JSON.stringify({ type: 'structural_tag', format });
-      check((b) => b.Grammar.FromStructuralTag(json).delete());
+      servable(normalizedTag(json), undefined, false);
       return { kind: 'structural_tag', json };
     }
   }

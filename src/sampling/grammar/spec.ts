@@ -22,9 +22,14 @@ export type GrammarSpec =
    */
   | { type: 'structural_tag'; format: StructuralFormat };
 
+/** The spec's JSON text: what its size is measured on and its key hashed from. */
+export function specText(spec: GrammarSpec): string {
+  return JSON.stringify(spec);
+}
+
 /** Content hash: the compile cache key (one cache per tokenizer). */
-export function grammarKey(spec: GrammarSpec): string {
-  return createHash('sha256').update(JSON.stringify(spec)).digest('hex');
+export function grammarKey(spec: GrammarSpec, text: string = specText(spec)): string {
+  return createHash('sha256').update(text).digest('hex');
 }
 
 /** Short description for logs and errors. */

@@ -1,0 +1,216 @@
+// Bounded grammars and bounded grammar memory: specs that can never be finished (a required
+// $ref recursion with no base case), or that are too big, too deep or need too long an output,
+// are GrammarSpecErrors before anything compiles them; large but fine ones still compile; the
+// compiled-grammar cache stays within its byte budget (least recently used evicted, a grammar
+// heavier than the budget refused); a main instance that outgrew its bound is replaced and freed
+// once nothing uses it; a compile worker that holds too much is replaced. Memory is asserted
+// through the wasm heaps' sizes (stats.heapBytes), not timings.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  GrammarCompiler, GrammarSpecError, countAllowed, type CompiledGrammar, type GrammarSpec, type GrammarVocab,
+} from '../../src/sampling/grammar/index.ts';
+import { WorkerChecker } from '../../src/sampling/grammar/compile-worker-client.ts';
+import { vocabData } from '../../src/sampling/grammar/checker.ts';
+
+/** `size` distinct tokens of 2-4 printable ASCII characters (quotes and brackets included), id 0 the stop token */
+function vocabOf(size: number): GrammarVocab {
+  const chars: string[] = [];
+  for (let c = 0x20; c < 0x7f; c++) if (c !== 0x5c) chars.push(String.fromCharCode(c));
+  const tokens = ['<eos>', ...chars];
+  const seen = new Set(tokens);
+  let s = 12345;
+  const next = () => {
+    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
+    return s;
+  };
+  while (tokens.length < size) {
+    let t = '';
+    for (let i = 0, n = 2 + (next() % 3); i < n; i++) t += chars[next() % chars.length];
+    if (!seen.has(t)) {
+      seen.add(t);
+      tokens.push(t);
+    }
+  }
+  const ids = new Map(tokens.map((t, i) => [t, i]));
+  return {
+    tokens, vocabType: 'raw', prependSpace: false, vocabSize: size, stopTokenIds: [0],
+    encode: (text) => [...text].map((ch) => ids.get(ch)!), decode: (x) => x.map((i) => tokens[i]).join(''),
+  };
+}
+
+const SMALL = vocabOf(512);
+const MIB = 2 ** 20;
+
+async function refused(c: GrammarCompiler, spec: GrammarSpec, message: RegExp): Promise<void> {
+  await assert.rejects(c.compile(spec), (e: unknown) => {
+    assert.ok(e instanceof GrammarSpecError, String(e));
+    assert.match((e as Error).message, message);
+    return true;
+  }, JSON.stringify(spec).slice(0, 200));
+}
+
+async function compiles(c: GrammarCompiler, spec: GrammarSpec): Promise<void> {
+  const g = await c.compile(spec);
+  const m = g.createMatcher();
+  assert.ok(countAllowed(m.mask(), c.vocab.vocabSize) > 0, JSON.stringify(spec).slice(0, 200));
+  m.dispose();
+  g.release();
+}
+
+test('a schema no JSON satisfies, or with a part that can never end, is refused with the reason', async () => {
+  const c = new GrammarCompiler(SMALL);
+  try {
+    const loop = { type: 'object', properties: { next: { $ref: '#/$defs/loop' } }, required: ['next'] };
+    await refused(c, { type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } }, required: ['a'] } },
+      /^invalid JSON schema: no JSON value satisfies it: its recursion \(a \$ref back into itself\) has no way to end$/);
+    await refused(c, { type: 'json_schema', schema: { $defs: { loop }, $ref: '#/$defs/loop' } }, /no JSON value satisfies it/);
+    await refused(c, { type: 'json_schema', schema: { $defs: { loop }, anyOf: [{ type: 'integer' }, { $ref: '#/$defs/loop' }] } },
+      /^invalid JSON schema: part of it can never end .*so an output that enters it never ends$/);
+    await refused(c, { type: 'ebnf', grammar: 'root ::= "a" | "b" x\nx ::= "c" x' }, /^invalid grammar: rule "x" can never finish/);
+    // a checked tool schema is refused the same way
+    await assert.rejects(c.checkJsonSchema({ type: 'array', items: { $ref: '#' }, minItems: 1 }), /no JSON value satisfies it/);
+    // recursion with a way out is fine
+    await compiles(c, { type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } } } });
+    await compiles(c, { type: 'json_schema', schema: { type: 'array', items: { $ref: '#' } } });
+    await compiles(c, { type: 'ebnf', grammar: 'root ::= "a" | "b" root' });
+    assert.equal(c.stats.compiles, 3, 'the refused specs never reached this thread');
+  } finally {
+    await c.close();
+  }
+});
+
+test('limits: spec size, nesting depth and the shortest output, each named; large but fine specs still compile', async () => {
+  const c = new GrammarCompiler(SMALL, { limits: { maxSpecBytes: 20_000 } });
+  try {
+    const nest = (n: number) => {
+      let s: unknown = { type: 'integer' };
+      for (let i = 0; i < n; i++) s = { type: 'object', properties: { a: s }, required: ['a'] };
+      return s;
+    };
+    await refused(c, { type: 'json_schema', schema: nest(33) }, /^invalid JSON schema: the schema nests subschemas more than 32 deep \(at #\/properties\/a\//);
+    await compiles(c, { type: 'json_schema', schema: nest(30) });
+    // through $refs: each one followed is a level (xgrammar expands it in place)
+    const defs: Record<string, unknown> = { d0: { type: 'integer' } };
+    for (let i = 1; i <= 40; i++) defs[`d${i}`] = { type: 'array', items: { $ref: `#/$defs/d${i - 1}` } };
+    await refused(c, { type: 'json_schema', schema: { $defs: defs, $ref: '#/$defs/d40' } }, /nests subschemas more than 32 deep/);
+    await refused(c, { type: 'ebnf', grammar: `root ::= ${'('.repeat(40)}"a"${')'.repeat(40)}` }, /^invalid grammar: the grammar nests parentheses more than 32 deep$/);
+    await refused(c, { type: 'regex', pattern: `${'('.repeat(33)}a${')'.repeat(33)}` }, /^invalid regex: the pattern nests parentheses more than 32 deep$/);
+    const wide = (n: number) => ({
+      type: 'object',
+      properties: Object.fromEntries(Array.from({ length: n }, (_, i) => [`property_${i}`, i % 2 ? { type: 'integer' } : { enum: ['x', 'y'] }])),
+      required: Array.from({ length: n }, (_, i) => `property_${i}`),
+    });
+    await refused(c, { type: 'json_schema', schema: wide(600) }, /^invalid JSON schema: the JSON schema is \d+ bytes as JSON, more than the limit of 20000$/);
+    await compiles(c, { type: 'json_schema', schema: wide(200) });
+    // the shortest output: counts that multiply, and forced text
+    await refused(c, { type: 'json_schema', schema: { type: 'array', items: { type: 'integer' }, minItems: 100_000 } },
+      /^invalid JSON schema: its shortest valid JSON is 300000 characters, more than the limit of 32768$/);
+    await refused(c, { type: 'json_schema', schema: { type: 'array', minItems: 40, items: { type: 'array', minItems: 40, items: { type: 'array', minItems: 40, items: { type: 'integer' } } } } },
+      /shortest valid JSON is \d+ characters, more than the limit of 32768/);
+    await refused(c, { type: 'regex', pattern: '(ab{1000}){1000}' }, /^invalid regex: its shortest output is 1001000 characters, more than the limit of 32768$/);
+    await refused(c, { type: 'ebnf', grammar: 'root ::= "x" | "y" big\nbig ::= "z"{40000}' }, /^invalid grammar: the shortest text of rule "big" is 40000 characters/);
+    await compiles(c, { type: 'json_schema', schema: { type: 'array', items: { type: 'integer' }, minItems: 1000 } });
+    await compiles(c, { type: 'json_schema', schema: { type: 'string', minLength: 20_000 } });
+  } finally {
+    await c.close();
+  }
+});
+
+/** n distinct schemas that each compile to a few hundred KiB over a 32k vocabulary */
+const strings = (i: number): GrammarSpec => ({ type: 'json_schema', schema: { type: 'array', items: { type: 'string', maxLength: 4 + (i % 4) }, maxItems: 100 + i } });
+
+test('the compiled-grammar cache stays within its byte budget and evicts the least recently used', async () => {
+  const budget = 1 * MIB;
+  const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: budget });
+  try {
+    const first = await c.compile(strings(0));
+    first.release();
+    const one = c.stats.cacheBytes;
+    assert.ok(one > 64 * 1024 && one < budget / 2, `one grammar weighs ${one} bytes`);
+    for (let i = 1; i < 8; i++) {
+      (await c.compile(strings(i))).release();
+      // the first stays the most recently used: always a hit
+      const hits = c.stats.cacheHits;
+      (await c.compile(strings(0))).release();
+      assert.equal(c.stats.cacheHits, hits + 1, `strings(0) after ${i}`);
+      const s = c.stats;
+      assert.ok(s.cacheBytes <= budget, `cache ${s.cacheBytes} > budget ${budget}`);
+      assert.equal(s.cacheCapacityBytes, budget);
+    }
+    const s = c.stats;
+    assert.ok(s.evictions >= 4, `evictions ${s.evictions}`);
+    assert.ok(s.cacheEntries >= 2 && s.cacheEntries < 8, `entries ${s.cacheEntries}`);
+    // an evicted one compiles again; the most recently used one does not
+    const compiles = s.compiles;
+    (await c.compile(strings(1))).release();
+    assert.equal(c.stats.compiles, compiles + 1);
+    (await c.compile(strings(0))).release();
+    assert.equal(c.stats.compiles, compiles + 1);
+    assert.ok(c.stats.cacheBytes <= budget);
+  } finally {
+    await c.close();
+  }
+});
+
+test('a grammar heavier than the whole budget is refused while it is trial-compiled', async () => {
+  const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: MIB });
+  try {
+    const heavy: GrammarSpec = {
+      type: 'json_schema',
+      schema: { type: 'object', properties: Object.fromEntries(Array.from({ length: 12 }, (_, i) => [`f${i}`, { type: 'array', items: { type: 'string', maxLength: 3 + i } }])) },
+    };
+    await refused(c, heavy, /^JSON schema is too large: its compiled grammar needs (more than )?\d+\.\d MiB, more than the grammar cache holds \(1\.0 MiB\)$/);
+    assert.equal(c.stats.compiles, 0);
+    assert.equal(c.stats.cacheBytes, 0);
+    await compiles(c, strings(0));
+  } finally {
+    await c.close();
+  }
+});
+
+test('a main instance whose heap outgrew its bound is replaced, and freed once its last lease and matcher are', async () => {
+  // 1 MiB of budget: the instance may grow 3 MiB past its start. Leases of evicted grammars keep
+  // their memory in the instance until released, so holding enough of them grows its heap.
+  const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: MIB });
+  try {
+    await c.warm();
+    const start = c.stats.heapBytes;
+    const held: CompiledGrammar[] = [];
+    let i = 0;
+    while (c.stats.instanceReplacements === 0) {
+      assert.ok(i < 200, 'the instance was never replaced');
+      held.push(await c.compile(strings(100 + i++)));
+    }
+    const matcher = held[0]!.createMatcher();
+    const grown = c.stats.heapBytes;
+    assert.ok(grown > start + 3 * MIB, `heap ${grown} vs start ${start}`);
+    // the new instance serves new compiles; the old one stays while anything uses it
+    await compiles(c, strings(0));
+    for (const g of held) g.release();
+    assert.ok(c.stats.heapBytes > start + 3 * MIB, 'a live matcher keeps its instance');
+    matcher.accept(c.vocab.tokens.indexOf('['));
+    matcher.dispose();
+    // only the current instance is left
+    assert.ok(c.stats.heapBytes <= start + 3 * MIB, `heap ${c.stats.heapBytes} after the old instance was freed (start ${start})`);
+    assert.ok(c.stats.cacheBytes <= MIB);
+  } finally {
+    await c.close();
+  }
+});
+
+test('a compile worker that holds more than its bound after a check is replaced, and checks go on', async () => {
+  const vocab = vocabOf(2000);
+  const w = new WorkerChecker(vocabData(vocab), 0, { recycleBytes: 1 });
+  try {
+    for (let i = 0; i < 3; i++) {
+      const r = await w.check({ type: 'json_schema', schema: { type: 'string', maxLength: 3 + i } }, true);
+      assert.equal(r.prepared.kind, 'ebnf');
+      assert.ok((r.trialBytes ?? -1) >= 0);
+    }
+    await assert.rejects(w.check({ type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } }, required: ['a'] } }, true), GrammarSpecError);
+    assert.equal(w.recycled, 4);
+  } finally {
+    await w.close();
+  }
+});
