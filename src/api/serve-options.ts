@@ -13,6 +13,7 @@ import { parseDevice, type BackendSettings, type Device } from '../execution/dev
 import type { EngineSettings } from '../execution/engine-settings.ts';
 import { DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import { TOOL_CALL_FORMATS, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
+import { DEFAULT_GRAMMAR_CACHE_BYTES, MIN_GRAMMAR_CACHE_BYTES, setGrammarDefaults } from '../sampling/grammar/index.ts';
 
 export interface ServeOptions {
   /** Hugging Face model directory */
@@ -53,6 +54,12 @@ export interface ServeOptions {
   cacheDir?: string;
   /** byte cap of the SSD tier (default: 8 GiB, or half the directory's free space if less) */
   cacheDirBytes?: number;
+  /**
+   * bytes of compiled grammars (structured output, forced tool calls) kept for reuse; a grammar
+   * that alone needs more is a 400 (default 256 MiB, at least 1 MiB). Process-wide: it applies
+   * to the grammar compilers created after startServer resolves it.
+   */
+  grammarCacheBytes?: number;
   /** how the model writes tool calls (default: detected from the chat template and vocabulary) */
   toolCallFormat?: ToolCallFormatName;
   /** run every decode batch size once before listening (default: on for CUDA, off for the CPU) */
@@ -153,6 +160,11 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   if (o.toolCallFormat !== undefined && !TOOL_CALL_FORMATS.includes(o.toolCallFormat))
     fail('toolCallFormat', `${nameOf('toolCallFormat')} must be one of ${TOOL_CALL_FORMATS.join(', ')}, got ${JSON.stringify(o.toolCallFormat)}`);
   const cacheDirBytes = cacheDirBytesOf(o, nameOf, fail);
+  const g = o.grammarCacheBytes;
+  if (g !== undefined && !(Number.isSafeInteger(g) && g >= MIN_GRAMMAR_CACHE_BYTES))
+    fail('grammarCacheBytes', `${nameOf('grammarCacheBytes')} must be a whole number of bytes, at least 1 MiB, got ${JSON.stringify(g)}`);
+  // the grammar compiler is created on the first structured request, with the defaults of then
+  setGrammarDefaults({ cacheBytes: g ?? DEFAULT_GRAMMAR_CACHE_BYTES });
 
   const { optionNames: _names, ...given } = o;
   return {

@@ -29,6 +29,7 @@ const OPTIONS: Options = {
   'prompt-cache': { type: 'string' },
   'cache-dir': { type: 'string' },
   'cache-dir-size': { type: 'string' },
+  'grammar-cache': { type: 'string' },
   'gpu-memory-utilization': { type: 'string' },
   'tool-call-format': { type: 'string' },
   warmup: { type: 'boolean' },
@@ -66,6 +67,9 @@ const HELP = `usage: llmts serve --model DIR [options]
   --cache-dir DIR             prefix cache SSD tier: prefixes written to DIR when idle, on SIGTERM
                               and on POST /admin/cache/flush; restored after a restart
   --cache-dir-size SIZE       byte cap of the SSD tier (default: 8G or half the free space, if less)
+  --grammar-cache SIZE        compiled grammars (structured output, forced tool calls) kept for
+                              reuse, least recently used evicted; a grammar that alone needs more
+                              is a 400 (default 256M, at least 1M)
   --tool-call-format F        auto|hermes|llama3|mistral: how the model writes tool calls (the
                               syntax parsed, forced and shown in prompts); auto (default) detects it
                               from the chat template and vocabulary
@@ -117,6 +121,7 @@ const FLAG_OF: Record<ServeOptionName, string> = {
   headersTimeoutMs: '--header-timeout', bodyTimeoutMs: '--body-timeout',
   shutdownGraceMs: '--shutdown-grace', promptCacheBytes: '--prompt-cache', cacheDir: '--cache-dir',
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
+  grammarCacheBytes: '--grammar-cache',
 };
 
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
@@ -146,6 +151,7 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     promptCacheBytes: promptCacheFlag(stringFlag(v, 'prompt-cache')),
     cacheDir: stringFlag(v, 'cache-dir'),
     cacheDirBytes: sizeFlag(v, 'cache-dir-size'),
+    grammarCacheBytes: sizeFlag(v, 'grammar-cache'),
     toolCallFormat: toolCallFormatFlag(stringFlag(v, 'tool-call-format')),
     warmup: v.warmup ? true : v['no-warmup'] ? false : undefined,
     log,

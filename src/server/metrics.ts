@@ -4,6 +4,7 @@
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { EngineStats } from '../execution/engine.ts';
+import { grammarCompilerStats, grammarDefaults, type GrammarCompilerStats } from '../sampling/grammar/index.ts';
 
 const TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5];
@@ -50,6 +51,7 @@ export class ServerMetrics {
     gauge('llmts_engine_steps', 'engine steps run since start', (s) => s.steps);
     gauge('llmts_kv_blocks_cached', 'KV blocks held by no sequence, kept for prefix reuse (evictable)', (s) => s.kvBlocksCached);
     this.prefixCacheMetrics(stats, registers);
+    this.grammarMetrics(registers);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry, prefix: 'llmts_' });
   }
 
@@ -113,6 +115,49 @@ export class ServerMetrics {
     ssdGauge('llmts_prefix_cache_ssd_files', 'prefix files in the SSD tier', (s) => pc(s).ssd?.files ?? 0);
     ssdGauge('llmts_prefix_cache_ssd_pending', 'finished prefixes waiting to be written to the SSD tier', (s) => pc(s).ssd?.pending ?? 0);
     ssdGauge('llmts_prefix_cache_ssd_capture_bytes', 'host bytes of captured prefixes not yet written', (s) => pc(s).ssd?.captureBytes ?? 0);
+  }
+
+  /**
+   * Compiled grammars (README "Metrics"): the cache's entries, bytes and budget, and the
+   * compilers' counters, summed over the grammar compilers of this process (one per served model).
+   */
+  private grammarMetrics(registers: Registry[]): void {
+    const total = (read: (s: GrammarCompilerStats) => number) => grammarCompilerStats().reduce((n, s) => n + read(s), 0);
+    const gauge = (name: string, help: string, read: () => number) =>
+      new Gauge({
+        name, help, registers,
+        collect() {
+          this.set(read());
+        },
+      });
+    const counter = <L extends string>(name: string, help: string, labels: readonly L[], read: () => [Partial<Record<L, string>>, number][]) => {
+      const seen = new Map<string, number>();
+      return new Counter<L>({
+        name, help, labelNames: labels, registers,
+        collect() {
+          for (const [lab, n] of read()) {
+            const key = JSON.stringify(lab);
+            const last = seen.get(key);
+            if (last === undefined || n > last) this.inc(lab as Record<L, string>, n - (last ?? 0));
+            seen.set(key, Math.max(n, last ?? 0));
+          }
+        },
+      });
+    };
+    gauge('llmts_grammar_cache_entries', 'compiled grammars in the cache', () => total((s) => s.cacheEntries));
+    gauge('llmts_grammar_cache_bytes', 'bytes of the cached compiled grammars, as measured when each was first compiled', () => total((s) => s.cacheBytes));
+    gauge('llmts_grammar_cache_capacity_bytes', 'the most bytes of compiled grammars the cache keeps (--grammar-cache)', () => {
+      const all = grammarCompilerStats();
+      return all.length === 0 ? grammarDefaults().cacheBytes : all.reduce((n, s) => n + s.cacheCapacityBytes, 0);
+    });
+    gauge('llmts_grammar_heap_bytes', 'memory of the xgrammar instances that hold compiled grammars and matchers', () => total((s) => s.heapBytes));
+    counter('llmts_grammar_cache_evictions_total', 'compiled grammars dropped from the cache to stay within its budget', [], () => [[{}, total((s) => s.evictions)]]);
+    counter('llmts_grammar_cache_hits_total', 'grammar requests served from the cache', [], () => [[{}, total((s) => s.cacheHits)]]);
+    counter('llmts_grammar_compiles_total', 'grammars compiled', [], () => [[{}, total((s) => s.compiles)]]);
+    counter('llmts_grammar_refused_total', 'schemas, grammars and regexes refused with a 400 (invalid, unsatisfiable, too large, too deep, too slow)', [],
+      () => [[{}, total((s) => s.invalid)]]);
+    counter('llmts_grammar_instances_replaced_total', 'xgrammar instances replaced to give memory back (main: its heap outgrew the budget; worker: the compile worker held too much)', ['thread'],
+      () => [[{ thread: 'main' }, total((s) => s.instanceReplacements)], [{ thread: 'worker' }, total((s) => s.workerReplacements)]]);
   }
 
   text(): Promise<string> {
