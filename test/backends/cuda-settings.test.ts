@@ -21,12 +21,13 @@ describe('CUDA settings', () => {
     });
     assert.match(runtime.cacheDir, /llmts[/\\]cuda$/);
     assert.deepEqual(rest, {
+      batchInvariant: false,
       kernels: { attentionDefines: {}, gemvDefines: {}, fusedDefines: {} },
-      gemm: { engine: 'cublaslt', tune: true, tuneMaxM: 64, pickBucketRows: 64, tuneFlush: 'read' },
+      gemm: { engine: 'cublaslt', tune: true, tuneMaxM: 64, pickBucketRows: 64, tuneFlush: 'read', invariantRows: 256 },
       gemv: { mode: 'auto', picks: new Map(), margin: 1.1, marginAfterAttention: 1, marginAfterTcAttention: 1.2, fusedBlocksPerSm: 2 },
       attention: {
         mode: 'auto', decodeKernel: 'tc', decodeBlocksPerSm: 8, tcResident: 3, oneTokenHint: true, tcMinChunk: 64,
-        tcGrid: 'heads-first', tcTrigger: 'loaded', tcStages: 2, pfStages: 2,
+        tcGrid: 'heads-first', tcTrigger: 'loaded', tcStages: 2, pfStages: 2, invariantChunk: 512,
       },
       fused: { fuseGlu: false, fuseNorm: true, ropeEpilogue: false, gluEpilogue: true },
       moe: { kernels: 'vec', groupedMinRows: 8, passRows: 2048, tcMinRows: 64, tcDownMinRows: 64, downRows: 4, hiddenRows: 2 },

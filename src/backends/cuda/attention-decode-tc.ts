@@ -134,6 +134,28 @@ __device__ __forceinline__ void att_tc_fold(const float* s_part, const float* s_
   }
 }
 
+// Batch-invariant mode (ATT_BI): att_tc_fold's fold one split at a time, in split order, each by
+// att_bi_fold, as the batch-invariant prefill kernel folds a query's splits
+template <int UM>
+__device__ __forceinline__ void att_tc_fold_bi(const float* s_part, const float* s_ml, int nc, int G, int NC4, int D,
+    float* mx, float* L, float4* O) {
+#pragma unroll
+  for (int u = 0; u < UM; u++) {
+    const int col = threadIdx.x + u * 128, row = col * 4 / D;
+    if (col >= NC4) continue;
+    for (int v = 0; v < nc; v++) {
+      const float m = s_ml[2 * (v * G + row)], l = s_ml[2 * (v * G + row) + 1];
+      const float4 pv = *(const float4*)(s_part + (v * NC4 + col) * 4);
+      float keep, f;
+      att_bi_fold_scale(mx[u], m, keep, f);
+      L[u] = att_bi_fold(L[u], keep, l, f);
+      O[u] = make_float4(att_bi_fold(O[u].x, keep, pv.x, f), att_bi_fold(O[u].y, keep, pv.y, f),
+                         att_bi_fold(O[u].z, keep, pv.z, f), att_bi_fold(O[u].w, keep, pv.w, f));
+      mx[u] = fmaxf(mx[u], m);
+    }
+  }
+}
+
 // thread 0 adds the cycles since the last mark to phase k (s_ph: the block's counters, ATT_TC_PHASES)
 #if ATT_TC_PHASES
 #define ATT_TC_PHASE(k) do { if (threadIdx.x == 0) { const long long now_ = clock64(); \
@@ -187,7 +209,8 @@ __device__ __forceinline__ void att_tc_merge(const float* part, const float* par
     __syncthreads();
     if (ATT_TC_TRIGGER == 3 && sp0 == 0) pdl_launch_dependents();
     ATT_TC_PHASE(5);
-    att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
+    if (ATT_BI) att_tc_fold_bi<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
+    else att_tc_fold<UM>(s_part, s_ml, nc, G, NC4, D, mx, L, O);
     __syncthreads(); // the chunk's buffers are free for the next
     ATT_TC_PHASE(6);
   }
@@ -197,8 +220,8 @@ __device__ __forceinline__ void att_tc_merge(const float* part, const float* par
     if (col >= NC4) continue;
     const float inv = L[u] > 0.0f ? 1.0f / L[u] : 0.0f;
     unsigned* dst = (unsigned*)(out + (outRow + row) * D + d);
-    dst[0] = att_pack2(O[u].x * inv, O[u].y * inv);
-    dst[1] = att_pack2(O[u].z * inv, O[u].w * inv);
+    dst[0] = ATT_OUT_PACK2(O[u].x * inv, O[u].y * inv);
+    dst[1] = ATT_OUT_PACK2(O[u].z * inv, O[u].w * inv);
   }
   ATT_TC_PHASE(6);
 }
@@ -264,12 +287,23 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
   const u16* kbase = kpool + (i64)kh * D;
   const u16* vbase = vpool + (i64)kh * D;
   const int bsShift = att_bs_shift(BS);
-  const int s = seff > 1 ? w % seff : 0;
-  for (int i = seff > 1 ? w / seff : w; i < n; i += seff > 1 ? n : W) {
+  // Work items (decode token i, split s). By default slot w is split w % seff of token w / seff
+  // (seff > 1), else the slots stride the tokens. Batch-invariant mode (ATT_BI): a token's splits do
+  // not depend on n, so the slots stride the items i nsMax + s (nsMax: the most splits of any
+  // token; the partials hold the first cap tokens' splits, as attention.ts sizes them)
+  ATT_STATIC_ASSERT(ATT_BI_CHUNK % ATT_TC_BK == 0, att_bi_chunk_tiles);
+  const int nsMax = ATT_BI ? att_bi_max_splits(MBR, BS, window) : 1;
+  const int cap = att_min(T, ATT_DEC_MAX_RUN * R);
+  const int stride = ATT_BI ? nsMax : seff; // of the partials, per token
+  const int items = ATT_BI ? n * nsMax : n;
+  const int s0 = seff > 1 ? w % seff : 0;
+  for (int wi = ATT_BI ? w : (seff > 1 ? w / seff : w); wi < items; wi += ATT_BI ? W : (seff > 1 ? n : W)) {
+    const int i = ATT_BI ? wi / nsMax : wi;
+    const int s = ATT_BI ? wi - i * nsMax : s0;
     const int t = list ? list[i] : i;
     AttDecodeItem item;
-    if (!att_decode_item<true>(t, s, seff, rows, poss, tables, R, MBR, window, err, item)) continue;
-    const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1;
+    if (!att_decode_item<true>(t, s, seff, rows, poss, tables, R, MBR, window, err, item, nsMax, ATT_BI && i >= cap)) continue;
+    const int r = item.r, ns = item.ns, k0 = item.k0, k1 = item.k1, kv0 = item.kv0;
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
     const int* tab = item.tab;
 
@@ -313,7 +347,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       const int st_ = (it) % NST, j_ = k0 + (it) * BK + tid; \
       if (tid < BK) { \
         int slot_ = -1; \
-        if (j_ < k1) { \
+        if ((!ATT_BI || j_ >= kv0) && j_ < k1) { \
           const int lb_ = att_block_of(j_, BS, bsShift); \
           const int blk_ = blkNext; \
           if (blk_ >= 0 && blk_ < NB) slot_ = blk_ * BS + (j_ - lb_ * BS); \
@@ -416,8 +450,8 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
       ls0 += __shfl_xor_sync(ATT_FULL, ls0, 2);
       ls1 += __shfl_xor_sync(ATT_FULL, ls1, 1);
       ls1 += __shfl_xor_sync(ATT_FULL, ls1, 2);
-      l0 = l0 * cr0 + ls0;
-      l1 = l1 * cr1 + ls1;
+      l0 = ATT_FMA(l0, cr0, ls0);
+      l1 = ATT_FMA(l1, cr1, ls1);
 #pragma unroll
       for (int k = 0; k < DWT; k++) {
         o[k][0] *= cr0;
@@ -459,9 +493,9 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
         u16* dst = out + ((i64)t * H + h) * D + warp * DW + 2 * c4;
 #pragma unroll
-        for (int k = 0; k < DWT; k++) *(unsigned*)(dst + k * 8) = att_pack2(o[k][2 * half] * inv, o[k][2 * half + 1] * inv);
+        for (int k = 0; k < DWT; k++) *(unsigned*)(dst + k * 8) = ATT_OUT_PACK2(o[k][2 * half] * inv, o[k][2 * half + 1] * inv);
       } else {
-        const i64 ph = ((i64)i * seff + s) * H + h;
+        const i64 ph = ((i64)i * stride + s) * H + h;
         float* dst = part + ph * D + warp * DW + 2 * c4;
 #pragma unroll
         for (int k = 0; k < DWT; k++) {
@@ -496,7 +530,7 @@ __device__ __forceinline__ void att_decode_tc(const u16* q, const u16* kpool, co
         __threadfence();
 #endif
         ATT_TC_PHASE(4);
-        att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * seff * H + h0,
+        att_tc_merge<D, NST>(part, partml, out, (float*)s_kv, &s_sc[0][0], ns, G, H, (i64)i * stride * H + h0,
                              (i64)t * H + h0 ATT_TC_PH_ARG);
       }
     }

@@ -62,6 +62,13 @@ export const attPfBk = (D: number): number => (D === 256 ? 32 : 64);
 export function attPfSharedBytes(D: number, stages: number): number {
   return stages * 2 * attPfBk(D) * (D + 8) * 2;
 }
+/**
+ * Dynamic shared memory of a k_attn_prefill_bi_d<D> launch (batch-invariant mode): as
+ * attPfSharedBytes, at the tensor-core decode kernel's ATT_TC_BK keys a tile.
+ */
+export function attPfBiSharedBytes(D: number, stages: number): number {
+  return stages * 2 * ATT_TC_BK * (D + 8) * 2;
+}
 /** head dims with fast kernels */
 export const ATT_FAST_HEAD_DIMS = [64, 128, 256] as const;
 
@@ -70,7 +77,7 @@ export const ATTENTION_KERNEL_NAMES = [
   'k_attn_plan', 'k_attn_combine',
   'k_attn_decode_d64_g4', 'k_attn_decode_d64_g8', 'k_attn_decode_d128_g4', 'k_attn_decode_d128_g8',
   'k_attn_decode_d256_g4', 'k_attn_decode_d256_g8', 'k_attn_decode_tc_d64', 'k_attn_decode_tc_d128',
-  'k_attn_prefill_d64', 'k_attn_prefill_d128', 'k_attn_prefill_d256',
+  'k_attn_prefill_d64', 'k_attn_prefill_d128', 'k_attn_prefill_d256', 'k_attn_prefill_bi_d64', 'k_attn_prefill_bi_d128',
 ] as const;
 
 /**
@@ -139,9 +146,9 @@ const TC_TRIGGER_CODE = { entry: 0, split: 1, exit: 2, loaded: 3 } as const;
 /**
  * The kernels proper: plain CUDA C++ over the primitives above and the kernels.ts prelude, with
  * the host-planned macros of `a` (the tensor-core decode kernel's split size, grid order and PDL
- * trigger; the prefill ring's stages).
+ * trigger; the prefill ring's stages) and, in batch-invariant mode, ATT_BI and its split size.
  */
-export const attentionKernels = (a: CudaAttentionSettings): string => String.raw`
+export const attentionKernels = (a: CudaAttentionSettings, batchInvariant = false): string => String.raw`
 #define ATT_DEC_MAX_RUN ${ATT_DEC_MAX_RUN}
 #define ATT_DEC_INLINE_T ${ATT_DEC_INLINE_T}
 #define ATT_MIN_CHUNK ${ATT_MIN_CHUNK}
@@ -154,6 +161,12 @@ export const attentionKernels = (a: CudaAttentionSettings): string => String.raw
 #endif
 #define ATT_BQ ${ATT_BQ}
 #define ATT_PF_STAGES ${a.pfStages}
+${batchInvariant ? `#define ATT_BI 1\n#define ATT_BI_CHUNK ${a.invariantChunk}\n` : ''}#ifndef ATT_BI // batch-invariant mode (CudaSettings.batchInvariant): the tensor-core decode kernel's splits and merge
+#define ATT_BI 0
+#endif
+#ifndef ATT_BI_CHUNK // the batch-invariant splits' key positions (CudaAttentionSettings.invariantChunk)
+#define ATT_BI_CHUNK 512
+#endif
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_BIG 0x3fffffff
 #define ATT_FULL 0xffffffffu
@@ -283,17 +296,62 @@ __device__ __forceinline__ int att_tc_splits(int len, int seff, int& chunk) {
   return len > 0 ? (len + chunk - 1) / chunk : 1;
 }
 
+// An output pair's bf16 bits (the simulator's tests define it to a hash of every f32 bit, to see
+// differences the rounding to bf16 would hide)
+#ifndef ATT_OUT_PACK2
+#define ATT_OUT_PACK2(lo, hi) att_pack2((lo), (hi))
+#endif
+
+// a * b + c with one rounding: written out where two kernels must round alike (batch-invariant mode)
+#ifdef __CUDA_ARCH__
+#define ATT_FMA(a, b, c) __fmaf_rn((a), (b), (c))
+#else
+#define ATT_FMA(a, b, c) std::fma((a), (b), (c))
+#endif
+
+// Batch-invariant mode (ATT_BI): a token's keys [start, start + len) are split where key positions
+// cross a multiple of ATT_BI_CHUNK, so its splits follow from its own position alone (not from how
+// many tokens share the slots), and its tiles start at multiples of ATT_TC_BK (the first one masked
+// below start). The batch-invariant prefill kernel sums the same tiles and folds the same splits
+// (att_bi_fold), so a token gets the same bits from either kernel: its prompt's chunking does not
+// matter. att_bi_splits: the splits of such a token; att_bi_max_splits: the most of any token
+// of a call (the partials' stride; the host's twin is attention.ts attBiMaxSplits).
+__device__ __forceinline__ int att_bi_splits(int start, int len) {
+  return len > 0 ? (start + len - 1) / ATT_BI_CHUNK - start / ATT_BI_CHUNK + 1 : 1;
+}
+__device__ __forceinline__ int att_bi_max_splits(int MBR, int BS, int window) {
+  const i64 keys = (i64)MBR * BS;
+  const i64 all = keys > 0 ? (keys + ATT_BI_CHUNK - 1) / ATT_BI_CHUNK : 1;
+  const i64 win = window > 0 ? (window + ATT_BI_CHUNK - 1) / ATT_BI_CHUNK + 1 : all;
+  return (int)(win < all ? win : all);
+}
+// Folds a split's online-softmax state (m, l, o) into the merged one (M, L, O) of the same row:
+// the decode kernel's merge and the batch-invariant prefill kernel's split ends, with the same
+// roundings (a split with no key is a no-op: keep 1, f 0).
+__device__ __forceinline__ void att_bi_fold_scale(float M, float m, float& keep, float& f) {
+  const float bm = fmaxf(M, m), mu = bm == NEG_INF ? 0.0f : bm;
+  keep = exp2f(M - mu);
+  f = exp2f(m - mu);
+}
+__device__ __forceinline__ float att_bi_fold(float X, float keep, float x, float f) {
+  return __fadd_rn(__fmul_rn(X, keep), __fmul_rn(x, f));
+}
+
 // Split s of decode token t (whose row is reported, code 3, and attends to nothing when outside
 // [0, R)): its row's keys [k0, k1), the token's number of splits ns and its row's block table.
 // False when the token has fewer than s + 1 splits (block-uniform). TC: the tensor-core kernel's
 // splits (att_tc_splits), else the CUDA-core kernels' (att_splits, ATT_MIN_CHUNK).
+// kv0: the first key attended (batch-invariant splits: k0 may be below it, at a tile boundary).
+// Batch-invariant mode, tensor-core kernel: the splits of att_bi_splits, at most nsMax (a token
+// past the partials' capacity, decode token index i >= cap, runs unsplit).
 struct AttDecodeItem {
-  int r, k0, k1, ns;
+  int r, k0, k1, ns, kv0;
   const int* tab;
 };
 template <bool TC>
 __device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const int* rows,
-    const int* poss, const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it) {
+    const int* poss, const int* tables, int R, int MBR, int window, int* err, AttDecodeItem& it, int nsMax = 0,
+    bool unsplit = false) {
   const int r = rows[t];
   int p = poss[t];
   const bool rowOk = r >= 0 && r < R;
@@ -303,12 +361,22 @@ __device__ __forceinline__ bool att_decode_item(int t, int s, int seff, const in
   }
   int start, len, chunk;
   att_range(p, window, start, len);
+  it.r = r;
+  it.tab = tables + (i64)(rowOk ? r : 0) * MBR;
+  it.kv0 = start;
+  if (TC && ATT_BI) {
+    const int ns = unsplit ? 1 : att_min(att_bi_splits(start, len), nsMax);
+    it.ns = ns;
+    if (s >= ns) return false;
+    const int c0 = (start / ATT_BI_CHUNK + s) * ATT_BI_CHUNK;
+    it.k0 = s == 0 ? start / ATT_TC_BK * ATT_TC_BK : c0;
+    it.k1 = s == ns - 1 ? start + len : c0 + ATT_BI_CHUNK;
+    return true;
+  }
   it.ns = TC ? att_tc_splits(len, seff, chunk) : att_splits(len, seff, ATT_MIN_CHUNK, chunk);
   if (s >= it.ns) return false;
-  it.r = r;
   it.k0 = start + s * chunk;
   it.k1 = att_min(it.k0 + chunk, start + len);
-  it.tab = tables + (i64)(rowOk ? r : 0) * MBR;
   return true;
 }
 
@@ -649,7 +717,39 @@ __device__ __forceinline__ void att_issue(u16* dst, const u16* base, const int* 
   }
 }
 
-template <int D, int BK>
+// The end of a split of the batch-invariant prefill (BI): each of this thread's two rows folds its
+// split's state (m, l, o) into its merged one (M, L, O) as the tensor-core decode kernel's merge
+// folds a split's partial (att_tc_fold_bi), and starts the next split empty.
+template <int DT>
+__device__ __forceinline__ void att_pf_fold(float (*o)[4], float (*O)[4], float& m0, float& m1, float& l0, float& l1,
+    float& M0, float& M1, float& L0, float& L1) {
+  float keep0, f0, keep1, f1;
+  att_bi_fold_scale(M0, m0, keep0, f0);
+  att_bi_fold_scale(M1, m1, keep1, f1);
+  L0 = att_bi_fold(L0, keep0, l0, f0);
+  L1 = att_bi_fold(L1, keep1, l1, f1);
+#pragma unroll
+  for (int k = 0; k < DT; k++) {
+    O[k][0] = att_bi_fold(O[k][0], keep0, o[k][0], f0);
+    O[k][1] = att_bi_fold(O[k][1], keep0, o[k][1], f0);
+    O[k][2] = att_bi_fold(O[k][2], keep1, o[k][2], f1);
+    O[k][3] = att_bi_fold(O[k][3], keep1, o[k][3], f1);
+    o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
+  }
+  M0 = fmaxf(M0, m0);
+  M1 = fmaxf(M1, m1);
+  m0 = m1 = NEG_INF;
+  l0 = l1 = 0.0f;
+}
+
+// BI (k_attn_prefill_bi_d<D>, batch-invariant mode): a query's result bit for bit as the tensor-core
+// decode kernel's with ATT_BI would give it, so that a prompt token comes out the same whether its
+// chunk makes it a prefill or a decode token: key tiles of ATT_TC_BK at multiples of it, the tile's
+// sums in the decode kernel's order (a row's own sum each tile, then l = fma(l, corr, sum)), and
+// the online state folded into a merged one at each multiple of ATT_BI_CHUNK (att_pf_fold), as the
+// decode kernel's splits are merged. Tiles and splits where a row sees no key leave it unchanged
+// exactly (corr and keep 1, sums 0).
+template <int D, int BK, bool BI>
 __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, const u16* vpool, const int* rows,
     const int* poss, const int* tables, u16* out, int T, int H, int KVH, int NB, int BS, int R, int MBR, int window,
     float scale, float softcap, int* err) {
@@ -665,6 +765,7 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
   enum { NS = ATT_PF_STAGES, TILE = BK * LDS };
   ATT_STATIC_ASSERT(D % 16 == 0 && BK % 16 == 0 && (BK * NCH) % NTH == 0 && BQ <= 2 * BK && BQ == 64 && NS >= 2 && NS <= 4,
                     att_prefill_tile);
+  ATT_STATIC_ASSERT(!BI || (BK == ATT_TC_BK && ATT_BI_CHUNK % BK == 0), att_prefill_bi_tiles);
 
   // the ring: [stage][K tile, V tile], the launch's dynamic shared memory (attPfSharedBytes); the
   // tile's queries are staged through stage 0 before the key loop
@@ -724,6 +825,11 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
 #pragma unroll
   for (int k = 0; k < DT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.0f;
   float mrow0 = NEG_INF, mrow1 = NEG_INF, lrow0 = 0.0f, lrow1 = 0.0f;
+  // BI: the merged state of the splits folded so far
+  float Om[BI ? DT : 1][4];
+#pragma unroll
+  for (int k = 0; k < (BI ? DT : 1); k++) Om[k][0] = Om[k][1] = Om[k][2] = Om[k][3] = 0.0f;
+  float Mm0 = NEG_INF, Mm1 = NEG_INF, Lm0 = 0.0f, Lm1 = 0.0f;
   const float qmul = softcap > 0.0f ? scale : scale * ATT_LOG2E;
   const i64 rs = (i64)KVH * D;
   const u16* kbase = kpool + (i64)kh * D;
@@ -776,6 +882,7 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
     }
     const bool wAny = wMaxP > -ATT_BIG;
     const int* tab = tables + (i64)seg * MBR;
+    if (BI) kmin = kmin / BK * BK; // tiles at multiples of BK, as the decode kernel's
     const int ntiles = (kmax - kmin) / BK + 1; // members attend >= 1 key: kmax >= kmin
 
     // The key tiles go through a ring of NS stages, a tile's keys and values one cp.async group:
@@ -799,6 +906,7 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
     }
     for (int it = 0; it < ntiles; it++) {
       const int j0 = kmin + it * BK, st = it % NS, nx = it + NS - 1, sn = nx % NS;
+      if (BI && it > 0 && j0 % ATT_BI_CHUNK == 0) att_pf_fold<DT>(o, Om, mrow0, mrow1, lrow0, lrow1, Mm0, Mm1, Lm0, Lm1);
       // tile nx goes to the stage tile it - 1 used (every warp is done with it: the barrier that
       // ends each iteration)
       if (nx < ntiles) {
@@ -863,11 +971,27 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
           sc[k][1] = exp2f(sc[k][1] - mu0);
           sc[k][2] = exp2f(sc[k][2] - mu1);
           sc[k][3] = exp2f(sc[k][3] - mu1);
-          ls0 += sc[k][0] + sc[k][1];
-          ls1 += sc[k][2] + sc[k][3];
+          if (BI) { // one add at a time, in the decode kernel's order
+            ls0 += sc[k][0];
+            ls0 += sc[k][1];
+            ls1 += sc[k][2];
+            ls1 += sc[k][3];
+          } else {
+            ls0 += sc[k][0] + sc[k][1];
+            ls1 += sc[k][2] + sc[k][3];
+          }
         }
-        lrow0 = lrow0 * cr0 + ls0;
-        lrow1 = lrow1 * cr1 + ls1;
+        if (BI) { // the row's sum of the tile, as the decode kernel's; below, its lanes' sums at the end
+          ls0 += __shfl_xor_sync(ATT_FULL, ls0, 1);
+          ls0 += __shfl_xor_sync(ATT_FULL, ls0, 2);
+          ls1 += __shfl_xor_sync(ATT_FULL, ls1, 1);
+          ls1 += __shfl_xor_sync(ATT_FULL, ls1, 2);
+          lrow0 = ATT_FMA(lrow0, cr0, ls0);
+          lrow1 = ATT_FMA(lrow1, cr1, ls1);
+        } else {
+          lrow0 = lrow0 * cr0 + ls0;
+          lrow1 = lrow1 * cr1 + ls1;
+        }
 #pragma unroll
         for (int k = 0; k < DT; k++) {
           o[k][0] *= cr0;
@@ -895,24 +1019,37 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
       }
       __syncthreads(); // every warp is done with stage st, which tile it + NS refills
     }
+    if (BI) att_pf_fold<DT>(o, Om, mrow0, mrow1, lrow0, lrow1, Mm0, Mm1, Lm0, Lm1); // the segment's last split
   }
 
-  // 5. normalise and write the owned rows
-  lrow0 += __shfl_xor_sync(ATT_FULL, lrow0, 1);
-  lrow0 += __shfl_xor_sync(ATT_FULL, lrow0, 2);
-  lrow1 += __shfl_xor_sync(ATT_FULL, lrow1, 1);
-  lrow1 += __shfl_xor_sync(ATT_FULL, lrow1, 2);
+  // 5. normalise and write the owned rows (BI: the merged state; its sums are whole rows already)
+  if (BI) {
+    lrow0 = Lm0;
+    lrow1 = Lm1;
+#pragma unroll
+    for (int k = 0; k < (BI ? DT : 1); k++) {
+      o[k][0] = Om[k][0];
+      o[k][1] = Om[k][1];
+      o[k][2] = Om[k][2];
+      o[k][3] = Om[k][3];
+    }
+  } else {
+    lrow0 += __shfl_xor_sync(ATT_FULL, lrow0, 1);
+    lrow0 += __shfl_xor_sync(ATT_FULL, lrow0, 2);
+    lrow1 += __shfl_xor_sync(ATT_FULL, lrow1, 1);
+    lrow1 += __shfl_xor_sync(ATT_FULL, lrow1, 2);
+  }
   const float inv0 = lrow0 > 0.0f ? 1.0f / lrow0 : 0.0f, inv1 = lrow1 > 0.0f ? 1.0f / lrow1 : 0.0f;
   const int ta = t0 + qr0, tb = t0 + qr1;
   if (ta < T && s_own[qr0]) {
     u16* dst = out + ((i64)ta * H + h) * D + 2 * c4;
 #pragma unroll
-    for (int k = 0; k < DT; k++) *(unsigned*)(dst + k * 8) = att_pack2(o[k][0] * inv0, o[k][1] * inv0);
+    for (int k = 0; k < DT; k++) *(unsigned*)(dst + k * 8) = ATT_OUT_PACK2(o[k][0] * inv0, o[k][1] * inv0);
   }
   if (tb < T && s_own[qr1]) {
     u16* dst = out + ((i64)tb * H + h) * D + 2 * c4;
 #pragma unroll
-    for (int k = 0; k < DT; k++) *(unsigned*)(dst + k * 8) = att_pack2(o[k][2] * inv1, o[k][3] * inv1);
+    for (int k = 0; k < DT; k++) *(unsigned*)(dst + k * 8) = ATT_OUT_PACK2(o[k][2] * inv1, o[k][3] * inv1);
   }
 }
 
@@ -920,14 +1057,23 @@ __device__ __forceinline__ void att_prefill(const u16* q, const u16* kpool, cons
 extern "C" __global__ void __launch_bounds__(128) k_attn_prefill_d##D(const u16* q, const u16* kpool, \
     const u16* vpool, const int* rows, const int* poss, const int* tables, u16* out, int T, int H, int KVH, int NB, \
     int BS, int R, int MBR, int window, float scale, float softcap, int* err) { \
-  att_prefill<D, BK>(q, kpool, vpool, rows, poss, tables, out, T, H, KVH, NB, BS, R, MBR, window, scale, softcap, err); \
+  att_prefill<D, BK, false>(q, kpool, vpool, rows, poss, tables, out, T, H, KVH, NB, BS, R, MBR, window, scale, softcap, err); \
 }
 ATT_PREFILL_KERNEL(64, 64)
 ATT_PREFILL_KERNEL(128, 64)
 ATT_PREFILL_KERNEL(256, 32)
+// batch-invariant mode's (k_attn_prefill_bi_d<D>: the tensor-core decode kernel's head dims and tiles)
+#define ATT_PREFILL_BI_KERNEL(D) \
+extern "C" __global__ void __launch_bounds__(128) k_attn_prefill_bi_d##D(const u16* q, const u16* kpool, \
+    const u16* vpool, const int* rows, const int* poss, const int* tables, u16* out, int T, int H, int KVH, int NB, \
+    int BS, int R, int MBR, int window, float scale, float softcap, int* err) { \
+  att_prefill<D, ATT_TC_BK, true>(q, kpool, vpool, rows, poss, tables, out, T, H, KVH, NB, BS, R, MBR, window, scale, softcap, err); \
+}
+ATT_PREFILL_BI_KERNEL(64)
+ATT_PREFILL_BI_KERNEL(128)
 `;
 
 /** Everything above: the attention module's kernels (kernelModules in kernels.ts) as `a` plans them. */
-export function attentionKernelSource(a: CudaAttentionSettings): string {
-  return ATTENTION_PRIMITIVES + attentionKernels(a) + attDecodeTcKernels(a.tcStages);
+export function attentionKernelSource(a: CudaAttentionSettings, batchInvariant = false): string {
+  return ATTENTION_PRIMITIVES + attentionKernels(a, batchInvariant) + attDecodeTcKernels(a.tcStages);
 }

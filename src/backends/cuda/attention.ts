@@ -14,7 +14,9 @@
 // order, and the tensor-core decode kernel's resident blocks an SM (its __launch_bounds__ minimum
 // ATT_TC_MINB: 128 threads of at most 168 registers), the wave its slots fill.
 import type { DType } from '../../contracts/backend.ts';
-import { ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, attPfSharedBytes } from './attention-kernels.ts';
+import {
+  ATT_BQ, ATT_DEC_INLINE_T, ATT_DEC_MAX_RUN, ATT_FAST_HEAD_DIMS, ATT_MIN_CHUNK, attPfBiSharedBytes, attPfSharedBytes,
+} from './attention-kernels.ts';
 import { attTcSharedBytes } from './attention-decode-tc.ts';
 import type { CudaAttentionSettings } from './cuda-settings.ts';
 import { DT_CODE } from './cuda-tensor.ts';
@@ -99,6 +101,11 @@ export interface AttentionPlan {
    * layout promises one token a row, so no list is made, by k_attn_plan or inline from tokenRow
    */
   identityList: boolean;
+  /**
+   * rows of the split partials (f32 [rows, H, D] and [rows, H, 2]): the slots, or in
+   * batch-invariant mode every split a decode token may have (batchInvariantPlan)
+   */
+  partRows: number;
   /** slots >= 2: some token may be split, k_attn_combine merges the splits */
   combine: boolean;
   /** slots >= 2 on the tensor-core decode kernel: the last split of a token merges them itself */
@@ -133,15 +140,89 @@ export function tcDecodeSlots(T: number, KVH: number, maxSplits: number, smCount
   return Math.max(1, Math.min(T * s, 8 * Math.ceil(cap / KVH)));
 }
 
-/** The launch plan of a call under `a`: a function of shapes only (see the top of this file). */
-export function planAttention(s: AttentionShape, smCount: number, a: CudaAttentionSettings): AttentionPlan {
+/**
+ * The most splits a token of a call gets in batch-invariant mode (the kernels' att_bi_max_splits):
+ * the keys a query may see (the table's capacity, or the window) over `chunk`
+ * (CudaAttentionSettings.invariantChunk), one more for a window whose start is not at a multiple.
+ */
+export function attBiMaxSplits(maxBlocksPerRow: number, blockSize: number, window: number, chunk: number): number {
+  const keys = maxBlocksPerRow * blockSize;
+  const all = keys > 0 ? Math.ceil(keys / chunk) : 1;
+  return window > 0 ? Math.min(all, Math.ceil(window / chunk) + 1) : all;
+}
+
+/**
+ * The splits of a token whose keys are [start, start + len) in batch-invariant mode (the kernels'
+ * att_bi_splits): the multiples of `chunk` its key positions cross, and one; a function of its
+ * position and window alone.
+ */
+export function attBiSplits(start: number, len: number, chunk: number): number {
+  return len > 0 ? Math.floor((start + len - 1) / chunk) - Math.floor(start / chunk) + 1 : 1;
+}
+
+/**
+ * The plan in batch-invariant mode (CudaSettings.batchInvariant): every kernel and the way each
+ * token's keys are summed follow from the model's shapes and the token's own position, never from
+ * how many rows or tokens share the call. Head dims 64 / 128 with GQA groups of up to 16 (bf16):
+ * the tensor-core decode kernel with splits at multiples of invariantChunk key positions, and for
+ * prefill tokens k_attn_prefill_bi_d<D>, which sums a query exactly as that kernel does, so a prompt
+ * token comes out the same whatever its chunk. Every other shape: the generic kernel for every
+ * token (one block a token and head, its keys in fixed order from the token's own window start).
+ * The slots (grid) may follow the shapes as they like: they change who computes an item, not how.
+ */
+function batchInvariantPlan(s: AttentionShape, smCount: number, a: CudaAttentionSettings): AttentionPlan {
+  const G = s.H / s.KVH;
+  const generic: AttentionPlan = {
+    path: 'generic', slots: 0, partRows: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false,
+    prefillTiles: 0, decodeSharedBytes: 0, prefillSharedBytes: 0,
+  };
+  if (a.mode !== 'auto' || s.qDtype !== 'bf16' || s.poolDtype !== 'bf16' || (s.D !== 64 && s.D !== 128) || G > 16) return generic;
+  const tiles = Math.ceil(s.T / ATT_BQ);
+  // the decode tokens a call may have: runs of at most ATT_DEC_MAX_RUN tokens of a row (the kernel
+  // runs any past these unsplit: a layout whose rows come in several runs, never the engine's)
+  const oneToken = !!s.oneTokenPerRow && a.oneTokenHint;
+  const decodeTokens = oneToken ? s.T : Math.min(s.T, ATT_DEC_MAX_RUN * s.R);
+  const nsMax = attBiMaxSplits(s.maxBlocksPerRow, s.blockSize, s.window, a.invariantChunk);
+  const items = decodeTokens * nsMax;
+  if (tiles > MAX_GRID_Y || s.T * s.KVH > ATT_COUNTERS || items > 2 ** 31 - 1) {
+    throw new Error(`attention: ${s.T} tokens (${decodeTokens} decode tokens of up to ${nsMax} splits) are more than batch-invariant ` +
+      `mode's kernels take (${MAX_GRID_Y * ATT_BQ} tokens, ${ATT_COUNTERS} tokens x kv heads)`);
+  }
+  const slots = Math.max(1, Math.min(items, 8 * Math.ceil((smCount * a.tcResident) / s.KVH)));
+  const prefill = s.T > ATT_DEC_MAX_RUN && !oneToken;
+  return {
+    path: 'fast',
+    decodeKernel: `k_attn_decode_tc_d${s.D}` as KernelName,
+    tensorCores: true,
+    headsFirst: a.tcGrid === 'heads-first',
+    decodeSharedBytes: attTcSharedBytes(s.D, a.tcStages),
+    headChunk: G,
+    headChunks: 1,
+    slots,
+    partRows: nsMax > 1 ? items : 0,
+    planKernel: s.T > ATT_DEC_INLINE_T && !oneToken,
+    identityList: oneToken,
+    combine: false,
+    fusedCombine: nsMax > 1,
+    prefillKernel: prefill ? `k_attn_prefill_bi_d${s.D}` as KernelName : undefined,
+    prefillTiles: prefill ? tiles : 0,
+    prefillSharedBytes: prefill ? attPfBiSharedBytes(s.D, a.pfStages) : 0,
+  };
+}
+
+/**
+ * The launch plan of a call under `a` (batch-invariant mode: batchInvariantPlan): a function of
+ * shapes only (see the top of this file).
+ */
+export function planAttention(s: AttentionShape, smCount: number, a: CudaAttentionSettings, batchInvariant = false): AttentionPlan {
+  if (batchInvariant) return batchInvariantPlan(s, smCount, a);
   const tiles = Math.ceil(s.T / ATT_BQ);
   const fast = a.mode === 'auto' && s.qDtype === 'bf16' && s.poolDtype === 'bf16' &&
     (ATT_FAST_HEAD_DIMS as readonly number[]).includes(s.D) && tiles <= MAX_GRID_Y;
   if (!fast) {
     return {
-      path: 'generic', slots: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false, prefillTiles: 0,
-      decodeSharedBytes: 0, prefillSharedBytes: 0,
+      path: 'generic', slots: 0, partRows: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false,
+      prefillTiles: 0, decodeSharedBytes: 0, prefillSharedBytes: 0,
     };
   }
   const G = s.H / s.KVH;
@@ -173,6 +254,7 @@ export function planAttention(s: AttentionShape, smCount: number, a: CudaAttenti
     headChunk,
     headChunks,
     slots,
+    partRows: slots >= 2 ? slots : 0,
     planKernel: s.T > ATT_DEC_INLINE_T && !identityList,
     identityList,
     combine: slots >= 2 && !fused,
@@ -189,10 +271,11 @@ export function decodeGrid(p: AttentionPlan, W: number, KVH: number): [number, n
   return p.headsFirst ? [heads, W, 1] : [W, heads, 1];
 }
 
-/** Enqueues attention (output to call.out, bf16 [T, H, D]) as `a` plans it. */
-export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall, a: CudaAttentionSettings): void {
+/** Enqueues attention (output to call.out, bf16 [T, H, D]) as `a` (and batch-invariant mode) plans it. */
+export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch, c: AttentionCall, a: CudaAttentionSettings,
+  batchInvariant = false): void {
   if (c.T === 0 || c.H === 0) return;
-  const p = planAttention(c, dev.smCount, a);
+  const p = planAttention(c, dev.smCount, a, batchInvariant);
   if (p.path === 'generic') {
     dev.launch('k_attention', [c.T, c.H, 1], ATT_THREADS, (c.D + 2 * ATT_THREADS + 32) * 4, [
       ['p', c.q], ['i', DT_CODE[c.qDtype]], ['p', c.k], ['p', c.v], ['i', DT_CODE[c.poolDtype]],
@@ -203,9 +286,8 @@ export function enqueueAttention(dev: AttentionDevice, scratch: AttentionScratch
   }
   const W = p.slots;
   const planBytes = (c.T + 1) * 4;
-  const split = p.combine || p.fusedCombine;
-  const partBytes = split ? W * c.H * c.D * 4 : 0;
-  const mlBytes = split ? W * c.H * 2 * 4 : 0;
+  const partBytes = p.partRows * c.H * c.D * 4;
+  const mlBytes = p.partRows * c.H * 2 * 4;
   if (p.fusedCombine && c.counters === undefined) throw new Error('attention: the tensor-core decode kernel needs the split counters');
   const plan = scratch.alloc(planBytes).addr;
   const part = partBytes ? scratch.alloc(partBytes).addr : 0;

@@ -12,6 +12,7 @@ import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
 import {
   GEMV_THREADS, GEMVP_MAX_SHARED_BYTES, gemvFusedChoice, gemvLaunchGrid, gemvNormGluChoice, gemvNormRopeChoice, gemvRopeUnits,
 } from './gemv-kernels.ts';
+import type { CudaSettings } from './cuda-settings.ts';
 import type { KernelName } from './kernels.ts';
 import { describe, expectDim, expectFinite, opError, sameShape } from './validate.ts';
 
@@ -22,6 +23,15 @@ import { describe, expectDim, expectFinite, opError, sameShape } from './validat
  */
 const FUSED_GEMV_MAX_ROWS = 1;
 
+/**
+ * The most rows the GEMV-fused paths take under `s`: none in batch-invariant mode, where every
+ * row count runs the plain ops (the norm kernel, then the GEMM of cuBLASLt's one algorithm for the
+ * weight shape), since a GEMV sums a row in another order than cuBLASLt does.
+ */
+export function fusedGemvMaxRows(s: Pick<CudaSettings, 'batchInvariant'>): number {
+  return s.batchInvariant ? 0 : FUSED_GEMV_MAX_ROWS;
+}
+
 export class CudaFusedOps {
   /** static shared bytes by kernel (sharedFits) */
   private readonly staticShared = new Map<KernelName, number>();
@@ -31,13 +41,13 @@ export class CudaFusedOps {
   /**
    * Whether the norm-fused GEMV kernels (k_gemvp_norm*) take these operands of x + rScale r, normed
    * by g, times w: the norm fusion on, bf16 x, r and w, x and r of one shape whose rows w's columns
-   * and g match, at most FUSED_GEMV_MAX_ROWS rows, 16-byte aligned, finite scalars.
+   * and g match, at most fusedGemvMaxRows rows, 16-byte aligned, finite scalars.
    */
   private normGemvApplies(a: CudaTensor, rr: CudaTensor, g: CudaTensor, m: CudaTensor, rScale: number, eps: number,
     weightOffset: number): boolean {
     const [T, D] = a.shape as [number, number];
     return this.c.settings.fused.fuseNorm && a.dtype === 'bf16' && rr.dtype === 'bf16' && m.dtype === 'bf16' && sameShape(a.shape, rr.shape) &&
-      m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= FUSED_GEMV_MAX_ROWS &&
+      m.shape[1] === D && g.shape[0] === D && T >= 1 && T <= fusedGemvMaxRows(this.c.settings) &&
       a.addr % 16 === 0 && rr.addr % 16 === 0 && m.addr % 16 === 0 &&
       Number.isFinite(rScale) && Number.isFinite(eps) && Number.isFinite(weightOffset);
   }
@@ -185,7 +195,8 @@ export class CudaFusedOps {
     if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
     const code = ACT_CODE[act];
     if (code === undefined) throw opError(op, `unknown activation ${String(act)}`);
-    const gemv = this.c.settings.fused.fuseGlu && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 && T <= FUSED_GEMV_MAX_ROWS && N > 0 &&
+    const gemv = this.c.settings.fused.fuseGlu && bias === undefined && g.dtype === 'bf16' && b.dtype === 'bf16' && T >= 1 &&
+      T <= fusedGemvMaxRows(this.c.settings) && N > 0 &&
       g.addr % 16 === 0 && b.addr % 16 === 0 ? gemvFusedChoice(T, N, I, this.c.settings.gemv.fusedBlocksPerSm) : undefined;
     if (!gemv || !this.sharedFits(gemv.glu, gemv.sharedBytes)) {
       const h = this.gluPacked(g, act);

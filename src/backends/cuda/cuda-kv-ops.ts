@@ -35,11 +35,12 @@ export function attention(c: CudaOpContext, counters: number, q: Tensor, kv: Pag
   if (H > MAX_GRID_Y) throw opError(op, `${H} heads is above ${MAX_GRID_Y}`);
   const { scale, window, softcap } = params;
   const y = c.out(qq.shape);
-  // split-KV decode + tensor-core prefill for bf16, k_attention otherwise (see attention.ts)
+  // split-KV decode + tensor-core prefill for bf16, k_attention otherwise (see attention.ts; batch-invariant
+  // mode: its batchInvariantPlan)
   enqueueAttention(c.rt, c.pool, {
     q: qq.addr, k: kp.addr, v: vp.addr, tokenRow: row.addr, tokenPos: pos.addr, blockTables: bt.addr, out: y.addr,
     err: c.errWord, counters, T, H, KVH, D, numBlocks: NB, blockSize: BS, R, maxBlocksPerRow: MBR, window, scale, softcap,
     qDtype: qq.dtype, poolDtype: kp.dtype, oneTokenPerRow: layout.oneTokenPerRow === true,
-  }, c.settings.attention);
+  }, c.settings.attention, c.settings.batchInvariant);
   return y;
 }

@@ -2,7 +2,8 @@
 // token's expert logits, then each token's experts' GLU FFN weighted by its routing weights: per
 // (token, expert) pair in two kernels through an f32 hidden scratch, or from
 // CudaMoeSettings.groupedMinRows tokens grouped by expert in four kernels a pass (moeFfnGrouped);
-// which kernels run is the backend's CudaMoeSettings (c.settings.moe). Separate from
+// which kernels run is the backend's CudaMoeSettings (c.settings.moe; in batch-invariant mode the
+// same for every row count: moe-kernels.ts moeFfnPath). Separate from
 // cuda-backend.ts because only MoE models reach them; their argument checks are the op rules'
 // (common/op-shapes.ts) but for the router's expert limit.
 import type { Activation, MoeRouting, Tensor } from '../../contracts/backend.ts';
@@ -11,7 +12,7 @@ import { type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, MAX_GRID_Y } fro
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import {
   MOE_GROUP_THREADS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_WARPS, MOE_ROWS_PER_BLOCK,
-  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply,
+  MOE_TC_ROWS, MOE_TC_THREADS, MOE_THREADS, type MoeFfnPath, moeFfnPath, moeGroupedScratch, moeVecKernelsApply,
 } from './moe-kernels.ts';
 import { describe, opError } from './validate.ts';
 
@@ -43,8 +44,9 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   const moe = c.settings.moe;
   const vec = moe.kernels === 'vec' && moeVecKernelsApply([a, g, u, d].map((t) => t.dtype), D, I) &&
     [a.addr, g.addr, u.addr, d.addr].every((p) => p % 16 === 0);
-  if (vec && moeRunsGrouped(T, E, K, moe)) {
-    moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code);
+  const path = moeFfnPath(T, E, K, moe, c.settings.batchInvariant);
+  if (vec && path.grouped) {
+    moeFfnGrouped(c, { a, rw, re, g, u, d, y }, { T, D, E, I, K }, code, path);
     return y;
   }
   const hiddenBytes = Math.max(T * K * I * 4, 4);
@@ -78,15 +80,16 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
  * experts (grid y: at most min(E, pairs) of them), then k_moe_combine (a token's pairs in k order).
  */
 function moeFfnGrouped(c: CudaOpContext, t: { a: CudaTensor; rw: CudaTensor; re: CudaTensor; g: CudaTensor; u: CudaTensor;
-  d: CudaTensor; y: CudaTensor }, s: { T: number; D: number; E: number; I: number; K: number }, act: number): void {
+  d: CudaTensor; y: CudaTensor }, s: { T: number; D: number; E: number; I: number; K: number }, act: number,
+  path: MoeFfnPath): void {
   const { T, D, E, I, K } = s;
   const moe = c.settings.moe;
   const [hiddenBytes, ypairBytes, grpBytes] = moeGroupedScratch(T, K, D, I, moe);
   const hidden = c.pool.alloc(hiddenBytes).addr, ypair = c.pool.alloc(ypairBytes).addr, grp = c.pool.alloc(grpBytes).addr;
   const { passRows, hiddenRows, downRows } = moe;
-  // prefill-sized groups on tensor cores (gate/up from tcMinRows tokens, down from tcDownMinRows)
-  const tc = moe.tcMinRows > 0 && T >= moe.tcMinRows;
-  const tcDown = moe.tcDownMinRows > 0 && T >= moe.tcDownMinRows;
+  // prefill-sized groups on tensor cores (gate/up from tcMinRows tokens, down from tcDownMinRows;
+  // batch-invariant mode: at every row count, moeFfnPath)
+  const { tc, tcDown } = path;
   for (let t0 = 0; t0 < T; t0 += passRows) {
     const Tc = Math.min(passRows, T - t0), TKc = Tc * K;
     const x = t.a.addr + t0 * D * 2, experts = t.re.addr + t0 * K * 4, weights = t.rw.addr + t0 * K * 4;

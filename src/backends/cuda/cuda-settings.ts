@@ -87,6 +87,13 @@ export interface CudaGemmSettings {
    * 128 MB buffer; write: writing it, which makes the timed call also write back dirty lines).
    */
   readonly tuneFlush: 'read' | 'write';
+  /**
+   * With CudaSettings.batchInvariant: every GEMM of a weight shape (types, N, K) runs the algorithm
+   * cuBLASLt's heuristic puts first for this many rows, whatever its own row count
+   * ($LLMTS_CUDA_GEMM_INVARIANT_ROWS; default 256, 1-65536): one tile shape and split-K for decode
+   * rows and prefill chunks alike, chosen for mid-sized and large batches.
+   */
+  readonly invariantRows: number;
 }
 
 export interface CudaGemvSettings {
@@ -176,6 +183,14 @@ export interface CudaAttentionSettings {
    * fits the 99 KB a block may use on sm_86 / sm_89 at head dim 128, where 3 does not.
    */
   readonly pfStages: number;
+  /**
+   * With CudaSettings.batchInvariant: the keys of one split of the tensor-core decode kernel, split
+   * at the multiples of this many key positions, so a token's splits depend on its own position
+   * alone; the batch-invariant prefill kernel sums over the same splits
+   * ($LLMTS_CUDA_ATT_INVARIANT_CHUNK; default 512, a multiple of 32 from 32 to 65536). Fewer keys
+   * a split: more splits at a few rows (shorter chains), more partials at many.
+   */
+  readonly invariantChunk: number;
 }
 
 export interface CudaFusedSettings {
@@ -223,6 +238,17 @@ export interface CudaMoeSettings {
 }
 
 export interface CudaSettings {
+  /**
+   * Batch-invariant mode ($LLMTS_CUDA_BATCH_INVARIANT, off by default; `--batch-invariant`): a
+   * row's results are bitwise the same whatever other rows share its step. Every kernel choice that
+   * depended on the row count is fixed by the weight shape or the context length alone: one
+   * cuBLASLt algorithm per weight shape (CudaGemmSettings.invariantRows) and no GEMV kernels or
+   * GEMV-fused ops; the tensor-core decode attention split at fixed key positions
+   * (CudaAttentionSettings.invariantChunk) and a prefill kernel that sums the same way, so a
+   * prompt's tokens come out the same however the step's token budget chunks it; the MoE FFN
+   * grouped by expert at every row count. TUNING.md lists each choice.
+   */
+  readonly batchInvariant: boolean;
   readonly runtime: CudaRuntimeSettings;
   readonly kernels: CudaKernelSettings;
   readonly gemm: CudaGemmSettings;
@@ -232,8 +258,10 @@ export interface CudaSettings {
   readonly moe: CudaMoeSettings;
 }
 
-/** Knobs set in code: any field of any group; the rest come from the environment. */
-export type CudaSettingsOverrides = { readonly [G in keyof CudaSettings]?: Partial<CudaSettings[G]> };
+/** Knobs set in code: any field of any group (batchInvariant: a boolean); the rest come from the environment. */
+export type CudaSettingsOverrides = {
+  readonly [G in Exclude<keyof CudaSettings, 'batchInvariant'>]?: Partial<CudaSettings[G]>
+} & { readonly batchInvariant?: boolean };
 
 /** "FROM" or "FROM:COUNT" (graph launches, COUNT >= 1), or null when unset; throws on anything else. */
 export function parseProfilerWindow(v: string | undefined): { from: number; count: number } | null {
@@ -290,6 +318,7 @@ const GEMM_KNOBS: Knobs<CudaGemmSettings> = {
   tuneMaxM: intKnob('LLMTS_CUDA_GEMM_TUNE_MAX_M', TUNE_MAX_M, { min: 1, max: 1 << 20 }),
   pickBucketRows: intKnob('LLMTS_CUDA_GEMM_PICK_BUCKET', 64, { min: 1, max: 1 << 20 }),
   tuneFlush: choiceKnob('LLMTS_CUDA_TUNE_FLUSH', ['read', 'write']),
+  invariantRows: intKnob('LLMTS_CUDA_GEMM_INVARIANT_ROWS', 256, { min: 1, max: 65536 }),
 };
 
 const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
@@ -312,6 +341,7 @@ const ATTENTION_KNOBS: Knobs<CudaAttentionSettings> = {
   tcTrigger: choiceKnob('LLMTS_CUDA_ATT_TC_TRIGGER', ['loaded', 'split', 'entry', 'exit']),
   tcStages: intKnob('LLMTS_CUDA_ATT_TC_STAGES', 2, { min: 2, max: 4 }),
   pfStages: intKnob('LLMTS_CUDA_ATT_PF_STAGES', 2, { min: 2, max: 4 }),
+  invariantChunk: intKnob('LLMTS_CUDA_ATT_INVARIANT_CHUNK', 512, { min: 32, max: 65536, multipleOf: 32 }),
 };
 
 const FUSED_KNOBS: Knobs<CudaFusedSettings> = {
@@ -335,7 +365,23 @@ const MOE_KNOBS: Knobs<CudaMoeSettings> = {
 const HOST_PLANNED_DEFINES: Readonly<Record<string, string>> = {
   ATT_TC_MIN_CHUNK: 'the host plans the slots with it): use LLMTS_CUDA_ATT_TC_MIN_CHUNK',
   ATT_TC_TRIGGER: 'the GEMM tuner reads it): use LLMTS_CUDA_ATT_TC_TRIGGER',
+  ATT_BI: 'the host plans batch-invariant launches with it): use LLMTS_CUDA_BATCH_INVARIANT',
+  ATT_BI_CHUNK: 'the host sizes the partials with it): use LLMTS_CUDA_ATT_INVARIANT_CHUNK',
 };
+
+const BATCH_INVARIANT_KNOB = switchKnob('LLMTS_CUDA_BATCH_INVARIANT', false);
+
+/**
+ * Knobs that would bring back a choice by row count, refused with batch-invariant mode: a GEMV
+ * forced or preferred (they run up to 8 rows only) and the CUDA-core decode attention (its splits
+ * and the prefill kernel's sums differ).
+ */
+function batchInvariantConflicts(s: Omit<CudaSettings, 'batchInvariant'>): string | undefined {
+  if (s.gemv.mode !== 'auto' && s.gemv.mode !== 'off') return `LLMTS_CUDA_GEMV=${s.gemv.mode} (GEMV kernels take decode rows only)`;
+  if (s.gemv.picks.size > 0) return 'LLMTS_CUDA_GEMV_PICKS (a pick of one row count)';
+  if (s.attention.decodeKernel !== 'tc') return 'LLMTS_CUDA_ATT_DECODE=cuda-core (its splits differ from the prefill kernel\'s sums)';
+  return undefined;
+}
 
 /** The CUDA backend's settings: `overrides` where given (checked), the rest from `env`. */
 export function cudaSettingsFrom(env: Env, overrides: CudaSettingsOverrides = {}): CudaSettings {
@@ -343,7 +389,7 @@ export function cudaSettingsFrom(env: Env, overrides: CudaSettingsOverrides = {}
   for (const [name, why] of Object.entries(HOST_PLANNED_DEFINES)) {
     if (name in kernels.attentionDefines) throw new Error(`LLMTS_CUDA_ATT_DEFINES cannot set ${name} (${why}`);
   }
-  return Object.freeze({
+  const groups = {
     runtime: settingsFrom(RUNTIME_KNOBS, env, overrides.runtime, 'runtime.'),
     kernels,
     gemm: settingsFrom(GEMM_KNOBS, env, overrides.gemm, 'gemm.'),
@@ -351,7 +397,12 @@ export function cudaSettingsFrom(env: Env, overrides: CudaSettingsOverrides = {}
     attention: settingsFrom(ATTENTION_KNOBS, env, overrides.attention, 'attention.'),
     fused: settingsFrom(FUSED_KNOBS, env, overrides.fused, 'fused.'),
     moe: settingsFrom(MOE_KNOBS, env, overrides.moe, 'moe.'),
-  });
+  };
+  const batchInvariant = overrides.batchInvariant === undefined ? BATCH_INVARIANT_KNOB.read(env)
+    : BATCH_INVARIANT_KNOB.check(overrides.batchInvariant, 'batchInvariant');
+  const conflict = batchInvariant ? batchInvariantConflicts(groups) : undefined;
+  if (conflict) throw new Error(`batchInvariant ($LLMTS_CUDA_BATCH_INVARIANT) cannot be used with ${conflict}`);
+  return Object.freeze({ batchInvariant, ...groups });
 }
 
 /** Every knob at its default (an empty environment): what tests and the simulators plan with. */

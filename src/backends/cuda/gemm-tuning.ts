@@ -1,7 +1,8 @@
 // Which GEMMs the cuBLASLt tuner (gemm.ts) times, and what timing holds: plain values, so the fit
 // planner's dry run (execution/fit/dry-run-backend.ts) models the tuner from the same numbers.
 
-import type { CudaAttentionSettings, CudaGemvSettings } from './cuda-settings.ts';
+import type { CudaAttentionSettings, CudaGemvSettings, CudaSettings } from './cuda-settings.ts';
+import { GEMV_MAX_M, gemvCandidates } from './gemv-kernels.ts';
 
 /**
  * GEMMs with at most this many rows get their algorithm timed (decode shapes: the heuristic's
@@ -15,6 +16,44 @@ export const TUNE_MAX_M = 64;
 export function tuneClassOf(M: number): number {
   return M <= 8 ? M : Math.ceil(M / 16) * 16;
 }
+
+/**
+ * How gemm.ts picks the algorithm of a GEMM with M rows: shapes whose rule has the same `key` run
+ * the same algorithm (where cuBLASLt accepts it for their own rows); `gemv`: our GEMV kernels are
+ * candidates too (timed against cuBLASLt, or forced by CudaGemvSettings).
+ * - invariant (CudaSettings.batchInvariant): the weight shape and types alone, whatever M: the
+ *   heuristic's first algorithm at CudaGemmSettings.invariantRows rows; never a GEMV.
+ * - timed: the tuning class (tuneClassOf), timed once by its first shape.
+ * - bucket: prefill-sized, never timed: the heuristic's pick of the first shape in the row bucket.
+ * - exact: the heuristic's pick for these rows (tuning off, or rows between tuneMaxM and GEMV_MAX_M).
+ */
+export interface GemmPickRule {
+  kind: 'invariant' | 'timed' | 'bucket' | 'exact';
+  key: string;
+  gemv: boolean;
+}
+
+/** The rule of an [M, K] x [N, K]^T product of weight type wt, input xt and output dt (bf16 all: GEMVs may apply). */
+export function gemmPickRule(wt: string, xt: string, dt: string, M: number, N: number, K: number,
+  s: Pick<CudaSettings, 'gemm' | 'gemv' | 'batchInvariant'>): GemmPickRule {
+  const types = `${wt}.${xt}.${dt}`;
+  if (s.batchInvariant) return { kind: 'invariant', key: `${types}.${N}.${K}`, gemv: false };
+  const gemv = s.gemv.mode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' && gemvCandidates(M, K).length > 0;
+  const { tune, tuneMaxM, pickBucketRows } = s.gemm;
+  if (tune && M <= tuneMaxM) return { kind: 'timed', key: `${types}.${tuneClassOf(M)}.${N}.${K}`, gemv };
+  if (M > Math.max(tuneMaxM, GEMV_MAX_M)) return { kind: 'bucket', key: `${types}.${Math.ceil(M / pickBucketRows)}.${N}.${K}`, gemv };
+  return { kind: 'exact', key: `${types}.${M}.${N}.${K}`, gemv };
+}
+
+/**
+ * Row counts at which batch-invariant mode checks, once per weight shape, that cuBLASLt takes the
+ * shape's algorithm (cublasLtMatmulAlgoCheck): the first of the heuristic's list that it takes at
+ * all of them runs every row count, so no step meets one it refuses.
+ */
+export const INVARIANT_PROBE_ROWS: readonly number[] = [
+  ...new Set([1, 2, 3, 4, 5, 6, 7, ...[8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096].flatMap((p) => [p - 1, p, p + 1]),
+    8192, 16384, 32768, 65536]),
+];
 
 /**
  * Written between timed calls so each reads its weights from HBM, as it will in a step: larger

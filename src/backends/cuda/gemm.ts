@@ -8,8 +8,8 @@ import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaSettings } from './cuda-settings.ts';
 import type { CudaRuntime } from './runtime.ts';
 import type { DevicePool } from './device-pool.ts';
-import { gemvBar, gemvMarginAfter, L2_FLUSH_BYTES, tuneClassOf } from './gemm-tuning.ts';
-import { GEMV_MAX_M, GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
+import { gemmPickRule, gemvBar, gemvMarginAfter, INVARIANT_PROBE_ROWS, L2_FLUSH_BYTES } from './gemm-tuning.ts';
+import { GEMV_THREADS, type GemvChoice, gemvCandidates, gemvLabel, gemvLaunchGrid } from './gemv-kernels.ts';
 
 export type GemmType = 'f32' | 'f16' | 'bf16';
 const CUDA_R: Record<GemmType, number> = { f32: 0, f16: 2, bf16: 14 };
@@ -95,6 +95,8 @@ export class LtGemm {
   private readonly classes = new Map<string, TuneClass>();
   /** untuned shapes: the heuristic's pick per row bucket (CudaGemmSettings.pickBucketRows) */
   private readonly picks = new Map<string, Uint8Array>();
+  /** batch-invariant mode: each weight shape's one algorithm (gemmPickRule key; null: cuBLASLt has none) */
+  private readonly invariant = new Map<string, Uint8Array | null>();
   private readonly one = new Float32Array([1]);
   private readonly zero = new Float32Array([0]);
   readonly version: number;
@@ -102,9 +104,12 @@ export class LtGemm {
   readonly tuned: TuneRecord[] = [];
   private pending: PendingTune[] = [];
 
-  /** `settings`: the backend's (its gemm and gemv groups; the attention's trigger for the GEMV margin) */
+  /**
+   * `settings`: the backend's (its gemm and gemv groups; the attention's trigger for the GEMV
+   * margin; batch-invariant mode: gemmPickRule)
+   */
   constructor(private readonly lt: CublasLt, private readonly rt: CudaRuntime, private readonly pool: DevicePool,
-    private readonly settings: Pick<CudaSettings, 'gemm' | 'gemv' | 'attention'>) {
+    private readonly settings: Pick<CudaSettings, 'gemm' | 'gemv' | 'attention' | 'batchInvariant'>) {
     this.version = Number(lt.cublasLtGetVersion());
     const h = out64();
     checkLt(lt.cublasLtCreate(h), 'cublasLtCreate');
@@ -124,7 +129,7 @@ export class LtGemm {
    */
   run(w: number, wt: GemmType, x: number, xt: GemmType, d: number, dt: GemmType, M: number, N: number, K: number): boolean {
     this.settleTuning();
-    const plan = this.plan(wt, xt, dt, M, N, K);
+    const plan = this.plan(wt, xt, dt, M, N, K, w);
     if (!plan) return false;
     const call = (algo: Uint8Array) => this.lt.cublasLtMatmul(this.handle, plan.op, this.one, w, plan.a, x, plan.b,
       this.zero, d, plan.d, d, plan.d, algo, this.workspace, WORKSPACE_BYTES, this.rt.stream);
@@ -295,7 +300,8 @@ export class LtGemm {
     return rc === 0 && view.getInt32(72, true) === 0 && Number(view.getBigUint64(64, true)) <= WORKSPACE_BYTES;
   }
 
-  private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number): Plan | null {
+  /** `w`: the weight's address (batch-invariant mode times each shape's candidates on it) */
+  private plan(wt: GemmType, xt: GemmType, dt: GemmType, M: number, N: number, K: number, w: number): Plan | null {
     const key = `${wt}.${xt}.${dt}.${M}.${N}.${K}`;
     const cached = this.plans.get(key);
     if (cached !== undefined) return cached;
@@ -305,22 +311,18 @@ export class LtGemm {
     const op = num(h);
     checkLt(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, new Int32Array([CUBLAS_OP_T]), 4), 'TRANSA');
     checkLt(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, new Int32Array([CUBLAS_OP_N]), 4), 'TRANSB');
-    const layout = (t: GemmType, rows: number, cols: number, ld: number) => {
-      const l = out64();
-      checkLt(lt.cublasLtMatrixLayoutCreate(l, CUDA_R[t], rows, cols, ld), 'cublasLtMatrixLayoutCreate');
-      return num(l);
-    };
-    const a = layout(wt, K, N, K);
-    const b = layout(xt, K, M, K);
-    const d = layout(dt, N, M, N);
-    const { tune: tuning, tuneMaxM, pickBucketRows } = this.settings.gemm;
-    const tune = M <= tuneMaxM && tuning;
+    const a = this.layout(wt, K, N, K);
+    const b = this.layout(xt, K, M, K);
+    const d = this.layout(dt, N, M, N);
+    const rule = gemmPickRule(wt, xt, dt, M, N, K, this.settings);
+    if (rule.kind === 'invariant') return this.remember(key, this.invariantPlan(rule.key, { M, K, op, a, b, d }, w, wt, xt, dt, N));
+    const tune = rule.kind === 'timed';
     // an untuned shape takes the heuristic's pick of the first shape in its row bucket where
     // cuBLASLt accepts it (cublasLtMatmulAlgoCheck): the heuristic is a host-side search (the first
     // query of a process took 70-190 ms on the H200; later ones stayed under the slow-call tracer's
     // 8 ms, not timed one by one), and mixed steps bring new row counts all the time
-    const shared = M > Math.max(tuneMaxM, GEMV_MAX_M); // prefill-sized: never timed, never a GEMV
-    const bucketKey = shared ? `${wt}.${xt}.${dt}.${Math.ceil(M / pickBucketRows)}.${N}.${K}` : '';
+    const shared = rule.kind === 'bucket'; // prefill-sized: never timed, never a GEMV
+    const bucketKey = shared ? rule.key : '';
     const known = shared ? this.picks.get(bucketKey) : undefined;
     if (known && this.algoFits(op, a, b, d, known)) {
       return this.remember(key, { M, K, op, a, b, d, algo: known, candidates: [], gemvCandidates: [] });
@@ -331,16 +333,9 @@ export class LtGemm {
     const rc = lt.cublasLtMatmulAlgoGetHeuristic(this.handle, op, a, b, d, d, this.pref, requested, results, count);
     let plan: Plan | null = null;
     if (rc === 0) {
-      const view = new DataView(results.buffer);
-      const candidates: Uint8Array[] = [];
-      for (let i = 0; i < count[0]!; i++) {
-        const base = i * HEURISTIC_BYTES;
-        const wsNeeded = Number(view.getBigUint64(base + 64, true));
-        const state = view.getInt32(base + 72, true);
-        if (state === 0 && wsNeeded <= WORKSPACE_BYTES) candidates.push(results.slice(base, base + 64));
-      }
+      const candidates = usableAlgos(results, count[0]!);
       const gemvMode = this.settings.gemv.mode;
-      const gemv = gemvMode !== 'off' && wt === 'bf16' && xt === 'bf16' && dt === 'bf16' ? gemvCandidates(M, K) : [];
+      const gemv = rule.gemv ? gemvCandidates(M, K) : [];
       if (candidates.length > 0) {
         plan = { M, K, op, a, b, d, algo: candidates[0]!, candidates: [], gemvCandidates: [] };
         if (shared && !known) this.picks.set(bucketKey, candidates[0]!);
@@ -354,7 +349,7 @@ export class LtGemm {
           plan.gemv = chosen;
         } else {
           if (tune) {
-            const classKey = `${wt}.${xt}.${dt}.${tuneClassOf(M)}.${N}.${K}`;
+            const classKey = rule.key;
             let cls = this.classes.get(classKey);
             if (!cls) this.classes.set(classKey, (cls = { state: 'untuned', waiting: [] }));
             if (cls.state === 'untuned' && candidates.length < 2 && gemv.length === 0) {
@@ -379,13 +374,130 @@ export class LtGemm {
         }
       }
     }
-    if (!plan) {
-      lt.cublasLtMatrixLayoutDestroy(a);
-      lt.cublasLtMatrixLayoutDestroy(b);
-      lt.cublasLtMatrixLayoutDestroy(d);
-      lt.cublasLtMatmulDescDestroy(op);
-    }
+    if (!plan) this.destroyDescriptors({ op, a, b, d });
     return this.remember(key, plan);
+  }
+
+  private layout(t: GemmType, rows: number, cols: number, ld: number): number {
+    const l = out64();
+    checkLt(this.lt.cublasLtMatrixLayoutCreate(l, CUDA_R[t], rows, cols, ld), 'cublasLtMatrixLayoutCreate');
+    return num(l);
+  }
+
+  private destroyDescriptors(p: Pick<Plan, 'op' | 'a' | 'b' | 'd'>): void {
+    this.lt.cublasLtMatrixLayoutDestroy(p.a);
+    this.lt.cublasLtMatrixLayoutDestroy(p.b);
+    this.lt.cublasLtMatrixLayoutDestroy(p.d);
+    this.lt.cublasLtMatmulDescDestroy(p.op);
+  }
+
+  /**
+   * Batch-invariant mode: the plan of `desc`'s M rows runs its weight shape's one algorithm
+   * (invariantAlgo), untimed and never a GEMV; null (the descriptors destroyed) where cuBLASLt has
+   * none for the shape, so every row count of it takes the plain kernel.
+   */
+  private invariantPlan(shapeKey: string, desc: Pick<Plan, 'M' | 'K' | 'op' | 'a' | 'b' | 'd'>, w: number, wt: GemmType, xt: GemmType,
+    dt: GemmType, N: number): Plan | null {
+    const algo = this.invariantAlgo(shapeKey, desc.op, desc.a, w, wt, xt, dt, N, desc.K);
+    if (algo && this.algoFits(desc.op, desc.a, desc.b, desc.d, algo)) return { ...desc, algo, candidates: [], gemvCandidates: [] };
+    this.destroyDescriptors(desc);
+    if (!algo) return null;
+    // every probed row count took it (INVARIANT_PROBE_ROWS); another algorithm here would break the invariance
+    throw new Error(`cuda backend: batch-invariant mode: cuBLASLt refuses the algorithm of weight shape ${N}x${desc.K} (${wt}) ` +
+      `for ${desc.M} rows, which it took for every probed row count`);
+  }
+
+  /**
+   * The one algorithm of a weight shape in batch-invariant mode, found once: of the heuristic's list
+   * for CudaGemmSettings.invariantRows rows, those cuBLASLt takes at every INVARIANT_PROBE_ROWS row
+   * count, the fastest at invariantRows rows (timed on the weight, CudaGemmSettings.tune; else, or
+   * inside a graph capture, the first); null when none. Its tile shape, split-K and reduction then
+   * serve every row count, so a row's sums run in the same order whatever rows share its GEMM.
+   */
+  private invariantAlgo(shapeKey: string, op: number, a: number, w: number, wt: GemmType, xt: GemmType, dt: GemmType, N: number,
+    K: number): Uint8Array | null {
+    const known = this.invariant.get(shapeKey);
+    if (known !== undefined) return known;
+    const ref = this.settings.gemm.invariantRows;
+    const rows = [ref, ...INVARIANT_PROBE_ROWS];
+    const layouts = rows.map((m) => ({ b: this.layout(xt, K, m, K), d: this.layout(dt, N, m, N) }));
+    let chosen: Uint8Array | null = null;
+    try {
+      const results = new Uint8Array(HEURISTIC_BYTES * TUNE_CANDIDATES);
+      const count = new Int32Array(1);
+      const rc = this.lt.cublasLtMatmulAlgoGetHeuristic(this.handle, op, a, layouts[0]!.b, layouts[0]!.d, layouts[0]!.d, this.pref,
+        TUNE_CANDIDATES, results, count);
+      const candidates = rc === 0 ? usableAlgos(results, count[0]!) : [];
+      const fitting = candidates.filter((algo) => layouts.every((l) => this.algoFits(op, a, l.b, l.d, algo)));
+      chosen = fitting.length > 1 && this.settings.gemm.tune && !this.rt.capturing
+        ? this.fastestAt(fitting, op, a, layouts[0]!.b, layouts[0]!.d, w, xt, dt, ref, N, K) : fitting[0] ?? null;
+    } finally {
+      for (const l of layouts) {
+        this.lt.cublasLtMatrixLayoutDestroy(l.b);
+        this.lt.cublasLtMatrixLayoutDestroy(l.d);
+      }
+    }
+    this.invariant.set(shapeKey, chosen);
+    return chosen;
+  }
+
+  /**
+   * Batch-invariant mode's timing of a weight shape's candidates at `M` rows (invariantRows): each
+   * on the weight and a scratch input of that many rows, after an L2 flush, TUNE_REPEATS times, as
+   * tune() times a class, but waited for here, once per weight shape (the algorithm must be fixed
+   * before the shape's first run: a later switch would change its rows' bits). Recorded in `tuned`.
+   */
+  private fastestAt(algos: Uint8Array[], op: number, a: number, b: number, d: number, w: number, xt: GemmType, dt: GemmType,
+    M: number, N: number, K: number): Uint8Array {
+    const dr = this.rt.d;
+    const shape = `${M}x${N}x${K}`;
+    const xBytes = M * K * (xt === 'f32' ? 4 : 2), dBytes = M * N * (dt === 'f32' ? 4 : 2);
+    const x = this.pool.alloc(xBytes).addr, out = this.pool.alloc(dBytes).addr, flush = this.pool.alloc(L2_FLUSH_BYTES).addr;
+    const events: number[] = [];
+    const record: TuneRecord = { shape: `${shape} (batch-invariant)`, cublasLtMs: Infinity, firstMs: NaN, gemvMs: {}, chosen: 'cublaslt', gemvMargin: 1 };
+    let best = algos[0]!;
+    try {
+      // small finite inputs (bf16 0.0099 pairs; as f32 about 0.0099)
+      check(dr.cuMemsetD32Async(x, 0x3c223c22, Math.floor(xBytes / 4), this.rt.stream), 'batch-invariant timing input');
+      const runs = algos.map((algo) => {
+        const call = () => checkLt(this.lt.cublasLtMatmul(this.handle, op, this.one, w, a, x, b, this.zero, out, d, out, d, algo,
+          this.workspace, WORKSPACE_BYTES, this.rt.stream), `cublasLtMatmul (batch-invariant timing of ${shape})`);
+        call(); // warm-up
+        const pairs: [number, number][] = [];
+        for (let i = 0; i < TUNE_REPEATS; i++) {
+          this.rt.launch('k_l2_flush_read', [4 * this.rt.smCount, 1, 1], 512, 0, [['p', flush], ['p', L2_FLUSH_BYTES / 16], ['p', 0]]);
+          const e0 = this.event(events), e1 = this.event(events);
+          check(dr.cuEventRecord(e0, this.rt.stream), 'cuEventRecord');
+          call();
+          check(dr.cuEventRecord(e1, this.rt.stream), 'cuEventRecord');
+          pairs.push([e0, e1]);
+        }
+        return pairs;
+      });
+      check(dr.cuEventSynchronize(events[events.length - 1]!), 'cuEventSynchronize (batch-invariant timing)');
+      const ms = new Float32Array(1);
+      runs.forEach((pairs, i) => {
+        let t = 0;
+        for (const [e0, e1] of pairs) {
+          check(dr.cuEventElapsedTime(ms, e0, e1), 'cuEventElapsedTime');
+          t += ms[0]!;
+        }
+        t /= TUNE_REPEATS;
+        if (i === 0) record.firstMs = t;
+        if (t < record.cublasLtMs) {
+          record.cublasLtMs = t;
+          best = algos[i]!;
+        }
+      });
+    } finally {
+      for (const e of events) dr.cuEventDestroy_v2(e);
+      // stream-ordered: reused only by later work
+      this.pool.release(flush, L2_FLUSH_BYTES);
+      this.pool.release(out, dBytes);
+      this.pool.release(x, xBytes);
+    }
+    this.tuned.push(record);
+    return best;
   }
 
   /** Caches a shape's plan (null: cuBLASLt has none), dropping every plan once MAX_PLANS are held. */
@@ -403,13 +515,7 @@ export class LtGemm {
       c.waiting.length = 0;
       if (c.state === 'pending' && !timing.has(c)) c.state = 'untuned';
     }
-    for (const p of this.plans.values()) {
-      if (!p) continue;
-      this.lt.cublasLtMatrixLayoutDestroy(p.a);
-      this.lt.cublasLtMatrixLayoutDestroy(p.b);
-      this.lt.cublasLtMatrixLayoutDestroy(p.d);
-      this.lt.cublasLtMatmulDescDestroy(p.op);
-    }
+    for (const p of this.plans.values()) if (p) this.destroyDescriptors(p);
     this.plans.clear();
   }
 
@@ -421,6 +527,19 @@ export class LtGemm {
     this.lt.cublasLtDestroy(this.handle);
     this.pool.release(this.workspace, WORKSPACE_BYTES);
   }
+}
+
+/** The heuristic's results (count of them in `results`) that ran and fit our workspace, as algorithm bytes, in its order. */
+function usableAlgos(results: Uint8Array, count: number): Uint8Array[] {
+  const view = new DataView(results.buffer, results.byteOffset, results.byteLength);
+  const out: Uint8Array[] = [];
+  for (let i = 0; i < count; i++) {
+    const base = i * HEURISTIC_BYTES;
+    const wsNeeded = Number(view.getBigUint64(base + 64, true));
+    const state = view.getInt32(base + 72, true);
+    if (state === 0 && wsNeeded <= WORKSPACE_BYTES) out.push(results.slice(base, base + 64));
+  }
+  return out;
 }
 
 function checkLt(rc: number, what: string): void {

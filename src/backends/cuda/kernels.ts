@@ -505,14 +505,15 @@ function kernelModule<K extends string>(name: string, body: string, kernels: rea
 }
 
 /**
- * Every kernel module as `s` builds them (the attention module's host-planned macros and each
- * module's tuning defines; CUDA_DEFAULTS gives the default sources). Adding one is one line here
+ * Every kernel module as `s` builds them (the attention module's host-planned macros, batch-invariant
+ * mode's among them, and each module's tuning defines; CUDA_DEFAULTS gives the default sources). Adding one is one line here
  * (its file exports the source, which may use KERNEL_PRELUDE's helpers, and the kernel names).
  * They start compiling in this order, at most a few at a time (nvrtc.ts): heaviest first.
  */
-export function kernelModules(s: Pick<CudaSettings, 'kernels' | 'attention'>) {
+export function kernelModules(s: Pick<CudaSettings, 'kernels' | 'attention'> & Partial<Pick<CudaSettings, 'batchInvariant'>>) {
   return [
-    kernelModule('attention', moduleDefines(s.kernels.attentionDefines) + attentionKernelSource(s.attention), ATTENTION_KERNEL_NAMES),
+    kernelModule('attention', moduleDefines(s.kernels.attentionDefines) + attentionKernelSource(s.attention, s.batchInvariant ?? false),
+      ATTENTION_KERNEL_NAMES),
     kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
     kernelModule('fused', moduleDefines(s.kernels.fusedDefines) + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
     // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)

@@ -659,6 +659,35 @@ export function moeRunsGrouped(T: number, E: number, K: number, moe: Pick<CudaMo
   return min > 0 && K > 0 && T >= min && E <= 2 * MOE_GROUP_THREADS;
 }
 
+/** Which kernels a moeFfn whose bf16 kernels apply runs (moeFfnPath). */
+export interface MoeFfnPath {
+  /** grouped by expert (k_moe_group ... k_moe_combine), else per (token, expert) pair */
+  grouped: boolean;
+  /** grouped: gate/up on tensor cores (k_moe_hidden_tc) */
+  tc: boolean;
+  /** grouped: the down projection on tensor cores (k_moe_down_tc) */
+  tcDown: boolean;
+}
+
+/**
+ * The kernels of a T-token moeFfn (E experts, K a token) whose bf16 kernels apply, under `moe`: by
+ * default by T (moeRunsGrouped; tensor cores from tcMinRows / tcDownMinRows tokens). In
+ * batch-invariant mode the same for every T, since each path sums a token's products in its own
+ * order: grouped wherever groupedMinRows is not 0, on tensor cores wherever tcMinRows /
+ * tcDownMinRows is not 0 (a token's rows are its own in every grouped kernel, whatever tokens share
+ * its expert).
+ */
+export function moeFfnPath(T: number, E: number, K: number, moe: Pick<CudaMoeSettings, 'groupedMinRows' | 'tcMinRows' | 'tcDownMinRows'>,
+  batchInvariant: boolean): MoeFfnPath {
+  const rows = batchInvariant ? Infinity : T;
+  const grouped = moeRunsGrouped(batchInvariant ? Math.max(T, moe.groupedMinRows) : T, E, K, moe);
+  return {
+    grouped,
+    tc: grouped && moe.tcMinRows > 0 && rows >= moe.tcMinRows,
+    tcDown: grouped && moe.tcDownMinRows > 0 && rows >= moe.tcDownMinRows,
+  };
+}
+
 /**
  * A grouped moeFfn's pool scratch, bytes: hidden [rows K, I] f32, ypair [rows K, D] f32, grp ints
  * (rows: a pass of at most `moe.passRows` tokens; each pass reads every expert its tokens chose

@@ -45,7 +45,7 @@ export interface RuntimeDeps {
 }
 
 /** What the runtime takes of the backend's settings: its own group, and the kernel sources' inputs. */
-export type RuntimeSettings = Pick<CudaSettings, 'runtime' | 'kernels' | 'attention'>;
+export type RuntimeSettings = Pick<CudaSettings, 'runtime' | 'kernels' | 'attention'> & Partial<Pick<CudaSettings, 'batchInvariant'>>;
 
 export interface RuntimeOptions {
   /** resolve `create` before the kernel modules are loaded (await `ready()` before launching) */

@@ -7,7 +7,7 @@ import { buildSim, bytesOf, runSim } from './build.ts';
 import { attentionKernels } from '../../../src/backends/cuda/attention-kernels.ts';
 import { attDecodeTcKernels, attTcSharedBytes } from '../../../src/backends/cuda/attention-decode-tc.ts';
 import { type AttentionPlan, decodeGrid } from '../../../src/backends/cuda/attention.ts';
-import { CUDA_DEFAULTS } from '../../../src/backends/cuda/cuda-settings.ts';
+import { CUDA_DEFAULTS, type CudaAttentionSettings } from '../../../src/backends/cuda/cuda-settings.ts';
 
 /** the module's kernels as the default settings plan them (the tests' plans use the same) */
 const ATTENTION_KERNELS = attentionKernels(CUDA_DEFAULTS.attention);
@@ -40,7 +40,7 @@ template <class T> static std::vector<T> take(FILE* f, size_t n) {
 // argv: input file, output file. Input: char[64] decode kernel name, char[64] prefill kernel name
 // ("" for none); i32 T H KVH D NB BS R MBR window W gridY planKernel combine prefillTiles fusedCombine
 // decodeShared (the decode kernel's dynamic shared bytes) gridX (the decode kernel's grid: gridX x gridY)
-// prefillShared (the prefill kernel's dynamic shared bytes);
+// prefillShared (the prefill kernel's dynamic shared bytes) partRows (the partials' rows, AttentionPlan.partRows);
 // f32 scale softcap; u16 q[T H D], k[NB BS KVH D], v[same]; i32 rows[T],
 // poss[T], tables[R MBR]. Output: u16 out[T H D]; i32 err[4]; i32 the split counters' sum afterwards.
 int main(int argc, char** argv) {
@@ -49,10 +49,10 @@ int main(int argc, char** argv) {
   if (!f) return 2;
   char name[64], prefill[64];
   if (fread(name, 1, 64, f) != 64 || fread(prefill, 1, 64, f) != 64) return 2;
-  std::vector<int> hd = take<int>(f, 18);
+  std::vector<int> hd = take<int>(f, 19);
   const int T = hd[0], H = hd[1], KVH = hd[2], D = hd[3], NB = hd[4], BS = hd[5], R = hd[6], MBR = hd[7];
   const int window = hd[8], W = hd[9], gridY = hd[10], planKernel = hd[11], combine = hd[12], tiles = hd[13];
-  const int fused = hd[14], decodeShared = hd[15], gridX = hd[16], prefillShared = hd[17];
+  const int fused = hd[14], decodeShared = hd[15], gridX = hd[16], prefillShared = hd[17], partRows = hd[18];
   std::vector<float> fl = take<float>(f, 2);
   std::vector<u16> q = take<u16>(f, (size_t)T * H * D);
   std::vector<u16> kp = take<u16>(f, (size_t)NB * BS * KVH * D), vp = take<u16>(f, (size_t)NB * BS * KVH * D);
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::vector<int> counters((size_t)T * KVH + 1, 0);
   std::vector<u16> out((size_t)T * H * D, 0);
   std::vector<int> plan(T + 1, 0), err(4, 0);
-  std::vector<float> part((size_t)W * H * D + 1), partml((size_t)W * H * 2 + 1);
+  std::vector<float> part((size_t)partRows * H * D + 1), partml((size_t)partRows * H * 2 + 1);
   const float scale = fl[0], softcap = fl[1];
   // planKernel: the decode kernel's planReady (1: k_attn_plan first; 2: every token in order)
   if (planKernel == 1) sim::launch(dim3{1, 1, 1}, 1024, [&] { k_attn_plan(rows.data(), T, plan.data()); });
@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
     typedef void (*PrefillFn)(const u16*, const u16*, const u16*, const int*, const int*, const int*, u16*, int, int, int,
       int, int, int, int, int, float, float, int*);
     PrefillFn pf = !strcmp(prefill, "k_attn_prefill_d64") ? k_attn_prefill_d64 : !strcmp(prefill, "k_attn_prefill_d128")
-      ? k_attn_prefill_d128 : !strcmp(prefill, "k_attn_prefill_d256") ? k_attn_prefill_d256 : 0;
+      ? k_attn_prefill_d128 : !strcmp(prefill, "k_attn_prefill_d256") ? k_attn_prefill_d256
+      : !strcmp(prefill, "k_attn_prefill_bi_d64") ? k_attn_prefill_bi_d64 : !strcmp(prefill, "k_attn_prefill_bi_d128")
+      ? k_attn_prefill_bi_d128 : 0;
     if (!pf) { fprintf(stderr, "unknown kernel %s\n", prefill); return 2; }
     sim::launch(dim3{(unsigned)H, (unsigned)tiles, 1}, 128, [&] {
       pf(q.data(), kp.data(), vp.data(), rows.data(), poss.data(), tables.data(), out.data(), T, H, KVH, NB, BS, R, MBR,
@@ -109,11 +111,13 @@ int main(int argc, char** argv) {
 
 /**
  * The attention module's kernels and the driver, built once per process (cached on disk), with
- * `defines` (NAME=VALUE: the tuning macros CudaKernelSettings.attentionDefines sets) put first.
+ * `defines` (NAME=VALUE: the tuning macros CudaKernelSettings.attentionDefines sets) put first;
+ * `invariant`: as batch-invariant mode builds them, with these attention settings' split size.
  */
-function attentionSim(defines: readonly string[], stages: number): string {
+function attentionSim(defines: readonly string[], stages: number, invariant?: CudaAttentionSettings): string {
   const head = defines.map((d) => `#define ${d.replace('=', ' ')}\n`).join('');
-  return buildSim('attention', `${head}${ATTENTION_KERNELS}\n${attDecodeTcKernels(stages)}\n${DRIVER}`);
+  const kernels = invariant ? attentionKernels(invariant, true) : ATTENTION_KERNELS;
+  return buildSim('attention', `${head}${kernels}\n${attDecodeTcKernels(stages)}\n${DRIVER}`);
 }
 
 export interface SimCall {
@@ -128,9 +132,11 @@ export interface SimCall {
  * Runs one attention call's kernels as `plan` launches them (attention.ts enqueueAttention); returns
  * the bf16 output bits and the error word. `stages`: the tensor-core kernel's ring, compiled and
  * sized for that many stages (default: the default tcStages, the plan's decodeSharedBytes).
+ * `invariant`: the kernels of batch-invariant mode under these settings (a plan of planAttention's
+ * batch-invariant mode with the same settings).
  */
-export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = [], stages = CUDA_DEFAULTS.attention.tcStages):
-  { out: Uint16Array; err: Int32Array; countersLeft: number } {
+export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: readonly string[] = [], stages = CUDA_DEFAULTS.attention.tcStages,
+  invariant?: CudaAttentionSettings): { out: Uint16Array; err: Int32Array; countersLeft: number } {
   if (plan.path !== 'fast' || !plan.decodeKernel) throw new Error('runAttentionSim: the plan is not the fast path');
   const name = Buffer.alloc(128);
   name.write(plan.decodeKernel);
@@ -139,10 +145,10 @@ export function runAttentionSim(call: SimCall, plan: AttentionPlan, defines: rea
   const [gridX, gridY] = decodeGrid(plan, plan.slots, c.KVH);
   const ints = Int32Array.from([c.T, c.H, c.KVH, c.D, c.NB, c.BS, c.R, c.MBR, c.window, plan.slots,
     gridY, plan.planKernel ? 1 : plan.identityList ? 2 : 0, plan.combine ? 1 : 0, plan.prefillTiles, plan.fusedCombine ? 1 : 0,
-    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes, gridX, plan.prefillSharedBytes]);
+    plan.tensorCores ? attTcSharedBytes(c.D, stages) : plan.decodeSharedBytes, gridX, plan.prefillSharedBytes, plan.partRows]);
   const n = c.T * c.H * c.D;
   // the error word's details (after its code) name whichever missing key a thread reported first
-  const buf = runSim(attentionSim(defines, stages), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
+  const buf = runSim(attentionSim(defines, stages, invariant), Buffer.concat([name, bytesOf(ints, Float32Array.from([c.scale, c.softcap]), c.q, c.k, c.v,
     c.rows, c.poss, c.tables)]), { scheduleDependent: [[n * 2 + 4, n * 2 + 16]] });
   return { out: new Uint16Array(buf, 0, n), err: new Int32Array(buf, n * 2, 4), countersLeft: new Int32Array(buf, n * 2 + 16, 1)[0]! };
 }
