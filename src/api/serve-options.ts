@@ -64,6 +64,11 @@ export interface ServeOptions {
   toolCallFormat?: ToolCallFormatName;
   /** run every decode batch size once before listening (default: on for CUDA, off for the CPU) */
   warmup?: boolean;
+  /**
+   * CUDA: batch-invariant mode, a request's tokens and logprobs the same whatever other requests
+   * share its steps (backendSettings.cuda.batchInvariant; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
+   */
+  batchInvariant?: boolean;
   /** the backend's knobs set in code, as load() takes them; the rest come from the LLMTS_* environment */
   backendSettings?: BackendSettings;
   /** the engine's knobs set in code (pipeline, deviceSampling, graphs); the rest come from the environment */
@@ -166,9 +171,13 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   // the grammar compiler is created on the first structured request, with the defaults of then
   setGrammarDefaults({ cacheBytes: g ?? DEFAULT_GRAMMAR_CACHE_BYTES });
 
+  if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
+    fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;
   return {
     ...given,
+    backendSettings: o.batchInvariant === undefined ? o.backendSettings
+      : { ...o.backendSettings, cuda: { ...o.backendSettings?.cuda, batchInvariant: o.batchInvariant } },
     host: o.host ?? SERVE_DEFAULTS.host,
     port: o.port ?? SERVE_DEFAULTS.port,
     servedModelName,

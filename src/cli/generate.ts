@@ -28,6 +28,7 @@ const OPTIONS: Options = {
   'max-model-len': { type: 'string' },
   'kv-dtype': { type: 'string' },
   device: { type: 'string' },
+  'batch-invariant': { type: 'boolean' },
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
@@ -49,6 +50,8 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --kv-dtype f32|bf16      what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
                            CUDA; the CPU backend also keeps bf16: half the bytes a decode step reads)
   --device auto|cpu|cuda   (default auto)
+  --batch-invariant        CUDA: results that do not depend on other rows of a step (the server's
+                           mode, for comparing; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
   --json                   print one JSON object instead of streaming text`;
 
 function parseMessages(raw: string): { role: string; content: string }[] {
@@ -100,6 +103,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
   // One request through the same engine the server uses (a lone row is just a batch of one).
   const llm = await load({
     model: dir, device, maxBatch: 1, maxModelLen, kvDtype,
+    backendSettings: v['batch-invariant'] ? { cuda: { batchInvariant: true } } : undefined,
     onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
   });
   try {

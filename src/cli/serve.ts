@@ -34,6 +34,7 @@ const OPTIONS: Options = {
   'tool-call-format': { type: 'string' },
   warmup: { type: 'boolean' },
   'no-warmup': { type: 'boolean' },
+  'batch-invariant': { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -77,6 +78,9 @@ const HELP = `usage: llmts serve --model DIR [options]
                               each batch size's graph and times its GEMMs, so the first requests
                               do not pay for it, nor stall the server while they do; default: on
                               for CUDA, off for the CPU)
+  --batch-invariant           CUDA: a request's tokens and logprobs do not depend on the other
+                              requests in its steps (every kernel choice fixed by shapes alone;
+                              default: $LLMTS_CUDA_BATCH_INVARIANT, off)
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
@@ -122,6 +126,7 @@ const FLAG_OF: Record<ServeOptionName, string> = {
   shutdownGraceMs: '--shutdown-grace', promptCacheBytes: '--prompt-cache', cacheDir: '--cache-dir',
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
   grammarCacheBytes: '--grammar-cache',
+  batchInvariant: '--batch-invariant',
 };
 
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
@@ -154,6 +159,7 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     grammarCacheBytes: sizeFlag(v, 'grammar-cache'),
     toolCallFormat: toolCallFormatFlag(stringFlag(v, 'tool-call-format')),
     warmup: v.warmup ? true : v['no-warmup'] ? false : undefined,
+    ...(v['batch-invariant'] ? { batchInvariant: true } : {}),
     log,
     optionNames: FLAG_OF,
   };
