@@ -70,11 +70,22 @@ test('a schema no JSON satisfies, or with a part that can never end, is refused 
     await refused(c, { type: 'ebnf', grammar: 'root ::= "a" | "b" x\nx ::= "c" x' }, /^invalid grammar: rule "x" can never finish/);
     // a checked tool schema is refused the same way
     await assert.rejects(c.checkJsonSchema({ type: 'array', items: { $ref: '#' }, minItems: 1 }), /no JSON value satisfies it/);
+    // what xgrammar would ignore (not, allOf) or drop (a required property it does not know), where it must hold
+    for (const [schema, why] of [
+      [{ not: {} }, /"not": \{\} at # excludes every value/],
+      [{ type: 'object', properties: { a: { allOf: [{ type: 'string' }, { type: 'integer' }] } }, required: ['a'] }, /allOf at #\/properties\/a requires types that exclude each other/],
+      [{ type: [] }, /"type": \[\] at # allows no type/],
+      [{ type: 'object', properties: { b: { type: 'integer' } }, required: ['a'] }, /property "a" is required at # but not in its properties/],
+    ] as [unknown, RegExp][]) await refused(c, { type: 'json_schema', schema }, new RegExp(`^invalid JSON schema: no JSON value satisfies it: ${why.source}`));
+    await refused(c, { type: 'json_schema', schema: { type: 'array', items: { enum: [] } } }, /^invalid JSON schema: "enum": \[\] at #\/items allows no value$/);
+    // only where it must hold: an unused definition, or other properties allowed, are fine
+    await compiles(c, { type: 'json_schema', schema: { $defs: { never: { not: {} } }, type: 'integer' } });
+    await compiles(c, { type: 'json_schema', schema: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'], additionalProperties: true } });
     // recursion with a way out is fine
     await compiles(c, { type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } } } });
     await compiles(c, { type: 'json_schema', schema: { type: 'array', items: { $ref: '#' } } });
     await compiles(c, { type: 'ebnf', grammar: 'root ::= "a" | "b" root' });
-    assert.equal(c.stats.compiles, 3, 'the refused specs never reached this thread');
+    assert.equal(c.stats.compiles, 5, 'the refused specs never reached this thread');
   } finally {
     await c.close();
   }

@@ -58,6 +58,11 @@ export function precheckSchema(schema: unknown, limits: Readonly<GrammarLimits> 
   return checkSchemaStrings(schema, 0) ?? new SchemaWalk(schema, limits.maxDepth).walk(schema, '#', 0);
 }
 
+/** For a schema xgrammar accepted: why no JSON value satisfies it, found in its keywords (SchemaWalk), or undefined. */
+export function unsatisfiableSchemaReason(schema: unknown, limits: Readonly<GrammarLimits> = DEFAULT_GRAMMAR_LIMITS): string | undefined {
+  return new SchemaWalk(schema, limits.maxDepth, true).walk(schema, '#', 0);
+}
+
 /** how a spec's JSON text is measured against maxSpecBytes */
 export function specSizeReason(text: string, what: string, limits: Readonly<GrammarLimits>): string | undefined {
   // a UTF-16 unit is at most 3 UTF-8 bytes: count exactly only near the limit
@@ -123,17 +128,24 @@ const SCHEMA_VALUES = [
  * Count keywords and nesting, in schema positions only: a property named "minItems" is a name,
  * not a keyword. A local `$ref` is followed the first time it is met, one level deeper, as
  * xgrammar's converter expands it there (a reference met again becomes a rule reference).
+ * Where a subschema must hold for the whole to (the root, a required property, items an array
+ * must have, allOf members, what they reference), a subschema no value satisfies is refused:
+ * xgrammar ignores `not` and `allOf`, and drops a required property `properties` does not name,
+ * so such a schema would compile to a grammar whose outputs it rejects.
  */
 class SchemaWalk {
-  private readonly followed = new Set<string>();
+  /** refs followed, with whether they were followed where they must hold */
+  private readonly followed = new Map<string, boolean>();
 
   constructor(
     private readonly root: unknown,
     private readonly maxDepth: number,
+    /** also look for subschemas no value satisfies (once xgrammar accepted the schema: its own message comes first) */
+    private readonly satisfiable = false,
   ) {}
 
-  /** `at` is the JSON pointer of the schema, for the message */
-  walk(schema: unknown, at: string, depth: number): string | undefined {
+  /** `at` is the JSON pointer of the schema, for the message; `must`: the whole needs it to hold */
+  walk(schema: unknown, at: string, depth: number, must = true): string | undefined {
     if (schema === null || typeof schema !== 'object' || Array.isArray(schema)) return undefined;
     if (depth > this.maxDepth) return `the schema nests subschemas more than ${this.maxDepth} deep (at ${shortPointer(at)})`;
     const s = schema as Record<string, unknown>;
@@ -147,18 +159,27 @@ class SchemaWalk {
       const hi = s[maxKey] as number | undefined;
       if (lo !== undefined && hi !== undefined && lo > hi) return `${minKey} ${lo} exceeds ${maxKey} ${hi} at ${at}: no value satisfies both`;
     }
-    const sub = (x: unknown, path: string): string | undefined => this.walk(x, path, depth + 1);
+    // xgrammar's own message for it is an EBNF parser error
+    if (Array.isArray(s.enum) && s.enum.length === 0) return `"enum": [] at ${at} allows no value`;
+    if (must && this.satisfiable) {
+      const r = unsatisfiable(s, at);
+      if (r) return `no JSON value satisfies it: ${r}`;
+    }
+    const sub = (x: unknown, path: string, m: boolean): string | undefined => this.walk(x, path, depth + 1, m);
     const ref = s.$ref;
-    if (typeof ref === 'string' && ref.startsWith('#') && !this.followed.has(ref)) {
-      this.followed.add(ref);
-      const r = sub(resolvePointer(this.root, ref), ref);
+    if (typeof ref === 'string' && ref.startsWith('#') && !(this.followed.get(ref) ?? false) && (must || !this.followed.has(ref))) {
+      this.followed.set(ref, must);
+      const r = sub(resolvePointer(this.root, ref), ref, must);
       if (r) return r;
     }
+    const required = new Set(Array.isArray(s.required) ? s.required.filter((x) => typeof x === 'string') : []);
+    const minItems = typeof s.minItems === 'number' ? s.minItems : 0;
+    const prefix = Array.isArray(s.prefixItems) ? s.prefixItems.length : 0;
     for (const key of SCHEMA_MAPS) {
       const m = s[key];
       if (m === null || typeof m !== 'object' || Array.isArray(m)) continue;
       for (const [name, x] of Object.entries(m)) {
-        const r = sub(x, `${at}/${key}/${name}`);
+        const r = sub(x, `${at}/${key}/${name}`, must && key === 'properties' && required.has(name));
         if (r) return r;
       }
     }
@@ -166,16 +187,56 @@ class SchemaWalk {
       const v = s[key];
       if (Array.isArray(v)) {
         for (let i = 0; i < v.length; i++) {
-          const r = sub(v[i], `${at}/${key}/${i}`);
+          const m = must && (key === 'allOf' || (key === 'prefixItems' && i < minItems) || ((key === 'anyOf' || key === 'oneOf') && v.length === 1));
+          const r = sub(v[i], `${at}/${key}/${i}`, m);
           if (r) return r;
         }
       } else {
-        const r = sub(v, `${at}/${key}`);
+        const r = sub(v, `${at}/${key}`, must && key === 'items' && minItems > prefix);
         if (r) return r;
       }
     }
     return undefined;
   }
+}
+
+/** the types a schema's own `type` allows (integer counted in number), or undefined for any */
+function typesOf(s: Record<string, unknown>): Set<string> | undefined {
+  const t = s.type;
+  const list = typeof t === 'string' ? [t] : Array.isArray(t) ? t.filter((x) => typeof x === 'string') : undefined;
+  if (!list) return undefined;
+  const out = new Set<string>();
+  for (const x of list) {
+    if (x === 'number') out.add('number').add('integer');
+    else out.add(x);
+  }
+  return out;
+}
+
+/** Why a subschema, taken alone, admits no value (the obvious cases), or undefined. */
+function unsatisfiable(s: Record<string, unknown>, at: string): string | undefined {
+  if (Array.isArray(s.type) && s.type.length === 0) return `"type": [] at ${at} allows no type`;
+  const not = s.not;
+  if (not === true || (not !== null && typeof not === 'object' && !Array.isArray(not) && Object.keys(not).length === 0))
+    return `"not": ${JSON.stringify(not)} at ${at} excludes every value`;
+  if (Array.isArray(s.allOf)) {
+    let types = typesOf(s);
+    for (const m of s.allOf) {
+      if (m === false) return `allOf at ${at} contains false`;
+      if (m === null || typeof m !== 'object' || Array.isArray(m)) continue;
+      const t = typesOf(m as Record<string, unknown>);
+      if (!t) continue;
+      types = types ? new Set([...types].filter((x) => t.has(x))) : t;
+      if (types.size === 0) return `allOf at ${at} requires types that exclude each other`;
+    }
+  }
+  if (Array.isArray(s.required) && (s.additionalProperties === undefined || s.additionalProperties === false) && s.patternProperties === undefined) {
+    const props = s.properties !== null && typeof s.properties === 'object' && !Array.isArray(s.properties) ? s.properties as Record<string, unknown> : {};
+    for (const name of s.required)
+      if (typeof name === 'string' && !Object.hasOwn(props, name))
+        return `property ${JSON.stringify(name)} is required at ${at} but not in its properties, and the output may hold no other property`;
+  }
+  return undefined;
 }
 
 /** a JSON pointer for a message: its start and end when long */

@@ -12,7 +12,7 @@ import { XGrammarError, type XgCompiledGrammar, type XgCompiler, type XgInstance
 import { describeGrammar, type GrammarSpec, type StructuralFormat } from './spec.ts';
 import { applySchemaRules, rewriteSchema } from './schema-rewrite.ts';
 import { alt, dfaEbnf, str } from './dfa.ts';
-import { DEFAULT_GRAMMAR_LIMITS, languageProblem, languageReason, precheckSchema, precheckSpec, type GrammarLimits } from './precheck.ts';
+import { DEFAULT_GRAMMAR_LIMITS, languageProblem, languageReason, precheckSchema, precheckSpec, unsatisfiableSchemaReason, type GrammarLimits } from './precheck.ts';
 
 /** The request's schema, regex or grammar is invalid; `message` is the compiler's. */
 export class GrammarSpecError extends Error {
@@ -84,12 +84,10 @@ export function prepareSpec(
   const jsonEbnf = (schema: unknown): string => {
     const original = schemaText(schema, invalid);
     const rw = rewriteSchema(schema);
-    let ebnf: string;
-    if (rw.rules.size === 0) ebnf = fromSchema(original, true);
-    else {
-      const asWritten = fromSchema(original, true); // xgrammar's message, should the schema be invalid
-      ebnf = applySchemaRules(fromSchema(JSON.stringify(rw.schema), true), rw) ?? asWritten;
-    }
+    const asWritten = fromSchema(original, true); // xgrammar's message, should the schema be invalid
+    const unsatisfiable = unsatisfiableSchemaReason(schema, limits);
+    if (unsatisfiable !== undefined) invalid(unsatisfiable);
+    const ebnf = rw.rules.size === 0 ? asWritten : applySchemaRules(fromSchema(JSON.stringify(rw.schema), true), rw) ?? asWritten;
     servable(normalizedEbnf(ebnf, 'root'), 'root', true);
     return ebnf;
   };
