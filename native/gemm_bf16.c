@@ -1,21 +1,26 @@
-// Prefill matmuls of bf16 weights with AVX512-BF16 dot products (ISA_AVX512_BF16, matmul.c):
-// x is rounded to bf16 (nearest even) as it is packed, and each vdpbf16ps multiplies 16 rows x 2
-// k-steps of x by a broadcast pair of weights, accumulating in f32: twice the multiply-adds of an
-// f32 FMA per instruction. The weights are bf16 already, so they need no conversion either.
+// Matmuls of bf16 weights with AVX512-BF16 dot products (ISA_AVX512_BF16, matmul.c): x is
+// rounded to bf16 (nearest even) once per call, and each vdpbf16ps multiplies 16 pairs of x by 16
+// pairs of a weight row, accumulating in f32: twice the multiply-adds of an f32 FMA per
+// instruction, and the weights need no conversion.
 //
-// Why: a prefill's matmuls run at ~90% of the cores' f32 FMA peak (gemm_impl.h's packed path);
+// Why: a prefill's f32 matmuls run at ~90% of the cores' FMA peak (gemm_impl.h's packed path);
 // llama.cpp multiplies bf16 activations (ggml's bf16 vec-dot) and was 1.1-1.3x faster at prefill on
 // the 2-core dev VM. What it costs: x's rounding, a relative 2^-9 a product at most, as
 // transformers' own bf16 inference has in every matmul (the CUDA backend's activations are bf16
-// throughout); sums stay f32. Decode (M <= ROWS_MAX_M, gemm_rows_bf16dot below) rounds x the same
-// way and computes each element exactly as the packed kernel does, so that a row's result does not
-// depend on the other rows in its step. llm_set_isa(ISA_AVX512) turns it off (the tests compare both).
+// throughout); sums stay f32. vdpbf16ps reads subnormal inputs as zero. llm_set_isa(ISA_AVX512)
+// turns it off (the tests compare both).
 //
-// Layout as gemm_impl.h's packed path: x in K-major panels of PW rows, but as pairs of k
-// (xp[(k/2) PW + ii] holds x[row ii][k], x[row ii][k+1] in one 32-bit unit: a vector load takes
-// 16 rows' pairs); weights read in place, NRW rows of KC columns a micro-kernel call (a last,
-// partial group of rows copied zero-padded; copying every block, once per 128 rows of x, cost 8-13%
-// at the demo's and 8B's shapes); an NRW x PW block of y^T in registers.
+// Batch invariance: every element of y is computed the same way whatever M is, by one tile
+// kernel (dot_tile): a vector of 16 lanes over the k pairs (lane l sums pairs l, l + 16, .. in
+// order), a last partial vector of pairs masked to zero, then one fixed tree over the lanes
+// (reduce16), then the bias. Decode (M <= ROWS_MAX_M) and prefill differ only in how tiles are
+// blocked for the caches and split over threads, so a row's result never depends on the other
+// rows of its step.
+//
+// Layout: x and w row-major, pairs of k in 32-bit units (x converted once: xb[m K2 + k2]);
+// prefill tiles of 4 x rows by 6 weight rows (24 accumulators + 4 x vectors of 32 zmm), blocked by
+// KC2 pairs (the tile's rows stay in L1) with the accumulators kept in a buffer between blocks;
+// decode tiles of up to 4 x rows by 8 weight rows over the whole of K.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,prefer-vector-width=512")
 #include <immintrin.h>
 #include <stdint.h>
@@ -24,139 +29,19 @@
 
 #include "llm.h"
 
-#define PW 32            // x rows per panel: two vectors of 16 rows' k pairs
-#define NRW 12           // weight rows per micro-kernel: 24 accumulators + 2 x vectors of 32 zmm
-#define KC 256           // k block (even): a panel block (KC x PW bf16, 16 KiB) stays in L1
-#define NB (NRW * 8)     // weight rows per work item
-#define MP (128 / PW)    // x panels per work item
+#define TILE_M 4    // x rows a prefill tile
+#define TILE_N 6    // weight rows a prefill tile
+#define DEC_N 8     // weight rows a decode tile
+#ifndef KC2
+#define KC2 1024    // k pairs a prefill block (multiple of 16): a tile's 10 row segments, 40 KiB, stay in L1
+                    // (best of 256, 512, 1024 on a 16-core Xeon: bench/cpu-ab.ts, BENCHMARKS.md)
+#endif
+#define NB 96       // weight rows a prefill work item (a multiple of TILE_N)
+#define MB 64       // x rows a prefill work item (a multiple of TILE_M)
 
-// Panel p of x as k pairs: xp[(k2 PW + ii)] = bf16 pair (x[r][2 k2], x[r][2 k2 + 1]), r = p PW + ii,
-// zero past M. K is even.
-static void pack_panel_bf16(uint32_t *xp, const float *x, int64_t M, int64_t K, int64_t p) {
-  for (int64_t ii = 0; ii < PW; ii++) {
-    const int64_t row = p * PW + ii;
-    if (row >= M) {
-      for (int64_t k2 = 0; k2 < K / 2; k2++) xp[k2 * PW + ii] = 0;
-      continue;
-    }
-    const float *src = x + row * K;
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      // 32 floats -> 16 pairs; cvtne2ps puts its second operand's 16 values first
-      const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
-      uint32_t u[16];
-      _mm512_storeu_si512(u, v);
-      for (int j = 0; j < 16; j++) xp[(k / 2 + j) * PW + ii] = u[j];
-    }
-    for (; k < K; k += 2) {
-      const __m128i v = (__m128i)_mm_cvtne2ps_pbh(_mm_set1_ps(0.0f), _mm_setr_ps(src[k], src[k + 1], 0.0f, 0.0f));
-      xp[(k / 2) * PW + ii] = (uint32_t)_mm_cvtsi128_si32(v);
-    }
-  }
-}
-
-// ct[r ldc + 0..PW) (+)= sum_k wb[r ldw + k] x[.. k] over the block's kc (even) columns, r < NRW.
-static inline void micro_bf16(const uint16_t *wb, int64_t ldw, const uint32_t *xp, int64_t kc, float *ct, int64_t ldc,
-                              int first) {
-  __m512 c[NRW][2];
-  for (int r = 0; r < NRW; r++) {
-    c[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ct + r * ldc);
-    c[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ct + r * ldc + 16);
-  }
-  for (int64_t k2 = 0; k2 < kc / 2; k2++) {
-    const __m512bh x0 = (__m512bh)_mm512_load_si512(xp + k2 * PW);
-    const __m512bh x1 = (__m512bh)_mm512_load_si512(xp + k2 * PW + 16);
-    for (int r = 0; r < NRW; r++) {
-      int32_t pair;
-      memcpy(&pair, wb + r * ldw + 2 * k2, 4);
-      const __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
-      c[r][0] = _mm512_dpbf16_ps(c[r][0], x0, b);
-      c[r][1] = _mm512_dpbf16_ps(c[r][1], x1, b);
-    }
-  }
-  for (int r = 0; r < NRW; r++) {
-    _mm512_storeu_ps(ct + r * ldc, c[r][0]);
-    _mm512_storeu_ps(ct + r * ldc + 16, c[r][1]);
-  }
-}
-
-void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                         int64_t K) {
-  const int64_t P = (M + PW - 1) / PW, K2 = K / 2;
-  uint32_t *xp = aligned_alloc(64, (size_t)(P * K2 * PW) * sizeof(uint32_t) + 64);
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < P; p++) pack_panel_bf16(xp + p * K2 * PW, x, M, K, p);
-
-  const int64_t nbi = (N + NB - 1) / NB, nmi = (P + MP - 1) / MP, ldc = MP * PW;
-#pragma omp parallel
-  {
-    uint16_t *wt = aligned_alloc(64, (size_t)(NRW * KC) * sizeof(uint16_t)); // a last, partial row group, zero-padded
-    float *ct = aligned_alloc(64, (size_t)(NB * ldc) * sizeof(float));       // [NB][MP PW] y^T block
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t bi = 0; bi < nbi; bi++) {
-      for (int64_t mi = 0; mi < nmi; mi++) {
-        const int64_t j0 = bi * NB, nb = N - j0 < NB ? N - j0 : NB;
-        const int64_t nbr = (nb + NRW - 1) / NRW * NRW; // rounded up; extra rows are zero
-        const int64_t full = nb / NRW * NRW; // row groups read in place; a partial last one from wt
-        const int64_t p0 = mi * MP, np = P - p0 < MP ? P - p0 : MP;
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-          const int64_t kc = K - k0 < KC ? K - k0 : KC;
-          for (int64_t r = full; r < nbr; r++) {
-            if (r < nb) memcpy(wt + (r - full) * KC, w + (j0 + r) * K + k0, (size_t)kc * 2);
-            else memset(wt + (r - full) * KC, 0, (size_t)kc * 2);
-          }
-          for (int64_t pp = 0; pp < np; pp++) {
-            const uint32_t *xpb = xp + (p0 + pp) * K2 * PW + (k0 / 2) * PW;
-            for (int64_t jr = 0; jr < nbr; jr += NRW) {
-              const int inplace = jr < full;
-              micro_bf16(inplace ? w + (j0 + jr) * K + k0 : wt, inplace ? K : KC, xpb, kc, ct + jr * ldc + pp * PW, ldc,
-                         k0 == 0);
-            }
-          }
-        }
-        gemm_store_yt(y, N, ct, ldc, p0 * PW, (p0 + np) * PW < M ? (p0 + np) * PW : M, j0, nb, bias);
-      }
-    }
-    free(wt);
-    free(ct);
-  }
-  free(xp);
-}
-
-// The same products for M <= ROWS_MAX_M (decode), each element of y computed exactly as the
-// packed kernel computes it (one vdpbf16ps chain over the k pairs in order, then the bias), so a
-// row's result does not depend on how many rows share the call. Weight rows are in the lanes
-// here: a tile of 16 rows x 16 k pairs (one 64-byte load a row) is transposed in registers, then
-// each broadcast x pair multiplies a column of 16 rows' pairs.
-
-// v[0..16) as 16 x 16 32-bit units: rows become columns (4 stages, stage h swapping bit h of the
-// row and column index).
-static inline void transpose_u32x16(__m512i *v) {
-  static const int32_t lo[4][16] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                                    {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
-                                    {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-                                    {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
-  static const int32_t hi[4][16] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
-                                    {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
-                                    {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
-                                    {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-  int s = 0;
-#pragma GCC unroll 4
-  for (int h = 8; h >= 1; h /= 2, s++) {
-    const __m512i il = _mm512_loadu_si512(lo[s]), ih = _mm512_loadu_si512(hi[s]);
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i++) {
-      if (i & h) continue;
-      const __m512i a = v[i], b = v[i + h];
-      v[i] = _mm512_permutex2var_epi32(a, il, b);
-      v[i + h] = _mm512_permutex2var_epi32(a, ih, b);
-    }
-  }
-}
-
-// x rows as bf16 pairs, rounded as pack_panel_bf16 rounds them: xb[m K/2 + k2] = (x[m][2 k2], x[m][2 k2 + 1]).
-static void pack_rows_bf16(uint32_t *xb, const float *x, int64_t M, int64_t K) {
-  for (int64_t m = 0; m < M; m++) {
+// x rows as bf16 pairs, rounded to nearest even: xb[m K2 + k2] = (x[m][2 k2], x[m][2 k2 + 1]).
+static void pack_rows_bf16(uint32_t *xb, const float *x, int64_t m0, int64_t m1, int64_t K) {
+  for (int64_t m = m0; m < m1; m++) {
     const float *src = x + m * K;
     uint32_t *dst = xb + m * (K / 2);
     int64_t k = 0;
@@ -169,41 +54,170 @@ static void pack_rows_bf16(uint32_t *xb, const float *x, int64_t M, int64_t K) {
   }
 }
 
+// acc[i][j] (+)= the dot products of pairs [k2a, k2b) of x rows xr[i] and weight rows wr[j], 16
+// pairs a vector; a last partial vector is masked (its pairs past k2b are zero on both sides).
+// MR and NR are constants at every call (always inlined), so acc stays in registers.
+static inline __attribute__((always_inline)) void dot_tile(const int MR, const int NR, const uint32_t *const *xr,
+                                                           const uint32_t *const *wr, int64_t k2a, int64_t k2b,
+                                                           __m512 acc[TILE_M][DEC_N]) {
+  int64_t k2 = k2a;
+  for (; k2 + 16 <= k2b; k2 += 16) {
+    __m512i xv[TILE_M];
+    for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_si512(xr[i] + k2);
+    for (int j = 0; j < NR; j++) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr[j] + k2);
+      for (int i = 0; i < MR; i++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv[i], wv);
+    }
+  }
+  if (k2 < k2b) {
+    const __mmask16 mask = (__mmask16)((1u << (k2b - k2)) - 1u);
+    __m512i xv[TILE_M];
+    for (int i = 0; i < MR; i++) xv[i] = _mm512_maskz_loadu_epi32(mask, xr[i] + k2);
+    for (int j = 0; j < NR; j++) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi32(mask, wr[j] + k2);
+      for (int i = 0; i < MR; i++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv[i], wv);
+    }
+  }
+}
+
+// out[i] = the sum of v[i]'s 16 lanes for i < n (n <= 16), always by the same tree: lanes l and
+// l + 8, then l and l + 4, l + 2, l + 1 (a transposing reduction: each level adds two shuffles of
+// a pair of vectors, so 16 sums cost 15 pair steps, not 16 horizontal sums). A vector's sum does
+// not depend on which others share the call.
+static void reduce16(const __m512 *v, int n, float *out) {
+  static const int32_t lo[4][16] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                    {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                    {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                                    {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+  static const int32_t hi[4][16] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                                    {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                                    {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+                                    {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
+  __m512 a[16];
+  for (int i = 0; i < 16; i++) a[i] = i < n ? v[i] : _mm512_setzero_ps();
+  int w = 16;
+  for (int s = 0; s < 4; s++, w /= 2) {
+    const __m512i il = _mm512_loadu_si512(lo[s]), ih = _mm512_loadu_si512(hi[s]);
+    for (int i = 0; i < w / 2; i++)
+      a[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * i], il, a[2 * i + 1]), _mm512_permutex2var_ps(a[2 * i], ih, a[2 * i + 1]));
+  }
+  float s[16];
+  _mm512_storeu_ps(s, a[0]);
+  for (int i = 0; i < n; i++) out[i] = s[i];
+}
+
+// y[m][n] for the MR x NR tile at x rows xr, weight rows wr (their indices m0.., n0..): reduce and
+// add the bias.
+static inline __attribute__((always_inline)) void store_tile(const int MR, const int NR, __m512 acc[TILE_M][DEC_N],
+                                                             int64_t m0, int64_t n0, int64_t mr, int64_t nr,
+                                                             const float *bias, float *y, int64_t N) {
+  __m512 v[TILE_M * DEC_N];
+  float s[TILE_M * DEC_N];
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) v[i * NR + j] = acc[i][j];
+  for (int g = 0; g < MR * NR; g += 16) reduce16(v + g, MR * NR - g < 16 ? MR * NR - g : 16, s + g);
+  for (int64_t i = 0; i < mr; i++)
+    for (int64_t j = 0; j < nr; j++) y[(m0 + i) * N + n0 + j] = s[i * NR + j] + (bias ? bias[n0 + j] : 0.0f);
+}
+
+// ---- prefill (M > ROWS_MAX_M) ---------------------------------------------------------------
+
+// One work item: weight rows [n0, n1) x x rows [m0, m1), K blocked by KC2 pairs, each tile's
+// accumulators kept in cbuf between blocks. Rows past N or M read a zero row (dropped at the end).
+static void prefill_item(const uint32_t *xb, const uint32_t *wp, const uint32_t *zero, int64_t K2, int64_t M, int64_t N,
+                         int64_t m0, int64_t m1, int64_t n0, int64_t n1, const float *bias, float *y, __m512 *cbuf) {
+  const int64_t tm = (m1 - m0 + TILE_M - 1) / TILE_M, tn = (n1 - n0 + TILE_N - 1) / TILE_N;
+  for (int64_t k2a = 0; k2a < K2; k2a += KC2) {
+    const int64_t k2b = K2 - k2a < KC2 ? K2 : k2a + KC2;
+    // weight tiles outer: a tile's 6 row segments stay in L1 while the x tiles pass
+    for (int64_t bn = 0; bn < tn; bn++) {
+      const uint32_t *wr[DEC_N];
+      for (int j = 0; j < TILE_N; j++) {
+        const int64_t n = n0 + bn * TILE_N + j;
+        wr[j] = n < N ? wp + n * K2 : zero;
+      }
+      for (int64_t bm = 0; bm < tm; bm++) {
+        const uint32_t *xr[TILE_M];
+        for (int i = 0; i < TILE_M; i++) {
+          const int64_t m = m0 + bm * TILE_M + i;
+          xr[i] = m < M ? xb + m * K2 : zero;
+        }
+        __m512 acc[TILE_M][DEC_N];
+        __m512 *cb = cbuf + (bn * tm + bm) * (TILE_M * TILE_N);
+        for (int i = 0; i < TILE_M; i++)
+          for (int j = 0; j < TILE_N; j++) acc[i][j] = k2a == 0 ? _mm512_setzero_ps() : cb[i * TILE_N + j];
+        dot_tile(TILE_M, TILE_N, xr, wr, k2a, k2b, acc);
+        if (k2b < K2) {
+          for (int i = 0; i < TILE_M; i++)
+            for (int j = 0; j < TILE_N; j++) cb[i * TILE_N + j] = acc[i][j];
+        } else {
+          const int64_t mb = m0 + bm * TILE_M, nb = n0 + bn * TILE_N;
+          store_tile(TILE_M, TILE_N, acc, mb, nb, M - mb < TILE_M ? M - mb : TILE_M, N - nb < TILE_N ? N - nb : TILE_N,
+                     bias, y, N);
+        }
+      }
+    }
+  }
+}
+
+void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                         int64_t K) {
+  const int64_t K2 = K / 2;
+  uint32_t *xb = aligned_alloc(64, ((size_t)(M * K2) * sizeof(uint32_t) + 63) / 64 * 64);
+  uint32_t *zero = calloc((size_t)K2 + 16, sizeof(uint32_t));
+  const int64_t nmi = (M + MB - 1) / MB, nni = (N + NB - 1) / NB;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, K);
+    __m512 *cbuf = aligned_alloc(64, (size_t)((MB / TILE_M) * (NB / TILE_N) * TILE_M * TILE_N) * sizeof(__m512));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t ni = 0; ni < nni; ni++)
+      for (int64_t mi = 0; mi < nmi; mi++)
+        prefill_item(xb, (const uint32_t *)w, zero, K2, M, N, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, ni * NB,
+                     (ni + 1) * NB < N ? (ni + 1) * NB : N, bias, y, cbuf);
+    free(cbuf);
+  }
+  free(zero);
+  free(xb);
+}
+
+// ---- decode (M <= ROWS_MAX_M) ---------------------------------------------------------------
+
+// Weight rows stream from memory once, each 64-byte vector dotted with up to 4 rows of x; threads
+// take blocks of DEC_N rows.
+#define DECODE_CASE(MR_)                                                                                  \
+  case MR_: {                                                                                             \
+    __m512 acc[TILE_M][DEC_N];                                                                            \
+    for (int i = 0; i < MR_; i++)                                                                         \
+      for (int j = 0; j < DEC_N; j++) acc[i][j] = _mm512_setzero_ps();                                   \
+    dot_tile(MR_, DEC_N, xr, wr, 0, K2, acc);                                                             \
+    store_tile(MR_, DEC_N, acc, m0, n0, MR_, nr, bias, y, N);                                            \
+    break;                                                                                                \
+  }
+
 void gemm_rows_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
   const int64_t K2 = K / 2;
   uint32_t *xb = malloc((size_t)(M * K2) * sizeof(uint32_t) + 64);
-  pack_rows_bf16(xb, x, M, K);
+  uint32_t *zero = calloc((size_t)K2 + 16, sizeof(uint32_t));
+  pack_rows_bf16(xb, x, 0, M, K);
 #pragma omp parallel for schedule(dynamic, 1) if ((size_t)N * (size_t)K * 2 >= llm_gemv_parallel_min_bytes())
-  for (int64_t j0 = 0; j0 < N; j0 += 16) {
-    const int64_t nr = N - j0 < 16 ? N - j0 : 16;
-    const uint16_t *wr[16];
-    for (int r = 0; r < 16; r++) wr[r] = w + (size_t)(j0 + (r < nr ? r : 0)) * (size_t)K;
-    __m512 acc[ROWS_MAX_M];
-    for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
-    for (int64_t k2 = 0; k2 < K2; k2 += 16) {
-      const int64_t n2 = K2 - k2 < 16 ? K2 - k2 : 16; // pairs in this tile
-      const __mmask16 mask = (__mmask16)((1u << n2) - 1u);
-      __m512i t[16];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; r++) t[r] = r < nr ? _mm512_maskz_loadu_epi32(mask, wr[r] + 2 * k2) : _mm512_setzero_si512();
-      transpose_u32x16(t); // t[i]: the 16 rows' pair k2 + i
-      for (int64_t m = 0; m < M; m++) {
-        const uint32_t *xm = xb + m * K2 + k2;
-        __m512 a = acc[m];
-        if (n2 == 16) {
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; i++) a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int32_t)xm[i]), (__m512bh)t[i]);
-        } else {
-          for (int i = 0; i < n2; i++) a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int32_t)xm[i]), (__m512bh)t[i]);
-        }
-        acc[m] = a;
+  for (int64_t n0 = 0; n0 < N; n0 += DEC_N) {
+    const int64_t nr = N - n0 < DEC_N ? N - n0 : DEC_N;
+    const uint32_t *wr[DEC_N];
+    for (int j = 0; j < DEC_N; j++) wr[j] = j < nr ? (const uint32_t *)w + (n0 + j) * K2 : zero;
+    for (int64_t m0 = 0; m0 < M; m0 += TILE_M) {
+      const uint32_t *xr[TILE_M];
+      for (int i = 0; i < TILE_M; i++) xr[i] = m0 + i < M ? xb + (m0 + i) * K2 : zero;
+      switch (M - m0 < TILE_M ? (int)(M - m0) : TILE_M) {
+        DECODE_CASE(1)
+        DECODE_CASE(2)
+        DECODE_CASE(3)
+        DECODE_CASE(4)
       }
     }
-    for (int64_t m = 0; m < M; m++) {
-      float s[16];
-      _mm512_storeu_ps(s, acc[m]);
-      for (int64_t r = 0; r < nr; r++) y[m * N + j0 + r] = s[r] + (bias ? bias[j0 + r] : 0.0f);
-    }
   }
+  free(zero);
   free(xb);
 }
+#undef DECODE_CASE

@@ -4,7 +4,7 @@
 // Which instruction set the hand-dispatched kernels (matmul, attention) use.
 #include "llm.h"
 
-// LLMTS_CPU_BF16_DOT=off keeps the prefill matmuls of bf16 weights in f32 (x not rounded to bf16)
+// LLMTS_CPU_BF16_DOT=off keeps the matmuls of bf16 weights in f32 (x not rounded to bf16)
 // where the CPU has AVX512-BF16; cpu-knobs.ts checks the value when the library loads.
 static int bf16_dot_allowed(void) {
   const char *e = getenv("LLMTS_CPU_BF16_DOT");

@@ -23,7 +23,7 @@ export interface CpuSettings {
    */
   readonly gemvParallelMinBytes: number;
   /**
-   * Whether prefill matmuls of bf16 weights may round x to bf16 and use the CPU's AVX512-BF16 dot
+   * Whether matmuls of bf16 weights may round x to bf16 and use the CPU's AVX512-BF16 dot
    * products (native/gemm_bf16.c; $LLMTS_CPU_BF16_DOT, on by default): about 1.85x the f32
    * kernel's multiply-adds, at a relative 2^-9 a product of rounding (transformers' bf16 inference
    * rounds every activation so). Off keeps them f32 (the ISA capped at AVX-512). Process-wide, as
