@@ -95,11 +95,17 @@ static void reduce16(const __m512 *v, int n, float *out) {
                                     {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
   __m512 a[16];
   for (int i = 0; i < 16; i++) a[i] = i < n ? v[i] : _mm512_setzero_ps();
-  int w = 16;
-  for (int s = 0; s < 4; s++, w /= 2) {
+  // live: vectors holding anything; pairs past them are zeros and stay zeros (no step needed)
+  int w = 16, live = n;
+  for (int s = 0; s < 4; s++, w /= 2, live = (live + 1) / 2) {
     const __m512i il = _mm512_loadu_si512(lo[s]), ih = _mm512_loadu_si512(hi[s]);
-    for (int i = 0; i < w / 2; i++)
+    for (int i = 0; i < w / 2; i++) {
+      if (2 * i >= live) {
+        a[i] = _mm512_setzero_ps();
+        continue;
+      }
       a[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * i], il, a[2 * i + 1]), _mm512_permutex2var_ps(a[2 * i], ih, a[2 * i + 1]));
+    }
   }
   float s[16];
   _mm512_storeu_ps(s, a[0]);
