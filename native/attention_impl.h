@@ -18,12 +18,15 @@
 // Pool rows (bytes) of keys and values [j0, j0 + n) of kv head kh through a row's block table,
 // prefetched: consecutive keys of one kv head sit a page apart in the pool ([.., slot, kvHeads, D]),
 // so hardware prefetchers do not follow them; ask for the whole chunk up front instead of taking
-// one miss per row. Lanes n.. of a short chunk repeat key j0 (read, then masked).
+// one miss per row. Keys before `first` (the earliest any query of the call attends to: a sliding
+// window's blocks before it may be unmapped) and lanes n.. of a short chunk repeat key `first`
+// (read, then masked).
 SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
-                               const char **ksrc, const char **vsrc) {
+                               int64_t first, const char **ksrc, const char **vsrc) {
   const int64_t D = a->D, eb = a->kv_dt == DT_F32 ? 4 : 2;
   for (int64_t jj = 0; jj < n; jj++) {
-    const int64_t j = j0 + jj, off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
+    const int64_t j = j0 + jj < first ? first : j0 + jj;
+    const int64_t off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
     ksrc[jj] = (const char *)a->kpool + off * D * eb;
     vsrc[jj] = (const char *)a->vpool + off * D * eb;
     for (int64_t b = 0; b < D * eb; b += 64) {
@@ -31,9 +34,10 @@ SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t
       __builtin_prefetch(vsrc[jj] + b);
     }
   }
+  const int64_t f = first > j0 ? (first - j0 < n ? first - j0 : 0) : 0; // lane of key `first` (or 0)
   for (int64_t jj = n; jj < CHUNK; jj++) {
-    ksrc[jj] = ksrc[0];
-    vsrc[jj] = vsrc[0];
+    ksrc[jj] = ksrc[f];
+    vsrc[jj] = vsrc[f];
   }
 }
 
@@ -192,8 +196,8 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
     const int64_t nc = (p - s0) / CHUNK + 1 < ATTN_SC ? (p - s0) / CHUNK + 1 : ATTN_SC;
     for (int64_t c = 0; c < ATTN_SC; c++) { // chunks past p repeat chunk 0 (scored, never used)
       const int64_t j0 = s0 + c * CHUNK, n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
-      if (c < nc) FN(chunk_src)(a, table, kh, j0, n, ksrc + c * CHUNK, vsrc + c * CHUNK);
-      else FN(chunk_src)(a, table, kh, s0, 1, ksrc + c * CHUNK, vsrc + c * CHUNK);
+      if (c < nc) FN(chunk_src)(a, table, kh, j0, n, start, ksrc + c * CHUNK, vsrc + c * CHUNK);
+      else FN(chunk_src)(a, table, kh, start, 1, start, ksrc + c * CHUNK, vsrc + c * CHUNK);
       FN(transpose_keys)(a, ksrc + c * CHUNK, kt + c * CHUNK, SK);
     }
     // scores sc[g SK + jj], HP heads a pass: NV HP independent chains
@@ -290,7 +294,7 @@ static void FN(attend_block)(const attn_args *a, int64_t t0, int64_t nq, int64_t
   // chunks start at multiples of CHUNK whatever the rows' windows, as attend's do
   for (int64_t j0 = jlo <= jhi ? jlo / CHUNK * CHUNK : 0; j0 <= jhi; j0 += CHUNK) {
     const int64_t n = jhi + 1 - j0 < CHUNK ? jhi + 1 - j0 : CHUNK;
-    FN(chunk_src)(a, table, kh, j0, n, ksrc, vsrc);
+    FN(chunk_src)(a, table, kh, j0, n, jlo, ksrc, vsrc);
     FN(transpose_keys)(a, ksrc, kt, CHUNK);
     FN(value_rows)(a, vsrc, n, vrow, vbuf);
     // scores: st[jj RP + r] = q_r . k_jj, ATTN_KB keys' vectors of VW rows accumulating over d

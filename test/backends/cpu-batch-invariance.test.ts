@@ -139,4 +139,37 @@ describe('attention tokens do not depend on how their row is split into blocks',
       });
     }
   }
+
+  it('keys before a sliding window are never read: their blocks may be unmapped or hold anything (NaN here), every ISA', async () => {
+    // the last 10 positions of the row, as one block and one by one, window 7 and 21: blocks wholly
+    // before every window point at a block of NaN keys and values; outputs equal the mapped run's
+    const nanBlock = 15; // not in the row's table
+    const kpn = Float32Array.from(kp), vpn = Float32Array.from(vp);
+    kpn.fill(NaN, nanBlock * BS * KVH * D, (nanBlock + 1) * BS * KVH * D);
+    vpn.fill(NaN, nanBlock * BS * KVH * D, (nanBlock + 1) * BS * KVH * D);
+    for (const window of [7, 21]) {
+      const params = { scale: 0.2, window, softcap: 0 };
+      const firstNeeded = Math.floor((L - 10 - window + 1) / BS); // the first block any of the tokens reads
+      const poisoned = Int32Array.from(table, (b, i) => (i < firstNeeded ? nanBlock : b));
+      await forEachIsa(async (isa) => {
+        const run = async (k: Float32Array, v: Float32Array, tab: Int32Array, from: number, to: number) => {
+          const n = to - from;
+          const layout: StepLayout = {
+            tokenRow: cpu.upload(new Int32Array(n), [n]), tokenPos: cpu.upload(Int32Array.from({ length: n }, (_, i) => from + i), [n]),
+            slots: cpu.upload(new Int32Array(n).fill(-1), [n]), blockTables: cpu.upload(tab, [1, MBR]), blockSize: BS,
+          };
+          const kv = { k: cpu.upload(k, [NB, BS, KVH, D]), v: cpu.upload(v, [NB, BS, KVH, D]) };
+          return (await cpu.read(cpu.attention(cpu.upload(q.subarray(from * H * D, to * H * D), [n, H, D]), kv, layout, params))) as Float32Array;
+        };
+        const want = await run(kp, vp, table, L - 10, L);
+        const block = await run(kpn, vpn, poisoned, L - 10, L);
+        assert.equal(firstDiff(block, want), undefined, `window ${window} ${isa}: a block of 10 tokens read a key before its window`);
+        for (let t = L - 10; t < L; t++) {
+          const lone = await run(kpn, vpn, poisoned, t, t + 1);
+          const diff = firstDiff(lone, want.subarray((t - (L - 10)) * H * D, (t - (L - 10) + 1) * H * D));
+          assert.equal(diff, undefined, `window ${window} ${isa}: token ${t} alone read a key before its window (${diff})`);
+        }
+      });
+    }
+  });
 });
