@@ -13,6 +13,7 @@ test('serve flags become ServeOptions in their units', () => {
     '--max-queued', '0', '--max-model-len', '64', '--kv-budget', '16K', '--kv-dtype', 'bf16', '--device', 'cpu',
     '--max-body', '1M', '--shutdown-grace', '2.5', '--prompt-cache', 'off', '--cache-dir-size', '1G',
     '--tool-call-format', 'llama3', '--no-warmup', '--header-timeout', '30', '--body-timeout', '0.5',
+    '--grammar-cache', '8M', '--batch-invariant',
   ]);
   const { log, optionNames, ...rest } = o;
   assert.equal(typeof log, 'function');
@@ -20,7 +21,7 @@ test('serve flags become ServeOptions in their units', () => {
   assert.deepEqual(rest, {
     model: 'm', host: '::1', port: 0, servedModelName: 'x', apiKey: 'k', maxBatch: 4, maxQueued: 0, maxModelLen: 64,
     kvBudgetBytes: 16384, kvDtype: 'bf16', gpuMemoryUtilization: undefined, maxBodyBytes: 2 ** 20, shutdownGraceMs: 2500,
-    headersTimeoutMs: 30_000, bodyTimeoutMs: 500,
+    headersTimeoutMs: 30_000, bodyTimeoutMs: 500, grammarCacheBytes: 8 * 2 ** 20, batchInvariant: true,
     device: 'cpu', promptCacheBytes: 0, cacheDir: undefined, cacheDirBytes: 2 ** 30, toolCallFormat: 'llama3_json', warmup: false,
   });
   assert.equal(serveOptionsOf(['--model', 'm', '--warmup']).warmup, true);
