@@ -59,44 +59,18 @@ SIMD_INLINE void FN(value_rows)(const attn_args *a, const char *const *vsrc, int
 }
 
 // kt[d ldk + jj] = key jj's element d as f32, for d < D, jj < CHUNK: the chunk's keys transposed
-// (and widened from bf16), VW x VW tiles in registers (log2 VW shuffle stages, stage h swapping bit
-// h of the row and column index), the last D % VW elements one by one.
+// (and widened from bf16), VW x VW tiles in registers (transpose, vec_isa.h), the last D % VW
+// elements one by one.
 SIMD_INLINE void FN(transpose_keys)(const attn_args *a, const char *const *ksrc, float *kt, int64_t ldk) {
   const int64_t D = a->D;
   const int dt = a->kv_dt;
-#if VW == 16
-  static const VI lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                           {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
-                           {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-                           {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
-  static const VI hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
-                           {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
-                           {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
-                           {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-#elif VW == 8
-  static const VI lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
-  static const VI hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
-#else
-  static const VI lo[2] = {{0, 1, 4, 5}, {0, 4, 2, 6}};
-  static const VI hi[2] = {{2, 3, 6, 7}, {1, 5, 3, 7}};
-#endif
   int64_t d0 = 0;
   for (; d0 + VW <= D; d0 += VW) {
     for (int j0 = 0; j0 < CHUNK; j0 += VW) {
       VF v[VW];
 #pragma GCC unroll 16
       for (int i = 0; i < VW; i++) v[i] = dt == DT_F32 ? FN(vload)((const float *)ksrc[j0 + i] + d0) : FN(load_w)(ksrc[j0 + i], DT_BF16, d0);
-      int s = 0;
-#pragma GCC unroll 4
-      for (int h = VW / 2; h >= 1; h /= 2, s++) {
-#pragma GCC unroll 8
-        for (int i = 0; i < VW; i++) {
-          if (i & h) continue;
-          const VF x = v[i], y = v[i + h];
-          v[i] = __builtin_shuffle(x, y, lo[s]);
-          v[i + h] = __builtin_shuffle(x, y, hi[s]);
-        }
-      }
+      FN(transpose)(v);
 #pragma GCC unroll 16
       for (int i = 0; i < VW; i++) FN(vstore)(kt + (d0 + i) * ldk + j0, v[i]); // v[i]: element d0 + i
     }
