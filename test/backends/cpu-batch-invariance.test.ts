@@ -10,9 +10,8 @@ import type { StepLayout, Tensor } from '../../src/contracts/backend.ts';
 import { encodeHalf } from '../../src/backends/common/half.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
-import { randomF32, rng, WeightDir } from './helpers.ts';
+import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng, WeightDir } from './helpers.ts';
 
-const isaNames = ['generic', 'avx2', 'avx512', 'avx512-bf16'];
 let cpu: CpuBackend;
 let files: WeightDir;
 
@@ -27,23 +26,8 @@ after(async () => {
 });
 
 /** Runs `body` for every kernel ISA this CPU supports, small matmuls on one thread and on the team. */
-async function forEachIsa(body: (label: string) => Promise<void>): Promise<void> {
-  const lib = loadNativeLib();
-  try {
-    for (let isa = lib.setIsa(-1); isa >= 0; isa--) {
-      for (const parallelMin of [-1, 0]) {
-        await cpu.sync();
-        lib.setIsa(isa);
-        lib.setGemvParallelMinBytes(parallelMin);
-        await body(`${isaNames[isa]}${parallelMin === 0 ? ', parallel' : ''}`);
-      }
-    }
-  } finally {
-    await cpu.sync();
-    lib.setIsa(-1);
-    lib.setGemvParallelMinBytes(-1);
-  }
-}
+const forEachIsa = (body: (label: string) => Promise<void>) =>
+  forEachCpuIsa(cpu, (isa, parallel) => body(`${CPU_ISA_NAMES[isa]}${parallel ? ', parallel' : ''}`));
 
 /** Index and values of the first element where a and b differ bit for bit, or undefined. */
 function firstDiff(a: ArrayLike<number>, b: ArrayLike<number>): string | undefined {

@@ -14,7 +14,7 @@ import { decodeHalf, encodeHalf } from '../../src/backends/common/half.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
-import { assertClose, compareBackends, randomF32, rng, WeightDir } from './helpers.ts';
+import { assertClose, compareBackends, CPU_ISA_NAMES, forEachCpuIsa, ISA_AVX512_BF16, randomF32, rng, WeightDir } from './helpers.ts';
 
 const WDTYPES = ['f32', 'f16', 'bf16'] as const;
 const EXACT = { atol: 0, rtol: 1.2e-7 };
@@ -42,32 +42,9 @@ function weight(values: Float32Array, dtype: 'f32' | 'f16' | 'bf16', shape: numb
   return (b: Backend) => b.loadWeight(src, 'keep');
 }
 
-const isaNames = ['generic', 'avx2', 'avx512', 'avx512-bf16'];
-/** native/llm.h ISA_AVX512_BF16: matmuls of bf16 weights (K even) round x to bf16 */
-const ISA_AVX512_BF16 = 3;
 const roundBf16 = (x: Float32Array) => decodeHalf(encodeHalf(x, 'bf16'), 'bf16');
 
-/**
- * Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand), and
- * for each both with small matmuls on one thread (the default) and on the whole OpenMP team.
- */
-async function forEachIsa(body: (isa: number) => Promise<void>): Promise<void> {
-  const lib = loadNativeLib();
-  try {
-    for (let isa = lib.setIsa(-1); isa >= 0; isa--) {
-      for (const parallelMin of [-1, 0]) {
-        await cpu.sync();
-        lib.setIsa(isa);
-        lib.setGemvParallelMinBytes(parallelMin);
-        await body(isa);
-      }
-    }
-  } finally {
-    await cpu.sync();
-    lib.setIsa(-1);
-    lib.setGemvParallelMinBytes(-1);
-  }
-}
+const forEachIsa = (body: (isa: number) => Promise<void>) => forEachCpuIsa(cpu, body);
 
 describe('matmul', () => {
   const shapes: [number, number, number][] = [
@@ -85,7 +62,7 @@ describe('matmul', () => {
           // the bf16 dot products' x is x rounded to bf16 (nearest even): the reference gets it so
           const bf16Dot = isa === ISA_AVX512_BF16 && dtype === 'bf16' && K % 2 === 0;
           const xRef = bf16Dot ? roundBf16(x) : x;
-          await compareBackends(`matmul M=${M} N=${N} K=${K} ${dtype} ${isaNames[isa]}`, ref, cpu, async (b) => {
+          await compareBackends(`matmul M=${M} N=${N} K=${K} ${dtype} ${CPU_ISA_NAMES[isa]}`, ref, cpu, async (b) => {
             const xt = b.upload(b === ref ? xRef : x, [M, K]);
             const wt = await w(b);
             return [b.matmul(xt, wt), b.matmul(xt, wt, b.upload(bias, [N]))];
@@ -447,7 +424,7 @@ describe('mixture of experts', () => {
       // relative each) before their matmuls: errors of ~2^-8 of the sums of |terms| (outputs here
       // reach ~20), so an absolute bound of that size (a wrong expert or row is off by units)
       const tol = isa === ISA_AVX512_BF16 ? { atol: 0.1, rtol: 1e-2 } : GEMM;
-      await compareBackends(`moe prefill ${isaNames[isa]}`, ref, cpu, async (b) => {
+      await compareBackends(`moe prefill ${CPU_ISA_NAMES[isa]}`, ref, cpu, async (b) => {
         const routing = b.moeRoute(b.upload(logits, [T, E]), K, true);
         return [b.moeFfn(b.upload(x, [T, D]), routing, await gate(b), await up(b), await down(b), 'silu')];
       }, tol);

@@ -8,10 +8,7 @@ import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 import { bf16ToF32, f16ToF32 } from '../../src/backends/common/half.ts';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
-import { assertClose, randomF32, rng, WeightDir } from './helpers.ts';
-
-/** native/llm.h ISA_AVX512_BF16 */
-const ISA_AVX512_BF16 = 3;
+import { assertClose, ISA_AVX512_BF16, randomF32, rng, WeightDir } from './helpers.ts';
 
 let cpu: CpuBackend;
 let files: WeightDir;

@@ -1,6 +1,6 @@
 // Shared helpers for backend op tests: seeded random data (never zero), weight files in a temp
-// dir, running the same graph on the reference and CPU backends, tolerance checks, and a CUDA
-// backend created with the settings a test compares.
+// dir, running the same graph on the reference and CPU backends, tolerance checks, every CPU kernel
+// ISA in turn, and a CUDA backend created with the settings a test compares.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -10,6 +10,7 @@ import type { Backend, Tensor, WeightSource } from '../../src/contracts/backend.
 import { encodeHalf } from '../../src/backends/common/half.ts';
 import type { CudaBackend } from '../../src/backends/cuda/cuda-backend.ts';
 import type { CudaSettingsOverrides } from '../../src/backends/cuda/cuda-settings.ts';
+import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 
 /** mulberry32: small, seeded, good enough for test data */
 export function rng(seed: number): () => number {
@@ -138,5 +139,33 @@ export async function withCudaBackend<T>(settings: CudaSettingsOverrides, body: 
     return await body(b);
   } finally {
     await b.close();
+  }
+}
+
+/** The CPU library's kernel ISAs by level (native/llm.h llm_isa). */
+export const CPU_ISA_NAMES = ['generic', 'avx2', 'avx512', 'avx512-bf16'] as const;
+/** native/llm.h ISA_AVX512_BF16: matmuls of bf16 weights (K even) round x to bf16 */
+export const ISA_AVX512_BF16 = 3;
+
+/**
+ * Runs `body` once per kernel ISA this CPU supports (matmul and attention dispatch by hand), and
+ * for each both with small matmuls on one thread (the default) and on the whole OpenMP team;
+ * `cpu` is synced before each switch, and the defaults come back at the end.
+ */
+export async function forEachCpuIsa(cpu: Backend, body: (isa: number, parallel: boolean) => Promise<void>): Promise<void> {
+  const lib = loadNativeLib();
+  try {
+    for (let isa = lib.setIsa(-1); isa >= 0; isa--) {
+      for (const parallelMin of [-1, 0]) {
+        await cpu.sync();
+        lib.setIsa(isa);
+        lib.setGemvParallelMinBytes(parallelMin);
+        await body(isa, parallelMin === 0);
+      }
+    }
+  } finally {
+    await cpu.sync();
+    lib.setIsa(-1);
+    lib.setGemvParallelMinBytes(-1);
   }
 }
