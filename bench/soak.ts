@@ -35,6 +35,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { benchCommit } from './commit.ts';
+import { mulberry32 } from '../test/helpers/mulberry32.ts';
 import { TextTokenizer } from '../src/artifacts/tokenizer.ts';
 import { KV_FILE_PREFIX_BYTES, kvFileHeaderLength } from '../src/state/kv-file.ts';
 
@@ -83,17 +84,7 @@ const counts: Record<string, number> = {};
 const count = (k: string, n = 1) => (counts[k] = (counts[k] ?? 0) + n);
 const log = (line: string) => process.stderr.write(`soak: ${line}\n`);
 
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const rng = prng(SEED);
+const rng = mulberry32(SEED);
 const randInt = (n: number) => Math.floor(rng() * n);
 
 // ---------------------------------------------------------------------------------------------
@@ -175,7 +166,7 @@ interface Item {
   text?: string;
 }
 
-const prefixRng = prng(SEED + 1000);
+const prefixRng = mulberry32(SEED + 1000);
 const PREFIXES = [0, 1, 2].map(() => codeText(prefixRng, 2400));
 const ITEMS: Item[] = [];
 for (let i = 0; i < 12; i++) {
@@ -348,7 +339,7 @@ async function loadOnce(): Promise<void> {
   fail(`${what}: tokens ${c.kind} at ${c.at}${c.gap !== undefined ? ` (logprob gap ${c.gap.toFixed(3)})` : ''}: ${JSON.stringify(got.tokens!.slice(c.at, c.at! + 4))} vs ${JSON.stringify(item.tokens!.slice(c.at, c.at! + 4))}`);
 }
 
-const freshRng = prng(SEED + 2000);
+const freshRng = mulberry32(SEED + 2000);
 async function cancelOnce(): Promise<void> {
   const route: Route = (['/v1/completions', '/v1/chat/completions', '/v1/messages'] as const)[randInt(3)]!;
   const text = codeText(freshRng, 600 + randInt(1800));

@@ -12,17 +12,8 @@ import type { CudaBackend } from '../../src/backends/cuda/cuda-backend.ts';
 import type { CudaSettingsOverrides } from '../../src/backends/cuda/cuda-settings.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 
-/** mulberry32: small, seeded, good enough for test data */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** seeded test data */
+export { mulberry32 as rng } from '../helpers/mulberry32.ts';
 
 /** n values with |v| in [0.05, 1] (so never zero) and random sign, times `scale`. */
 export function randomF32(r: () => number, n: number, scale = 1): Float32Array {

@@ -1,6 +1,8 @@
 // Naive float64 reference implementations the tests compare the fast paths against.
 // Deliberately the obvious way: full sort, explicit softmax, no shortcuts.
 
+import { mulberry32 } from '../helpers/mulberry32.ts';
+
 export interface RefParams {
   temperature: number;
   topK: number;
@@ -52,21 +54,9 @@ export function refLogSoftmax(x: ArrayLike<number>): number[] {
   return Array.from(x, (v) => v - m - Math.log(z));
 }
 
-/** Deterministic test data (mulberry32: small and independent of the code under test). */
-export function testRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Logits shaped like a model's: roughly normal, scaled. */
 export function randomLogits(n: number, seed: number, scale = 3): Float32Array {
-  const r = testRandom(seed);
+  const r = mulberry32(seed);
   const out = new Float32Array(n);
   for (let i = 0; i < n; i++) out[i] = scale * (r() + r() + r() + r() - 2);
   return out;
@@ -88,3 +78,6 @@ export function assertClose(actual: number, expected: number, tol: number, what 
     throw new Error(`${what} expected ${expected} +- ${tol}, got ${actual}`);
   }
 }
+
+/** Deterministic test data (test/helpers/mulberry32.ts). */
+export const testRandom = mulberry32;

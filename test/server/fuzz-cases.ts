@@ -3,18 +3,6 @@
 // values, malformed HTTP, oversize bodies, pathological tokenizer runs and hostile schemas. A
 // seeded PRNG picks which values each field gets, so a failure reproduces from its seed.
 
-/** mulberry32: small, fast, and the same sequence for the same seed on every platform */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** `k` distinct items of `xs` in a random order (all of them when k >= xs.length) */
 export function pick<T>(rng: () => number, xs: readonly T[], k: number): T[] {
   const a = [...xs];

@@ -8,6 +8,7 @@
 // succeed, and a /health answer must complete inside each hostile phase and while each slow
 // request is in flight. At the end the server is still running and /metrics parses.
 
+import { mulberry32 } from '../helpers/mulberry32.ts';
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -17,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { maxCharsPerToken } from '../../src/artifacts/token-bound.ts';
 import { spawnServer, type Spawned } from './helpers.ts';
 import {
-  prng, isAnthropic, baseBody, rawHttpCases, malformedBodyCases, fieldCases, comboCases, unicodeCases, tokenizerCases, schemaCases,
+  isAnthropic, baseBody, rawHttpCases, malformedBodyCases, fieldCases, comboCases, unicodeCases, tokenizerCases, schemaCases,
   MODEL, type BodyCase, type RawCase, type Route,
 } from './fuzz-cases.ts';
 
@@ -420,7 +421,7 @@ async function rawCase(c: RawCase): Promise<string | undefined> {
 // ---------------------------------------------------------------------------------------------
 // The phases
 
-const rng = prng(SEED);
+const rng = mulberry32(SEED);
 
 test('malformed HTTP: request lines, headers, Content-Length, chunked framing, truncated bodies', async (t) => {
   const cases = rawHttpCases();
