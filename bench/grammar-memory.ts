@@ -10,9 +10,10 @@
 //   node --expose-gc --import tsx bench/grammar-memory.ts [--vocab 64000] [--budget 16M] [--schemas 60] [--hold 20]
 
 import { parseArgs } from 'node:util';
+import { asciiGrammarVocab as vocabOf } from '../test/helpers/grammar-vocab.ts';
 import os from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { GrammarCompiler, type CompiledGrammar, type GrammarSpec, type GrammarVocab } from '../src/sampling/grammar/index.ts';
+import { GrammarCompiler, type CompiledGrammar, type GrammarSpec } from '../src/sampling/grammar/index.ts';
 import { parseSize } from '../src/cli/args.ts';
 import { benchCommit } from './commit.ts';
 
@@ -26,26 +27,6 @@ const { values } = parseArgs({
 });
 const V = Number(values.vocab), budget = parseSize(values.budget!, 'budget'), N = Number(values.schemas), hold = Number(values.hold);
 
-function vocabOf(size: number): GrammarVocab {
-  const chars: string[] = [];
-  for (let c = 0x20; c < 0x7f; c++) if (c !== 0x5c) chars.push(String.fromCharCode(c));
-  const tokens = ['<eos>', ...chars];
-  const seen = new Set(tokens);
-  let s = 12345;
-  const next = () => {
-    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
-    return s;
-  };
-  while (tokens.length < size) {
-    let t = '';
-    for (let i = 0, n = 2 + (next() % 3); i < n; i++) t += chars[next() % chars.length];
-    if (!seen.has(t)) {
-      seen.add(t);
-      tokens.push(t);
-    }
-  }
-  return { tokens, vocabType: 'raw', prependSpace: false, vocabSize: size, stopTokenIds: [0], encode: () => [], decode: () => '' };
-}
 
 const MB = 2 ** 20;
 const gc = (globalThis as { gc?: () => void }).gc;
