@@ -129,8 +129,9 @@ static inline __attribute__((always_inline)) void store_tile(const int MR, const
 // ---- prefill (M > ROWS_MAX_M) ---------------------------------------------------------------
 
 // One work item: weight rows [n0, n1) x x rows [m0, m1), K blocked by KC2 pairs, each tile's
-// accumulators kept in cbuf between blocks. Rows past N or M read a zero row (dropped at the end).
-static void prefill_item(const uint32_t *xb, const uint32_t *wp, const uint32_t *zero, int64_t K2, int64_t M, int64_t N,
+// accumulators kept in cbuf between blocks. Tile rows past N or M repeat the item's first row
+// (computed, never stored).
+static void prefill_item(const uint32_t *xb, const uint32_t *wp, int64_t K2, int64_t M, int64_t N,
                          int64_t m0, int64_t m1, int64_t n0, int64_t n1, const float *bias, float *y, __m512 *cbuf) {
   const int64_t tm = (m1 - m0 + TILE_M - 1) / TILE_M, tn = (n1 - n0 + TILE_N - 1) / TILE_N;
   for (int64_t k2a = 0; k2a < K2; k2a += KC2) {
@@ -140,13 +141,13 @@ static void prefill_item(const uint32_t *xb, const uint32_t *wp, const uint32_t 
       const uint32_t *wr[DEC_N];
       for (int j = 0; j < TILE_N; j++) {
         const int64_t n = n0 + bn * TILE_N + j;
-        wr[j] = n < N ? wp + n * K2 : zero;
+        wr[j] = wp + (n < N ? n : n0) * K2;
       }
       for (int64_t bm = 0; bm < tm; bm++) {
         const uint32_t *xr[TILE_M];
         for (int i = 0; i < TILE_M; i++) {
           const int64_t m = m0 + bm * TILE_M + i;
-          xr[i] = m < M ? xb + m * K2 : zero;
+          xr[i] = xb + (m < M ? m : m0) * K2;
         }
         __m512 acc[TILE_M][DEC_N];
         __m512 *cb = cbuf + (bn * tm + bm) * (TILE_M * TILE_N);
@@ -170,7 +171,6 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
                          int64_t K) {
   const int64_t K2 = K / 2;
   uint32_t *xb = aligned_alloc(64, ((size_t)(M * K2) * sizeof(uint32_t) + 63) / 64 * 64);
-  uint32_t *zero = calloc((size_t)K2 + 16, sizeof(uint32_t));
   const int64_t nmi = (M + MB - 1) / MB, nni = (N + NB - 1) / NB;
 #pragma omp parallel
   {
@@ -180,11 +180,10 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t ni = 0; ni < nni; ni++)
       for (int64_t mi = 0; mi < nmi; mi++)
-        prefill_item(xb, (const uint32_t *)w, zero, K2, M, N, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, ni * NB,
+        prefill_item(xb, (const uint32_t *)w, K2, M, N, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, ni * NB,
                      (ni + 1) * NB < N ? (ni + 1) * NB : N, bias, y, cbuf);
     free(cbuf);
   }
-  free(zero);
   free(xb);
 }
 
@@ -205,16 +204,15 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
 void gemm_rows_bf16dot(const float *x, const uint16_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
   const int64_t K2 = K / 2;
   uint32_t *xb = malloc((size_t)(M * K2) * sizeof(uint32_t) + 64);
-  uint32_t *zero = calloc((size_t)K2 + 16, sizeof(uint32_t));
   pack_rows_bf16(xb, x, 0, M, K);
 #pragma omp parallel for schedule(dynamic, 1) if ((size_t)N * (size_t)K * 2 >= llm_gemv_parallel_min_bytes())
   for (int64_t n0 = 0; n0 < N; n0 += DEC_N) {
     const int64_t nr = N - n0 < DEC_N ? N - n0 : DEC_N;
     const uint32_t *wr[DEC_N];
-    for (int j = 0; j < DEC_N; j++) wr[j] = j < nr ? (const uint32_t *)w + (n0 + j) * K2 : zero;
+    for (int j = 0; j < DEC_N; j++) wr[j] = (const uint32_t *)w + (n0 + (j < nr ? j : 0)) * K2; // past N: row n0, not stored
     for (int64_t m0 = 0; m0 < M; m0 += TILE_M) {
       const uint32_t *xr[TILE_M];
-      for (int i = 0; i < TILE_M; i++) xr[i] = m0 + i < M ? xb + (m0 + i) * K2 : zero;
+      for (int i = 0; i < TILE_M; i++) xr[i] = xb + (m0 + (m0 + i < M ? i : 0)) * K2; // the tile takes exactly M - m0 rows
       switch (M - m0 < TILE_M ? (int)(M - m0) : TILE_M) {
         DECODE_CASE(1)
         DECODE_CASE(2)
@@ -223,7 +221,6 @@ void gemm_rows_bf16dot(const float *x, const uint16_t *w, const float *bias, flo
       }
     }
   }
-  free(zero);
   free(xb);
 }
 #undef DECODE_CASE
