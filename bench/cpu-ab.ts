@@ -1,15 +1,19 @@
-// Two builds of the native CPU library, same model, same run: prefill and decode tok/s of each
+// Two builds of the CPU backend, same model, same run: prefill and decode tok/s of each
 // (bench/cpu-generate.ts in a child process, the builds alternating round by round so that a
 // machine's drift hits both alike), and the ratio of the candidate to the base. For a kernel change:
 // build the base from the commit before it, the candidate from the working tree.
 //
-//   git archive <base-commit> native scripts | tar -x -C /tmp/base && (cd /tmp/base && \
-//     node scripts/build-native.mjs --force)   # -> /tmp/base/build/libllmts_cpu.so
-//   node --import tsx bench/cpu-ab.ts --base /tmp/base/build/libllmts_cpu.so [--candidate build/libllmts_cpu.so]
+// --base (and --candidate) is either a native library, run by this tree's TypeScript (a change
+// inside native/ only), or a whole tree with its build (a change that crosses into the TypeScript
+// backend): its own bench/cpu-generate.ts and build/libllmts_cpu.so then run.
+//
+//   git archive <base-commit> | tar -x -C /tmp/base && ln -s $PWD/node_modules /tmp/base/ && \
+//     (cd /tmp/base && node scripts/build-native.mjs --force)
+//   node --import tsx bench/cpu-ab.ts --base /tmp/base[/build/libllmts_cpu.so] [--candidate build/libllmts_cpu.so]
 //     [--model models/demo] [--prompt-tokens 512] [--decode-tokens 128] [--kv-dtype f32|bf16] [--rounds 5]
 
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -34,9 +38,16 @@ if (!Number.isInteger(rounds) || rounds < 1) {
   console.error(`cpu-ab: --rounds must be an integer >= 1, got ${values.rounds}`);
   process.exit(2);
 }
-const libs = { base: resolve(values.base), candidate: resolve(values.candidate!) };
+/** what one side runs: a tree's own script and build, or this tree's script with a library */
+function sideOf(path: string): { lib: string; script: string; cwd: string } {
+  const p = resolve(path);
+  if (statSync(p).isDirectory()) return { lib: join(p, 'build/libllmts_cpu.so'), script: join(p, 'bench/cpu-generate.ts'), cwd: p };
+  return { lib: p, script: resolve(import.meta.dirname, 'cpu-generate.ts'), cwd: process.cwd() };
+}
+const sides = { base: sideOf(values.base), candidate: sideOf(values.candidate!) };
+const libs = { base: sides.base.lib, candidate: sides.candidate.lib };
+const model = resolve(values.model!);
 const dir = mkdtempSync(join(tmpdir(), 'llmts-cpu-ab-'));
-const script = resolve(import.meta.dirname, 'cpu-generate.ts');
 
 interface Run { prefillTokPerS: number; decodeTokPerS: number; machine: string; commit: string }
 const runs: Record<keyof typeof libs, Run[]> = { base: [], candidate: [] };
@@ -46,10 +57,10 @@ try {
     const order = (r % 2 === 0 ? ['base', 'candidate'] : ['candidate', 'base']) as (keyof typeof libs)[];
     for (const which of order) {
       const json = join(dir, `${which}-${r}.json`);
-      const res = spawnSync(process.execPath, ['--import', 'tsx', script, '--model', values.model!,
+      const res = spawnSync(process.execPath, ['--import', 'tsx', sides[which].script, '--model', model,
         '--prompt-tokens', values['prompt-tokens']!, '--decode-tokens', values['decode-tokens']!,
         '--kv-dtype', values['kv-dtype']!, '--repeats', '3', '--json', json], {
-        env: { ...process.env, LLMTS_CPU_LIB: libs[which] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'],
+        env: { ...process.env, LLMTS_CPU_LIB: libs[which] }, cwd: sides[which].cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'],
       });
       if (res.status !== 0) throw new Error(`cpu-generate with ${libs[which]} exited with ${res.status}:\n${res.stdout}`);
       const run = JSON.parse(readFileSync(json, 'utf8')) as Run;

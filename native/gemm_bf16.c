@@ -224,3 +224,127 @@ void gemm_rows_bf16dot(const float *x, const uint16_t *w, const float *bias, flo
   free(xb);
 }
 #undef DECODE_CASE
+
+// ---- weights in panels (DT_BF16_P16, weight_pack.c) -------------------------------------------
+//
+// Lanes are weight rows: lane l of a panel's accumulator sums row 16p + l's pairs in order, one
+// vdpbf16ps a pair of k with x's pair broadcast, so no tree follows and decode reads the panels
+// as they lie. Prefill blocks K by PKC2 pairs, keeping the accumulators in a buffer between
+// blocks (exact: the chain is the same); decode runs each tile over the whole of K.
+
+#define PM 6      // x rows a prefill tile
+#define PV 4      // panels a prefill tile (6 x 4 accumulators + 4 weight vectors + a broadcast)
+#define DM 2      // x rows a decode tile
+#define DV 8      // panels a decode tile (enough independent chains for one row)
+#define PKC2 512  // k pairs a prefill block: a tile's panels, 128 KiB, stay in L2 while the x tiles pass
+#define PNB 16    // panels a prefill work item (a multiple of PV)
+#define PMB 96    // x rows a prefill work item (a multiple of PM)
+
+// acc[i][v] (+)= pairs [k2a, k2b) of x rows xr[i] dotted into panels wp[v].
+static inline __attribute__((always_inline)) void p16_dot(const int MR, const int NV, const uint32_t *const *xr,
+                                                          const uint32_t *const *wp, int64_t k2a, int64_t k2b,
+                                                          __m512 acc[PM][DV]) {
+  for (int64_t k2 = k2a; k2 < k2b; k2++) {
+    __m512i wv[DV];
+    for (int v = 0; v < NV; v++) wv[v] = _mm512_loadu_si512(wp[v] + k2 * 16);
+    for (int i = 0; i < MR; i++) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xr[i][k2]);
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], xv, (__m512bh)wv[v]);
+    }
+  }
+}
+
+// y rows m0 .. m0 + mr, columns of panels p0 .. p0 + NV (those below N) = acc + bias.
+static inline __attribute__((always_inline)) void p16_store(const int MR, const int NV, __m512 acc[PM][DV], int64_t m0,
+                                                            int64_t mr, int64_t p0, const float *bias, float *y,
+                                                            int64_t N) {
+  for (int v = 0; v < NV; v++) {
+    const int64_t n0 = (p0 + v) * 16;
+    if (n0 >= N) break;
+    const __mmask16 mask = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1u);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    for (int i = 0; i < MR && i < mr; i++) _mm512_mask_storeu_ps(y + (m0 + i) * N + n0, mask, _mm512_add_ps(acc[i][v], b));
+  }
+}
+
+// Tile rows past M repeat row m_first and panels past P repeat panel p_first (computed, never stored).
+static inline __attribute__((always_inline)) void p16_ptrs(const int MR, const int NV, const uint32_t *xb,
+                                                           const uint32_t *w, int64_t K2, int64_t M, int64_t P,
+                                                           int64_t m0, int64_t m_first, int64_t p0, int64_t p_first,
+                                                           const uint32_t **xr, const uint32_t **wp) {
+  for (int i = 0; i < MR; i++) xr[i] = xb + (m0 + i < M ? m0 + i : m_first) * K2;
+  for (int v = 0; v < NV; v++) wp[v] = w + (p0 + v < P ? p0 + v : p_first) * 16 * K2;
+}
+
+// One work item: panels [q0, q1) x x rows [m0, m1).
+static void p16_prefill_item(const uint32_t *xb, const uint32_t *w, int64_t K2, int64_t N, int64_t m0, int64_t m1, int64_t q0, int64_t q1, const float *bias, float *y, __m512 *cbuf) {
+  const int64_t tm = (m1 - m0 + PM - 1) / PM, tv = (q1 - q0 + PV - 1) / PV;
+  for (int64_t k2a = 0; k2a < K2; k2a += PKC2) {
+    const int64_t k2b = K2 - k2a < PKC2 ? K2 : k2a + PKC2;
+    for (int64_t bv = 0; bv < tv; bv++) { // a tile's panels stay in cache while the x tiles pass
+      const int64_t p0 = q0 + bv * PV;
+      for (int64_t bm = 0; bm < tm; bm++) {
+        const int64_t mb = m0 + bm * PM;
+        const uint32_t *xr[PM], *wp[DV];
+        p16_ptrs(PM, PV, xb, w, K2, m1, q1, mb, m0, p0, q0, xr, wp);
+        __m512 acc[PM][DV];
+        __m512 *cb = cbuf + (bv * tm + bm) * (PM * PV);
+        for (int i = 0; i < PM; i++)
+          for (int v = 0; v < PV; v++) acc[i][v] = k2a == 0 ? _mm512_setzero_ps() : cb[i * PV + v];
+        p16_dot(PM, PV, xr, wp, k2a, k2b, acc);
+        if (k2b < K2) {
+          for (int i = 0; i < PM; i++)
+            for (int v = 0; v < PV; v++) cb[i * PV + v] = acc[i][v];
+        } else {
+          p16_store(PM, q1 - p0 < PV ? (int)(q1 - p0) : PV, acc, mb, m1 - mb, p0, bias, y, N);
+        }
+      }
+    }
+  }
+}
+
+#define P16_DECODE_CASE(MR_)                                                            \
+  case MR_: {                                                                           \
+    const uint32_t *xr[PM], *wp[DV];                                                    \
+    p16_ptrs(MR_, DV, xb, w, K2, M, P, m0, m0, p0, p0, xr, wp);                         \
+    __m512 acc[PM][DV];                                                                 \
+    for (int i = 0; i < MR_; i++)                                                       \
+      for (int v = 0; v < DV; v++) acc[i][v] = _mm512_setzero_ps();                    \
+    p16_dot(MR_, DV, xr, wp, 0, K2, acc);                                               \
+    p16_store(MR_, DV, acc, m0, MR_, p0, bias, y, N);                                   \
+    break;                                                                              \
+  }
+
+void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
+  const int64_t K2 = K / 2, P = (N + 15) / 16;
+  uint32_t *xb = aligned_alloc(64, ((size_t)(M * K2) * sizeof(uint32_t) + 63) / 64 * 64 + 64);
+  if (M <= ROWS_MAX_M) {
+    pack_rows_bf16(xb, x, 0, M, K);
+#pragma omp parallel for schedule(dynamic, 1) if (p16_bytes(N, K) >= llm_gemv_parallel_min_bytes())
+    for (int64_t p0 = 0; p0 < P; p0 += DV) {
+      for (int64_t m0 = 0; m0 < M; m0 += DM) {
+        switch (M - m0 < DM ? (int)(M - m0) : DM) {
+          P16_DECODE_CASE(1)
+          P16_DECODE_CASE(2)
+        }
+      }
+    }
+    free(xb);
+    return;
+  }
+  const int64_t nmi = (M + PMB - 1) / PMB, nqi = (P + PNB - 1) / PNB;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * PMB, (mi + 1) * PMB < M ? (mi + 1) * PMB : M, K);
+    __m512 *cbuf = aligned_alloc(64, (size_t)((PMB / PM) * (PNB / PV) * PM * PV) * sizeof(__m512));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t qi = 0; qi < nqi; qi++)
+      for (int64_t mi = 0; mi < nmi; mi++)
+        p16_prefill_item(xb, w, K2, N, mi * PMB, (mi + 1) * PMB < M ? (mi + 1) * PMB : M, qi * PNB,
+                         (qi + 1) * PNB < P ? (qi + 1) * PNB : P, bias, y, cbuf);
+    free(cbuf);
+  }
+  free(xb);
+}
+#undef P16_DECODE_CASE

@@ -29,6 +29,8 @@ int llm_isa(void) {
   return isa;
 }
 
+LLM_EXPORT int llm_get_isa(void) { return llm_isa(); }
+
 // Forces a lower ISA (tests exercise every path on one machine); returns the one in effect.
 // -1 = the best this CPU supports. Call only while the queue is idle.
 LLM_EXPORT int llm_set_isa(int level) {

@@ -12,7 +12,9 @@
 #include <stdint.h>
 
 // Element types; the numbers are part of the FFI (src/backends/cpu/native-lib.ts mirrors them).
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3 };
+// DT_BF16_P16: bf16 matmul weights in 16-row panels of k pairs (weight_pack.c), only as a
+// matmul's w or an embedding table.
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4 };
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
@@ -39,7 +41,18 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 // Weight bytes below which a small-M matmul runs on one thread (env LLMTS_GEMV_PAR_MIN_BYTES).
 size_t llm_gemv_parallel_min_bytes(void);
 
-static inline size_t dtype_size(int dt) { return dt == DT_F16 || dt == DT_BF16 ? 2 : 4; }
+static inline size_t dtype_size(int dt) { return dt == DT_F16 || dt == DT_BF16 || dt == DT_BF16_P16 ? 2 : 4; }
+
+// ---- bf16 weights in panels (weight_pack.c) ----------------------------------------------------
+
+// Bytes of w[N][K] as DT_BF16_P16: N rounded up to whole panels of 16 rows.
+static inline size_t p16_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * 16 * (size_t)K * 2; }
+// dst[0..K) = row n of a DT_BF16_P16 matrix with K columns, as f32.
+void p16_row_to_f32(float *dst, const void *w, int64_t n, int64_t K);
+// y = x . w^T (+ bias) for DT_BF16_P16 w on any ISA: per element the f32 chain over k in order.
+void gemm_p16_portable(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
+// The same with AVX512-BF16 dot products, x rounded to bf16 as gemm_bf16.c's other kernels do.
+void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
 
 // ---- command queue -----------------------------------------------------------------------------
 

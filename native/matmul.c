@@ -66,6 +66,11 @@ void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y
       for (int64_t j = 0; j < N; j++) y[m * N + j] = bias ? bias[j] : 0.0f;
     return;
   }
+  if (wdtype == DT_BF16_P16) { // one kernel for every M, as below
+    if (llm_isa() == ISA_AVX512_BF16) gemm_p16_bf16dot(x, (const uint32_t *)w, bias, y, M, N, K);
+    else gemm_p16_portable(x, w, bias, y, M, N, K);
+    return;
+  }
   const int packed = M > ROWS_MAX_M;
   switch (llm_isa()) {
   case ISA_AVX512_BF16:

@@ -64,7 +64,8 @@ static int exec_embedding(const llm_cmd *c) {
   const size_t row_bytes = (size_t)D * dtype_size(dt);
   PARALLEL_RANGE(T, 8, {
     for (int64_t t = i0; t < i1; t++) {
-      cvt_to_f32(y + t * D, table + (size_t)ids[t] * row_bytes, dt, (size_t)D);
+      if (dt == DT_BF16_P16) p16_row_to_f32(y + t * D, table, ids[t], D);
+      else cvt_to_f32(y + t * D, table + (size_t)ids[t] * row_bytes, dt, (size_t)D);
       if (s != 1.0f) scale_row(y + t * D, D, s);
     }
   });

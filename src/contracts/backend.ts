@@ -30,7 +30,7 @@ export interface Tensor {
   readonly dtype: DType;
 }
 
-/** Raw little-endian tensor bytes inside a file (a safetensors payload). */
+/** Raw little-endian tensor bytes inside a file (a safetensors payload, a GGUF tensor). */
 export interface WeightSource {
   path: string;
   /** absolute byte offset of the first element in the file */
@@ -39,6 +39,13 @@ export interface WeightSource {
   shape: number[];
   /** human-readable name for error messages, e.g. "model.layers.0.self_attn.q_proj.weight" */
   name: string;
+  /**
+   * Present when the file's bytes are not the values as they stand (GGUF: quantized blocks, or
+   * rows stored permuted): the whole tensor's values in `dtype` (the source's own, or f32 for a
+   * load `as` f32), computed on the host when the backend loads it. `offset` is then where the
+   * raw bytes sit, and a byte range of the tensor maps to the same element range of the result.
+   */
+  decode?: (dtype: 'f32' | 'f16' | 'bf16') => Uint8Array;
 }
 
 export type Activation = 'silu' | 'gelu_tanh' | 'gelu';
@@ -116,8 +123,11 @@ export interface Backend {
   /**
    * Loads a weight from a file without passing it through the JS heap. `as` = 'keep' keeps the
    * stored dtype (for matmul weights), 'f32' converts (norm weights, biases, small vectors).
+   * `use` = 'matmul': the tensor will only ever be a matmul's w or an embedding's table, so the
+   * backend may keep it in a layout of its own (the CPU backend's bf16 panels); its dtype and
+   * shape stay as stored.
    */
-  loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor>;
+  loadWeight(src: WeightSource, as: 'keep' | 'f32', use?: 'matmul'): Promise<Tensor>;
   /** Loads rows [rowStart, rowStart+rows) of a 2-D (or leading dim of an N-D) weight. */
   loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor>;
   /** Stacks equally shaped weights into one [n, ...shape] tensor (MoE experts). */

@@ -81,8 +81,9 @@ class Loader {
       throw new MissingWeightError(`tensor ${name} in ${src.path} has shape [${src.shape}], expected [${shape}] from config.json`);
     return src;
   }
+  /** a matmul weight or embedding table (the backend may keep it in its own layout) */
   matrix(names: string[], shape: number[]): Promise<Tensor> {
-    return this.backend.loadWeight(this.source(names, shape), 'keep');
+    return this.backend.loadWeight(this.source(names, shape), 'keep', 'matmul');
   }
   vector(names: string[], shape: number[]): Promise<Tensor> {
     return this.backend.loadWeight(this.source(names, shape), 'f32');

@@ -14,7 +14,8 @@ import { BlockPool } from './block-pool.ts';
 import { CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
-import { ACT_CODE, DT_CODE, loadNativeLib, type NativeLib } from './native-lib.ts';
+import { ACT_CODE, DT_BF16_P16, DT_CODE, ISA_AVX512_BF16, loadNativeLib, type NativeLib } from './native-lib.ts';
+import { fromPanels, panelsOnlyWhereRead } from './weight-panels.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 import * as shapes from '../common/op-shapes.ts';
 import { ANY } from '../common/op-shapes.ts';
@@ -40,7 +41,7 @@ export class CpuBackend implements Backend {
   readonly kvDtypes: readonly DType[] = KV;
   private readonly id = nextBackendId++;
   /** this backend's tensors as the op rules check them (common/op-shapes.ts) */
-  private readonly checks = opChecks(this.id, (op) => this.assertOpen(op));
+  private readonly checks = panelsOnlyWhereRead(opChecks(this.id, (op) => this.assertOpen(op)));
   private readonly pool: BlockPool;
   private readonly scopes: ScopeStack<CpuTensor>;
   private readonly waiter: FenceWaiter;
@@ -99,9 +100,10 @@ export class CpuBackend implements Backend {
     return t;
   }
 
-  async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
+  async loadWeight(src: WeightSource, as: 'keep' | 'f32', use?: 'matmul'): Promise<Tensor> {
     const n = src.shape[0] ?? 1;
-    return this.loadRows('loadWeight', src, 0, src.shape.length === 0 ? 1 : n, as, src.shape);
+    const t = await this.loadRows('loadWeight', src, 0, src.shape.length === 0 ? 1 : n, as, src.shape);
+    return use === 'matmul' && this.packsWeights(t) ? this.toPanels(t) : t;
   }
 
   async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
@@ -109,7 +111,7 @@ export class CpuBackend implements Backend {
   }
 
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',
-    shape: readonly number[]): Promise<Tensor> {
+    shape: readonly number[]): Promise<CpuTensor> {
     this.assertOpen(op);
     this.checkSource(op, src);
     const rowElems = numel(src.shape.slice(1));
@@ -123,6 +125,23 @@ export class CpuBackend implements Backend {
       throw e;
     }
     return t;
+  }
+
+  /** bf16 matrices go into panels when the kernels in effect use AVX512-BF16, or always (CpuSettings.packWeights) */
+  private packsWeights(t: CpuTensor): boolean {
+    const mode = this.settings.packWeights;
+    return mode !== 'off' && t.dtype === 'bf16' && t.shape.length === 2 && t.shape[1]! % 2 === 0 && t.shape[0]! > 0 &&
+      (mode === 'on' || this.lib.isa() === ISA_AVX512_BF16);
+  }
+
+  /** `t` (a bf16 [N][K] matrix, freed here) in panels of 16 rows (native/weight_pack.c) */
+  private toPanels(t: CpuTensor): CpuTensor {
+    const [N, K] = t.shape as [number, number];
+    const bytes = this.lib.p16Bytes(N, K);
+    const { addr, cls } = this.pool.alloc(bytes, true);
+    this.lib.opPackBf16P16(t.addr, addr, N, K);
+    this.release(t); // the queue runs the pack before any later use of the block
+    return new CpuTensor(t.shape, 'bf16', addr, bytes, null, cls, this.id, 'p16');
   }
 
   async loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
@@ -178,6 +197,11 @@ export class CpuBackend implements Backend {
     try {
       this.lib.opCopy(x.addr, staging, x.bytes);
       await this.waitFor(this.lib.fence());
+      if (x.layout === 'p16') {
+        const words = new Uint32Array(x.bytes / 4);
+        this.lib.readNow(staging, words, x.bytes);
+        return fromPanels(words, x.shape[0]!, x.shape[1]!);
+      }
       if (x.dtype === 'f16' || x.dtype === 'bf16') {
         const bits = new Uint16Array(n);
         this.lib.readNow(staging, bits, x.bytes);
@@ -289,14 +313,14 @@ export class CpuBackend implements Backend {
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
     const { table: tb, ids: id, V, D, T } = shapes.embedding(this.checks, table, ids, scale);
     const y = this.out([T, D]);
-    this.lib.opEmbedding(tb.addr, id.addr, y.addr, T, V, D, DT_CODE[tb.dtype], scale);
+    this.lib.opEmbedding(tb.addr, id.addr, y.addr, T, V, D, tb.layout === 'p16' ? DT_BF16_P16 : DT_CODE[tb.dtype], scale);
     return y;
   }
 
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
     const { x: a, w: b, bias: c, M, N, K } = shapes.matmul(this.checks, x, w, bias);
     const y = this.out([M, N]);
-    this.lib.opMatmul(a.addr, b.addr, c?.addr ?? 0, y.addr, M, N, K, DT_CODE[b.dtype]);
+    this.lib.opMatmul(a.addr, b.addr, c?.addr ?? 0, y.addr, M, N, K, b.layout === 'p16' ? DT_BF16_P16 : DT_CODE[b.dtype]);
     return y;
   }
 

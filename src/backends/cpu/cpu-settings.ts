@@ -4,7 +4,7 @@
 import { fileURLToPath } from 'node:url';
 
 import type { Env } from '../common/env.ts';
-import { intKnob, type Knobs, settingsFrom, switchKnob, textKnob } from '../common/knobs.ts';
+import { choiceKnob, intKnob, type Knobs, settingsFrom, switchKnob, textKnob } from '../common/knobs.ts';
 
 export const DEFAULT_LIBRARY_PATH = fileURLToPath(new URL('../../../build/libllmts_cpu.so', import.meta.url));
 
@@ -31,6 +31,14 @@ export interface CpuSettings {
    * code does not undo.
    */
   readonly bf16Dot: boolean;
+  /**
+   * Where bf16 matmul weights are stored in panels of 16 rows (native/weight_pack.c;
+   * $LLMTS_CPU_PACK_WEIGHTS): 'auto' (the default) when the kernels in effect at load use
+   * AVX512-BF16, whose matmuls then need no reduction tree and whose decode reads the panels as
+   * they lie; 'on' on any CPU (other ISAs read panels with a portable kernel: for tests); 'off'
+   * keeps the checkpoint's row-major layout.
+   */
+  readonly packWeights: 'auto' | 'on' | 'off';
 }
 
 const CPU_KNOBS: Knobs<CpuSettings> = {
@@ -40,6 +48,7 @@ const CPU_KNOBS: Knobs<CpuSettings> = {
   // a value it would read as something else stops here first
   gemvParallelMinBytes: intKnob('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 }),
   bf16Dot: switchKnob('LLMTS_CPU_BF16_DOT', true),
+  packWeights: choiceKnob('LLMTS_CPU_PACK_WEIGHTS', ['auto', 'on', 'off']),
 };
 
 /** The CPU backend's settings: `overrides` where given (checked), the rest from `env`. */

@@ -18,6 +18,11 @@ export class CpuTensor implements Tensor {
     readonly blockClass: number,
     /** identity of the backend that made it (tensors must not cross backends) */
     readonly backendId: number,
+    /**
+     * 'p16': a bf16 matmul weight stored in 16-row panels of k pairs (native/weight_pack.c); only
+     * matmul (as w), embedding (as the table), read and free take it
+     */
+    readonly layout: 'rows' | 'p16' = 'rows',
   ) {}
 
   get isView(): boolean {

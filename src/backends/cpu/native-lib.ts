@@ -11,10 +11,14 @@ import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 
 /** dtype codes of native/llm.h */
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
+/** native/llm.h's DT_BF16_P16: bf16 weights in 16-row panels of k pairs (native/weight_pack.c) */
+export const DT_BF16_P16 = 4;
+/** native/llm.h's ISA_AVX512_BF16 */
+export const ISA_AVX512_BF16 = 3;
 export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;
 
 type Addr = number;
-type HostArray = Float32Array | Int32Array | Uint16Array | Uint8Array;
+type HostArray = Float32Array | Int32Array | Uint32Array | Uint16Array | Uint8Array;
 type AsyncFn<A extends unknown[]> = (...args: [...A, (err: unknown, rc: number) => void]) => void;
 
 export interface NativeLib {
@@ -23,6 +27,8 @@ export interface NativeLib {
   /** drains the queue and joins the worker thread (process exit) */
   shutdown(): void;
   setIsa(level: number): number;
+  /** the ISA the kernels run now (ISA_* of native/llm.h) */
+  isa(): number;
   /** weight bytes below which small-M matmuls run on one thread; -1 = default (tests) */
   setGemvParallelMinBytes(bytes: number): void;
   alloc(bytes: number): Addr;
@@ -44,6 +50,9 @@ export interface NativeLib {
   opReadRows(src: Addr, dst: Addr, idx: Int32Array, n: number, rowBytes: number, srcRows: number): number;
   /** stages `data` now, enqueues dst row idx[k] = data row k; returns 0 or -1 (out of memory) */
   opWriteRows(dst: Addr, data: HostArray, idx: Int32Array, n: number, rowBytes: number, dstRows: number): number;
+  /** enqueues dst (p16Bytes(N, K) bytes) = the bf16 matrix src [N][K] (K even) in panels */
+  opPackBf16P16(src: Addr, dst: Addr, N: number, K: number): void;
+  p16Bytes(N: number, K: number): number;
   opMatmul(x: Addr, w: Addr, bias: Addr, y: Addr, M: number, N: number, K: number, wdtype: number): void;
   opEmbedding(table: Addr, ids: Addr, out: Addr, T: number, V: number, D: number, dtype: number, scale: number): void;
   opRmsnorm(x: Addr, w: Addr, out: Addr, rows: number, D: number, eps: number, offset: number): void;
@@ -129,6 +138,7 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
     init: f('int llm_init()'),
     shutdown: f('void llm_shutdown()'),
     setIsa: f('int llm_set_isa(int level)'),
+    isa: f('int llm_get_isa()'),
     setGemvParallelMinBytes: f('void llm_set_gemv_parallel_min_bytes(int64_t bytes)'),
     alloc: f('int64_t llm_alloc(int64_t bytes)'),
     freeNow: f('void llm_free_now(int64_t addr)'),
@@ -144,6 +154,8 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
     opZero: f('void llm_op_zero(int64_t dst, int64_t bytes)'),
     opReadRows: f(`int llm_op_read_rows(${i64}, ${i64}, const void *idx, ${i64}, ${i64}, ${i64})`),
     opWriteRows: f(`int llm_op_write_rows(${i64}, const void *data, const void *idx, ${i64}, ${i64}, ${i64})`),
+    opPackBf16P16: f('void llm_op_pack_bf16_p16(int64_t src, int64_t dst, int64_t N, int64_t K)'),
+    p16Bytes: f('int64_t llm_p16_bytes(int64_t N, int64_t K)'),
     opMatmul: f('void llm_op_matmul(int64_t x, int64_t w, int64_t bias, int64_t y, int M, int N, int K, int wdt)'),
     opEmbedding: f(`void llm_op_embedding(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int, double)`),
     opRmsnorm: f(`void llm_op_rmsnorm(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double, double)`),

@@ -1,7 +1,7 @@
 // Reading weight bytes from files into native memory (never through the JS heap).
 import { constants } from 'node:os';
 
-import type { WeightSource } from '../../contracts/backend.ts';
+import { dtypeBytes, type WeightSource } from '../../contracts/backend.ts';
 import { DT_CODE, type NativeLib } from './native-lib.ts';
 
 const ERR_EOF = -100000;
@@ -20,6 +20,20 @@ function describeCode(rc: number): string {
  */
 export function readInto(lib: NativeLib, src: WeightSource, fileOffset: number, nbytes: number, dst: number,
   toF32: boolean): Promise<void> {
+  if (src.decode) {
+    // values computed on the host (GGUF): the same element range, copied in the dtype asked for
+    const esz = dtypeBytes[src.dtype], want = toF32 ? 'f32' : src.dtype;
+    const first = (fileOffset - src.offset) / esz, n = nbytes / esz;
+    try {
+      const all = src.decode(want);
+      const part = all.subarray(first * dtypeBytes[want], (first + n) * dtypeBytes[want]);
+      if (part.length !== n * dtypeBytes[want]) throw new Error(`decoded ${all.length} bytes, too few for elements ${first}..${first + n}`);
+      lib.writeNow(dst, part, part.length);
+      return Promise.resolve();
+    } catch (e) {
+      return Promise.reject(new Error(`loading weight ${src.name} (${src.dtype}[${src.shape.join(', ')}]) from ${src.path}: ${(e as Error).message}`));
+    }
+  }
   const sdt = DT_CODE[src.dtype];
   return new Promise((resolve, reject) => {
     lib.readFileAsync(src.path, fileOffset, nbytes, dst, sdt, toF32 ? DT_CODE.f32 : sdt, (err, rc) => {
