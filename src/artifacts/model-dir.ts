@@ -1,5 +1,6 @@
 // A Hugging Face model directory, loaded and cross-checked: config.json -> ModelConfig,
-// safetensors headers -> WeightIndex, tokenizer, chat template and generation defaults.
+// safetensors headers -> WeightIndex, tokenizer, chat template and generation defaults. A GGUF
+// file (or a directory of one) loads through gguf/model.ts into the same shape.
 // Nothing here reads tensor data, so `fit` can call it with { tokenizer: false } cheaply.
 
 import fs from 'node:fs';
@@ -12,6 +13,7 @@ import { readGenerationConfig, type GenerationConfig } from './generation-config
 import { expectObject, readJsonFile } from './json-file.ts';
 import { openWeights, type WeightIndex } from './safetensors.ts';
 import { TextTokenizer, TOKENIZER_FILE } from './tokenizer.ts';
+import { isGgufModelPath, loadGgufModel } from './gguf/model.ts';
 
 export const CONFIG_FILE = 'config.json';
 
@@ -25,18 +27,24 @@ export interface ModelDir {
   /** undefined when the model ships no chat template */
   chatTemplate?: ChatTemplate;
   generationConfig?: GenerationConfig;
+  /** GGUF: bytes of the tokenizer metadata (a directory's is tokenizer.json) */
+  tokenizerBytes?: number;
 }
 
 export interface LoadModelDirOptions {
   /** load tokenizer and chat template (default true); false for header-only work such as fit */
   tokenizer?: boolean;
+  /** GGUF: what quantized tensors dequantize into (default bf16) */
+  quantizedDtype?: 'bf16' | 'f32';
 }
 
-export function loadModelDir(dir: string, opts?: { tokenizer?: true }): ModelDir;
+export function loadModelDir(dir: string, opts?: { tokenizer?: true; quantizedDtype?: 'bf16' | 'f32' }): ModelDir;
 export function loadModelDir(dir: string, opts: LoadModelDirOptions): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer };
 export function loadModelDir(
   dir: string, opts: LoadModelDirOptions = {},
 ): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer } {
+  // a .gguf file, an Ollama blob, or a directory of GGUF files (no config.json): src/artifacts/gguf/
+  if (isGgufModelPath(dir)) return loadGgufModel(dir, opts);
   if (!fs.existsSync(dir)) throw new ArtifactError(`model directory ${dir} does not exist`, dir);
   if (!fs.statSync(dir).isDirectory()) throw new ArtifactError(`model path ${dir} is not a directory`, dir);
 

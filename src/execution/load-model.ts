@@ -42,10 +42,12 @@ export interface LoadOptions {
   onWarning?: (message: string) => void;
   /** progress of weight upload, (layersDone, layersTotal) */
   onProgress?: (done: number, total: number) => void;
+  /** GGUF: what quantized tensors dequantize into at load (default bf16) */
+  quantizedDtype?: 'bf16' | 'f32';
 }
 
 export async function loadModel(backend: Backend, dir: string, opts: LoadOptions = {}): Promise<LoadedModel> {
-  const art = loadModelDir(dir);
+  const art = loadModelDir(dir, { quantizedDtype: opts.quantizedDtype });
   const cfg = art.config;
   const progress =
     opts.onProgress ??

@@ -9,7 +9,7 @@ import type { DType, Tensor, WeightSource } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { type CudaOpContext, FLOAT } from './cuda-op-context.ts';
 import { checkShape, opError, sameShape, weightRows } from './validate.ts';
-import { StagingChunks, uploadFileRange } from './weight-staging.ts';
+import { StagingChunks, uploadFileRange, uploadHostRange } from './weight-staging.ts';
 
 export class CudaWeightLoader {
   private chunks: StagingChunks | null = null;
@@ -115,6 +115,14 @@ export class CudaWeightLoader {
   private async copyFile(src: WeightSource, fileOffset: number, nbytes: number, dst: number): Promise<void> {
     if (nbytes === 0) return;
     this.chunks ??= new StagingChunks(this.c.rt);
+    if (src.decode) {
+      // values computed on the host (GGUF): the same byte range of the tensor in its dtype
+      const start = fileOffset - src.offset;
+      const bytes = src.decode(src.dtype).subarray(start, start + nbytes);
+      if (bytes.length !== nbytes) throw new Error(`loading weight ${src.name}: decoded too few bytes for ${start}..${start + nbytes}`);
+      await uploadHostRange(this.c.rt, this.chunks, bytes, dst, () => this.c.assertOpen('loadWeight'));
+      return;
+    }
     const fh = await open(src.path, 'r');
     try {
       await uploadFileRange(this.c.rt, this.chunks, fh, fileOffset, nbytes, dst,

@@ -114,3 +114,23 @@ export async function uploadFileRange(rt: CudaRuntime, chunks: StagingChunks, fh
     }
   });
 }
+
+/**
+ * Copies host bytes (a GGUF tensor dequantized on the host) to device address `dst` through the
+ * same pinned chunks; returns once every copy is enqueued.
+ */
+export async function uploadHostRange(rt: CudaRuntime, chunks: StagingChunks, bytes: Uint8Array, dst: number,
+  stillOpen: () => void): Promise<void> {
+  await forEachPiece(bytes.length, chunks.bytes, chunks.count, async (off, n) => {
+    const c = await chunks.acquire();
+    let ev: number | null = null;
+    try {
+      c.buf.view.set(bytes.subarray(off, off + n));
+      stillOpen();
+      check(rt.d.cuMemcpyHtoDAsyncPinned(dst + off, c.buf.addr, n, rt.stream), 'weight upload copy');
+      ev = rt.record();
+    } finally {
+      chunks.release(c, ev);
+    }
+  });
+}

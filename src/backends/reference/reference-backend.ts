@@ -120,13 +120,18 @@ export class ReferenceBackend implements Backend {
   async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
     const rowElems = numel(src.shape.slice(1));
     const esz = dtypeBytes[src.dtype];
-    const bytes = new Uint8Array(rows * rowElems * esz);
-    const fd = openSync(src.path, 'r');
-    try {
-      const got = readSync(fd, bytes, 0, bytes.length, src.offset + rowStart * rowElems * esz);
-      if (got !== bytes.length) throw new Error(`${src.path}: tensor ${src.name} is truncated`);
-    } finally {
-      closeSync(fd);
+    let bytes = new Uint8Array(rows * rowElems * esz);
+    if (src.decode) {
+      bytes = src.decode(src.dtype).slice(rowStart * rowElems * esz, (rowStart + rows) * rowElems * esz);
+      if (bytes.length !== rows * rowElems * esz) throw new Error(`${src.path}: tensor ${src.name} decoded to too few bytes`);
+    } else {
+      const fd = openSync(src.path, 'r');
+      try {
+        const got = readSync(fd, bytes, 0, bytes.length, src.offset + rowStart * rowElems * esz);
+        if (got !== bytes.length) throw new Error(`${src.path}: tensor ${src.name} is truncated`);
+      } finally {
+        closeSync(fd);
+      }
     }
     const shape = src.shape.length ? [rows, ...src.shape.slice(1)] : [];
     // Values are stored decoded; the dtype tag records what the weight was.

@@ -305,9 +305,9 @@ export class FitPlanner {
    */
   static async open(dir: string, settings: PlannerSettings = {}): Promise<FitPlanner> {
     const art = loadModelDir(dir, { tokenizer: false });
-    let tokenizerFileBytes = 0;
+    let tokenizerFileBytes = art.tokenizerBytes ?? 0;
     try {
-      tokenizerFileBytes = fs.statSync(path.join(dir, TOKENIZER_FILE)).size;
+      if (art.tokenizerBytes === undefined) tokenizerFileBytes = fs.statSync(path.join(dir, TOKENIZER_FILE)).size;
     } catch {
       // no tokenizer.json: plan without its memory (loading the model would fail anyway)
     }

@@ -1,0 +1,106 @@
+// A GGUF model's tensors under their Hugging Face names, as a WeightIndex: what models/weights.ts
+// and the fit planner read. F32 / F16 / BF16 tensors stored as llmts keeps them are plain file
+// ranges, read by the backends exactly as safetensors payloads are; the rest carry a `decode`
+// that the backend calls when it loads the tensor: quantized blocks are dequantized (dequant.ts)
+// into `quantizedDtype`, and llama.cpp's q/k row permutation is undone.
+
+import type { WeightSource } from '../../contracts/backend.ts';
+import { ArtifactError } from '../errors.ts';
+import { WeightIndex } from '../safetensors.ts';
+import type { TensorEntry } from '../safetensors-header.ts';
+import type { TensorRef } from './arch.ts';
+import { dequantize, f32ToBf16 } from './dequant.ts';
+import { isPlainFloat, LOADABLE_TYPE_NAMES } from './ggml-types.ts';
+import { readTensorBytes } from './reader.ts';
+
+export type FloatDtype = 'f32' | 'f16' | 'bf16';
+
+const PLAIN: Record<string, FloatDtype> = { F32: 'f32', F16: 'f16', BF16: 'bf16' };
+const BYTES: Record<FloatDtype, number> = { f32: 4, f16: 2, bf16: 2 };
+
+export class GgufWeightIndex extends WeightIndex {
+  constructor(
+    source: string,
+    files: readonly string[],
+    private readonly refs: Map<string, TensorRef>,
+    /** what quantized tensors dequantize into */
+    readonly quantizedDtype: 'bf16' | 'f32',
+  ) {
+    super(source, files, new Map([...refs].map(([name, ref]) => [name, entryOf(name, ref)])));
+  }
+
+  /** The GGUF tensor (and slice / permutation) behind a Hugging Face name. */
+  ref(name: string): TensorRef {
+    this.entry(name); // throws naming the tensor when absent
+    return this.refs.get(name)!;
+  }
+
+  override get(name: string): WeightSource {
+    const e = this.entry(name);
+    const ref = this.refs.get(name)!;
+    const t = ref.info;
+    if (!t.type.dequantizable) {
+      throw new ArtifactError(
+        `tensor "${t.name}" (for ${name}) in ${t.file} has ggml type ${t.type.name}; supported: ${LOADABLE_TYPE_NAMES.join(', ')}`,
+        t.file,
+      );
+    }
+    const plain = isPlainFloat(t.type);
+    const dtype: FloatDtype = plain ? PLAIN[t.type.name]! : this.quantizedDtype;
+    const src: WeightSource = { path: t.file, offset: e.offset, dtype, shape: [...e.shape], name };
+    if (plain && ref.unpermuteHeads === undefined) return src; // the file's bytes as they are
+    return { ...src, decode: (want) => decodeRef(ref, e, dtype, want) };
+  }
+}
+
+function entryOf(name: string, ref: TensorRef): TensorEntry {
+  const t = ref.info;
+  if (!ref.slice) return { name, dtype: t.type.name, shape: [...t.shape], offset: t.offset, byteLength: t.byteLength, file: t.file };
+  const part = t.byteLength / ref.slice.count;
+  return { name, dtype: t.type.name, shape: t.shape.slice(1), offset: t.offset + ref.slice.index * part, byteLength: part, file: t.file };
+}
+
+/** The tensor's values in `want` (the stored plain dtype, or any float dtype after dequantizing). */
+function decodeRef(ref: TensorRef, e: TensorEntry, stored: FloatDtype, want: FloatDtype): Uint8Array {
+  const t = ref.info;
+  const raw = readTensorBytes(t, e.offset - t.offset, e.byteLength);
+  const rows = e.shape[0] ?? 1;
+  const rowElems = e.shape.length > 1 ? e.shape.slice(1).reduce((a, b) => a * b, 1) : 1;
+  // same dtype as stored (a plain float tensor): permute the bytes, no conversion
+  if (isPlainFloat(t.type) && want === stored) {
+    return ref.unpermuteHeads === undefined ? raw : unpermuteRows(raw, rows, rowElems * BYTES[want], ref.unpermuteHeads, e.name);
+  }
+  let values: Float32Array = new Float32Array(rows * rowElems);
+  dequantize(t.type, raw, values);
+  if (ref.unpermuteHeads !== undefined) {
+    const b = unpermuteRows(new Uint8Array(values.buffer), rows, rowElems * 4, ref.unpermuteHeads, e.name);
+    values = new Float32Array(b.buffer, b.byteOffset, rows * rowElems);
+  }
+  if (want === 'f32') return new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
+  if (want === 'bf16') {
+    const h = f32ToBf16(values);
+    return new Uint8Array(h.buffer, h.byteOffset, h.byteLength);
+  }
+  throw new Error(`${e.name}: cannot decode ${t.type.name} into ${want}`);
+}
+
+/**
+ * Undoes llama.cpp's convert_hf_to_gguf permute(): within each head of `rows / heads` rows, the
+ * file holds Hugging Face row (j * half + i) at row (2i + j), for i < half, j in {0, 1}.
+ */
+export function unpermuteRows(src: Uint8Array, rows: number, rowBytes: number, heads: number, name: string): Uint8Array {
+  if (rows % heads !== 0 || (rows / heads) % 2 !== 0) {
+    throw new ArtifactError(`tensor ${name}: ${rows} rows do not split into ${heads} heads of an even size (llama.cpp's q/k permutation)`);
+  }
+  const hd = rows / heads, half = hd / 2;
+  const out = new Uint8Array(src.length);
+  for (let h = 0; h < heads; h++) {
+    for (let i = 0; i < half; i++) {
+      for (let j = 0; j < 2; j++) {
+        const from = (h * hd + 2 * i + j) * rowBytes;
+        out.set(src.subarray(from, from + rowBytes), (h * hd + j * half + i) * rowBytes);
+      }
+    }
+  }
+  return out;
+}
