@@ -1,0 +1,75 @@
+// GGUF models against transformers (fixtures from scripts/make_gguf_fixtures.py): each fixture
+// family, one ggml type each (kquant: every K-quant and IQ4 type in one model), greedy steps and
+// top-5 logprobs under the closeness rule on the CPU backend, alone and batched. Quantized
+// tensors load dequantized into f32 (the reference's own values, so the f32 tolerance of every
+// fixture applies) and into bf16, the default (a rounding of every weight to 8 bits of mantissa:
+// the tolerance of the bf16 path, as for CUDA's bf16 activations).
+
+import assert from 'node:assert/strict';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { test } from 'node:test';
+
+import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
+import { Engine } from '../../src/execution/engine.ts';
+import { loadModel } from '../../src/execution/load-model.ts';
+import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
+
+const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
+/** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
+const TOLERANCE = { f32: 0.05, bf16: 0.1 } as const;
+
+interface Reference {
+  name: string;
+  gguf: string;
+  ggml_type: string;
+  method: string;
+  cases: { prompt_token_ids: number[]; steps: StepRecord[] }[];
+}
+
+const refs: Reference[] = existsSync(DIR)
+  ? readdirSync(DIR).filter((f) => f.endsWith('.reference.json') && !f.startsWith('vocab-'))
+    .map((f) => JSON.parse(readFileSync(join(DIR, f), 'utf8')) as Reference).sort((a, b) => a.name.localeCompare(b.name))
+  : [];
+
+test('a GGUF fixture per family and every loadable ggml type', () => {
+  const families = new Set(refs.map((r) => r.name.replace(/_(q\d_\d|q\d_k|f16|bf16|q8_0)$/, '')));
+  for (const f of ['llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'gemma2', 'gemma3', 'phi3', 'olmo2', 'granite', 'mixtral', 'kquant']) {
+    assert.ok(families.has(f), `no GGUF fixture for ${f} (have ${[...families].join(', ')})`);
+  }
+  const types = new Set(refs.map((r) => r.ggml_type));
+  for (const t of ['Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'F16', 'BF16', 'mixed']) assert.ok(types.has(t), `no fixture of ${t}`);
+});
+
+for (const dtype of ['f32', 'bf16'] as const) {
+  for (const ref of refs) {
+    test(`${ref.name} (${ref.ggml_type}, dequantized to ${dtype}): matches transformers (${ref.method}) alone and batched`, async (t) => {
+      const backend = await createCpuBackend();
+      try {
+        const m = await loadModel(backend, join(DIR, ref.gguf), { maxModelLen: 512, quantizedDtype: dtype });
+        const request = (c: Reference['cases'][number]) => ({
+          promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
+        });
+        const solo = [];
+        for (const c of ref.cases) {
+          const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
+          solo.push(await e.complete(request(c)));
+          await e.close(0);
+        }
+        let worst = 0;
+        ref.cases.forEach((c, k) => {
+          const r = compareToReference(solo[k]!.logprobs!, c.steps, TOLERANCE[dtype]);
+          worst = Math.max(worst, r.maxLogprobDiff);
+          assert.ok(r.ok, `case ${k}: ${r.problem}`);
+        });
+        t.diagnostic(`max |Δ logprob| on the matched prefix: ${worst.toExponential(2)}`);
+        const e = new Engine(m.model, m, { maxBatch: ref.cases.length, tokenBudget: 16, maxModelLen: m.maxContext });
+        const batched = await Promise.all(ref.cases.map((c) => e.complete(request(c))));
+        await e.close(0);
+        batched.forEach((b, k) => assert.deepEqual(b.tokenIds, solo[k]!.tokenIds, `case ${k} batched differs from solo`));
+      } finally {
+        await backend.close();
+      }
+    });
+  }
+}
