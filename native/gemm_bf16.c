@@ -234,11 +234,10 @@ void gemm_rows_bf16dot(const float *x, const uint16_t *w, const float *bias, flo
 
 #define PM 6      // x rows a prefill tile
 #define PV 4      // panels a prefill tile (6 x 4 accumulators + 4 weight vectors + a broadcast)
-#define DM 2      // x rows a decode tile
+#define DM 4      // x rows a decode tile at most (4 x 4 accumulators; 1 or 2 rows take up to 8 panels)
 #define DV 8      // panels a decode tile (enough independent chains for one row)
 #define PKC2 512  // k pairs a prefill block: a tile's panels, 128 KiB, stay in L2 while the x tiles pass
-#define PNB 16    // panels a prefill work item (a multiple of PV)
-#define PMB 96    // x rows a prefill work item (a multiple of PM)
+#define PMB 96    // x rows a prefill work item at most (a multiple of PM); its panels are one tile's PV
 
 // acc[i][v] (+)= pairs [k2a, k2b) of x rows xr[i] dotted into panels wp[v].
 static inline __attribute__((always_inline)) void p16_dot(const int MR, const int NV, const uint32_t *const *xr,
@@ -303,48 +302,81 @@ static void p16_prefill_item(const uint32_t *xb, const uint32_t *w, int64_t K2, 
   }
 }
 
-#define P16_DECODE_CASE(MR_)                                                            \
-  case MR_: {                                                                           \
+// A decode tile: x rows m0 .. m0 + MR_ (those past M repeat m0) by panels ps .. ps + NV_ (those
+// past the item's p1 repeat ps); only rows below M and columns below N are stored.
+#define P16_DECODE_TILE(MR_, NV_, ps)                                                   \
+  do {                                                                                  \
     const uint32_t *xr[PM], *wp[DV];                                                    \
-    p16_ptrs(MR_, DV, xb, w, K2, M, P, m0, m0, p0, p0, xr, wp);                         \
+    p16_ptrs(MR_, NV_, xb, w, K2, M, p1, m0, m0, ps, ps, xr, wp);                       \
     __m512 acc[PM][DV];                                                                 \
     for (int i = 0; i < MR_; i++)                                                       \
-      for (int v = 0; v < DV; v++) acc[i][v] = _mm512_setzero_ps();                    \
-    p16_dot(MR_, DV, xr, wp, 0, K2, acc);                                               \
-    p16_store(MR_, DV, acc, m0, MR_, p0, bias, y, N);                                   \
-    break;                                                                              \
-  }
+      for (int v = 0; v < NV_; v++) acc[i][v] = _mm512_setzero_ps();                   \
+    p16_dot(MR_, NV_, xr, wp, 0, K2, acc);                                              \
+    p16_store(MR_, (NV_) < p1 - (ps) ? (NV_) : (int)(p1 - (ps)), acc, m0, mr, ps, bias, y, N); \
+  } while (0)
+// 3 or 4 rows take a 4-row tile (a third row repeats, never stored) over at most 4 panels at a time
+#define P16_DECODE_NV(NV_)                                                              \
+  case NV_:                                                                             \
+    if (mr == 1) P16_DECODE_TILE(1, NV_, p0);                                           \
+    else if (mr == 2) P16_DECODE_TILE(2, NV_, p0);                                      \
+    else if (NV_ <= 4) P16_DECODE_TILE(4, ((NV_) <= 4 ? (NV_) : 4), p0);                \
+    else {                                                                              \
+      P16_DECODE_TILE(4, 4, p0);                                                        \
+      if (p0 + 4 < p1) P16_DECODE_TILE(4, 4, p0 + 4);                                   \
+    }                                                                                   \
+    break;
+
+// The largest of 8, 4, 2, 1 that splits `units` into at least `want` parts (1 if none does).
+static int64_t split_pow2(int64_t units, int64_t want, int64_t max) {
+  int64_t q = max;
+  while (q > 1 && (units + q - 1) / q < want) q /= 2;
+  return q;
+}
 
 void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
   const int64_t K2 = K / 2, P = (N + 15) / 16;
   uint32_t *xb = aligned_alloc(64, ((size_t)(M * K2) * sizeof(uint32_t) + 63) / 64 * 64 + 64);
   if (M <= ROWS_MAX_M) {
     pack_rows_bf16(xb, x, 0, M, K);
-#pragma omp parallel for schedule(dynamic, 1) if (p16_bytes(N, K) >= llm_gemv_parallel_min_bytes())
-    for (int64_t p0 = 0; p0 < P; p0 += DV) {
+    // work items of 8 panels, fewer when that leaves threads idle (a tile's shape never changes
+    // what its lanes compute); small matrices on one thread
+    const int parallel = p16_bytes(N, K) >= llm_gemv_parallel_min_bytes();
+    const int64_t q = split_pow2(P, parallel ? 2 * (int64_t)omp_get_max_threads() : 1, DV);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int64_t p0 = 0; p0 < P; p0 += q) {
+      const int64_t p1 = p0 + q < P ? p0 + q : P;
       for (int64_t m0 = 0; m0 < M; m0 += DM) {
-        switch (M - m0 < DM ? (int)(M - m0) : DM) {
-          P16_DECODE_CASE(1)
-          P16_DECODE_CASE(2)
+        const int64_t mr = M - m0 < DM ? M - m0 : DM;
+        switch (q) {
+          P16_DECODE_NV(1)
+          P16_DECODE_NV(2)
+          P16_DECODE_NV(4)
+          P16_DECODE_NV(8)
         }
       }
     }
     free(xb);
     return;
   }
-  const int64_t nmi = (M + PMB - 1) / PMB, nqi = (P + PNB - 1) / PNB;
+  // work items of PV panels by up to PMB rows, fewer rows when that leaves threads idle
+  const int64_t tv_all = (P + PV - 1) / PV, tm_all = (M + PM - 1) / PM;
+  const int64_t want_m = (4 * (int64_t)omp_get_max_threads() + tv_all - 1) / tv_all;
+  int64_t tiles = tm_all / (want_m > 0 ? want_m : 1);
+  tiles = tiles < 1 ? 1 : tiles > PMB / PM ? PMB / PM : tiles;
+  const int64_t mrows = tiles * PM, nmi = (M + mrows - 1) / mrows;
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * PMB, (mi + 1) * PMB < M ? (mi + 1) * PMB : M, K);
-    __m512 *cbuf = aligned_alloc(64, (size_t)((PMB / PM) * (PNB / PV) * PM * PV) * sizeof(__m512));
+    for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * mrows, (mi + 1) * mrows < M ? (mi + 1) * mrows : M, K);
+    __m512 *cbuf = aligned_alloc(64, (size_t)((PMB / PM) * PM * PV) * sizeof(__m512));
 #pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t qi = 0; qi < nqi; qi++)
+    for (int64_t qi = 0; qi < tv_all; qi++)
       for (int64_t mi = 0; mi < nmi; mi++)
-        p16_prefill_item(xb, w, K2, N, mi * PMB, (mi + 1) * PMB < M ? (mi + 1) * PMB : M, qi * PNB,
-                         (qi + 1) * PNB < P ? (qi + 1) * PNB : P, bias, y, cbuf);
+        p16_prefill_item(xb, w, K2, N, mi * mrows, (mi + 1) * mrows < M ? (mi + 1) * mrows : M, qi * PV,
+                         (qi + 1) * PV < P ? (qi + 1) * PV : P, bias, y, cbuf);
     free(cbuf);
   }
   free(xb);
 }
-#undef P16_DECODE_CASE
+#undef P16_DECODE_TILE
+#undef P16_DECODE_NV
