@@ -50,7 +50,7 @@ for (const dtype of ['f32', 'bf16'] as const) {
         const request = (c: Reference['cases'][number]) => ({
           promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
         });
-        const solo = [];
+        const solo: Awaited<ReturnType<Engine["complete"]>>[] = [];
         for (const c of ref.cases) {
           const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
           solo.push(await e.complete(request(c)));

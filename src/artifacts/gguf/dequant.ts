@@ -231,6 +231,35 @@ export function dequantize(type: GgmlType, src: Uint8Array, out: Float32Array, a
   for (let i = 0, o = 0, a = at; i < blocks; i++, o += type.typeSize, a += type.blockSize) fn(src, o, out, a);
 }
 
+/**
+ * dequantize() straight into bf16 bits (round to nearest even): one block at a time through a
+ * small f32 scratch, so a large tensor never exists as f32 (a 150k x 1024 embedding would be 600 MB).
+ */
+export function dequantizeToBf16(type: GgmlType, src: Uint8Array, out: Uint16Array): void {
+  if (src.length % type.typeSize !== 0) {
+    throw new Error(`${type.name}: ${src.length} bytes is not a whole number of ${type.typeSize}-byte blocks`);
+  }
+  const blocks = src.length / type.typeSize;
+  if (blocks * type.blockSize > out.length) throw new Error(`${type.name}: output too small`);
+  const fn = BLOCK_FNS[type.name];
+  if (!fn) {
+    const f = new Float32Array(blocks * type.blockSize);
+    dequantize(type, src, f);
+    out.set(f32ToBf16(f));
+    return;
+  }
+  const bs = type.blockSize;
+  const scratch = new Float32Array(bs);
+  const u = new Uint32Array(scratch.buffer);
+  for (let i = 0, o = 0, a = 0; i < blocks; i++, o += type.typeSize, a += bs) {
+    fn(src, o, scratch, 0);
+    for (let j = 0; j < bs; j++) {
+      const n = u[j]!;
+      out[a + j] = (n & 0x7fffffff) > 0x7f800000 ? ((n >>> 16) | 64) : ((n + 0x7fff + ((n >>> 16) & 1)) >>> 16);
+    }
+  }
+}
+
 /** f32 -> bf16 bits, round to nearest even, NaN kept quiet (ggml_compute_fp32_to_bf16). */
 export function f32ToBf16(x: Float32Array): Uint16Array {
   const u = new Uint32Array(x.buffer, x.byteOffset, x.length);

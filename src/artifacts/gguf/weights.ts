@@ -9,7 +9,7 @@ import { ArtifactError } from '../errors.ts';
 import { WeightIndex } from '../safetensors.ts';
 import type { TensorEntry } from '../safetensors-header.ts';
 import type { TensorRef } from './arch.ts';
-import { dequantize, f32ToBf16 } from './dequant.ts';
+import { dequantize, dequantizeToBf16 } from './dequant.ts';
 import { isPlainFloat, LOADABLE_TYPE_NAMES } from './ggml-types.ts';
 import { readTensorBytes } from './reader.ts';
 
@@ -70,6 +70,12 @@ function decodeRef(ref: TensorRef, e: TensorEntry, stored: FloatDtype, want: Flo
   if (isPlainFloat(t.type) && want === stored) {
     return ref.unpermuteHeads === undefined ? raw : unpermuteRows(raw, rows, rowElems * BYTES[want], ref.unpermuteHeads, e.name);
   }
+  if (want === 'bf16') {
+    const h = new Uint16Array(rows * rowElems);
+    dequantizeToBf16(t.type, raw, h);
+    const b = new Uint8Array(h.buffer);
+    return ref.unpermuteHeads === undefined ? b : unpermuteRows(b, rows, rowElems * 2, ref.unpermuteHeads, e.name);
+  }
   let values: Float32Array = new Float32Array(rows * rowElems);
   dequantize(t.type, raw, values);
   if (ref.unpermuteHeads !== undefined) {
@@ -77,10 +83,6 @@ function decodeRef(ref: TensorRef, e: TensorEntry, stored: FloatDtype, want: Flo
     values = new Float32Array(b.buffer, b.byteOffset, rows * rowElems);
   }
   if (want === 'f32') return new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
-  if (want === 'bf16') {
-    const h = f32ToBf16(values);
-    return new Uint8Array(h.buffer, h.byteOffset, h.byteLength);
-  }
   throw new Error(`${e.name}: cannot decode ${t.type.name} into ${want}`);
 }
 
