@@ -11,6 +11,10 @@
 //  - A worker that cannot start (its files changed on disk, a thread limit) fails its jobs with a
 //    TextWorkerStartError: the caller may run them on its own thread instead.
 //  - Workers start on first use and are unref'd while idle, so the pool never keeps a process alive.
+//  - Custom jobs run the pool's extension module (TextWorkerPoolOptions.extension) on the same
+//    workers, in the same queue. One that transfers memory (a request body's bytes) goes only to
+//    a worker that has started: a worker that fails to start would take that memory with it, and
+//    the caller could not run the job itself instead.
 
 import { Worker, type ResourceLimits } from 'node:worker_threads';
 import os from 'node:os';
@@ -19,7 +23,7 @@ import type { ChatTemplate } from './chat-template.ts';
 import { ContinueFinalError, type ChatJob, type EncodeJob, type TextJob } from './prompt-jobs.ts';
 import { PromptTooLongError } from './token-bound.ts';
 import type { TextTokenizer } from './tokenizer.ts';
-import type { SerializedError, TextReply, TextRequest, TextWorkerData } from './text-worker.ts';
+import type { CustomJob, SerializedError, TextReply, TextRequest, TextWorkerData, TextWorkerExtensionSpec } from './text-worker.ts';
 
 /** A text worker failed (crashed, ran out of memory, or threw something unexpected) on this job. */
 export class TextWorkerError extends Error {
@@ -50,6 +54,8 @@ export interface TextWorkerPoolOptions {
   size?: number;
   /** each worker's heap limits (default: Node's) */
   resourceLimits?: ResourceLimits;
+  /** the module that runs custom jobs (text-worker.ts TextWorkerExtension), and the data its workers start it with */
+  extension?: TextWorkerExtensionSpec;
 }
 
 export interface PoolStats {
@@ -66,7 +72,9 @@ export interface PoolStats {
 }
 
 interface Job {
-  job: TextJob;
+  job: TextJob | CustomJob;
+  /** moved to the worker with the job (never copied) */
+  transfer?: ArrayBuffer[];
   resolve(reply: Extract<TextReply, { type: 'result'; ok: true }>): void;
   reject(err: Error): void;
   signal?: AbortSignal;
@@ -97,6 +105,7 @@ export class TextWorkerPool {
       tokenizer: tokenizer.source,
       fingerprint: tokenizer.fingerprint,
       ...(template ? { template: { sources: { ...template.sources }, origin: template.origin } } : {}),
+      ...(opts.extension ? { extension: opts.extension } : {}),
     };
   }
 
@@ -110,13 +119,24 @@ export class TextWorkerPool {
   /** Encodes each text; rejects with PromptTooLongError for a text that cannot fit job.contextLen. */
   async encode(job: Omit<EncodeJob, 'kind'>, signal?: AbortSignal): Promise<number[][]> {
     const r = await this.run({ kind: 'encode', ...job }, signal);
-    return r.ids.map((a) => Array.from(a));
+    return r.ids.map(numbers);
   }
 
   /** Renders and encodes a conversation (prompt-jobs.ts runChat); rejects as runChat throws. */
   async chat(job: Omit<ChatJob, 'kind'>, signal?: AbortSignal): Promise<{ ids: number[]; text: string }> {
     const r = await this.run({ kind: 'chat', ...job }, signal);
-    return { ids: Array.from(r.ids[0]), text: r.text ?? '' };
+    return { ids: numbers(r.ids[0]), text: r.text ?? '' };
+  }
+
+  /**
+   * Runs `payload` with the pool's extension on a worker; resolves with what the extension's
+   * runner returned. `transfer`: buffers of the payload moved to the worker (unusable here from
+   * then on, unless the job is cancelled before a worker takes it or no worker can start).
+   */
+  async custom(payload: unknown, transfer: ArrayBuffer[] = [], signal?: AbortSignal): Promise<unknown> {
+    if (!this.opts.extension) throw new TextWorkerError('the text worker pool has no extension for custom jobs');
+    const r = await this.run({ kind: 'custom', payload }, signal, transfer);
+    return r.value;
   }
 
   /** Terminates every worker; waiting and running jobs reject. */
@@ -129,11 +149,11 @@ export class TextWorkerPool {
     await Promise.all(slots.map((s) => s.worker.terminate()));
   }
 
-  private run(job: TextJob, signal?: AbortSignal): Promise<Extract<TextReply, { type: 'result'; ok: true }>> {
+  private run(job: TextJob | CustomJob, signal?: AbortSignal, transfer?: ArrayBuffer[]): Promise<Extract<TextReply, { type: 'result'; ok: true }>> {
     if (this.closed) return Promise.reject(new TextWorkerError('the text worker pool was closed'));
     if (signal?.aborted) return Promise.reject(new TextJobAbortedError());
     return new Promise((resolve, reject) => {
-      const j: Job = { job, resolve, reject, signal };
+      const j: Job = { job, resolve, reject, signal, ...(transfer && transfer.length > 0 ? { transfer } : {}) };
       if (signal) {
         j.onAbort = () => this.abort(j);
         signal.addEventListener('abort', j.onAbort, { once: true });
@@ -146,11 +166,15 @@ export class TextWorkerPool {
   /** Gives waiting jobs to idle workers, starting workers up to the pool's size. */
   private pump(): void {
     while (this.waiting.length > 0 && !this.closed) {
-      let slot = this.slots.find((s) => !s.current);
+      const next = this.waiting[0]!;
+      let slot = this.slots.find((s) => !s.current && (s.ready || !next.transfer));
       if (!slot) {
+        // a job that moves memory waits for an idle worker to be ready ('ready' pumps again)
+        if (next.transfer && this.slots.some((s) => !s.current && !s.ready)) break;
         if (this.slots.length >= this.size) break;
         const started = this.spawn();
         if (!started) return; // spawn failed: every waiting job was rejected
+        if (next.transfer) break;
         slot = started;
       }
       const job = this.waiting.shift()!;
@@ -158,14 +182,20 @@ export class TextWorkerPool {
       slot.current = { id, job };
       slot.worker.ref();
       try {
-        slot.worker.postMessage({ id, job: job.job } satisfies TextRequest);
+        slot.worker.postMessage({ id, job: job.job } satisfies TextRequest, job.transfer ?? []);
       } catch (err) {
         // the job cannot be sent (e.g. a value structured clone refuses): it alone fails
         slot.current = undefined;
         this.settle(job, new TextWorkerError(`the text job could not be sent to a worker: ${(err as Error).message}`));
       }
     }
-    for (const s of this.slots) if (!s.current) s.worker.unref();
+    // an idle worker is unref'd, but for one starting while a job waits for it
+    const awaited = this.waiting.length > 0;
+    for (const s of this.slots) {
+      if (s.current) continue;
+      if (awaited && !s.ready) s.worker.ref();
+      else s.worker.unref();
+    }
   }
 
   private spawn(): Slot | undefined {
@@ -190,6 +220,7 @@ export class TextWorkerPool {
     if (!this.slots.includes(slot)) return;
     if (m.type === 'ready') {
       slot.ready = true;
+      this.pump();
       return;
     }
     if (m.type === 'fatal') {
@@ -222,6 +253,13 @@ export class TextWorkerPool {
         ? new TextWorkerError(`the text worker died while working on this request: ${why}`)
         : new TextWorkerStartError(why);
       this.settle(cur.job, err);
+    } else if (!slot.ready) {
+      // the jobs that waited for it to start would wait for the next one the same way
+      const err = new TextWorkerStartError(why);
+      for (const j of this.waiting.filter((w) => w.transfer)) {
+        this.waiting.splice(this.waiting.indexOf(j), 1);
+        this.settle(j, err);
+      }
     }
     this.pump();
   }
@@ -253,6 +291,13 @@ export class TextWorkerPool {
     if (err) j.reject(err);
     else j.resolve(reply!);
   }
+}
+
+/** A worker's ids as a list (a loop: Array.from of an Int32Array is several times slower). */
+function numbers(ids: Int32Array): number[] {
+  const out = new Array<number>(ids.length);
+  for (let i = 0; i < ids.length; i++) out[i] = ids[i]!;
+  return out;
 }
 
 /** The worker's error as the class the calling thread's code expects. */
