@@ -7,35 +7,9 @@ import { NeverFitsError, QueueFullError } from '../execution/scheduler.ts';
 import { SamplingParamsError } from '../sampling/index.ts';
 import { ChatTemplateError } from '../artifacts/chat-template.ts';
 import { GrammarSpecError } from '../sampling/grammar/index.ts';
+import { HttpError, badRequest } from './http-error.ts';
 
-export interface HttpErrorOptions {
-  /** OpenAI error type; derived from the status when omitted */
-  type?: string;
-  /** the request field at fault (OpenAI `param`) */
-  param?: string | null;
-  /** a stable machine-readable code (OpenAI `code`) */
-  code?: string | null;
-  /** extra response headers (Allow, Retry-After, ...) */
-  headers?: Record<string, string>;
-}
-
-export class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly options: HttpErrorOptions = {},
-  ) {
-    super(message);
-    this.name = 'HttpError';
-  }
-}
-
-export const badRequest = (message: string, param?: string, code?: string): HttpError =>
-  new HttpError(400, message, { param: param ?? null, code: code ?? null });
-
-/** A parameter the contract names but this build does not implement yet: refused, never ignored. */
-export const notSupported = (what: string, param: string): HttpError =>
-  badRequest(`${what} is not supported yet`, param, 'not_supported');
+export { HttpError, badRequest, notSupported, type HttpErrorOptions } from './http-error.ts';
 
 const OPENAI_TYPES: Record<number, string> = {
   400: 'invalid_request_error',

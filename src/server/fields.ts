@@ -2,7 +2,7 @@
 // counts as absent: SDKs send null for "unset") and throws a 400 naming the field for a value of
 // the wrong type or out of range. Fields nobody reads are ignored, as OpenAI and vLLM do.
 
-import { badRequest } from './errors.ts';
+import { badRequest } from './http-error.ts';
 
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 export type JsonObject = { [key: string]: Json };

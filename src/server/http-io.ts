@@ -2,9 +2,9 @@
 
 import { STATUS_CODES, maxHeaderSize, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { HttpError, badRequest, openaiErrorBody } from './errors.ts';
-import { isObject, type JsonObject } from './fields.ts';
-import { jsonDepthExceeds, MAX_JSON_DEPTH } from './json-depth.ts';
+import { HttpError, openaiErrorBody } from './errors.ts';
+
+export { parseJsonObject } from './json-depth.ts';
 
 /**
  * Reads the whole body, or throws 413 as soon as it passes `limit` bytes (a declared
@@ -67,21 +67,6 @@ export function readBody(req: IncomingMessage, limit: number, timeoutMs = 0): Pr
     req.on('error', onError);
     req.on('close', onClose);
   });
-}
-
-/** The body as a JSON object, or a 400 that says what is wrong with it. */
-export function parseJsonObject(body: Buffer): JsonObject {
-  if (body.length === 0) throw badRequest('the request body is empty; expected a JSON object', undefined, 'invalid_json');
-  if (jsonDepthExceeds(body, MAX_JSON_DEPTH))
-    throw badRequest(`the request body nests arrays and objects more than ${MAX_JSON_DEPTH} deep`, undefined, 'invalid_json');
-  let value: unknown;
-  try {
-    value = JSON.parse(body.toString('utf8'));
-  } catch (err) {
-    throw badRequest(`the request body is not valid JSON: ${(err as Error).message}`, undefined, 'invalid_json');
-  }
-  if (!isObject(value)) throw badRequest('the request body must be a JSON object', undefined, 'invalid_json');
-  return value;
 }
 
 /**

@@ -1,6 +1,11 @@
 // How deep a request body nests, found before JSON.parse: V8 parses a body of millions of nested
 // arrays (4 MiB of "[[[[...") in about a second on the event loop, and every walk of the parsed
 // value after it risks the stack. No request field needs more than a few dozen levels.
+// parseJsonObject is the one body parser, on the event loop for small bodies and on a text worker
+// for large ones (request-prep.ts), so both refuse the same bodies with the same messages.
+
+import { badRequest } from './http-error.ts';
+import { isObject, type JsonObject } from './fields.ts';
 
 /** arrays and objects a request body may nest (serde_json's default is 128) */
 export const MAX_JSON_DEPTH = 256;
@@ -43,4 +48,19 @@ function stringEnd(buf: Uint8Array, from: number): number {
     if ((q - 1 - k) % 2 === 0) return q;
     i = q + 1;
   }
+}
+
+/** The body as a JSON object, or a 400 that says what is wrong with it. */
+export function parseJsonObject(body: Buffer): JsonObject {
+  if (body.length === 0) throw badRequest('the request body is empty; expected a JSON object', undefined, 'invalid_json');
+  if (jsonDepthExceeds(body, MAX_JSON_DEPTH))
+    throw badRequest(`the request body nests arrays and objects more than ${MAX_JSON_DEPTH} deep`, undefined, 'invalid_json');
+  let value: unknown;
+  try {
+    value = JSON.parse(body.toString('utf8'));
+  } catch (err) {
+    throw badRequest(`the request body is not valid JSON: ${(err as Error).message}`, undefined, 'invalid_json');
+  }
+  if (!isObject(value)) throw badRequest('the request body must be a JSON object', undefined, 'invalid_json');
+  return value;
 }

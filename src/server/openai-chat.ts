@@ -1,52 +1,21 @@
-// POST /v1/chat/completions (OpenAI). Messages are rendered with the model's chat template; the
-// output's <think> block goes to reasoning_content when the template knows <think>.
+// POST /v1/chat/completions (OpenAI): the request as chat-request.ts prepared it (validated, its
+// messages rendered with the model's chat template) has its tool schemas and output constraint
+// checked and compiled, then runs; the output's <think> block goes to reasoning_content when the
+// template knows <think>.
 
-import type { ChatMessage } from '../artifacts/chat-template.ts';
-import { badRequest, notSupported } from './errors.ts';
-import { Fields, isObject, type Json, type JsonObject } from './fields.ts';
 import { sendJson } from './http-io.ts';
 import { newId, nowSeconds, type HandlerContext } from './context.ts';
 import { cachedTokensOf } from './run.ts';
 import { completeChoices, streamChoices } from './openai-choices.ts';
 import { chatLogprob } from './logprobs-format.ts';
-import { ThinkSplitter, promptOpensThink, type SplitText } from './reasoning.ts';
-import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
-import { checkToolSchemas, compileConstraint, parseOpenAiTools, planTools, toolMessages, type ToolPlan } from './structured.ts';
+import { ThinkSplitter, type SplitText } from './reasoning.ts';
+import { finishReasonOf, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
+import { checkToolSchemas, compileConstraint, type ToolPlan } from './structured.ts';
 import type { ToolCallParser } from '../generation/tool-calls/index.ts';
 import type { ServedModel } from './served-model.ts';
+import type { PreparedChat } from './chat-request.ts';
 
-const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
-const kind = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v);
-
-/** message content: a string or a list of text parts; null only where OpenAI allows it */
-export function contentText(v: Json | undefined, where: string, nullable: boolean): string {
-  if (typeof v === 'string') return v;
-  if ((v === null || v === undefined) && nullable) return '';
-  if (!Array.isArray(v)) throw badRequest(`${where} must be a string or an array of content parts, got ${kind(v)}`, 'messages');
-  return v.map((part, j) => {
-    if (!isObject(part) || typeof part.type !== 'string') throw badRequest(`${where}[${j}] must be a content part object with a "type"`, 'messages');
-    if (part.type !== 'text') throw notSupported(`content part type "${part.type}" (${where}[${j}])`, 'messages');
-    if (typeof part.text !== 'string') throw badRequest(`${where}[${j}].text must be a string, got ${kind(part.text)}`, 'messages');
-    return part.text;
-  }).join('\n');
-}
-
-/** OpenAI messages -> template messages. `developer` is rendered as `system` (templates predate it). */
-export function parseChatMessages(raw: Json[] | undefined): ChatMessage[] {
-  if (raw === undefined) throw badRequest('messages is required', 'messages');
-  if (raw.length === 0) throw badRequest('messages must not be empty', 'messages');
-  return raw.map((m, i) => {
-    const where = `messages[${i}]`;
-    if (!isObject(m)) throw badRequest(`${where} must be an object, got ${kind(m)}`, 'messages');
-    if (typeof m.role !== 'string' || !ROLES.includes(m.role))
-      throw badRequest(`${where}.role must be one of ${ROLES.join(', ')}, got ${JSON.stringify(m.role ?? null)}`, 'messages');
-    if (m.name !== undefined && m.name !== null && typeof m.name !== 'string') throw badRequest(`${where}.name must be a string`, 'messages');
-    const content = contentText(m.content, `${where}.content`, m.role === 'assistant');
-    const out: ChatMessage = { ...(m as JsonObject), role: m.role === 'developer' ? 'system' : m.role, content };
-    for (const k of Object.keys(out)) if (out[k] === null) delete out[k];
-    return out;
-  });
-}
+export { contentText, parseChatMessages } from './chat-request.ts';
 
 /** An OpenAI delta (also what a non-streamed message is assembled from). */
 interface ChatDelta {
@@ -110,38 +79,25 @@ class ChoiceOutput {
 const chatFinishReason = (reason: string, out: ChoiceOutput): string =>
   reason === 'stop' && out.hasCalls ? 'tool_calls' : finishReasonOf(reason);
 
-export async function handleChat(ctx: HandlerContext, body: JsonObject): Promise<void> {
-  const f = new Fields(body);
-  checkModel(f, ctx.model);
-  const parsedMessages = parseChatMessages(f.array('messages'));
-  const p = parseGenerationParams(f, ctx.model, 'chat');
-  const tools = planTools(ctx.model, parseOpenAiTools(f));
-  if (tools?.forced && p.constraint)
-    throw badRequest(`${p.constraint.param} cannot be combined with tool_choice "required" or a named function`, p.constraint.param);
-  const variables = f.object('chat_template_kwargs')?.body;
-  const continueFinal = f.boolean('continue_final_message') ?? false;
-  const addGenerationPrompt = f.boolean('add_generation_prompt') ?? true;
-  if (continueFinal && parsedMessages[parsedMessages.length - 1].role !== 'assistant')
-    throw badRequest('continue_final_message requires the last message to be from the assistant', 'continue_final_message');
+/** A prepared chat request (chat-request.ts) checked against the grammar compiler, run, and answered. */
+export async function handleChat(ctx: HandlerContext, prepared: PreparedChat): Promise<void> {
+  const { params: p, tools } = prepared;
   if (tools && tools.offered.length > 0) await checkToolSchemas(ctx.model, tools.offered, (i) => `tools[${i}].function.parameters`);
-  const { messages, tools: templateTools } = toolMessages(ctx.model, parsedMessages, tools);
-  const rendered = await ctx.model.renderChat(messages, { continueFinal, addGenerationPrompt, variables, tools: templateTools }, ctx.signal);
   const constraint = tools?.constraint ?? p.constraint;
   const grammar = constraint ? await compileConstraint(ctx.model, constraint) : undefined;
   try {
-    await respond(ctx, p, rendered, tools, planSequences([rendered.ids], p, ctx.model, grammar));
+    await respond(ctx, p, prepared, tools, planSequences([prepared.ids], p, ctx.model, grammar));
   } finally {
     grammar?.release();
   }
 }
 
 async function respond(
-  ctx: HandlerContext, p: ReturnType<typeof parseGenerationParams>, rendered: { ids: number[]; text: string },
-  tools: ToolPlan | undefined, plans: ReturnType<typeof planSequences>,
+  ctx: HandlerContext, p: PreparedChat['params'], prepared: PreparedChat, tools: ToolPlan | undefined, plans: ReturnType<typeof planSequences>,
 ): Promise<void> {
-  const startsInside = ctx.model.thinks && promptOpensThink(rendered.text);
+  const startsInside = prepared.opensThink;
   const model = ctx.model;
-  const promptTokens = rendered.ids.length;
+  const promptTokens = prepared.ids.length;
   const outputs = plans.map(() => new ChoiceOutput(model, startsInside, tools));
 
   if (!p.stream) {

@@ -2,48 +2,21 @@
 // string, a list of strings, a list of token ids, or a list of token-id lists; each prompt gets
 // n choices (choice index = prompt index * n + i).
 
-import { badRequest } from './errors.ts';
-import { Fields, type Json, type JsonObject } from './fields.ts';
 import { sendJson } from './http-io.ts';
 import { newId, nowSeconds, type HandlerContext } from './context.ts';
 import { cachedTokensOf } from './run.ts';
 import { completeChoices, streamChoices } from './openai-choices.ts';
 import { legacyLogprobs } from './logprobs-format.ts';
-import { checkModel, finishReasonOf, parseGenerationParams, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
-import type { ServedModel } from './served-model.ts';
+import { finishReasonOf, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
 import { compileConstraint } from './structured.ts';
+import type { PreparedCompletions } from './completions-request.ts';
+import type { PromptIds } from './request-model.ts';
 
-const MAX_PROMPTS = 256;
+export { parsePrompts } from './completions-request.ts';
 
-function tokenIds(list: Json[], where: string, vocab: number): number[] {
-  if (list.length === 0) throw badRequest(`${where} must not be empty`, 'prompt');
-  return list.map((id, k) => {
-    if (typeof id !== 'number' || !Number.isInteger(id)) throw badRequest(`${where}[${k}] must be an integer token id`, 'prompt');
-    if (id < 0 || id >= vocab) throw badRequest(`${where}[${k}] = ${id} is outside the vocabulary [0, ${vocab})`, 'prompt');
-    return id;
-  });
-}
-
-/** every accepted prompt form -> token id lists (text prompts tokenized off the event loop when large: ServedModel.encodePrompts) */
-export async function parsePrompts(raw: Json | undefined, model: ServedModel, signal?: AbortSignal): Promise<number[][]> {
-  if (raw === undefined) throw badRequest('prompt is required', 'prompt');
-  const shape = 'prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays';
-  if (typeof raw === 'string') return model.encodePrompts([raw], signal);
-  if (!Array.isArray(raw)) throw badRequest(shape, 'prompt');
-  if (raw.length === 0) throw badRequest('prompt must not be empty', 'prompt');
-  // a flat list of numbers is ONE prompt of token ids (as long as the context allows)
-  if (raw.every((x) => typeof x === 'number')) return [tokenIds(raw, 'prompt', model.vocabSize)];
-  if (raw.length > MAX_PROMPTS) throw badRequest(`prompt has ${raw.length} prompts; at most ${MAX_PROMPTS} are allowed`, 'prompt');
-  if (raw.every((x) => typeof x === 'string')) return model.encodePrompts(raw as string[], signal);
-  if (raw.every((x) => Array.isArray(x))) return (raw as Json[][]).map((ids, i) => tokenIds(ids, `prompt[${i}]`, model.vocabSize));
-  throw badRequest(shape, 'prompt');
-}
-
-export async function handleCompletions(ctx: HandlerContext, body: JsonObject): Promise<void> {
-  const f = new Fields(body);
-  checkModel(f, ctx.model);
-  const p = parseGenerationParams(f, ctx.model, 'completions');
-  const prompts = await parsePrompts(f.raw('prompt'), ctx.model, ctx.signal);
+/** A prepared completions request (completions-request.ts): its output constraint compiled, run, and answered. */
+export async function handleCompletions(ctx: HandlerContext, prepared: PreparedCompletions): Promise<void> {
+  const { params: p, prompts } = prepared;
   const grammar = p.constraint ? await compileConstraint(ctx.model, p.constraint) : undefined;
   try {
     await respond(ctx, p, prompts, planSequences(prompts, p, ctx.model, grammar));
@@ -52,7 +25,7 @@ export async function handleCompletions(ctx: HandlerContext, body: JsonObject): 
   }
 }
 
-async function respond(ctx: HandlerContext, p: ReturnType<typeof parseGenerationParams>, prompts: number[][], plans: ReturnType<typeof planSequences>): Promise<void> {
+async function respond(ctx: HandlerContext, p: PreparedCompletions['params'], prompts: readonly PromptIds[], plans: ReturnType<typeof planSequences>): Promise<void> {
   const model = ctx.model;
   const promptTokens = prompts.reduce((a, ids) => a + ids.length, 0);
 

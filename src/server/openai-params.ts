@@ -4,9 +4,10 @@
 
 import type { EngineRequest } from '../execution/sequence.ts';
 import { validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
-import { HttpError, badRequest, notSupported } from './errors.ts';
+import { HttpError, badRequest, notSupported } from './http-error.ts';
 import { isObject, type Fields } from './fields.ts';
 import type { ServedModel } from './served-model.ts';
+import { idList, type ModelFacts, type PromptIds } from './request-model.ts';
 import type { SeqPlan } from './run.ts';
 import type { CompiledGrammar } from '../sampling/grammar/index.ts';
 import { parseConstraint, type Constraint } from './structured.ts';
@@ -33,7 +34,7 @@ export interface GenerationParams {
 }
 
 /** `model` may be omitted (the one served model); otherwise it must be the served name. */
-export function checkModel(f: Fields, model: ServedModel): void {
+export function checkModel(f: Fields, model: Pick<ModelFacts, 'name'>): void {
   const name = f.string('model');
   if (name !== undefined && name !== model.name)
     throw new HttpError(404, `the model "${name}" does not exist; this server serves "${model.name}"`, { param: 'model', code: 'model_not_found' });
@@ -69,7 +70,7 @@ function refuseUnsupported(f: Fields, kind: 'chat' | 'completions'): void {
   }
 }
 
-export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat' | 'completions'): GenerationParams {
+export function parseGenerationParams(f: Fields, model: Pick<ModelFacts, 'vocabSize' | 'samplingDefaults' | 'grammarLimits'>, kind: 'chat' | 'completions'): GenerationParams {
   refuseUnsupported(f, kind);
   const n = f.number('n', { integer: true, min: 1, max: MAX_N }) ?? 1;
   if (kind === 'completions') {
@@ -122,7 +123,7 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
     stop: f.stringList('stop', MAX_STOPS) ?? [],
     ignoreEos: f.boolean('ignore_eos') ?? false,
     topLogprobs,
-    constraint: parseConstraint(f),
+    constraint: parseConstraint(f, model.grammarLimits),
   };
 }
 
@@ -131,17 +132,16 @@ export function parseGenerationParams(f: Fields, model: ServedModel, kind: 'chat
  * seed, choice i of a prompt uses seed + i so the choices differ yet repeat run to run. Without
  * max_tokens a sequence may fill the context; an explicit max_tokens is capped to it.
  */
-export function planSequences(prompts: readonly number[][], p: GenerationParams, model: ServedModel, grammar?: CompiledGrammar): SeqPlan[] {
+export function planSequences(prompts: readonly PromptIds[], p: GenerationParams, model: Pick<ModelFacts, 'contextLen'>, grammar?: CompiledGrammar): SeqPlan[] {
   if (prompts.length * p.n > MAX_SEQUENCES_PER_REQUEST)
     throw badRequest(`the request asks for ${prompts.length * p.n} sequences (prompts x n); at most ${MAX_SEQUENCES_PER_REQUEST} are allowed`, 'n');
   const plans: SeqPlan[] = [];
-  prompts.forEach((promptIds, promptIndex) => {
-    if (promptIds.length === 0) throw badRequest('the prompt is empty', 'prompt');
-    const room = model.contextLen - promptIds.length;
-    if (room < 1)
-      throw badRequest(
-        `the prompt has ${promptIds.length} tokens, but this model's context holds ${model.contextLen} tokens (prompt + at least 1 generated token)`,
-        undefined, 'context_length_exceeded');
+  prompts.forEach((ids, promptIndex) => {
+    if (ids.length === 0) throw badRequest('the prompt is empty', 'prompt');
+    const room = model.contextLen - ids.length;
+    if (room < 1) throw promptTooLong(ids.length, model.contextLen);
+    // converted only now: a prompt refused above is never copied into a list
+    const promptIds = idList(ids);
     for (let i = 0; i < p.n; i++) {
       const seed = p.sampling.seed;
       const request: EngineRequest = {
@@ -158,6 +158,12 @@ export function planSequences(prompts: readonly number[][], p: GenerationParams,
     }
   });
   return plans;
+}
+
+/** The 400 for a prompt that leaves the context no room for a generated token. */
+export function promptTooLong(tokens: number, contextLen: number, param?: string): HttpError {
+  return badRequest(`the prompt has ${tokens} tokens, but this model's context holds ${contextLen} tokens (prompt + at least 1 generated token)`,
+    param, 'context_length_exceeded');
 }
 
 /** vLLM's stop_reason: the stop string or eos token id that ended a 'stop' finish, else null */

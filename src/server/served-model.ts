@@ -4,16 +4,17 @@
 
 import type { Engine } from '../execution/engine.ts';
 import type { LoadedModel } from '../execution/load-model.ts';
-import type { ChatMessage, ChatTemplate, RenderOptions } from '../artifacts/chat-template.ts';
+import type { ChatMessage, ChatTemplate } from '../artifacts/chat-template.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 import { TokenTexts } from './token-text.ts';
-import { GrammarCompiler, grammarVocabFrom } from '../sampling/grammar/index.ts';
+import { GrammarCompiler, grammarDefaults, grammarVocabFrom, type GrammarLimits } from '../sampling/grammar/index.ts';
 import { detectToolCallFormat, templateRendersTools, toolCallFormat, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
-import { badRequest } from './errors.ts';
-import { ClientGoneError } from './http-io.ts';
-import { checkFitsContext, PromptTooLongError } from '../artifacts/token-bound.ts';
-import { ContinueFinalError, renderChatText, runChat, textWeight, type ChatJob } from '../artifacts/prompt-jobs.ts';
+import { ClientGoneError, parseJsonObject } from './http-io.ts';
+import { checkFitsContext } from '../artifacts/token-bound.ts';
+import { renderChatText, runChat, textWeight, type ChatJob } from '../artifacts/prompt-jobs.ts';
 import { TextJobAbortedError, TextWorkerPool, TextWorkerStartError, type PoolStats, type TextWorkerPoolOptions } from '../artifacts/text-worker-pool.ts';
+import { chatJobOf, textRequestError, type ChatRenderOptions, type RequestModel } from './request-model.ts';
+import { prepareRequest, unpackError, unpackPrepared, type BodyJob, type BodyReply, type BodyRoute, type Prepared, type WorkerFacts } from './request-prep.ts';
 
 /**
  * Text work (characters to tokenize, or a conversation's textWeight) above this runs on a text
@@ -22,14 +23,31 @@ import { TextJobAbortedError, TextWorkerPool, TextWorkerStartError, type PoolSta
  */
 export const INLINE_TEXT_WEIGHT = 1024;
 
+/**
+ * Request bodies larger than this are parsed and prepared on a text worker (request-prep.ts); up
+ * to it, here. On the 2-core dev VM the costliest shape (a chat of many two-letter messages:
+ * JSON.parse, the message checks, textWeight and the copy to a text worker) costs about 85 ns a
+ * byte on this thread (bench/server-stall.ts), so a body this size costs about 5 ms here (2-3 times
+ * that under load); a worker round trip adds about a millisecond.
+ */
+export const INLINE_BODY_BYTES = 64 * 1024;
+
 export interface ServedModelOptions {
   /** the text worker pool's size and heap limits */
-  workers?: TextWorkerPoolOptions;
+  workers?: Omit<TextWorkerPoolOptions, 'extension'>;
   /** default INLINE_TEXT_WEIGHT */
   inlineWeight?: number;
+  /** default INLINE_BODY_BYTES */
+  inlineBodyBytes?: number;
 }
 
-export class ServedModel {
+/** Where request bodies were prepared: on this thread, or on a text worker. */
+export interface BodyStats {
+  inline: number;
+  worker: number;
+}
+
+export class ServedModel implements RequestModel {
   readonly created = Math.floor(Date.now() / 1000);
   /** valid token ids are [0, vocabSize) */
   readonly vocabSize: number;
@@ -47,9 +65,12 @@ export class ServedModel {
   readonly rendersTools: boolean;
   /** ids of control tokens the tool-call parser must see although decoding drops them */
   readonly toolTriggerTokens: ReadonlyMap<number, string>;
+  readonly hasChatTemplate: boolean;
   private grammar?: Promise<GrammarCompiler>;
   private textPool?: TextWorkerPool;
   private readonly inlineWeight: number;
+  private readonly inlineBodyBytes: number;
+  private readonly bodies: BodyStats = { inline: 0, worker: 0 };
 
   constructor(
     readonly name: string,
@@ -60,11 +81,13 @@ export class ServedModel {
     private readonly textOpts: ServedModelOptions = {},
   ) {
     this.inlineWeight = textOpts.inlineWeight ?? INLINE_TEXT_WEIGHT;
+    this.inlineBodyBytes = textOpts.inlineBodyBytes ?? INLINE_BODY_BYTES;
     // ids the model can score AND the tokenizer can decode (a padded embedding has more rows)
     this.vocabSize = Math.min(loaded.config.vocabSize, loaded.tokenizer.vocabSize);
     this.eosIds = new Set(loaded.eosIds);
     this.samplingDefaults = loaded.samplingDefaults;
     this.chatTemplate = loaded.chatTemplate;
+    this.hasChatTemplate = loaded.chatTemplate !== undefined;
     this.tokens = new TokenTexts(loaded.tokenizer);
     this.thinks = Object.values(loaded.chatTemplate?.sources ?? {}).some((s) => s.includes('<think>'));
     const templates = Object.values(loaded.chatTemplate?.sources ?? {});
@@ -102,6 +125,44 @@ export class ServedModel {
     return p;
   }
 
+  /** the limits the grammar compiler checks specs against (a spec past the size limit is refused while its body is prepared) */
+  get grammarLimits(): Readonly<GrammarLimits> {
+    return grammarDefaults().limits;
+  }
+
+  /**
+   * A request body parsed and prepared for its route (request-prep.ts): here when it is at most
+   * `inlineBodyBytes`, else on a text worker, its bytes moved there (`raw` is unusable after).
+   * Either way the same code parses and validates it, so both refuse a body with the same 400. A
+   * job cancelled by `signal` (the client left) ends the request quietly; when no worker can
+   * start, the body is prepared here.
+   */
+  async prepareBody(route: BodyRoute, raw: Buffer, signal?: AbortSignal): Promise<Prepared> {
+    const inline = () => {
+      this.bodies.inline++;
+      return prepareRequest(route, parseJsonObject(raw), this, signal);
+    };
+    if (raw.length <= this.inlineBodyBytes) return inline();
+    // a Buffer this large owns its memory; anything else is copied into memory of its own first
+    const bytes = raw.byteOffset === 0 && raw.byteLength === raw.buffer.byteLength ? raw : new Uint8Array(raw);
+    const job: BodyJob = { route, bytes, limits: this.grammarLimits };
+    let reply: BodyReply;
+    try {
+      reply = (await this.pool().custom(job, [bytes.buffer as ArrayBuffer], signal)) as BodyReply;
+    } catch (err) {
+      if (err instanceof TextWorkerStartError) return inline();
+      throw this.textError(err, 'messages');
+    }
+    this.bodies.worker++;
+    if (!reply.ok) throw unpackError(reply.error);
+    return unpackPrepared(reply.prepared, this);
+  }
+
+  /** How many request bodies were prepared here and on text workers. */
+  get bodyStats(): Readonly<BodyStats> {
+    return { ...this.bodies };
+  }
+
   /**
    * Completions prompts -> ids, with the tokenizer's special tokens (BOS). A prompt longer than the
    * context whatever its tokens is refused first, from its length (checkFitsContext); prompts of
@@ -130,20 +191,31 @@ export class ServedModel {
    * request quietly, and when no worker can start the work runs here instead.
    */
   private async offThread<T>(work: (pool: TextWorkerPool) => Promise<T>, inline: () => T, param: string): Promise<T> {
-    this.textPool ??= new TextWorkerPool(this.loaded.tokenizer, this.loaded.chatTemplate, this.textOpts.workers);
     try {
-      return await work(this.textPool);
+      return await work(this.pool());
     } catch (err) {
       if (err instanceof TextWorkerStartError) return inline();
       throw this.textError(err, param);
     }
   }
 
+  /** The text workers, started on first use; they prepare large bodies too (request-prep.ts is their extension). */
+  private pool(): TextWorkerPool {
+    if (!this.textPool) {
+      const facts: WorkerFacts = {
+        name: this.name, vocabSize: this.vocabSize, contextLen: this.contextLen, samplingDefaults: this.samplingDefaults,
+        toolFormat: this.toolFormat, rendersTools: this.rendersTools, thinks: this.thinks, hasChatTemplate: this.hasChatTemplate,
+      };
+      this.textPool = new TextWorkerPool(this.loaded.tokenizer, this.loaded.chatTemplate, {
+        ...this.textOpts.workers, extension: { url: new URL('./request-prep.ts', import.meta.url).href, data: facts },
+      });
+    }
+    return this.textPool;
+  }
+
   private textError(err: unknown, param: string): unknown {
-    if (err instanceof PromptTooLongError) return badRequest(err.message, param, 'context_length_exceeded');
-    if (err instanceof ContinueFinalError) return badRequest(err.message, 'messages');
     if (err instanceof TextJobAbortedError) return new ClientGoneError('the client disconnected');
-    return err;
+    return textRequestError(err, param);
   }
 
   /** The text workers' counts (none started yet: all zero). */
@@ -163,21 +235,14 @@ export class ServedModel {
   }
 
   /**
-   * Renders a conversation with the model's template and encodes it. `continueFinal` leaves the
-   * last message open (its text is continued instead of a new assistant turn: Anthropic prefill,
-   * vLLM continue_final_message). Returns the ids and the rendered text. A conversation of more
-   * than INLINE_TEXT_WEIGHT (textWeight) is rendered and encoded on a text worker; a smaller one is
-   * rendered here, and its text encoded here when it is that short too.
+   * Renders a conversation with the model's template and encodes it (request-model.ts chatJobOf).
+   * Returns the ids and the rendered text. A conversation of more than INLINE_TEXT_WEIGHT
+   * (textWeight) is rendered and encoded on a text worker; a smaller one is rendered here, and its
+   * text encoded here when it is that short too.
    */
-  async renderChat(
-    messages: ChatMessage[],
-    opts: { continueFinal?: boolean; addGenerationPrompt?: boolean; variables?: Record<string, unknown>; tools?: unknown[] } = {},
-    signal?: AbortSignal,
-  ): Promise<{ ids: number[]; text: string }> {
-    const tpl = this.chatTemplate;
-    if (!tpl) throw badRequest(`the model "${this.name}" has no chat template; use /v1/completions with a raw prompt`, 'messages', 'no_chat_template');
-    const render: RenderOptions = { addGenerationPrompt: !opts.continueFinal && (opts.addGenerationPrompt ?? true), variables: opts.variables, tools: opts.tools };
-    const job: ChatJob = { kind: 'chat', messages, render, continueFinal: opts.continueFinal ?? false, contextLen: this.contextLen };
+  async renderChat(messages: ChatMessage[], opts: ChatRenderOptions = {}, signal?: AbortSignal): Promise<{ ids: number[]; text: string }> {
+    const job = chatJobOf(this, messages, opts);
+    const tpl = this.chatTemplate!;
     const tok = this.loaded.tokenizer;
     const weight = textWeight(messages) + textWeight(opts.tools ?? null) + textWeight(opts.variables ?? null);
     if (weight > this.inlineWeight) {

@@ -13,10 +13,10 @@ import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { LoadedModel } from '../execution/load-model.ts';
 import { HttpError, anthropicErrorBody, badRequest, clientErrorOf, openaiErrorBody } from './errors.ts';
-import { ClientAbortedError, ClientGoneError, clientErrorAnswer, expectationFailed, parseJsonObject, readBody, sendJson } from './http-io.ts';
-import type { JsonObject } from './fields.ts';
+import { ClientAbortedError, ClientGoneError, clientErrorAnswer, expectationFailed, readBody, sendJson } from './http-io.ts';
 import { ServerMetrics } from './metrics.ts';
 import { ServedModel } from './served-model.ts';
+import type { BodyRoute, Prepared, PreparedOf } from './request-prep.ts';
 import type { HandlerContext } from './context.ts';
 import { handleChat } from './openai-chat.ts';
 import { handleCompletions } from './openai-completions.ts';
@@ -43,6 +43,8 @@ export interface ServerOptions {
   processMetrics?: boolean;
   /** tool-call format (hermes, llama3_json, mistral); default: detected from the template and vocabulary */
   toolCallFormat?: ToolCallFormatName;
+  /** request bodies larger than this are parsed and prepared on a text worker (default served-model.ts INLINE_BODY_BYTES) */
+  inlineBodyBytes?: number;
 }
 
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -51,7 +53,8 @@ export const DEFAULT_BODY_TIMEOUT_MS = 60_000;
 /** the status a request is counted under when its client closed the connection before any response (nginx's) */
 export const CLIENT_CLOSED_REQUEST = 499;
 
-type Handler = (ctx: HandlerContext, body: JsonObject) => Promise<void>;
+/** A route's answer to its prepared body (request-prep.ts). */
+type Handler = (ctx: HandlerContext, prepared: Prepared) => Promise<void>;
 
 interface Route {
   method: 'GET' | 'POST';
@@ -76,22 +79,23 @@ export class LlmServer {
 
   constructor(opts: ServerOptions) {
     this.engine = opts.engine;
-    this.model = new ServedModel(opts.servedModelName, opts.loaded, opts.engine, opts.toolCallFormat);
+    this.model = new ServedModel(opts.servedModelName, opts.loaded, opts.engine, opts.toolCallFormat,
+      opts.inlineBodyBytes === undefined ? {} : { inlineBodyBytes: opts.inlineBodyBytes });
     this.metrics = new ServerMetrics(() => this.engine.stats, { processMetrics: opts.processMetrics });
     this.apiKeyHash = opts.apiKey === undefined ? undefined : sha256(opts.apiKey);
     this.maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
     this.log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
-    const post = (handler: Handler, anthropic = false): Route => ({
-      method: 'POST', v1: true, anthropic, run: (req, res, route) => this.generation(req, res, route, handler),
+    const post = <R extends BodyRoute>(body: R, handler: (ctx: HandlerContext, prepared: PreparedOf<R>) => Promise<void>, anthropic = false): Route => ({
+      method: 'POST', v1: true, anthropic, run: (req, res, route) => this.generation(req, res, route, body, handler as Handler),
     });
     this.routes = new Map<string, Route[]>([
       ['/health', [{ method: 'GET', v1: false, run: async (_req, res) => this.health(res) }]],
       ['/metrics', [{ method: 'GET', v1: false, run: async (_req, res) => this.sendMetrics(res) }]],
       ['/v1/models', [{ method: 'GET', v1: true, run: async (req, res) => this.models(req, res) }]],
-      ['/v1/chat/completions', [post(handleChat)]],
-      ['/v1/completions', [post(handleCompletions)]],
-      ['/v1/messages', [post(handleMessages, true)]],
-      ['/v1/messages/count_tokens', [post(handleCountTokens, true)]],
+      ['/v1/chat/completions', [post('chat', handleChat)]],
+      ['/v1/completions', [post('completions', handleCompletions)]],
+      ['/v1/messages', [post('messages', handleMessages, true)]],
+      ['/v1/messages/count_tokens', [post('count_tokens', handleCountTokens, true)]],
       ['/v1/models/{id}', [{ method: 'GET', v1: true, run: async (req, res, route) => this.model1(req, res, route) }]],
       // v1: true = behind --api-key like the /v1 routes
       ['/admin/cache/flush', [{ method: 'POST', v1: true, run: async (_req, res) => this.flushCache(res) }]],
@@ -189,11 +193,15 @@ export class LlmServer {
     if (!given.some((k) => timingSafeEqual(sha256(k), this.apiKeyHash!))) throw new HttpError(401, 'invalid API key', { code: 'invalid_api_key' });
   }
 
-  private async generation(req: IncomingMessage, res: ServerResponse, route: string, handler: Handler): Promise<void> {
+  private async generation(req: IncomingMessage, res: ServerResponse, route: string, bodyRoute: BodyRoute, handler: Handler): Promise<void> {
     const startedAt = performance.now();
-    let body: JsonObject;
+    const ac = new AbortController();
+    res.once('close', () => {
+      if (!res.writableFinished) ac.abort();
+    });
+    let raw: Buffer;
     try {
-      body = parseJsonObject(await readBody(req, this.maxBody, this.bodyTimeoutMs));
+      raw = await readBody(req, this.maxBody, this.bodyTimeoutMs);
     } catch (err) {
       if (err instanceof HttpError && err.status === 413) {
         // The rest of the body is never buffered, only discarded while the client finishes
@@ -206,10 +214,8 @@ export class LlmServer {
       }
       throw err;
     }
-    const ac = new AbortController();
-    res.once('close', () => {
-      if (!res.writableFinished) ac.abort();
-    });
+    // parsed and validated here or, when large, on a text worker (which the client leaving cancels)
+    const prepared = await this.model.prepareBody(bodyRoute, raw, ac.signal);
     const ctx: HandlerContext = {
       engine: this.engine,
       metrics: this.metrics,
@@ -220,7 +226,7 @@ export class LlmServer {
       startedAt,
       logError: (where, err) => this.logInternal(`${req.method} ${route}`, where, err),
     };
-    await handler(ctx, body);
+    await handler(ctx, prepared);
   }
 
   /** POST /admin/cache/flush: writes the prefix cache's pending prefixes to the SSD tier now. */

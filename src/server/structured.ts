@@ -3,15 +3,17 @@
 // tools, mapped onto grammar specs (compiled per request, cached by content hash) and tool-call
 // formats. An invalid schema, regex or grammar is a 400 carrying the compiler's message.
 
-import type { CompiledGrammar, GrammarSpec } from '../sampling/grammar/index.ts';
-import { GrammarSpecError } from '../sampling/grammar/index.ts';
+import type { CompiledGrammar, GrammarLimits, GrammarSpec } from '../sampling/grammar/index.ts';
+import { GrammarSpecError, describeGrammar, specText } from '../sampling/grammar/index.ts';
+import { specSizeReason } from '../sampling/grammar/precheck.ts';
 import {
   templateToolMessages, toolCallFormat, type ToolCallFormat, type ToolChatMessage, type ToolChoice, type ToolFunction,
 } from '../generation/tool-calls/index.ts';
 import type { ChatMessage } from '../artifacts/chat-template.ts';
-import { badRequest } from './errors.ts';
+import { badRequest } from './http-error.ts';
 import { isObject, type Fields, type Json } from './fields.ts';
 import type { ServedModel } from './served-model.ts';
+import type { ModelFacts } from './request-model.ts';
 
 /** A constraint and the request field it came from (for the 400's `param`). */
 export interface Constraint {
@@ -46,11 +48,24 @@ function choiceValue(v: Json, param: string): string[] {
 }
 
 /**
+ * Why compiling `spec` would refuse it for its size (the compiler's own message, from the same
+ * measure), or undefined. Checked while a request is parsed, so that a body's huge schema or
+ * choice list is refused where the body was parsed (a text worker, for a large one) and never has
+ * to be copied to the event loop to be refused there.
+ */
+export function oversizedSpecReason(spec: GrammarSpec, limits: Readonly<GrammarLimits>): string | undefined {
+  const what = describeGrammar(spec);
+  const big = specSizeReason(specText(spec), what, limits);
+  return big === undefined ? undefined : `invalid ${what}: ${big}`;
+}
+
+/**
  * The output constraint of an OpenAI request, if any: `response_format` (json_object,
  * json_schema), vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, or
- * `structured_outputs` ({json | regex | choice | grammar | json_object}). At most one.
+ * `structured_outputs` ({json | regex | choice | grammar | json_object}). At most one, and no
+ * larger than `limits` allow (the 400 compileConstraint would give).
  */
-export function parseConstraint(f: Fields): Constraint | undefined {
+export function parseConstraint(f: Fields, limits: Readonly<GrammarLimits>): Constraint | undefined {
   const found: Constraint[] = [];
   const rf = f.raw('response_format');
   if (rf !== undefined) {
@@ -90,7 +105,10 @@ export function parseConstraint(f: Fields): Constraint | undefined {
   }
   if (found.length > 1)
     throw badRequest(`only one output constraint may be given; got ${found.map((c) => c.param).join(' and ')}`, found[1]!.param);
-  return found[0];
+  const c = found[0];
+  const big = c && oversizedSpecReason(c.spec, limits);
+  if (big) throw badRequest(big, c.param, 'invalid_grammar');
+  return c;
 }
 
 /** Compiles a constraint with the model's grammar compiler; an invalid one is a 400. */
@@ -209,7 +227,7 @@ export interface ToolPlan {
   constraint?: Constraint;
 }
 
-export function planTools(model: ServedModel, req: ToolsRequest | undefined): ToolPlan | undefined {
+export function planTools(model: Pick<ModelFacts, 'toolFormat'>, req: ToolsRequest | undefined): ToolPlan | undefined {
   if (!req) return undefined;
   const format = toolCallFormat(model.toolFormat);
   if (req.choice === 'none') return { format, offered: [], parse: false, forced: false };
@@ -248,7 +266,7 @@ export function hasToolMessages(messages: readonly ChatMessage[]): boolean {
  * variable, with call arguments as objects; any other template gets them written into the
  * conversation in the model's format (system prompt, calls and results as text).
  */
-export function toolMessages(model: ServedModel, messages: ChatMessage[], plan: ToolPlan | undefined): { messages: ChatMessage[]; tools?: unknown[] } {
+export function toolMessages(model: Pick<ModelFacts, 'toolFormat' | 'rendersTools'>, messages: ChatMessage[], plan: ToolPlan | undefined): { messages: ChatMessage[]; tools?: unknown[] } {
   const offered = plan?.offered ?? [];
   if (offered.length === 0 && !hasToolMessages(messages)) return { messages };
   const format = plan?.format ?? toolCallFormat(model.toolFormat);
