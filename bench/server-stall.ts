@@ -14,15 +14,19 @@
 //    N - 512 in a chat message, room for the template);
 //  - the same routes with N characters of ordinary English text, for comparison;
 //  - count_tokens with --over-chars spaces (past the bound: refused before tokenizing);
-//  - a chat request of as many two-letter messages as --max-body allows;
-//  - a body of one array nested as deep as --max-body allows, in a chat request's `metadata`;
-//  - a chat request whose logit_bias map has as many entries as --max-body allows.
+//  - bodies as large as --max-body allows of many small values (test/helpers/heavy-bodies.ts): a
+//    chat of two-letter messages, an array nested in `metadata`, a logit_bias map, stop strings,
+//    tools, guided_choice strings, a schema's enum, chat_template_kwargs keys, a completions
+//    prompt of token ids and one of strings, Anthropic text blocks (messages and count_tokens);
+//    and a logit_bias of every token of the vocabulary with n 16.
 // Each line prints the input, its status and wall time, and /health p50 / p99 / max; then the
 // load average before and after, and the worst p99 against the target.
 //
 // bench/server-stall.figures.csv holds the figures; its a34934b rows are this script run in a copy
 // of the tree at that commit (`git archive a34934b`, node_modules linked, native library built
-// there), where every tokenization and template rendering ran on the event loop.
+// there), where every tokenization and template rendering ran on the event loop; its b1c63a5 rows
+// the same way (this script and test/helpers/heavy-bodies.ts copied in), where every request body
+// was parsed and prepared on the event loop.
 
 import { spawn } from 'node:child_process';
 import http from 'node:http';
@@ -35,6 +39,7 @@ import { performance } from 'node:perf_hooks';
 import { Worker } from 'node:worker_threads';
 import { maxCharsPerToken } from '../src/artifacts/token-bound.ts';
 import { DEFAULT_MAX_BODY_BYTES } from '../src/server/server.ts';
+import { heavyBodies } from '../test/helpers/heavy-bodies.ts';
 import { benchCommit } from './commit.ts';
 
 const TARGET_MS = 50;
@@ -162,32 +167,8 @@ for (const [label, make] of [['spaces', (n: number) => ' '.repeat(n)], ['"a"s', 
   cases.push({ name: `chat, ${M} ${label}`, route: '/v1/chat/completions', body: () => JSON.stringify({ model: 'm', messages: messages(make(M)), max_tokens: 1 }) });
 }
 cases.push({ name: `count_tokens, ${overChars} spaces (over the bound)`, route: '/v1/messages/count_tokens', body: () => JSON.stringify({ model: 'm', messages: messages(' '.repeat(overChars)) }) });
-const fill = DEFAULT_MAX_BODY_BYTES - 200;
-{
-  const one = '{"role":"user","content":"hi"},';
-  const count = Math.floor(fill / one.length);
-  cases.push({
-    name: `chat, ${count} two-letter messages`, route: '/v1/chat/completions',
-    body: () => `{"model":"m","max_tokens":1,"messages":[${one.repeat(count).slice(0, -1)}]}`,
-  });
-}
-cases.push({
-  name: `chat, metadata nested ${Math.floor(fill / 2)} deep`, route: '/v1/chat/completions',
-  body: () => `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"metadata":${'['.repeat(fill / 2)}${']'.repeat(fill / 2)}}`,
-});
-{
-  const entries: string[] = [];
-  let bytes = 100;
-  for (let i = 0; bytes < fill; i++) {
-    const e = `"${i}":1`;
-    entries.push(e);
-    bytes += e.length + 1;
-  }
-  cases.push({
-    name: `chat, logit_bias with ${entries.length} entries`, route: '/v1/chat/completions',
-    body: () => `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"logit_bias":{${entries.join(',')}}}`,
-  });
-}
+const vocabSize = (JSON.parse(readFileSync(join(values.model!, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
+for (const b of heavyBodies(DEFAULT_MAX_BODY_BYTES - 200, 'm', vocabSize)) cases.push({ name: b.name, route: b.route, body: () => b.body });
 const only = values.only?.split(',').map((s) => s.trim());
 const selected = only ? cases.filter((c) => only.some((o) => c.name.includes(o))) : cases;
 
