@@ -25,10 +25,10 @@ export const INLINE_TEXT_WEIGHT = 1024;
 
 /**
  * Request bodies larger than this are parsed and prepared on a text worker (request-prep.ts); up
- * to it, here. `node --import tsx bench/body-cost.ts --max-body 65736` on the 2-core dev VM (load
- * 6): the costliest body of this size (chat_template_kwargs of 5203 keys: parsed, walked, copied
- * to a text worker to render) kept the event loop busy 12 ms, the others 0.1-7 ms; at 4 MiB the
- * same shapes keep it busy 0.1-1.1 s when prepared here, under 7 ms when prepared on a worker.
+ * to it, here. bench/body-cost.figures.csv (2-core dev VM): the costliest body of this size
+ * (chat_template_kwargs of 5203 keys: parsed, walked, copied to a text worker to render) keeps the
+ * event loop busy 13 ms, the other shapes at most 5 ms; at 4 MiB the same shapes keep it busy up
+ * to 0.6 s when prepared here, at most 3 ms when prepared on a worker.
  */
 export const INLINE_BODY_BYTES = 64 * 1024;
 
