@@ -2,9 +2,9 @@
 // $ref recursion with no base case), or that are too big, too deep or need too long an output,
 // are GrammarSpecErrors before anything compiles them; large but fine ones still compile; the
 // compiled-grammar cache stays within its byte budget (least recently used evicted, a grammar
-// heavier than the budget refused); a main instance that outgrew its bound is replaced and freed
-// once nothing uses it; a compile worker that holds too much is replaced. Memory is asserted
-// through the wasm heaps' sizes (stats.heapBytes), not timings.
+// heavier than the budget refused); a grammar host that outgrew its bound retires and goes once
+// nothing uses it; a check worker that holds too much is replaced. Memory is asserted through
+// the wasm heaps' sizes (stats.heapBytes), not timings.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -12,7 +12,6 @@ import {
 } from '../../src/sampling/grammar/index.ts';
 import { asciiGrammarVocab as vocabOf } from '../helpers/grammar-vocab.ts';
 import { WorkerChecker } from '../../src/sampling/grammar/compile-worker-client.ts';
-import { vocabData } from '../../src/sampling/grammar/checker.ts';
 
 
 const SMALL = vocabOf(512);
@@ -140,7 +139,7 @@ test('the compiled-grammar cache stays within its byte budget and evicts the lea
   }
 });
 
-test('a grammar heavier than the whole budget is refused while it is trial-compiled', async () => {
+test('a grammar heavier than the whole budget is refused while it compiles', async () => {
   const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: MIB });
   try {
     const heavy: GrammarSpec = {
@@ -156,46 +155,56 @@ test('a grammar heavier than the whole budget is refused while it is trial-compi
   }
 });
 
-test('a main instance whose heap outgrew its bound is replaced, and freed once its last lease and matcher are', async () => {
-  // 1 MiB of budget: the instance may grow 3 MiB past its start. Leases of evicted grammars keep
-  // their memory in the instance until released, so holding enough of them grows its heap.
-  const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: MIB });
+test('a grammar host whose heap outgrew its bound retires: it takes no new compile, and goes once its last lease and matcher are', async () => {
+  // 1 MiB of budget: a host may grow 3 MiB past its start. Leases of evicted grammars keep their
+  // memory in the host until released, so holding enough of them grows its heap.
+  const c = new GrammarCompiler(vocabOf(32_000), { cacheBytes: MIB, maxHosts: 1 });
   try {
     await c.warm();
     const start = c.stats.heapBytes;
+    const [first] = c.hostStates();
     const held: CompiledGrammar[] = [];
     let i = 0;
     while (c.stats.instanceReplacements === 0) {
-      assert.ok(i < 200, 'the instance was never replaced');
-      held.push(await c.compile(strings(100 + i++)));
+      assert.ok(i < 200, 'the host was never replaced');
+      const g = await c.compile(strings(100 + i++));
+      g.createMatcher().dispose(); // a request's rows start right away, and end
+      held.push(g);
     }
+    // it retired: out of the cache, but its leases still start rows there
+    const retiring = c.hostStates().find((h) => h.id === first!.id)!;
+    assert.ok(retiring.retiring && retiring.heapBytes > start + 3 * MIB, JSON.stringify(retiring));
+    assert.ok(held.every((g) => g.hostId === first!.id));
     const matcher = held[0]!.createMatcher();
-    const grown = c.stats.heapBytes;
-    assert.ok(grown > start + 3 * MIB, `heap ${grown} vs start ${start}`);
-    // the new instance serves new compiles; the old one stays while anything uses it
-    await compiles(c, strings(0));
+    assert.ok(countAllowed(matcher.mask(), c.vocab.vocabSize) > 0);
+    // new compiles go to a fresh host (a retiring one does not count against maxHosts)
+    const next = await c.compile(strings(0));
+    assert.notEqual(next.hostId, first!.id);
+    next.release();
     for (const g of held) g.release();
-    assert.ok(c.stats.heapBytes > start + 3 * MIB, 'a live matcher keeps its instance');
+    const old = c.hostStates().find((h) => h.id === first!.id);
+    assert.ok(old, 'a live matcher keeps its host');
+    const before = c.stats.heapBytes;
     matcher.accept(c.vocab.tokens.indexOf('['));
     matcher.dispose();
-    // only the current instance is left
-    assert.ok(c.stats.heapBytes <= start + 3 * MIB, `heap ${c.stats.heapBytes} after the old instance was freed (start ${start})`);
+    // the old host is gone, and its heap with it
+    assert.deepEqual(c.hostStates().map((h) => h.id), [next.hostId]);
+    assert.equal(c.stats.heapBytes, before - old.heapBytes);
     assert.ok(c.stats.cacheBytes <= MIB);
+    assert.equal(c.stats.hostFailures, 0);
   } finally {
     await c.close();
   }
 });
 
-test('a compile worker that holds more than its bound after a check is replaced, and checks go on', async () => {
-  const vocab = vocabOf(2000);
-  const w = new WorkerChecker(vocabData(vocab), 0, { recycleBytes: 1 });
+test('a check worker that holds more than its bound after a check is replaced, and checks go on', async () => {
+  const w = new WorkerChecker(0, { recycleBytes: 1 });
   try {
     for (let i = 0; i < 3; i++) {
-      const r = await w.check({ type: 'json_schema', schema: { type: 'string', maxLength: 3 + i } }, true);
+      const r = await w.check({ type: 'json_schema', schema: { type: 'string', maxLength: 3 + i } });
       assert.equal(r.prepared.kind, 'ebnf');
-      assert.ok((r.trialBytes ?? -1) >= 0);
     }
-    await assert.rejects(w.check({ type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } }, required: ['a'] } }, true), GrammarSpecError);
+    await assert.rejects(w.check({ type: 'json_schema', schema: { type: 'object', properties: { a: { $ref: '#' } }, required: ['a'] } }), GrammarSpecError);
     assert.equal(w.recycled, 4);
   } finally {
     await w.close();

@@ -1,7 +1,7 @@
-// Grammar compilation off the event loop: new specs are parsed, validated and trial-compiled on a
-// worker thread (compile-worker.ts) while this thread keeps serving; only the final compile (which
-// must happen in the instance that holds the matchers) runs here, and a spec whose trial compile
-// runs past the deadline is refused. Ordering assertions only (no timing thresholds).
+// Grammar compilation off the event loop: new specs are parsed and validated on the check worker
+// (compile-worker.ts) and compiled on a grammar host (grammar-host.ts) while this thread keeps
+// serving, and a spec whose compile runs past the deadline is refused. Ordering assertions only
+// (no timing thresholds).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
@@ -83,20 +83,20 @@ async function servedDuring<T>(work: () => Promise<T>): Promise<{ value: T; turn
   }
 }
 
-test('a large schema is checked and trial-compiled on the worker while this thread serves /health; in-thread checking blocks it', async () => {
+test('a large schema is checked and compiled off this thread while it serves /health; without workers it blocks it', async () => {
   const off = new GrammarCompiler(VOCAB);
   await off.warm();
   assert.equal(off.stats.offThread, true);
   const r = await servedDuring(() => off.compile(BIG));
-  assert.ok(r.turns > 0, 'the event loop turned while the worker compiled');
-  assert.ok(r.health > 0, '/health was answered while the worker compiled');
+  assert.ok(r.turns > 0, 'the event loop turned while the host compiled');
+  assert.ok(r.health > 0, '/health was answered while the host compiled');
   assert.ok(off.stats.lastCheckMs > 0 && off.stats.lastCompileMs > 0);
-  // the compiled grammar works here: its matcher's masks are computed on this thread
+  // the compiled grammar works: its matcher's masks come from its host
   const m = r.value.createMatcher();
   assert.ok(countAllowed(m.mask(), VOCAB.vocabSize) > 0);
   m.dispose();
   r.value.release();
-  // a cache hit never reaches the worker
+  // a cache hit compiles nothing
   const hit = await off.compile(BIG);
   assert.equal(hit.compileMs, 0);
   hit.release();
@@ -124,7 +124,7 @@ const HEAVY: GrammarSpec = {
   },
 };
 
-test('a spec whose trial compile runs past the deadline is refused (a GrammarSpecError: 400); a fresh worker takes the next one', async () => {
+test('a spec whose compile runs past the deadline is refused (a GrammarSpecError: 400); a fresh host takes the next one', async () => {
   // the deadline is far below HEAVY's compile time (well over 10 s here) and far above a small spec's (tens of ms)
   const c = new GrammarCompiler(VOCAB, { compileTimeoutMs: 1500 });
   const before = await c.compile({ type: 'choice', choices: ['yes', 'no'] });
@@ -133,11 +133,11 @@ test('a spec whose trial compile runs past the deadline is refused (a GrammarSpe
     assert.match((err as Error).message, /^JSON schema is too complex: compiling it took longer than 1500 ms$/);
     return true;
   }));
-  assert.ok(main.health > 0, 'this thread served meanwhile: the runaway compile ran on the worker');
+  assert.ok(main.health > 0, 'this thread served meanwhile: the runaway compile ran on a host');
   assert.equal(c.stats.timeouts, 1);
   assert.equal(c.stats.invalid, 1);
-  assert.equal(c.stats.compiles, 1, 'HEAVY never reached this thread');
-  // the next requests go to a fresh worker
+  assert.equal(c.stats.compiles, 1, 'HEAVY never compiled');
+  // the next requests go on (a fresh host for the next compile)
   await assert.rejects(c.compile({ type: 'regex', pattern: '(ab' }), /^GrammarSpecError: invalid regex: Regex parsing error/);
   const after = await c.compile({ type: 'regex', pattern: '[0-9]{3}' });
   // grammars compiled before the timeout keep working

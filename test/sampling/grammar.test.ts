@@ -132,22 +132,40 @@ test('grammar rows stay valid UTF-8 and JSON strings exclude raw control charact
     assert.equal(utf8Step(s, b), want, `${s} ${b.toString(16)}`);
 });
 
-test('a failed main instance ends only the rows matching on it; later compiles get a fresh one', async () => {
+test('a grammar host that dies ends only the rows matching on it; later compiles get a fresh host', async () => {
   const tok = TextTokenizer.fromDir(FIXTURE);
-  const c = new GrammarCompiler(grammarVocabFrom(tok, 512, [0, 2]));
-  const spec: GrammarSpec = { type: 'choice', choices: ['yes', 'no'] };
-  const g = await c.compile(spec);
-  const live = g.createMatcher();
-  assert.ok(countAllowed(live.mask(), 512) > 0);
-  // what an abort inside xgrammar leaves behind (see xgrammar-runtime.ts)
-  (c as unknown as { current: { inst: { broken: boolean } } }).current.inst.broken = true;
-  assert.throws(() => live.accept(tok.encode('y', { addSpecialTokens: false })[0]!), GrammarRowError);
-  live.dispose();
-  g.release();
-  const fresh = await c.compile(spec); // not the cached grammar of the dead instance
-  assert.ok(fresh.compileMs > 0);
-  const m = fresh.createMatcher();
-  m.accept(tok.encode('y', { addSpecialTokens: false })[0]!);
-  m.dispose();
-  fresh.release();
+  const c = new GrammarCompiler(grammarVocabFrom(tok, 512, [0, 2]), { maxHosts: 2 });
+  const id = (text: string) => tok.encode(text, { addSpecialTokens: false })[0]!;
+  try {
+    const spec: GrammarSpec = { type: 'choice', choices: ['yes', 'no'] };
+    const g = await c.compile(spec);
+    const live = g.createMatcher();
+    assert.ok(countAllowed(live.mask(), 512) > 0);
+    // another grammar, on another host (a compile never lands on a host with live matchers)
+    const other = await c.compile({ type: 'choice', choices: ['up', 'down'] });
+    assert.notEqual(other.hostId, g.hostId);
+    const bystander = other.createMatcher();
+    assert.ok(countAllowed(bystander.mask(), 512) > 0);
+    // what a crash of the host's thread does (a wasm abort while matching ends the same way)
+    const hosts = (c as unknown as { hosts: { h: { id: number; worker?: { terminate(): Promise<number> } } }[] }).hosts;
+    await hosts.find((h) => h.h.id === g.hostId)!.h.worker!.terminate();
+    assert.throws(() => live.accept(id('y')), GrammarRowError);
+    assert.throws(() => live.mask(), GrammarRowError);
+    live.dispose();
+    g.release();
+    bystander.accept(id('u'));
+    assert.ok(countAllowed(bystander.mask(), 512) > 0, 'the other host serves on');
+    bystander.dispose();
+    other.release();
+    assert.equal(c.stats.hostFailures, 1);
+    const fresh = await c.compile(spec); // not the cached grammar of the dead host
+    assert.ok(fresh.compileMs > 0);
+    assert.notEqual(fresh.hostId, g.hostId);
+    const m = fresh.createMatcher();
+    m.accept(id('y'));
+    m.dispose();
+    fresh.release();
+  } finally {
+    await c.close();
+  }
 });

@@ -1,20 +1,20 @@
-// The GrammarCompiler's side of the compile worker (compile-worker.ts): sends one spec at a time,
+// The GrammarCompiler's side of the check worker (compile-worker.ts): sends one spec at a time,
 // bounds each by a deadline, and replaces the worker when it runs past it, dies, or is closed.
 //
 // The worker is started lazily and unref'd while idle (it never keeps a process alive); it is
 // ref'd while it starts or works, so an awaited check always completes.
 //
-// Memory: the worker's xgrammar heaps are dropped after every trial compile, but they go back
-// to the system only when collected; a worker that reports holding more than `recycleBytes`
-// after a check is terminated (which frees its whole heap at once) and a fresh one started.
+// Memory: the worker's validator is dropped once its heap grew, but a dropped heap goes back to
+// the system only when collected; a worker that reports holding more than `recycleBytes` after a
+// check is terminated (which frees its whole heap at once) and a fresh one started.
 
 import { Worker } from 'node:worker_threads';
 import { GrammarSpecError } from './prepare.ts';
 import { describeGrammar, type GrammarSpec } from './spec.ts';
-import type { CheckResult, SpecCheck, SpecCheckerOptions, VocabData } from './checker.ts';
+import type { CheckResult, SpecCheck, SpecCheckerOptions } from './checker.ts';
 import type { CheckReply, CheckRequest, WorkerInit } from './compile-worker.ts';
 
-/** The worker could not be started (the caller checks on its own thread instead). */
+/** A worker could not be started (the caller does its work on its own thread instead). */
 export class WorkerStartError extends Error {
   constructor(message: string) {
     super(message);
@@ -22,7 +22,7 @@ export class WorkerStartError extends Error {
   }
 }
 
-/** A spec's trial compile ran past the deadline (a 400, like any other spec the compiler refuses). */
+/** Checking or compiling a spec ran past the deadline (a 400, like any other spec the compiler refuses). */
 export class GrammarTimeoutError extends GrammarSpecError {
   constructor(spec: GrammarSpec, timeoutMs: number) {
     super(`${describeGrammar(spec)} is too complex: compiling it took longer than ${timeoutMs} ms`);
@@ -32,7 +32,6 @@ export class GrammarTimeoutError extends GrammarSpecError {
 
 interface Job {
   spec: GrammarSpec;
-  trial: boolean;
   resolve(r: CheckResult): void;
   reject(err: Error): void;
 }
@@ -51,8 +50,6 @@ export class WorkerChecker implements SpecCheck {
   recycled = 0;
 
   constructor(
-    /** the vocabulary trial compiles index (none: the worker only parses and validates) */
-    private readonly vocab: VocabData | undefined,
     /** 0 = no deadline */
     private readonly timeoutMs: number,
     private readonly opts: SpecCheckerOptions & {
@@ -65,10 +62,10 @@ export class WorkerChecker implements SpecCheck {
     return this.start();
   }
 
-  check(spec: GrammarSpec, trial: boolean): Promise<CheckResult> {
+  check(spec: GrammarSpec): Promise<CheckResult> {
     if (this.closed) return Promise.reject(new Error('the grammar compiler was closed'));
     return new Promise((resolve, reject) => {
-      this.waiting.push({ spec, trial, resolve, reject });
+      this.waiting.push({ spec, resolve, reject });
       this.pump();
     });
   }
@@ -87,7 +84,7 @@ export class WorkerChecker implements SpecCheck {
     if (this.closed) return Promise.reject(new Error('the grammar compiler was closed'));
     let w: Worker;
     try {
-      const init: WorkerInit = { vocab: this.vocab, limits: this.opts.limits, trialMaxBytes: this.opts.trialMaxBytes };
+      const init: WorkerInit = { limits: this.opts.limits };
       w = new Worker(ENTRY, { workerData: init });
     } catch (err) {
       return Promise.reject(new WorkerStartError((err as Error).message));
@@ -119,12 +116,12 @@ export class WorkerChecker implements SpecCheck {
         this.current = undefined;
         if (cur) {
           clearTimeout(cur.timer);
-          cur.job.reject(new GrammarSpecError(`the grammar compiler failed on this ${describeGrammar(cur.job.spec)}: ${why}`));
+          cur.job.reject(new GrammarSpecError(`the grammar checker failed on this ${describeGrammar(cur.job.spec)}: ${why}`));
         }
         this.pump();
       };
       w.on('error', (err) => died(err.message));
-      w.on('exit', (code) => died(`the compile worker exited (code ${code})`));
+      w.on('exit', (code) => died(`the check worker exited (code ${code})`));
     });
     this.ready = ready;
     this.updateRef();
@@ -145,7 +142,7 @@ export class WorkerChecker implements SpecCheck {
     this.start().then(() => {
       if (this.current !== cur) return;
       if (this.timeoutMs > 0) cur.timer = setTimeout(() => this.timedOut(cur), this.timeoutMs);
-      this.worker!.postMessage({ id, spec: job.spec, trial: job.trial } satisfies CheckRequest);
+      this.worker!.postMessage({ id, spec: job.spec } satisfies CheckRequest);
     }, (err: Error) => this.failAll(err instanceof WorkerStartError ? err : new WorkerStartError(err.message)));
   }
 
@@ -154,11 +151,8 @@ export class WorkerChecker implements SpecCheck {
     if (!cur || cur.id !== m.id) return;
     clearTimeout(cur.timer);
     this.current = undefined;
-    if (m.ok) {
-      cur.job.resolve({
-        prepared: m.prepared, ...(m.trialMs !== undefined ? { trialMs: m.trialMs } : {}), ...(m.trialBytes !== undefined ? { trialBytes: m.trialBytes } : {}),
-      });
-    } else cur.job.reject(m.invalid ? new GrammarSpecError(m.message) : new Error(`grammar compile worker: ${m.message}`));
+    if (m.ok) cur.job.resolve({ prepared: m.prepared });
+    else cur.job.reject(m.invalid ? new GrammarSpecError(m.message) : new Error(`grammar check worker: ${m.message}`));
     if (this.opts.recycleBytes !== undefined && m.externalBytes > this.opts.recycleBytes) this.recycle();
     this.pump();
   }

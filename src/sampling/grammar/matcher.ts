@@ -1,11 +1,21 @@
-// One row's grammar state: an xgrammar GrammarMatcher plus the bitmask of its next token.
+// One row's grammar state, as the engine sees it: synchronous calls over a matcher that lives on
+// the row's grammar host (grammar-host.ts), with the bitmask of its next token.
 //
-// Invariants: `mask()` always describes the state after every accepted token (it is recomputed
-// lazily after each accept); a token the grammar rejects, or a state that allows nothing, is a
-// GrammarRowError, which ends this row only. The matcher is a C++ object: `dispose()` frees it
-// (the engine does so when the row finishes, however it finishes).
+// Pipelined: accept() posts the token and returns at once; the host applies it and computes what
+// the next calls ask (accepted?, terminated, the jump-forward string, then the next bitmask), so
+// by the time mask() or jumpForward() runs the answer is usually in the row's slot already; when
+// it is not, the call waits for it (grammar-host-client.ts RowLink.wait, bounded). The UTF-8
+// guard (utf8.ts) is applied here, to the mask read back.
+//
+// Invariants: `mask()` always describes the state after every accepted token; a token the
+// grammar rejects, a state that allows nothing, or a host that failed is a GrammarRowError,
+// which ends this row only. A token is checked against the mask of the state it is accepted in
+// before it is sent (so a rejected token throws from accept(), as the grammar would refuse it).
+// The matcher is a C++ object on the host: `dispose()` frees it (the engine does so when the
+// row finishes, however it finishes).
 
-import type { XgInstance, XgMatcher } from './xgrammar-runtime.ts';
+import { F_FAILED, F_REJECTED, F_TERMINATED, S_FLAGS, S_MASK, S_STATUS, S_TOKEN, type Slot } from './grammar-host.ts';
+import type { RowLink } from './grammar-host-client.ts';
 import type { GrammarVocab } from './vocab.ts';
 import type { Utf8Guard } from './utf8.ts';
 
@@ -18,54 +28,71 @@ export class GrammarRowError extends Error {
 }
 
 export class RowGrammar {
-  /** the current state's mask; valid while `maskValid` */
+  /** the current state's mask, UTF-8 guard applied; valid while `maskValid` */
   private readonly maskBuf: Int32Array;
   private maskValid = false;
   private disposed = false;
+  /** a failure of the host or of the grammar: every later call throws it */
+  private error?: GrammarRowError;
+  /** operations sent to the host (its creation is the first): the answer the state needs */
+  private sent = 1;
   /** tokens accepted so far (jump-forward included) */
   accepted = 0;
   /** where the output stands inside a UTF-8 character (utf8.ts); 0 = between characters */
   private utf8State = 0;
 
   constructor(
-    private readonly inst: XgInstance,
-    private readonly matcher: XgMatcher,
+    private readonly link: RowLink,
+    private readonly slot: Slot,
     private readonly vocab: GrammarVocab,
     private readonly utf8: Utf8Guard,
     /** append forced text without sampling (see jumpForward) */
     readonly jumpForwardEnabled: boolean,
-    /** called once, when the matcher is freed (the compiler counts the matchers each instance holds) */
+    /** called once, when the matcher is freed (the compiler counts the matchers each host holds) */
     private readonly onDispose?: () => void,
   ) {
-    this.maskBuf = new Int32Array((vocab.vocabSize + 31) >>> 5);
+    this.maskBuf = new Int32Array(slot.mask.length);
   }
 
-  private call<T>(fn: () => T): T {
+  /** Makes sure the host's answer for the current state is in the slot (`word`: S_STATUS or S_MASK); throws its failure. */
+  private answer(word: number): void {
     if (this.disposed) throw new GrammarRowError('the grammar matcher was already released');
-    try {
-      return this.inst.call(fn);
-    } catch (err) {
-      throw new GrammarRowError(`grammar engine failure: ${(err as Error).message}`);
+    if (this.error) throw this.error;
+    const w = this.slot.words;
+    const gone = this.link.dead();
+    if (gone !== undefined) throw this.fail(gone);
+    if (Atomics.load(w, word) < this.sent) {
+      const why = this.link.wait(word, this.sent);
+      if (why !== undefined) throw this.fail(why);
     }
+    const flags = w[S_FLAGS]!;
+    if (flags & F_FAILED) throw this.fail(this.slot.readText());
+    if (flags & F_REJECTED) throw this.fail(this.rejection(w[S_TOKEN]!));
+  }
+
+  private fail(message: string): GrammarRowError {
+    this.error = new GrammarRowError(message);
+    return this.error;
+  }
+
+  private rejection(id: number): string {
+    return `the grammar rejected token ${id} (${JSON.stringify(this.vocab.tokens[id] ?? '')})`;
   }
 
   /** The bitmask of tokens allowed next (owned here; valid until the next accept). */
   mask(): Int32Array {
+    if (this.error) throw this.error;
     if (!this.maskValid) {
+      this.answer(S_MASK);
       const buf = this.maskBuf;
-      this.call(() => {
-        const v = this.matcher.GetNextTokenBitmask(this.vocab.vocabSize);
-        try {
-          buf.set(this.inst.binding.vecIntToView(v).subarray(0, buf.length));
-        } finally {
-          v.delete();
-        }
-      });
+      const raw = this.slot.mask;
       let any = 0;
-      if (this.utf8.trivial) for (let w = 0; w < buf.length; w++) any |= buf[w]!;
-      else {
+      if (this.utf8.trivial) {
+        buf.set(raw);
+        for (let w = 0; w < buf.length; w++) any |= buf[w]!;
+      } else {
         const valid = this.utf8.masks[this.utf8State]!;
-        for (let w = 0; w < buf.length; w++) any |= buf[w]! &= valid[w]!;
+        for (let w = 0; w < buf.length; w++) any |= buf[w] = raw[w]! & valid[w]!;
       }
       if (any === 0) throw new GrammarRowError('the grammar allows no token at this point (no token of the vocabulary can continue it)');
       this.maskValid = true;
@@ -75,16 +102,26 @@ export class RowGrammar {
 
   /** Advances the grammar by one token; throws GrammarRowError when the grammar rejects it. */
   accept(id: number): void {
-    const ok = this.call(() => this.matcher.AcceptToken(id, false));
-    if (!ok) throw new GrammarRowError(`the grammar rejected token ${id} (${JSON.stringify(this.vocab.tokens[id] ?? '')})`);
+    // the grammar's own mask of this state (before the UTF-8 guard): exactly what it accepts
+    this.answer(S_MASK);
+    const raw = this.slot.mask;
+    const w = id >>> 5;
+    if (!Number.isInteger(id) || id < 0 || w >= raw.length || ((raw[w]! >>> (id & 31)) & 1) === 0) throw new GrammarRowError(this.rejection(id));
+    this.send([id]);
+  }
+
+  private send(ids: number[]): void {
+    this.link.accept(ids);
+    this.sent++;
     this.maskValid = false;
-    this.accepted++;
-    this.utf8State = this.utf8.next(this.utf8State, id);
+    this.accepted += ids.length;
+    for (const id of ids) this.utf8State = this.utf8.next(this.utf8State, id);
   }
 
   /** True once a stop token was accepted: nothing more may follow. */
   get terminated(): boolean {
-    return this.call(() => this.matcher.IsTerminated());
+    this.answer(S_STATUS);
+    return (this.slot.words[S_FLAGS]! & F_TERMINATED) !== 0;
   }
 
   /**
@@ -112,42 +149,32 @@ export class RowGrammar {
 
   /**
    * Jump-forward: when the grammar admits exactly one continuation for the next characters
-   * (a constant key, a closing bracket), spells it with the tokenizer and accepts those tokens
-   * without sampling; returns them (the caller appends them, and the catch-up rule computes them
-   * as one prefill chunk). The last token of the spelling is left to the model, because in the
-   * model's own tokenization it may merge with the text that follows; so a one-token span is not
-   * jumped. At most `maxTokens` tokens.
+   * (a constant key, a closing bracket), the host says what it is; it is spelled with the
+   * tokenizer here and those tokens are accepted without sampling, as one batch; returns them
+   * (the caller appends them, and the catch-up rule computes them as one prefill chunk). The
+   * last token of the spelling is left to the model, because in the model's own tokenization it
+   * may merge with the text that follows; so a one-token span is not jumped. At most `maxTokens`
+   * tokens. Text the grammar forces is accepted by it: a token of it refused all the same ends
+   * the row at its next call (a GrammarRowError).
    */
   jumpForward(maxTokens: number): number[] {
     if (!this.jumpForwardEnabled || maxTokens <= 0 || this.utf8State !== 0) return [];
-    const text = this.call(() => this.matcher.FindJumpForwardString());
+    this.answer(S_STATUS);
+    if ((this.slot.words[S_FLAGS]! & F_TERMINATED) !== 0) return [];
+    const text = this.slot.readText();
     if (text.length === 0) return [];
     const ids = this.vocab.encode(text);
     // the tokens must spell exactly the forced bytes (no prepended space, no special token)
     if (ids.length < 2 || !this.utf8.spells(ids, text)) return [];
-    const take = Math.min(ids.length - 1, maxTokens);
-    const out: number[] = [];
-    for (let k = 0; k < take; k++) {
-      const ok = this.call(() => this.matcher.AcceptToken(ids[k]!, false));
-      if (!ok) break; // cannot happen for text the grammar produced; stop rather than guess
-      this.maskValid = false;
-      this.accepted++;
-      this.utf8State = this.utf8.next(this.utf8State, ids[k]!);
-      out.push(ids[k]!);
-    }
+    const out = ids.slice(0, Math.min(ids.length - 1, maxTokens));
+    this.send(out);
     return out;
   }
 
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    if (!this.inst.broken) {
-      try {
-        this.matcher.delete();
-      } catch {
-        // a matcher of a failed instance: nothing to free
-      }
-    }
+    this.link.dispose();
     this.onDispose?.();
   }
 }

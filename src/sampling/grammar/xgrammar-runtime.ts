@@ -83,11 +83,12 @@ export interface XgInstance {
    */
   heapTop(): number | undefined;
   /**
-   * Fills the free holes below the heap's top with blocks that are never freed, down to blocks
-   * of `minBytes`, so that what is allocated next comes from the top (heapTop then measures it).
-   * Only for an instance about to be dropped. Returns the bytes taken.
+   * Bytes in use below the heap's top: heapTop less the free holes under it of `minBytes` or
+   * more (found by allocating them, then freed again, so the heap is left as it was). Two
+   * readings around a compile give what the compiled grammar keeps, wherever the allocator put
+   * it. undefined when the probe cannot be allocated.
    */
-  fillHoles(minBytes: number): number;
+  heapUsed(minBytes: number): number | undefined;
   /** caps the heap's growth (bytes; at most 2 GiB): an allocation past it fails, and the call with it */
   setMaxHeapBytes(bytes: number): void;
   /** the current cap */
@@ -116,6 +117,8 @@ export class XGrammarError extends Error {
 export const XG_HEAP_LIMIT = 2 ** 31;
 /** the heapTop probe's size: larger than any hole a compile leaves behind */
 export const HEAP_PROBE_BYTES = 32 * 2 ** 20;
+/** heapUsed counts at most this many holes (the rest count as used) */
+const MAX_HOLES = 200_000;
 
 /** [from, to]: each `from` must occur exactly once in the bundle */
 const PATCHES: [string, string][] = [
@@ -208,23 +211,29 @@ export async function loadXGrammarInstance(opts: { maxHeapBytes?: number } = {})
       free(p);
       return p;
     },
-    fillHoles(minBytes: number): number {
+    heapUsed(minBytes: number): number | undefined {
       const top = inst.heapTop();
-      if (top === undefined) return 0;
-      let taken = 0;
-      for (let size = HEAP_PROBE_BYTES / 2; size >= minBytes; size /= 2) {
-        for (;;) {
-          const p = malloc(size) >>> 0;
-          if (p === 0) break;
-          // from the top (not a hole): given back, and the next smaller size is tried
-          if (p >= top) {
-            free(p);
-            break;
+      if (top === undefined) return undefined;
+      const holes: number[] = [];
+      let holeBytes = 0;
+      try {
+        for (let size = HEAP_PROBE_BYTES / 2; size >= minBytes && holes.length < MAX_HOLES; size /= 2) {
+          while (holes.length < MAX_HOLES) {
+            const p = malloc(size) >>> 0;
+            if (p === 0) break;
+            // from the top (not a hole): given back, and the next smaller size is tried
+            if (p >= top) {
+              free(p);
+              break;
+            }
+            holes.push(p);
+            holeBytes += size;
           }
-          taken += size;
         }
+      } finally {
+        for (const p of holes) free(p);
       }
-      return taken;
+      return top - holeBytes;
     },
     setMaxHeapBytes(bytes: number): void {
       moduleArg.maxHeapBytes = heapCap(bytes);
