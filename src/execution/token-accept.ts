@@ -1,6 +1,6 @@
 // Turns a step's results into each row's progress: the KV it computed (committed, so the prefix
 // cache can hash it), then for every row that reached its end one token (sampled from its logits,
-// or the device's pick or sample) and the tokens its grammar forces after it, appended through
+// or the device's pick or sample), then the tokens its grammar forces after it, appended through
 // append-tokens.ts (which checks the stop conditions after each). A row that fails here (sampler
 // error, grammar rejection) ends alone.
 
@@ -56,26 +56,37 @@ export class TokenAcceptor {
     private readonly finish: FinishFn,
   ) {}
 
-  /** Takes a step's results: computed KV (and its block hashes), then each sampling row's token. */
+  /**
+   * Takes a step's results: computed KV (and its block hashes), then each sampling row's token,
+   * then the tokens grammars force after them (a row's grammar host works out what it forces
+   * while this thread takes the other rows' tokens).
+   */
   postprocess(cur: InFlight, result: StepResult): void {
     const sources = tokenSources(cur, result, this.config.vocabSize);
+    const forcing: Sequence[] = [];
     cur.rows.forEach(({ seq, count }, r) => {
       seq.computed += count;
       if (!seq.finished) this.kv.commit(seq.kv!, seq.computed, (p) => seq.tokenAt(p));
       const src = sources[r];
       if (!src || seq.finished) return;
-      try {
+      this.guarded(seq, () => {
         this.accept(seq, src);
-      } catch (err) {
-        this.finish(seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
-      }
+        if (seq.grammar && !seq.finished) forcing.push(seq);
+      });
     });
+    for (const seq of forcing) this.guarded(seq, () => this.advanceGrammar(seq, seq.grammar!));
   }
 
-  /**
-   * Takes one token of `seq` from `src` (advancing its grammar over it) and appends it, then the
-   * tokens its grammar forces next.
-   */
+  /** Runs a row's part of the step; a failure ends that row alone. */
+  private guarded(seq: Sequence, fn: () => void): void {
+    try {
+      fn();
+    } catch (err) {
+      this.finish(seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
+    }
+  }
+
+  /** Takes one token of `seq` from `src` (advancing its grammar over it) and appends it. */
   private accept(seq: Sequence, src: TokenSource): void {
     const grammar = seq.grammar;
     // a complete grammar that allows nothing but a stop token: end here, no token to sample
@@ -83,7 +94,6 @@ export class TokenAcceptor {
     const token = this.take(seq, src);
     grammar?.accept(token.id);
     appendTokens(seq, [token], this.finish);
-    if (grammar && !seq.finished) this.advanceGrammar(seq, grammar);
   }
 
   /** The token `src` gives: sampled from its logits, the device's sample, or its greedy pick; with the logprobs asked for. */
