@@ -25,7 +25,8 @@
 //    with a synthetic byte-level vocabulary of --big-vocab tokens (default 128000; 0: not run),
 //    where compiling costs seconds. Each runs alone, then again (new again) beside structured
 //    streams (a cached schema) run back to back until its answer arrives: how many finished,
-//    whether all did, and the longest gap between two chunks of one stream.
+//    whether all did, and the longest gap between two chunks of one stream; and those streams
+//    alone for 1.5 s on each server, for comparison.
 // Each line prints the input, its status and wall time, and /health p50 / p99 / max; then the
 // load average before and after, and the worst p99 against the target.
 //
@@ -158,7 +159,7 @@ function quantile(sorted: number[], q: number): number {
  * `big`: sent to the big-vocabulary server; `beside`: structured streams run alongside; `grammar`:
  * the server's grammar compiler is loaded first (its one-time start is not the case's)
  */
-interface Case { name: string; route: string; body: () => string; big?: boolean; beside?: boolean; grammar?: boolean }
+interface Case { name: string; route: string; body: () => string; big?: boolean; beside?: boolean; grammar?: boolean; streamsOnlyMs?: number }
 
 /**
  * A random 2-layer model (hidden 32) whose byte-level vocabulary has `size` tokens: the 256 bytes,
@@ -293,7 +294,10 @@ const hostile: [(beside: boolean) => string, (t: string, beside: boolean) => str
   [(b) => `guided_regex ${regex(b)}`, (t, b) => JSON.stringify({ model: 'm', prompt: `${t}:`, max_tokens: 8, guided_regex: regex(b) }), '/v1/completions'],
   [() => 'schema: 40 fields', (t) => structured(fortyFields(t), 8)],
 ];
-// each alone, then again (new to the server again) beside structured streams
+// each alone, then again (new to the server again) beside structured streams; and the streams
+// alone, for comparison
+cases.push({ name: 'structured streams alone', route: '', body: () => '', beside: true, grammar: true, streamsOnlyMs: 1500 });
+if (bigVocab > 0) cases.push({ name: `structured streams alone, ${bigVocab}-token vocabulary`, route: '', body: () => '', big: true, beside: true, grammar: true, streamsOnlyMs: 1500 });
 for (const beside of [false, true]) {
   for (const [name, body, route] of hostile) {
     const t = `${tag}${beside ? 's' : ''}`;
@@ -344,7 +348,9 @@ for (const c of selected) {
   }
   const body = c.body();
   const h = await sampleHealth(p);
-  const answer = request(p, 'POST', c.route, body);
+  const answer = c.streamsOnlyMs !== undefined
+    ? new Promise<{ status: number; ms: number; text: string }>((r) => setTimeout(() => r({ status: 200, ms: c.streamsOnlyMs!, text: '' }), c.streamsOnlyMs))
+    : request(p, 'POST', c.route, body);
   const beside = c.beside ? streamsBeside(p, answer) : undefined;
   const r = await answer;
   report(c.name, r.status, r.ms, await h.stop());
