@@ -436,3 +436,21 @@ test('synthetic checkpoints have the published shapes', () => {
     assert.equal(tensorsFor(cfg).reduce((a, t) => a + bytesOf(t), 0), 2 * params);
   }
 });
+
+test('CUDA batch-invariant mode: the transient memory counts every decode split\'s attention partials', async () => {
+  const dir = sparse('llama');
+  const plain = await FitPlanner.open(dir, { cuda: { batchInvariant: false } });
+  const invariant = await FitPlanner.open(dir, { cuda: { batchInvariant: true } });
+  const [ctx, batch] = [32768, 16];
+  const a = await plain.transient(ctx, batch, 512, 16, 'cuda');
+  const b = await invariant.transient(ctx, batch, 512, 16, 'cuda');
+  // a decode step's 16 tokens, each with ctx / 512 splits, f32 [H, D] and [H, 2] partials apiece
+  const partials = batch * (ctx / 512) * LLAMA_3_1_8B.num_attention_heads * (128 + 2) * 4;
+  assert.equal(a.partialBytes, 0);
+  assert.ok(b.partialBytes >= partials, `${b.partialBytes} < ${partials}`);
+  assert.ok(b.bytes - a.bytes >= b.partialBytes, `${b.bytes} - ${a.bytes} < ${b.partialBytes}`);
+  // each captured decode graph (one per batch bucket) keeps partials for its own rows
+  if (a.graphBytes > 0) assert.ok(b.graphBytes - a.graphBytes >= partials, `graphs: ${b.graphBytes} - ${a.graphBytes}`);
+  // the CPU plan is the same either way
+  assert.equal((await invariant.transient(2048, 4, 512, 16, 'cpu')).bytes, (await plain.transient(2048, 4, 512, 16, 'cpu')).bytes);
+});

@@ -161,6 +161,31 @@ export function attBiSplits(start: number, len: number, chunk: number): number {
 }
 
 /**
+ * Batch-invariant mode's work items on the tensor-core pair (none: the generic kernel runs): the
+ * decode tokens a call may have (runs of at most ATT_DEC_MAX_RUN tokens of a row; the kernel runs
+ * any past these unsplit, a layout whose rows come in several runs, never the engine's), each with
+ * every split its position may have.
+ */
+function batchInvariantItems(s: AttentionShape, a: CudaAttentionSettings) {
+  const G = s.H / s.KVH;
+  if (a.mode !== 'auto' || s.qDtype !== 'bf16' || s.poolDtype !== 'bf16' || (s.D !== 64 && s.D !== 128) || G > 16) return undefined;
+  const oneToken = !!s.oneTokenPerRow && a.oneTokenHint;
+  const decodeTokens = oneToken ? s.T : Math.min(s.T, ATT_DEC_MAX_RUN * s.R);
+  const nsMax = attBiMaxSplits(s.maxBlocksPerRow, s.blockSize, s.window, a.invariantChunk);
+  return { G, oneToken, decodeTokens, nsMax, items: decodeTokens * nsMax };
+}
+
+/**
+ * Device scratch a call takes for its split partials in batch-invariant mode (f32 [items, H, D] and
+ * [items, H, 2]; attention()'s scratch): what the fit planner's dry run counts for it. The default
+ * mode's partials are bounded by the device's resident blocks instead (a few MB).
+ */
+export function batchInvariantPartialBytes(s: AttentionShape, a: CudaAttentionSettings): number {
+  const bi = batchInvariantItems(s, a);
+  return bi && bi.nsMax > 1 ? bi.items * s.H * (s.D + 2) * 4 : 0;
+}
+
+/**
  * The plan in batch-invariant mode (CudaSettings.batchInvariant): every kernel and the way each
  * token's keys are summed follow from the model's shapes and the token's own position, never from
  * how many rows or tokens share the call. Head dims 64 / 128 with GQA groups of up to 16 (bf16):
@@ -171,19 +196,14 @@ export function attBiSplits(start: number, len: number, chunk: number): number {
  * The slots (grid) may follow the shapes as they like: they change who computes an item, not how.
  */
 function batchInvariantPlan(s: AttentionShape, smCount: number, a: CudaAttentionSettings): AttentionPlan {
-  const G = s.H / s.KVH;
   const generic: AttentionPlan = {
     path: 'generic', slots: 0, partRows: 0, planKernel: false, identityList: false, combine: false, fusedCombine: false,
     prefillTiles: 0, decodeSharedBytes: 0, prefillSharedBytes: 0,
   };
-  if (a.mode !== 'auto' || s.qDtype !== 'bf16' || s.poolDtype !== 'bf16' || (s.D !== 64 && s.D !== 128) || G > 16) return generic;
+  const bi = batchInvariantItems(s, a);
+  if (!bi) return generic;
+  const { G, oneToken, decodeTokens, nsMax, items } = bi;
   const tiles = Math.ceil(s.T / ATT_BQ);
-  // the decode tokens a call may have: runs of at most ATT_DEC_MAX_RUN tokens of a row (the kernel
-  // runs any past these unsplit: a layout whose rows come in several runs, never the engine's)
-  const oneToken = !!s.oneTokenPerRow && a.oneTokenHint;
-  const decodeTokens = oneToken ? s.T : Math.min(s.T, ATT_DEC_MAX_RUN * s.R);
-  const nsMax = attBiMaxSplits(s.maxBlocksPerRow, s.blockSize, s.window, a.invariantChunk);
-  const items = decodeTokens * nsMax;
   if (tiles > MAX_GRID_Y || s.T * s.KVH > ATT_COUNTERS || items > 2 ** 31 - 1) {
     throw new Error(`attention: ${s.T} tokens (${decodeTokens} decode tokens of up to ${nsMax} splits) are more than batch-invariant ` +
       `mode's kernels take (${MAX_GRID_Y * ATT_BQ} tokens, ${ATT_COUNTERS} tokens x kv heads)`);

@@ -44,6 +44,7 @@ import { decodeFeatures, decodeSeconds, decodeTerms, termSeconds, type DecodeFea
 import { moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
 import { type CpuSettings, cpuSettingsFrom } from '../../backends/cpu/cpu-settings.ts';
 import { type CudaSettings, cudaSettingsFrom, type CudaSettingsOverrides } from '../../backends/cuda/cuda-settings.ts';
+import { batchInvariantPartialBytes } from '../../backends/cuda/attention.ts';
 
 /** Knobs of the backends the plan is for, set in code (the rest from the environment, as the backends read them). */
 export interface PlannerSettings {
@@ -553,7 +554,7 @@ export class FitPlanner {
    * block tables are `width` blocks wide. 0 where the real backend captures no graphs (or the
    * model's rope depends on the length: the decoder then runs every step op by op).
    */
-  async graphBytes(buckets: readonly number[], width: number): Promise<number> {
+  async graphBytes(buckets: readonly number[], width: number, blockSize = DEFAULT_BLOCK_SIZE): Promise<number> {
     if (!(await realBackendCaps('cuda')).graphs) return 0;
     const groups = kvGroupsOf(this.config.layers.map((l) => l.window)).length;
     const input = (B: number, W: number) => pooledBytes(CUDA_POOL, (4 * B + groups * (B + B * W)) * 4);
@@ -572,14 +573,36 @@ export class FitPlanner {
         arena = held === 0 ? 0 : held - input(B, 1);
         this.arenaByBucket.set(B, arena);
       }
-      if (arena > 0) total += arena + input(B, width);
+      if (arena > 0) total += arena + input(B, width) + this.invariantPartialBytes(B, B, width, blockSize, true);
     }
     return total;
+  }
+
+  /**
+   * CUDA batch-invariant mode: the attention partials a call of T tokens on R rows with tables
+   * `width` blocks of `blockSize` wide takes (every split each decode token may have: attention.ts), the largest
+   * over the model's windows; each call takes them from the step's memory, each captured decode
+   * graph keeps its own. Counted for bf16 KV pools (the CUDA default; others run a kernel without
+   * partials). 0 outside the mode.
+   */
+  private invariantPartialBytes(T: number, R: number, width: number, blockSize: number, oneTokenPerRow: boolean): number {
+    if (!this.cuda.batchInvariant) return 0;
+    const cfg = this.config;
+    let worst = 0;
+    for (const window of new Set(cfg.layers.map((l) => l.window))) {
+      worst = Math.max(worst, batchInvariantPartialBytes({
+        T, H: cfg.numHeads, KVH: cfg.numKvHeads, D: cfg.headDim, numBlocks: 1, blockSize, R,
+        maxBlocksPerRow: width, window, qDtype: 'bf16', poolDtype: 'bf16', oneTokenPerRow,
+      }, this.cuda.attention));
+    }
+    return worst === 0 ? 0 : allocatedBytes('cuda')(worst);
   }
 
   /** Transient memory of the largest steps at ctx. */
   async transient(ctx: number, batch: number, chunk: number, blockSize: number, kind: BackendKind): Promise<{
     bytes: number; stepTokens: number; sampledRows: number; largestStepBytes: number; blockTableBytes: number; graphBytes: number;
+    /** CUDA batch-invariant mode: the largest step's attention partials (invariantPartialBytes) */
+    partialBytes: number;
   }> {
     const stepTokens = Math.max(1, Math.min(chunk, batch * ctx));
     const sampledRows = Math.min(batch, stepTokens);
@@ -592,9 +615,13 @@ export class FitPlanner {
     // CUDA: decode steps of 1 .. batch rows replay graphs captured per bucket, whose memory stays
     // (the engine's table width: the longest sequence in blocks, plus one)
     const graphBytes = kind === 'cuda'
-      ? await this.graphBytes(Array.from({ length: batch }, (_, r) => bucketFor(r + 1)), ceilDiv(ctx, blockSize) + 1)
+      ? await this.graphBytes(Array.from({ length: batch }, (_, r) => bucketFor(r + 1)), ceilDiv(ctx, blockSize) + 1, blockSize)
       : 0;
-    return { bytes: worst + blockTableBytes + graphBytes, stepTokens, sampledRows, largestStepBytes: largest, blockTableBytes, graphBytes };
+    const partialBytes = kind === 'cuda' ? this.invariantPartialBytes(stepTokens, batch, ceilDiv(ctx, blockSize) + 1, blockSize, false) : 0;
+    return {
+      bytes: worst + blockTableBytes + graphBytes + partialBytes, stepTokens, sampledRows, largestStepBytes: largest, blockTableBytes,
+      graphBytes, partialBytes,
+    };
   }
 
   /** The runtime's own memory on a machine kind. */
