@@ -156,7 +156,7 @@ export class ServerMetrics {
     counter('llmts_grammar_compiles_total', 'grammars compiled', [], () => [[{}, total((s) => s.compiles)]]);
     counter('llmts_grammar_refused_total', 'schemas, grammars and regexes refused with a 400 (invalid, unsatisfiable, too large, too deep, too slow)', [],
       () => [[{}, total((s) => s.invalid)]]);
-    counter('llmts_grammar_instances_replaced_total', 'xgrammar instances replaced to give memory back (main: its heap outgrew the budget; worker: the compile worker held too much)', ['thread'],
+    counter('llmts_grammar_instances_replaced_total', 'xgrammar instances replaced to give memory back (main: a grammar host whose heap outgrew the budget; worker: the check worker held too much)', ['thread'],
       () => [[{ thread: 'main' }, total((s) => s.instanceReplacements)], [{ thread: 'worker' }, total((s) => s.workerReplacements)]]);
   }
 

@@ -109,7 +109,7 @@ export class ServedModel implements RequestModel {
 
   /**
    * The grammar compiler for this model's tokenizer, created on first use (the first structured
-   * request pays ~0.4 s to load xgrammar here and in the compile worker, and index the vocabulary).
+   * request pays ~0.4 s to start the check worker and a grammar host, and index the vocabulary).
    */
   grammarCompiler(): Promise<GrammarCompiler> {
     this.grammar ??= (async () => {

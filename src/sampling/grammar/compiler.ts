@@ -32,7 +32,10 @@
 //
 // Safety. Every new spec is first parsed, validated and prepared in a throwaway validator
 // instance, on the check worker (compile-worker.ts; on this thread without workers), so an
-// invalid schema, regex or grammar never reaches a host. The prepared spec is then compiled
+// invalid schema, regex or grammar never reaches a host. One check worker rather than a validator
+// in every host: a check never waits for a host to drain (an invalid spec, or a tool schema
+// checked alone, is answered while every host is busy) and a host holds one instance, not two.
+// The prepared spec is then compiled
 // directly in the chosen host's serving instance, not in a trial instance first: the placement
 // rule means that instance holds no live matcher, so an abort there costs no row, only the
 // host's cached grammars (the host is replaced); and a new spec's first request pays one compile,
@@ -49,13 +52,15 @@
 // grammars across all hosts, each weighed as its compile grew the bytes in use in its host's
 // heap, and evicts the least recently used; a grammar heavier than the whole budget is refused
 // (its compile runs with the heap capped at the budget past its size). A wasm heap never
-// shrinks, so an evicted grammar's bytes are reused for the host's next one, not returned; a
-// host whose heap grew by more than INSTANCE_HEAP_BUDGETS budgets (grammars evicted while rows
-// still match on them, fragmentation) is replaced once idle, and one whose refused compile grew
-// its heap by more than REFUSAL_HEAP_SLACK at once: terminating a host thread returns its whole
-// heap. Between compiles a host's heap is capped at INSTANCE_HEAP_BUDGETS + 1 budgets past its
-// start. The check worker is replaced once it holds more than the budget plus
-// WORKER_RECYCLE_SLACK.
+// shrinks, so an evicted grammar's bytes are reused for the host's next one, not returned. A
+// host's growth is read off its heap's top (HostCore.top: how far its allocations reached, not
+// the measuring probe's room or emscripten's rounded-up growth steps): one whose top grew by more
+// than INSTANCE_HEAP_BUDGETS budgets (grammars evicted while rows still match on them,
+// fragmentation) retires (its grammars leave the cache, compiles go elsewhere) and is terminated
+// once its last matcher and lease are released; one whose refused compile moved its top by more
+// than REFUSAL_HEAP_SLACK is replaced at once. Terminating a host thread returns its whole heap.
+// Between compiles a host's heap is capped at INSTANCE_HEAP_BUDGETS + 1 budgets past its start.
+// The check worker is replaced once it holds more than the budget plus WORKER_RECYCLE_SLACK.
 
 import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
@@ -111,7 +116,7 @@ export const MIN_GRAMMAR_CACHE_BYTES = 2 ** 20;
  * grammars evicted while matchers still use them, and fragmentation
  */
 export const INSTANCE_HEAP_BUDGETS = 3;
-/** a host whose refused compile grew its heap by more than this is replaced at once */
+/** a host whose refused compile moved its heap's top by more than this is replaced at once */
 export const REFUSAL_HEAP_SLACK = 64 * 2 ** 20;
 /** the check worker is replaced once it holds more than the budget plus this */
 export const WORKER_RECYCLE_SLACK = 256 * 2 ** 20;

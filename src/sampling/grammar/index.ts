@@ -1,6 +1,6 @@
-// Grammar-constrained decoding (xgrammar): compile a spec once per tokenizer (checked and
-// trial-compiled on a worker thread first), start one matcher per row, mask each row's logits
-// with its matcher's bitmask, advance the matcher with the token.
+// Grammar-constrained decoding (xgrammar): compile a spec once per tokenizer (checked on the
+// check worker, compiled on a grammar host thread), start one matcher per row on that host, mask
+// each row's logits with its matcher's bitmask, advance the matcher with the token.
 export * from './spec.ts';
 export * from './vocab.ts';
 export * from './mask.ts';
