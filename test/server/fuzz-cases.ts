@@ -549,8 +549,6 @@ export function tokenizerCases(len: number, overBound: number): BodyCase[] {
 const deepObject = (depth: number): unknown => (depth === 0 ? { type: 'integer' } : { type: 'object', properties: { a: deepObject(depth - 1) }, required: ['a'] });
 const deepArray = (depth: number): unknown => (depth === 0 ? { type: 'boolean' } : { type: 'array', items: deepArray(depth - 1), minItems: 1, maxItems: 1 });
 
-/** compiling these holds the event loop for about a second or more (the trial compile on the worker as long again) */
-export const COMPILE_COST = 'the grammar compiler does not bound its cost yet: compiling this holds the event loop for seconds';
 /** the schema written into the prompt is rendered and tokenized on the event loop */
 export const PROMPT_COST = 'rendering and tokenizing a prompt of tens of thousands of tokens holds the event loop';
 
@@ -560,9 +558,9 @@ export const PROMPT_COST = 'rendering and tokenizing a prompt of tens of thousan
  */
 export const HOSTILE_SCHEMAS: readonly [string, unknown, string?, boolean?][] = [
   ['deep object (8)', deepObject(8)],
-  ['deep object (40)', deepObject(40), COMPILE_COST],
+  ['deep object (40)', deepObject(40)],
   ['deep array (12)', deepArray(12)],
-  ['deep array (60)', deepArray(60), COMPILE_COST],
+  ['deep array (60)', deepArray(60)],
   ['recursive $ref (linked list)', { $defs: { node: { type: 'object', properties: { v: { type: 'integer' }, next: { $ref: '#/$defs/node' } }, required: ['v'] } }, $ref: '#/$defs/node' }],
   ['self $ref', { $ref: '#' }, undefined, true],
   ['mutual $ref without a base case', { $defs: { a: { $ref: '#/$defs/b' }, b: { $ref: '#/$defs/a' } }, $ref: '#/$defs/a' }, undefined, true],
@@ -578,19 +576,19 @@ export const HOSTILE_SCHEMAS: readonly [string, unknown, string?, boolean?][] = 
   ['empty type list', { type: [] }, undefined, true],
   ['required but forbidden', { type: 'object', properties: {}, required: ['a'], additionalProperties: false }, undefined, true],
   ['long minLength (2000)', { type: 'string', minLength: 2000 }],
-  ['huge minLength', { type: 'string', minLength: 1_000_000 }, COMPILE_COST],
+  ['huge minLength', { type: 'string', minLength: 1_000_000 }],
   ['huge maxLength', { type: 'string', maxLength: 4_294_967_295 }],
   ['huge minItems', { type: 'array', items: { type: 'integer' }, minItems: 100_000 }],
   ['huge maxItems of objects', { type: 'array', items: deepObject(3), maxItems: 1_000_000 }],
   ['nested counted repetition (10 x 10 x 10)', { type: 'array', items: { type: 'array', items: { type: 'string', maxLength: 10 }, maxItems: 10 }, maxItems: 10 }],
-  ['nested counted repetition (1000 x 1000 x 1000)', { type: 'array', items: { type: 'array', items: { type: 'string', maxLength: 1000 }, maxItems: 1000 }, maxItems: 1000 }, COMPILE_COST],
+  ['nested counted repetition (1000 x 1000 x 1000)', { type: 'array', items: { type: 'array', items: { type: 'string', maxLength: 1000 }, maxItems: 1000 }, maxItems: 1000 }],
   ['enum of strings (300)', { enum: Array.from({ length: 300 }, (_, i) => `value-${i}-${'x'.repeat(i % 17)}`) }],
-  ['huge enum of strings (5000)', { enum: Array.from({ length: 5000 }, (_, i) => `value-${i}-${'x'.repeat(i % 17)}`) }, COMPILE_COST],
+  ['huge enum of strings (5000)', { enum: Array.from({ length: 5000 }, (_, i) => `value-${i}-${'x'.repeat(i % 17)}`) }],
   ['enum of integers (1000)', { type: 'integer', enum: Array.from({ length: 1000 }, (_, i) => i * 7) }],
-  ['huge enum of integers (20000)', { type: 'integer', enum: Array.from({ length: 20_000 }, (_, i) => i * 7) }, `${COMPILE_COST}; ${PROMPT_COST}`],
+  ['huge enum of integers (20000)', { type: 'integer', enum: Array.from({ length: 20_000 }, (_, i) => i * 7) }, PROMPT_COST],
   ['enum of prefixes', { enum: Array.from({ length: 300 }, (_, i) => 'a'.repeat(i + 1)) }],
   ['many properties (40)', { type: 'object', properties: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`p${i}`, { type: 'integer' }])), required: ['p0', 'p39'] }],
-  ['many properties (500)', { type: 'object', properties: Object.fromEntries(Array.from({ length: 500 }, (_, i) => [`p${i}`, { type: 'integer' }])), required: ['p0', 'p499'] }, COMPILE_COST],
+  ['many properties (500)', { type: 'object', properties: Object.fromEntries(Array.from({ length: 500 }, (_, i) => [`p${i}`, { type: 'integer' }])), required: ['p0', 'p499'] }],
   ['wide anyOf (300)', { anyOf: Array.from({ length: 300 }, (_, i) => ({ type: 'object', properties: { [`k${i}`]: { const: i } }, required: [`k${i}`] })) }],
   ['integer range of 1e15', { type: 'integer', minimum: -1e15, maximum: 1e15 }],
   ['number bounds with many decimals', { type: 'number', minimum: 0.000000000001, maximum: 0.000000000002 }],
@@ -598,7 +596,7 @@ export const HOSTILE_SCHEMAS: readonly [string, unknown, string?, boolean?][] = 
   ['pattern (a|aa)+', { type: 'string', pattern: '^(a|aa)+$' }],
   ['pattern nested quantifiers', { type: 'string', pattern: '^((a{1,20}){1,20}){1,20}$' }],
   ['pattern count (200)', { type: 'string', pattern: '^a{200}$' }],
-  ['pattern huge count', { type: 'string', pattern: '^a{100000}$' }, COMPILE_COST],
+  ['pattern huge count', { type: 'string', pattern: '^a{100000}$' }],
   ['pattern backreference', { type: 'string', pattern: '^(a+)\\1$' }],
   ['pattern lookahead', { type: 'string', pattern: '^(?=a)(?!ab)a+$' }],
   ['pattern invalid', { type: 'string', pattern: '(unclosed' }],
@@ -642,7 +640,7 @@ export function schemaCases(rng: () => number, perSchema: number): BodyCase[] {
   }
   const patterns: [string, string?][] = [
     ['(a*)*b'], ['(a|a)*c'], ['(x+x+)+y'], ['a{1000}'], ['(a{1,50}){1,50}'], ['[^]*'], ['\\p{L}+'], ['(?=a)a'], ['(a)\\1'], ['.{0,100}'],
-    ['.{0,65535}', COMPILE_COST], ['((((((((((a))))))))))*'], ['[\\s\\S]{1,10}'], ['[\\s\\S]{1,100}', COMPILE_COST], ['[\\s\\S]{1,100000}', COMPILE_COST], ['('], ['[z-a]'], ['a**'], ['\\'],
+    ['.{0,65535}'], ['((((((((((a))))))))))*'], ['[\\s\\S]{1,10}'], ['[\\s\\S]{1,100}'], ['[\\s\\S]{1,100000}'], ['('], ['[z-a]'], ['a**'], ['\\'],
     ['(?<n>a)\\k<n>'], ['\\u{1F600}+'], ['[\\ud800-\\udfff]'], ['$^'], [''],
   ];
   for (const [p, known] of patterns) {

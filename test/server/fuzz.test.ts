@@ -547,7 +547,7 @@ test('hostile schemas: deep, recursive, unsatisfiable, huge enums, pathological 
   await phase(t, `${cases.length} schema cases`, () => sendAll(cases, 3));
 });
 
-// Cases that fail on defects being fixed elsewhere (compile cost, unsatisfiable schemas): kept
+// Cases that fail on defects being fixed elsewhere (a prompt of tens of thousands of tokens): kept
 // with their reasons, run with LLMTS_FUZZ_KNOWN=1 (they take a minute or more until fixed).
 const known = schemas.filter((c) => c.known);
 const knownReasons = [...new Set(known.flatMap((c) => c.known!.split('; ')))];
