@@ -122,6 +122,80 @@ function pos(name: string, v: number, ok: boolean): void {
   if (!ok) throw new RangeError(`sampleRows: ${name} ${v} is out of range`);
 }
 
+/** id -> its entry in the row being merged, plus one (0 = none); every slot set is cleared after the row */
+let slotOf = new Int32Array(0);
+/**
+ * Every row's merged entries, row after row (one per distinct id in a row: its penalty ids in
+ * order, then bias-only ids): id, output count (-1 = bias only), has-bias, bias. Reused from
+ * call to call, so a whole-vocabulary bias on many rows allocates nothing per step but the buffer.
+ */
+let entIds = new Int32Array(0);
+let entCounts = new Int32Array(0);
+let entHas = new Uint8Array(0);
+let entBias = new Float64Array(0);
+
+function reserveEntries(n: number): void {
+  if (entIds.length >= n) return;
+  const cap = Math.max(n, 2 * entIds.length);
+  const grow = <T extends Int32Array | Uint8Array | Float64Array>(a: T, make: (n: number) => T): T => {
+    const b = make(cap);
+    b.set(a as never);
+    return b;
+  };
+  entIds = grow(entIds, (k) => new Int32Array(k));
+  entCounts = grow(entCounts, (k) => new Int32Array(k));
+  entHas = grow(entHas, (k) => new Uint8Array(k));
+  entBias = grow(entBias, (k) => new Float64Array(k));
+}
+
+/**
+ * Merges a row's penalty ids and bias ids into the entries from `at` on (ids outside the row are
+ * ignored, as the host ignores them); returns how many. No map: this runs for every row of every
+ * step.
+ */
+function rowEntries(r: DeviceSampleRow, V: number, at: number): number {
+  const ids = r.penaltyIds, counts = r.outputCounts, bids = r.biasIds, bvals = r.biasValues;
+  if (ids && (!counts || counts.length !== ids.length)) throw new RangeError('sampleRows: outputCounts must match penaltyIds');
+  if (bids && (!bvals || bvals.length !== bids.length)) throw new RangeError('sampleRows: biasValues must match biasIds');
+  reserveEntries(at + (ids?.length ?? 0) + (bids?.length ?? 0));
+  let n = 0;
+  try {
+    if (ids) {
+      for (let j = 0; j < ids.length; j++) {
+        const id = ids[j]!;
+        if (!(id >= 0 && id < V)) continue;
+        if (slotOf[id] !== 0) throw new RangeError(`sampleRows: penalty id ${id} is listed twice`);
+        pos('outputCount', counts![j]!, counts![j]! >= 0);
+        entIds[at + n] = id;
+        entCounts[at + n] = counts![j]!;
+        entHas[at + n] = 0;
+        entBias[at + n] = 0;
+        slotOf[id] = ++n;
+      }
+    }
+    if (bids) {
+      for (let j = 0; j < bids.length; j++) {
+        const id = bids[j]!;
+        if (!(id >= 0 && id < V)) continue;
+        pos('bias', bvals![j]!, Number.isFinite(bvals![j]!));
+        let k = slotOf[id]! - 1;
+        if (k >= 0 && entHas[at + k]) throw new RangeError(`sampleRows: bias id ${id} is listed twice`);
+        if (k < 0) {
+          k = n;
+          entIds[at + k] = id;
+          entCounts[at + k] = -1;
+          slotOf[id] = ++n;
+        }
+        entHas[at + k] = 1;
+        entBias[at + k] = bvals![j]!;
+      }
+    }
+  } finally {
+    for (let j = 0; j < n; j++) slotOf[entIds[at + j]!] = 0;
+  }
+  return n;
+}
+
 /** Packs rows for a [P, V] logits tensor. Throws RangeError on a bad parameter. */
 export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): PackedSampleRows {
   if (!Number.isSafeInteger(V) || V < 1 || V >= 2 ** 30) throw new RangeError(`sampleRows: vocabulary size ${V} is out of range`);
@@ -129,8 +203,12 @@ export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): Pac
   const maskWords = Math.ceil(V / 32);
   let K = 0;
   let words = SR_HDR + P * SR_ROW_WORDS;
-  const merged: Map<number, { count: number; bias: number | undefined }>[] = [];
-  for (const r of rows) {
+  // rows' entries: row i's are [entStart[i], entStart[i] + entCount[i]) of the shared arrays
+  const entStart = new Int32Array(P), entCount = new Int32Array(P);
+  let entries = 0;
+  if (slotOf.length < V) slotOf = new Int32Array(V);
+  for (let i = 0; i < P; i++) {
+    const r = rows[i]!;
     pos('temperature', r.temperature, Number.isFinite(r.temperature) && r.temperature >= 0);
     pos('topK', r.topK, Number.isInteger(r.topK));
     pos('topP', r.topP, r.topP > 0 && r.topP <= Infinity);
@@ -144,34 +222,11 @@ export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): Pac
         r.topLogprobs <= DEVICE_SAMPLING_MAX_LOGPROBS);
       K = Math.max(K, Math.min(r.topLogprobs, V));
     }
-    // one entry per distinct id (ids outside the row are ignored, as the host ignores them)
-    const m = new Map<number, { count: number; bias: number | undefined }>();
-    const ids = r.penaltyIds, counts = r.outputCounts;
-    if (ids) {
-      if (!counts || counts.length !== ids.length) throw new RangeError('sampleRows: outputCounts must match penaltyIds');
-      for (let j = 0; j < ids.length; j++) {
-        const id = ids[j]!;
-        if (id < 0 || id >= V) continue;
-        if (m.has(id)) throw new RangeError(`sampleRows: penalty id ${id} is listed twice`);
-        pos('outputCount', counts[j]!, counts[j]! >= 0);
-        m.set(id, { count: counts[j]!, bias: undefined });
-      }
-    }
-    const bids = r.biasIds, bvals = r.biasValues;
-    if (bids) {
-      if (!bvals || bvals.length !== bids.length) throw new RangeError('sampleRows: biasValues must match biasIds');
-      for (let j = 0; j < bids.length; j++) {
-        const id = bids[j]!;
-        if (id < 0 || id >= V) continue;
-        pos('bias', bvals[j]!, Number.isFinite(bvals[j]!));
-        const e = m.get(id);
-        if (e && e.bias !== undefined) throw new RangeError(`sampleRows: bias id ${id} is listed twice`);
-        if (e) e.bias = bvals[j]!;
-        else m.set(id, { count: -1, bias: bvals[j]! });
-      }
-    }
-    merged.push(m);
-    words += m.size * SR_ENT_WORDS + (r.mask ? maskWords + (maskWords & 1) : 0);
+    const n = rowEntries(r, V, entries);
+    entStart[i] = entries;
+    entCount[i] = n;
+    entries += n;
+    words += n * SR_ENT_WORDS + (r.mask ? maskWords + (maskWords & 1) : 0);
   }
   const buf = new Int32Array(words);
   const f64 = new Float64Array(buf.buffer); // index = word offset / 2
@@ -183,10 +238,10 @@ export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): Pac
   let at = SR_HDR + P * SR_ROW_WORDS; // even: SR_HDR and SR_ROW_WORDS are
   for (let i = 0; i < P; i++) {
     const r = rows[i]!;
-    const m = merged[i]!;
+    const e0 = entStart[i]!, n = entCount[i]!;
     const base = SR_HDR + i * SR_ROW_WORDS;
     const greedy = r.temperature === 0;
-    const processed = m.size > 0 || r.mask !== undefined;
+    const processed = n > 0 || r.mask !== undefined;
     let flags = 0;
     if (greedy) flags |= SR_F_GREEDY;
     if (r.mask) flags |= SR_F_MASK;
@@ -195,7 +250,7 @@ export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): Pac
     if (r.minP > 0) flags |= SR_F_MINP;
     buf[base + SR.FLAGS] = flags;
     buf[base + SR.TOPK] = r.topK > 0 && r.topK < V ? r.topK : 0;
-    buf[base + SR.NENT] = m.size;
+    buf[base + SR.NENT] = n;
     buf[base + SR.NLP] = r.topLogprobs === undefined ? 0 : Math.min(r.topLogprobs, V);
     buf[base + SR.SCRATCH] = processed ? scratch++ : -1;
     setF64(base + SR.TEMP, r.temperature);
@@ -206,11 +261,11 @@ export function packSampleRows(rows: readonly DeviceSampleRow[], V: number): Pac
     setF64(base + SR.FREQ, r.frequencyPenalty);
     setF64(base + SR.PRES, r.presencePenalty);
     buf[base + SR.ENT_OFF] = at;
-    for (const [id, e] of m) {
-      buf[at] = id;
-      buf[at + 1] = e.count;
-      buf[at + 2] = e.bias === undefined ? 0 : 1;
-      setF64(at + 4, e.bias ?? 0);
+    for (let j = e0; j < e0 + n; j++) {
+      buf[at] = entIds[j]!;
+      buf[at + 1] = entCounts[j]!;
+      buf[at + 2] = entHas[j]!;
+      setF64(at + 4, entBias[j]!);
       at += SR_ENT_WORDS;
     }
     if (r.mask) {

@@ -48,6 +48,23 @@ export function deviceSamplable(backend: Backend, topLogprobs?: number): boolean
 }
 
 /**
+ * A request's logit_bias as the rows' arrays, built once per resolved map (resolveSamplingParams
+ * makes it, nothing changes it after): a whole-vocabulary bias on n sequences is then copied
+ * once, not once per row per step.
+ */
+const biasArrayCache = new WeakMap<ReadonlyMap<number, number>, { ids: Int32Array; values: Float64Array }>();
+function biasArrays(bias: ReadonlyMap<number, number>): { ids: Int32Array; values: Float64Array } {
+  let b = biasArrayCache.get(bias);
+  if (!b) {
+    const ids = new Int32Array(bias.size), values = new Float64Array(bias.size);
+    let i = 0;
+    for (const [id, v] of bias) (ids[i] = id), (values[i++] = v);
+    biasArrayCache.set(bias, (b = { ids, values }));
+  }
+  return b;
+}
+
+/**
  * The device row of one request. Consumes one uniform from the request's RNG unless the request
  * is greedy: call it exactly once per token, where Sampler.sample would have been called.
  */
@@ -64,8 +81,9 @@ export function deviceSampleRow(req: DeviceSamplingRequest): DeviceSampleRow {
     presencePenalty: p.presencePenalty,
   };
   if (p.logitBias.size > 0) {
-    row.biasIds = Int32Array.from(p.logitBias.keys());
-    row.biasValues = Float64Array.from(p.logitBias.values());
+    const b = biasArrays(p.logitBias);
+    row.biasIds = b.ids;
+    row.biasValues = b.values;
   }
   const repetition = p.repetitionPenalty !== 1;
   if (repetition || p.frequencyPenalty !== 0 || p.presencePenalty !== 0) {

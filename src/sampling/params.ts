@@ -48,6 +48,24 @@ export const DEFAULT_SAMPLING_PARAMS: Readonly<SamplingParams> = Object.freeze({
  * `validateSamplingParams` on the result (the Sampler constructor does).
  * A record key that is not an integer string becomes NaN, which validation then reports.
  */
+/**
+ * Resolved logit_bias maps whose entries were validated, and the vocabulary size they were
+ * validated against (undefined: integrality only). Such a map is never changed (SamplingParams
+ * hands it out read-only), so the n sequences of one request, each with its own Sampler, share
+ * it: neither validated nor copied again (a whole-vocabulary bias on n 16 was 16 passes of both).
+ */
+const validatedBiases = new WeakMap<ReadonlyMap<number, number>, number | undefined>();
+
+/** Marks `map` as validated against `vocabSize` (validate.ts, or a text worker that validated the request). */
+export function markValidatedBias(map: ReadonlyMap<number, number>, vocabSize: number | undefined): void {
+  validatedBiases.set(map, vocabSize);
+}
+
+/** True when `bias` is a resolved map validated against `vocabSize`. */
+export function isValidatedBias(bias: unknown, vocabSize: number | undefined): bias is ReadonlyMap<number, number> {
+  return bias instanceof Map && validatedBiases.has(bias) && validatedBiases.get(bias) === vocabSize;
+}
+
 export function resolveSamplingParams(input: SamplingParamsInput = {}): SamplingParams {
   const out: SamplingParams = { ...DEFAULT_SAMPLING_PARAMS, logitBias: new Map() };
   for (const key of Object.keys(input) as (keyof SamplingParamsInput)[]) {
@@ -56,7 +74,8 @@ export function resolveSamplingParams(input: SamplingParamsInput = {}): Sampling
     (out as unknown as Record<string, unknown>)[key] = v;
   }
   const bias = input.logitBias;
-  if (bias !== undefined) {
+  if (bias instanceof Map && validatedBiases.has(bias)) out.logitBias = bias;
+  else if (bias !== undefined) {
     const map = new Map<number, number>();
     const entries: Iterable<[string | number, number]> =
       bias instanceof Map ? bias.entries() : Object.entries(bias);

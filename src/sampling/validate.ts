@@ -4,7 +4,7 @@
 // bias) and vLLM otherwise (top_k, min_p, repetition_penalty). Each issue names the wire
 // parameter (snake_case) so the server can fill the OpenAI error's `param` field.
 
-import { resolveSamplingParams, type SamplingParams, type SamplingParamsInput } from './params.ts';
+import { isValidatedBias, markValidatedBias, resolveSamplingParams, type SamplingParams, type SamplingParamsInput } from './params.ts';
 
 export interface SamplingParamIssue {
   /** the OpenAI/vLLM wire name, e.g. "top_p" */
@@ -55,7 +55,7 @@ export function validateSamplingParams(input: SamplingParamsInput, vocabSize?: n
   num(input.seed, 'seed', (v) => Number.isSafeInteger(v), 'an integer within +-(2^53 - 1)');
 
   const bias = input.logitBias;
-  if (bias !== undefined) {
+  if (bias !== undefined && !isValidatedBias(bias, vocabSize)) {
     if (bias === null || typeof bias !== 'object') {
       issues.push({ param: 'logit_bias', message: `logit_bias must be an object mapping token ids to biases` });
     } else {
@@ -94,5 +94,19 @@ export function validateSamplingParams(input: SamplingParamsInput, vocabSize?: n
 export function assertValidSamplingParams(input: SamplingParamsInput, vocabSize?: number): SamplingParams {
   const issues = validateSamplingParams(input, vocabSize);
   if (issues.length > 0) throw new SamplingParamsError(issues);
-  return resolveSamplingParams(input);
+  const params = resolveSamplingParams(input);
+  if (params.logitBias.size > 0) markValidatedBias(params.logitBias, vocabSize);
+  return params;
+}
+
+/**
+ * The resolved map of a logit_bias that validateSamplingParams found valid against `vocabSize`,
+ * marked so: the sequences of one request (n, several prompts) then share it, and their Samplers
+ * neither validate nor copy it again.
+ */
+export function validatedLogitBias(bias: NonNullable<SamplingParamsInput['logitBias']>, vocabSize: number | undefined): ReadonlyMap<number, number> {
+  if (isValidatedBias(bias, vocabSize)) return bias;
+  const map = resolveSamplingParams({ logitBias: bias }).logitBias;
+  markValidatedBias(map, vocabSize);
+  return map;
 }

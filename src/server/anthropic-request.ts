@@ -6,7 +6,7 @@
 // same 400s.
 
 import type { ChatMessage } from '../artifacts/chat-template.ts';
-import { validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
+import { validatedLogitBias, validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
 import { badRequest, notSupported } from './http-error.ts';
 import { Fields, isObject, type Json, type JsonObject } from './fields.ts';
 import { checkModel, MAX_STOPS } from './openai-params.ts';
@@ -131,6 +131,8 @@ export function parseMessagesRequest(body: JsonObject, model: ModelFacts, countT
   for (const [k, v] of Object.entries(explicit)) if (v !== undefined) (sampling as Record<string, unknown>)[k] = v;
   const issues = validateSamplingParams(sampling, model.vocabSize);
   if (issues.length > 0) throw badRequest(issues.map((i) => i.message).join('; '), issues[0].param);
+  // resolved once: the request's sequences share it (their Samplers neither check nor copy it again)
+  if (sampling.logitBias !== undefined) sampling.logitBias = validatedLogitBias(sampling.logitBias, model.vocabSize);
   const stopRaw = f.array('stop_sequences') ?? [];
   if (stopRaw.length > MAX_STOPS) throw badRequest(`stop_sequences has ${stopRaw.length} entries; at most ${MAX_STOPS} are allowed`, 'stop_sequences');
   const stop = stopRaw.map((s, i) => {

@@ -3,7 +3,7 @@
 // implement them yet (refused with a 400, never silently ignored).
 
 import type { EngineRequest } from '../execution/sequence.ts';
-import { validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
+import { validatedLogitBias, validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
 import { HttpError, badRequest, notSupported } from './http-error.ts';
 import { isObject, type Fields } from './fields.ts';
 import type { ServedModel } from './served-model.ts';
@@ -117,6 +117,8 @@ export function parseGenerationParams(f: Fields, model: Pick<ModelFacts, 'vocabS
   for (const [k, v] of Object.entries(explicit)) if (v !== undefined) (sampling as Record<string, unknown>)[k] = v;
   const issues = validateSamplingParams(sampling, model.vocabSize);
   if (issues.length > 0) throw badRequest(issuesText(issues), issues[0].param);
+  // resolved once: the request's sequences share it (their Samplers neither check nor copy it again)
+  if (sampling.logitBias !== undefined) sampling.logitBias = validatedLogitBias(sampling.logitBias, model.vocabSize);
 
   return {
     n, stream, includeUsage, maxTokens, sampling,

@@ -18,7 +18,7 @@ import type { TextTokenizer } from '../artifacts/tokenizer.ts';
 import type { CustomJobRunner } from '../artifacts/text-worker.ts';
 import { toolCallFormat, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import type { GrammarLimits } from '../sampling/grammar/index.ts';
-import type { SamplingParamsInput } from '../sampling/index.ts';
+import { markValidatedBias, type SamplingParamsInput } from '../sampling/index.ts';
 import { HttpError, type HttpErrorOptions } from './http-error.ts';
 import type { JsonObject } from './fields.ts';
 import { parseJsonObject } from './json-depth.ts';
@@ -128,12 +128,14 @@ export function packPrepared(prepared: Prepared): { value: PackedPrepared; trans
 }
 
 /** The prepared request a worker's reply describes, for the model that sent the job. */
-export function unpackPrepared(value: PackedPrepared, model: Pick<ModelFacts, 'toolFormat'>): Prepared {
+export function unpackPrepared(value: PackedPrepared, model: Pick<ModelFacts, 'toolFormat' | 'vocabSize'>): Prepared {
   const sampling = (s: PackedSampling): SamplingParamsInput => {
     const { logitBias, ...rest } = s;
     if (logitBias === undefined) return rest;
     const map = new Map<number, number>();
     for (let i = 0; i < logitBias.ids.length; i++) map.set(logitBias.ids[i]!, logitBias.values[i]!);
+    // the worker validated it against this model's vocabulary, as the event loop would have
+    markValidatedBias(map, model.vocabSize);
     return { ...rest, logitBias: map };
   };
   const tools = (t: PackedTools | undefined): ToolPlan | undefined => (t ? { ...t, format: toolCallFormat(model.toolFormat) } : undefined);
