@@ -15,7 +15,7 @@ import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import type { SpillResult } from '../state/ssd-tier.ts';
 import type { DecodeFn } from '../generation/detokenizer.ts';
 import { EventStream } from './event-stream.ts';
-import { Scheduler } from './scheduler.ts';
+import { Scheduler, type ScheduledRow } from './scheduler.ts';
 import { Sequence, type EngineRequest, type FinishReason, type SequenceEvent, type TokenLogprob } from './sequence.ts';
 import { PrefixReuse, openSsdTier, prefixOptionsFor, type PrefixCacheSettings, type PrefixCacheStats } from './prefix-reuse.ts';
 import { StepLauncher, returnDraws, type InFlight } from './step-launch.ts';
@@ -354,6 +354,10 @@ export class Engine {
             await new Promise<void>((resolve) => (this.wake = resolve));
             continue;
           }
+          // a constrained row's mask is computed on its grammar host while this thread works:
+          // wait for any not in yet without holding the event loop
+          const answers = grammarAnswers(rows);
+          if (answers) await answers;
           inFlight = this.launcher.launch(rows);
           if (!inFlight) continue;
         }
@@ -438,4 +442,15 @@ export class Engine {
       // a consumer's callback failing on the last event concerns only that consumer
     }
   }
+}
+
+/** The grammar hosts' answers the sampling rows of a step still wait for (undefined: none). */
+function grammarAnswers(rows: readonly ScheduledRow[]): Promise<unknown> | undefined {
+  let waits: Promise<void>[] | undefined;
+  for (const r of rows) {
+    if (!r.sample || !r.seq.grammar || r.seq.finished) continue;
+    const w = r.seq.grammar.whenAnswered();
+    if (w) (waits ??= []).push(w);
+  }
+  return waits && Promise.all(waits);
 }

@@ -283,7 +283,7 @@ export function grammarCompilerStats(): GrammarCompilerStats[] {
 }
 
 /** a link to a host that is gone: the row fails at its first call */
-const goneLink = (why: string): RowLink => ({ accept() {}, dispose() {}, wait: () => why, dead: () => why });
+const goneLink = (why: string): RowLink => ({ accept() {}, dispose() {}, wait: () => why, waitAsync: () => undefined, dead: () => why });
 
 export class GrammarCompiler {
   private readonly s: GrammarCompilerStats;

@@ -33,12 +33,23 @@ export class HostDiedError extends Error {
   }
 }
 
+/** Atomics.waitAsync (Node 16+; TypeScript's ES2022 library does not declare it) */
+const atomicsWaitAsync = (Atomics as unknown as {
+  waitAsync(a: Int32Array, index: number, value: number, timeoutMs: number): { async: false; value: string } | { async: true; value: Promise<string> };
+}).waitAsync;
+
 /** One row's channel to its host. */
 export interface RowLink {
   accept(ids: number[]): void;
   dispose(): void;
   /** Waits until slot word `word` (S_STATUS or S_MASK) reaches `want`; returns why it could not. */
   wait(word: number, want: number): string | undefined;
+  /**
+   * The same without blocking the thread: undefined when the word is there already, or when the
+   * answer is computed on demand (no host thread); else resolves once it is, or once the host is
+   * declared dead for not answering in time (wait then fails at once).
+   */
+  waitAsync(word: number, want: number): Promise<void> | undefined;
   /** why the host is gone, if it is */
   dead(): string | undefined;
 }
@@ -224,6 +235,32 @@ export class WorkerHost extends GrammarHost {
     return why;
   }
 
+  /** WorkerRowLink.waitAsync: waitFor's deadline, awaited with Atomics.waitAsync. */
+  waitForAsync(words: Int32Array, word: number, want: number): Promise<void> | undefined {
+    if (this.dead || Atomics.load(words, word) >= want) return undefined;
+    let until = performance.now() + this.opts.answerTimeoutMs;
+    for (const c of this.compiles.values()) if (c.deadline !== Infinity) until = Math.max(until, c.deadline + this.opts.answerTimeoutMs);
+    // a pending Atomics.waitAsync does not keep the process alive (and idle hosts are unref'd):
+    // a timer does, until the answer or the deadline
+    const keepAlive = setInterval(() => {}, 60_000);
+    return (async () => {
+      try {
+        for (;;) {
+          if (this.dead) return;
+          const v = Atomics.load(words, word);
+          if (v >= want) return;
+          const left = until - performance.now();
+          if (left <= 0) break;
+          const r = atomicsWaitAsync(words, word, v, left);
+          if (r.async) await r.value;
+        }
+        this.kill(`the grammar host did not answer within ${this.opts.answerTimeoutMs} ms`);
+      } finally {
+        clearInterval(keepAlive);
+      }
+    })();
+  }
+
   protected stop(): void {
     const w = this.worker;
     this.worker = undefined;
@@ -331,6 +368,10 @@ class WorkerRowLink implements RowLink {
     return this.host.waitFor(this.words, word, want);
   }
 
+  waitAsync(word: number, want: number): Promise<void> | undefined {
+    return this.host.waitForAsync(this.words, word, want);
+  }
+
   dead(): string | undefined {
     return this.host.deadReason;
   }
@@ -351,6 +392,10 @@ class InlineRowLink implements RowLink {
 
   dispose(): void {
     if (this.host.current() === this.core) this.core.dispose(this.mid);
+  }
+
+  waitAsync(): undefined {
+    return undefined; // computed on demand, by wait
   }
 
   wait(word: number): string | undefined {

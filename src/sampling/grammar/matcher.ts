@@ -79,6 +79,17 @@ export class RowGrammar {
     return `the grammar rejected token ${id} (${JSON.stringify(this.vocab.tokens[id] ?? '')})`;
   }
 
+  /**
+   * Resolves once the host's answers for the current state (its status, then its mask) are in the
+   * slot, without blocking the thread; undefined when they already are, or when nothing can come
+   * (the next call then fails as it would). The engine awaits it before a step whose rows need
+   * their masks, so a slow host costs its rows' time, not the event loop's.
+   */
+  whenAnswered(): Promise<void> | undefined {
+    if (this.disposed || this.error || this.maskValid) return undefined;
+    return this.link.waitAsync(S_MASK, this.sent);
+  }
+
   /** The bitmask of tokens allowed next (owned here; valid until the next accept). */
   mask(): Int32Array {
     if (this.error) throw this.error;
