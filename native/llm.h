@@ -13,8 +13,9 @@
 
 // Element types; the numbers are part of the FFI (src/backends/cpu/native-lib.ts mirrors them).
 // DT_BF16_P16: bf16 matmul weights in 16-row panels of k pairs (weight_pack.c), only as a
-// matmul's w or an embedding table.
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4 };
+// matmul's w or an embedding table. DT_Q8_0_P16 / DT_Q4_0_P16: GGUF Q8_0 / Q4_0 matmul weights kept
+// quantized in 16-row panels (quant_pack.c), in the same two roles.
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4, DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6 };
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
@@ -53,6 +54,23 @@ void p16_row_to_f32(float *dst, const void *w, int64_t n, int64_t K);
 void gemm_p16_portable(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
 // The same with AVX512-BF16 dot products, x rounded to bf16 as gemm_bf16.c's other kernels do.
 void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
+
+// ---- quantized weights in panels (quant_pack.c, gemm_q8.c) -------------------------------------
+
+// Bytes of w[N][K] (K a multiple of 32) as DT_Q8_0_P16 (544 a panel block) or DT_Q4_0_P16 (288).
+static inline size_t quant_p16_bytes(int64_t N, int64_t K, int dt) {
+  return (size_t)((N + 15) / 16) * (size_t)(K / 32) * (dt == DT_Q4_0_P16 ? 288 : 544);
+}
+// dst[0..K) = row n of a quantized panel matrix, dequantized (exact: f16 scale x small integer).
+void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K);
+// y = x . w^T (+ bias) for quantized panel w: x quantized per block of 32, integer dots (quant_pack.c
+// states the arithmetic), AVX512-VNNI where the CPU has it and the ISA in effect is AVX-512, else portable.
+void gemm_quant(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
+void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
+                     int64_t K);
+// x rows [m0, m1) quantized: xq [M][K] int8, xd [M][K/32] scales, xc [M][K/32] = -c_off * (sum of the block's q).
+void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int64_t m0, int64_t m1,
+                           int64_t K);
 
 // ---- command queue -----------------------------------------------------------------------------
 

@@ -66,6 +66,10 @@ void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y
       for (int64_t j = 0; j < N; j++) y[m * N + j] = bias ? bias[j] : 0.0f;
     return;
   }
+  if (wdtype == DT_Q8_0_P16 || wdtype == DT_Q4_0_P16) { // quant_pack.c: one kernel for every M too
+    gemm_quant(x, w, wdtype, bias, y, M, N, K);
+    return;
+  }
   if (wdtype == DT_BF16_P16) { // one kernel for every M, as below
     if (llm_isa() == ISA_AVX512_BF16) gemm_p16_bf16dot(x, (const uint32_t *)w, bias, y, M, N, K);
     else gemm_p16_portable(x, w, bias, y, M, N, K);

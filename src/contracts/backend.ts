@@ -46,7 +46,17 @@ export interface WeightSource {
    * raw bytes sit, and a byte range of the tensor maps to the same element range of the result.
    */
   decode?: (dtype: 'f32' | 'f16' | 'bf16') => Uint8Array;
+  /**
+   * GGUF Q8_0 / Q4_0 matrices (2-D, rows of whole 32-element blocks): the file's ggml blocks, rows
+   * in the order of `shape` (llama.cpp's q/k permutation undone), for a backend that keeps such
+   * matmul weights quantized (the CPU backend, `loadWeight(.., 'keep', 'matmul')`); `decode` still
+   * gives the values for every other use.
+   */
+  quantized?: { type: QuantizedType; blocks: () => Uint8Array };
 }
+
+/** ggml types a backend may keep quantized (WeightSource.quantized) */
+export type QuantizedType = 'Q8_0' | 'Q4_0';
 
 export type Activation = 'silu' | 'gelu_tanh' | 'gelu';
 

@@ -4,17 +4,19 @@
 // open scope; `zeros`, `load*` and views from `reshape` never do (they live until `free`). A kept
 // view keeps the tensor it looks at. Memory is recycled in stream order by a BlockPool.
 import type {
-  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, StepLayout, Tensor, WeightSource,
+  Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, QuantizedType, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes } from '../../contracts/backend.ts';
 import { type DeviceSampleRow, packSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { decodeHalf } from '../common/half.ts';
 import { ScopeStack } from '../common/scopes.ts';
 import { BlockPool } from './block-pool.ts';
-import { CpuTensor } from './cpu-tensor.ts';
+import { type CpuLayout, CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
-import { ACT_CODE, DT_BF16_P16, DT_CODE, ISA_AVX512_BF16, loadNativeLib, type NativeLib } from './native-lib.ts';
+import {
+  ACT_CODE, DT_BF16_P16, DT_CODE, DT_Q4_0_P16, DT_Q8_0_P16, ISA_AVX512_BF16, loadNativeLib, type NativeLib,
+} from './native-lib.ts';
 import { fromPanels, panelsOnlyWhereRead } from './weight-panels.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 import * as shapes from '../common/op-shapes.ts';
@@ -27,6 +29,14 @@ const WEIGHT = CPU_DTYPES.weight;
 const KV = CPU_DTYPES.kv;
 /** uploads up to this size are staged through the queue; larger ones get a fresh block */
 const STAGED_UPLOAD_MAX = 1 << 20;
+/** ggml types kept quantized: their panel layout, its native dtype code and the ggml block's bytes */
+const QUANTIZED: Record<QuantizedType, { layout: CpuLayout; code: number; blockBytes: number }> = {
+  Q8_0: { layout: 'q8_0', code: DT_Q8_0_P16, blockBytes: 34 },
+  Q4_0: { layout: 'q4_0', code: DT_Q4_0_P16, blockBytes: 18 },
+};
+/** the native dtype code an op passes for a weight of `t`'s layout */
+const weightCode = (t: CpuTensor): number =>
+  t.layout === 'p16' ? DT_BF16_P16 : t.layout === 'q8_0' ? DT_Q8_0_P16 : t.layout === 'q4_0' ? DT_Q4_0_P16 : DT_CODE[t.dtype];
 
 let nextBackendId = 1;
 
@@ -101,6 +111,7 @@ export class CpuBackend implements Backend {
   }
 
   async loadWeight(src: WeightSource, as: 'keep' | 'f32', use?: 'matmul'): Promise<Tensor> {
+    if (use === 'matmul' && as === 'keep' && this.keepsQuantized(src)) return this.loadQuantized(src);
     const n = src.shape[0] ?? 1;
     const t = await this.loadRows('loadWeight', src, 0, src.shape.length === 0 ? 1 : n, as, src.shape);
     return use === 'matmul' && this.packsWeights(t) ? this.toPanels(t) : t;
@@ -132,6 +143,39 @@ export class CpuBackend implements Backend {
     const mode = this.settings.packWeights;
     return mode !== 'off' && t.dtype === 'bf16' && t.shape.length === 2 && t.shape[1]! % 2 === 0 && t.shape[0]! > 0 &&
       (mode === 'on' || this.lib.isa() === ISA_AVX512_BF16);
+  }
+
+  /** GGUF Q8_0 / Q4_0 matrices stay quantized (CpuSettings.quantWeights) */
+  private keepsQuantized(src: WeightSource): boolean {
+    return this.settings.quantWeights && src.quantized !== undefined && src.shape.length === 2 && src.shape[0]! > 0 &&
+      src.shape[1]! > 0 && src.shape[1]! % 32 === 0;
+  }
+
+  /** `src`'s ggml blocks, copied in and packed into quantized panels of 16 rows (native/quant_pack.c) */
+  private async loadQuantized(src: WeightSource): Promise<CpuTensor> {
+    const op = 'loadWeight';
+    this.assertOpen(op);
+    this.checkSource(op, src);
+    const [N, K] = src.shape as [number, number];
+    const q = QUANTIZED[src.quantized!.type];
+    if (!q) throw opError(op, `${src.name}: ggml type ${src.quantized!.type} is not kept quantized`);
+    let raw: Uint8Array;
+    try {
+      raw = src.quantized!.blocks();
+    } catch (e) {
+      throw new Error(`loading weight ${src.name} ([${N}, ${K}]) from ${src.path}: ${(e as Error).message}`);
+    }
+    const rawBytes = (N * K / 32) * q.blockBytes;
+    if (raw.length !== rawBytes) {
+      throw opError(op, `${src.name}: ${raw.length} bytes of ${src.quantized!.type} blocks for [${N}, ${K}], want ${rawBytes}`);
+    }
+    const staged = this.pool.alloc(rawBytes, true);
+    this.lib.writeNow(staged.addr, raw, rawBytes); // a fresh block: no queued op knows it yet
+    const bytes = this.lib.quantP16Bytes(N, K, q.code);
+    const { addr, cls } = this.pool.alloc(bytes, true);
+    this.lib.opPackQuant(staged.addr, addr, N, K, q.code);
+    this.pool.release(staged.addr, rawBytes); // the queue runs the pack before any later use of the block
+    return new CpuTensor(Object.freeze([N, K]), src.dtype, addr, bytes, null, cls, this.id, q.layout);
   }
 
   /** `t` (a bf16 [N][K] matrix, freed here) in panels of 16 rows (native/weight_pack.c) */
@@ -189,6 +233,7 @@ export class CpuBackend implements Backend {
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     this.assertOpen('read');
     const x = this.arg('read', 't', t, ANY);
+    if (x.layout === 'q8_0' || x.layout === 'q4_0') return this.readQuantized(x);
     const n = numel(x.shape);
     // Copy through a private block in queue order: later ops (even ones enqueued while we wait)
     // cannot change what is read.
@@ -213,6 +258,29 @@ export class CpuBackend implements Backend {
     } finally {
       // freed once the copy has run: either we waited for it, or the wait failed after it ran
       this.lib.opFree(staging);
+    }
+  }
+
+  /** A quantized weight's values (f32 [N, K], exact), through the embedding op's row dequantizer. */
+  private async readQuantized(x: CpuTensor): Promise<Float32Array> {
+    const [N, K] = x.shape as [number, number];
+    const out = new Float32Array(N * K);
+    const staging = this.lib.alloc(Math.max(out.byteLength, 64));
+    const ids = this.lib.alloc(N * 4);
+    if (staging === 0 || ids === 0) {
+      if (staging) this.lib.freeNow(staging);
+      if (ids) this.lib.freeNow(ids);
+      throw opError('read', `out of memory staging ${out.byteLength} bytes`);
+    }
+    try {
+      this.lib.writeNow(ids, Int32Array.from({ length: N }, (_, i) => i), N * 4); // fresh: no queued op knows it
+      this.lib.opEmbedding(x.addr, ids, staging, N, N, K, weightCode(x), 1);
+      await this.waitFor(this.lib.fence());
+      this.lib.readNow(staging, out, out.byteLength);
+      return out;
+    } finally {
+      this.lib.opFree(staging);
+      this.lib.opFree(ids);
     }
   }
 
@@ -313,14 +381,14 @@ export class CpuBackend implements Backend {
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
     const { table: tb, ids: id, V, D, T } = shapes.embedding(this.checks, table, ids, scale);
     const y = this.out([T, D]);
-    this.lib.opEmbedding(tb.addr, id.addr, y.addr, T, V, D, tb.layout === 'p16' ? DT_BF16_P16 : DT_CODE[tb.dtype], scale);
+    this.lib.opEmbedding(tb.addr, id.addr, y.addr, T, V, D, weightCode(tb), scale);
     return y;
   }
 
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
     const { x: a, w: b, bias: c, M, N, K } = shapes.matmul(this.checks, x, w, bias);
     const y = this.out([M, N]);
-    this.lib.opMatmul(a.addr, b.addr, c?.addr ?? 0, y.addr, M, N, K, b.layout === 'p16' ? DT_BF16_P16 : DT_CODE[b.dtype]);
+    this.lib.opMatmul(a.addr, b.addr, c?.addr ?? 0, y.addr, M, N, K, weightCode(b));
     return y;
   }
 

@@ -39,6 +39,14 @@ export interface CpuSettings {
    * keeps the checkpoint's row-major layout.
    */
   readonly packWeights: 'auto' | 'on' | 'off';
+  /**
+   * Whether GGUF Q8_0 / Q4_0 matmul weights stay quantized, in panels of their own (native/quant_pack.c;
+   * $LLMTS_CPU_QUANT_WEIGHTS, on by default): integer dot products on activations quantized per
+   * block of 32 (AVX512-VNNI where the CPU has it, a portable kernel computing the same numbers
+   * elsewhere), a third (Q4_0) or a half (Q8_0) of bf16's bytes. Off dequantizes them at load as
+   * every other ggml type is.
+   */
+  readonly quantWeights: boolean;
 }
 
 const CPU_KNOBS: Knobs<CpuSettings> = {
@@ -49,6 +57,7 @@ const CPU_KNOBS: Knobs<CpuSettings> = {
   gemvParallelMinBytes: intKnob('LLMTS_GEMV_PAR_MIN_BYTES', 2 ** 20, { min: 0, max: 2 ** 50 }),
   bf16Dot: switchKnob('LLMTS_CPU_BF16_DOT', true),
   packWeights: choiceKnob('LLMTS_CPU_PACK_WEIGHTS', ['auto', 'on', 'off']),
+  quantWeights: switchKnob('LLMTS_CPU_QUANT_WEIGHTS', true),
 };
 
 /** The CPU backend's settings: `overrides` where given (checked), the rest from `env`. */

@@ -13,6 +13,9 @@ import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
 /** native/llm.h's DT_BF16_P16: bf16 weights in 16-row panels of k pairs (native/weight_pack.c) */
 export const DT_BF16_P16 = 4;
+/** native/llm.h's DT_Q8_0_P16 / DT_Q4_0_P16: GGUF Q8_0 / Q4_0 weights kept quantized in 16-row panels (native/quant_pack.c) */
+export const DT_Q8_0_P16 = 5;
+export const DT_Q4_0_P16 = 6;
 /** native/llm.h's ISA_AVX512_BF16 */
 export const ISA_AVX512_BF16 = 3;
 export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;
@@ -53,6 +56,11 @@ export interface NativeLib {
   /** enqueues dst (p16Bytes(N, K) bytes) = the bf16 matrix src [N][K] (K even) in panels */
   opPackBf16P16(src: Addr, dst: Addr, N: number, K: number): void;
   p16Bytes(N: number, K: number): number;
+  /** enqueues dst (quantP16Bytes(N, K, dtype) bytes) = the ggml Q8_0 / Q4_0 blocks of src [N][K] (K % 32 == 0) in panels */
+  opPackQuant(src: Addr, dst: Addr, N: number, K: number, dtype: number): void;
+  quantP16Bytes(N: number, K: number, dtype: number): number;
+  /** 1 when matmuls of quantized panels run the AVX512-VNNI kernel now, 0 for the portable one */
+  quantVnni(): number;
   opMatmul(x: Addr, w: Addr, bias: Addr, y: Addr, M: number, N: number, K: number, wdtype: number): void;
   opEmbedding(table: Addr, ids: Addr, out: Addr, T: number, V: number, D: number, dtype: number, scale: number): void;
   opRmsnorm(x: Addr, w: Addr, out: Addr, rows: number, D: number, eps: number, offset: number): void;
@@ -156,6 +164,9 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
     opWriteRows: f(`int llm_op_write_rows(${i64}, const void *data, const void *idx, ${i64}, ${i64}, ${i64})`),
     opPackBf16P16: f('void llm_op_pack_bf16_p16(int64_t src, int64_t dst, int64_t N, int64_t K)'),
     p16Bytes: f('int64_t llm_p16_bytes(int64_t N, int64_t K)'),
+    opPackQuant: f('void llm_op_pack_quant(int64_t src, int64_t dst, int64_t N, int64_t K, int dtype)'),
+    quantP16Bytes: f('int64_t llm_quant_p16_bytes(int64_t N, int64_t K, int dtype)'),
+    quantVnni: f('int llm_quant_vnni()'),
     opMatmul: f('void llm_op_matmul(int64_t x, int64_t w, int64_t bias, int64_t y, int M, int N, int K, int wdt)'),
     opEmbedding: f(`void llm_op_embedding(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, int, double)`),
     opRmsnorm: f(`void llm_op_rmsnorm(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double, double)`),

@@ -1,6 +1,7 @@
 // bf16 matmul weights in panels (native/weight_pack.c): what the TS side of the CPU backend needs
 // to know of the layout. A panel tensor keeps its logical dtype and shape (bf16 [N, K]); only the
-// ops that read the layout may take it, every other op refuses it by name.
+// ops that read the layout may take it, every other op refuses it by name. The same holds for GGUF
+// Q8_0 / Q4_0 weights kept quantized in panels (native/quant_pack.c).
 import type { OpChecks } from '../common/op-shapes.ts';
 import type { CpuTensor } from './cpu-tensor.ts';
 
@@ -13,9 +14,11 @@ export function panelsOnlyWhereRead(checks: OpChecks<CpuTensor>): OpChecks<CpuTe
     ...checks,
     arg(op, name, t, dtypes, rank) {
       const x = checks.arg(op, name, t, dtypes, rank);
-      if (x.layout === 'p16' && !READS_PANELS.has(`${op}:${name}`)) {
-        throw checks.error(op, `${name} bf16[${x.shape.join(', ')}] is a matmul weight stored in panels ` +
-          '(LLMTS_CPU_PACK_WEIGHTS): only matmul and embedding take it');
+      if (x.layout !== 'rows' && !READS_PANELS.has(`${op}:${name}`)) {
+        throw checks.error(op, x.layout === 'p16'
+          ? `${name} bf16[${x.shape.join(', ')}] is a matmul weight stored in panels (LLMTS_CPU_PACK_WEIGHTS): only matmul and embedding take it`
+          : `${name} [${x.shape.join(', ')}] is a ${x.layout.toUpperCase()} matmul weight kept quantized (LLMTS_CPU_QUANT_WEIGHTS): ` +
+            'only matmul and embedding take it');
       }
       return x;
     },

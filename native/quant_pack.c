@@ -1,0 +1,236 @@
+// Q8_0 and Q4_0 matmul weights kept quantized (DT_Q8_0_P16, DT_Q4_0_P16): the CPU backend's layout
+// for a GGUF file's Q8_0 / Q4_0 matrices, made once at load (llm_op_pack_quant) from the file's
+// ggml blocks, and the arithmetic every kernel of it computes.
+//
+// Why: decode streams every weight once a token, so its speed is the weights' bytes; Q8_0 holds
+// 34 bytes per 32 weights and Q4_0 18, against bf16's 64. The integer dot products (AVX512-VNNI
+// vpdpbusd: 16 lanes x 4 byte products a lane, summed exactly into int32) also do four times the
+// multiply-adds of an f32 FMA per instruction at prefill.
+//
+// Layout, as weight_pack.c's bf16 panels: weight rows in the vector lanes, so every output element
+// is one chain whatever M is and no reduction tree follows. Panel p holds rows 16p .. 16p + 15 of
+// w[N][K] (K a multiple of 32, KB = K / 32 blocks; rows past N have zero weights and scales):
+//   quants  KB blocks of QB bytes, then
+//   scales  KB x 16 f16 (row 16p + l's block scale at [b][l]), the file's own f16 values.
+// Q8_0 (QB = 512): block b is 8 vectors of 64 bytes, one per group of 4 k: byte (g, l, t) = the
+//   weight of row 16p + l at k = 32 b + 4 g + t, plus 128, as an unsigned byte.
+// Q4_0 (QB = 256): the nibbles stay nibbles (half the bytes to stream: decode is bound by them, and
+//   unpacking costs two ands and a shift a vector, in registers): block b is 4 vectors of 64
+//   bytes; byte (j, l, t) holds row 16p + l's 4-bit value (weight + 8) at k = 32 b + 8 j + t in its
+//   low nibble and at k = 32 b + 8 j + 4 + t in its high nibble.
+//
+// Why unsigned weights: vpdpbusd multiplies unsigned bytes by signed ones. The weights take the
+// unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are), and the
+// activations stay signed; then sum_k (w + C) x = sum_k w x + C sum_k x, and C sum_k x is one
+// integer per activation row and block, computed when x is quantized and started from (-C sum x)
+// in the accumulator: no extra weight bytes and no extra instruction. llama.cpp's alternative
+// (|x| unsigned, the sign moved onto the weights) would change the weights on every call, for
+// each row of x.
+//
+// Arithmetic (every ISA, every M, bit for bit; test/backends/cpu-quant-weights.test.ts holds a
+// TypeScript model of it):
+//   x, per row and block of 32: d = max|x| / 127 (f32 division), q = x / d (f32) rounded to nearest,
+//   ties to even, clamped to [-127, 127] (all 0 when d is 0), as llama.cpp quantizes activations to
+//   Q8_0 but with an f32 d.
+//   y[m][n] = the f32 sum over blocks b in order: acc = acc + float(i_b) * (d_x * d_w), where i_b is
+//   the exact int32 dot of the block's quantized values (|i_b| < 2^24, so float(i_b) is exact), the
+//   products and the sum each rounded to f32 (never fused), then y = acc + bias[n].
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm.h"
+#include "simd.h"
+
+enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18 };
+
+static int quant_q4(int dt) { return dt == DT_Q4_0_P16; }
+
+// Packs panel p from the ggml blocks (row n's block b at raw + (n KB + b) * block bytes).
+static void pack_panel(uint8_t *dst, const uint8_t *raw, int dt, int64_t N, int64_t KB, int64_t p) {
+  const int q4 = quant_q4(dt);
+  const int64_t qb = q4 ? 256 : 512, bb = q4 ? Q4_BLOCK_BYTES : Q8_BLOCK_BYTES;
+  uint16_t *scales = (uint16_t *)(dst + KB * qb);
+  for (int64_t l = 0; l < 16; l++) {
+    const int64_t n = p * 16 + l;
+    for (int64_t b = 0; b < KB; b++) {
+      uint8_t *q = dst + b * qb;
+      if (n >= N) {
+        scales[b * 16 + l] = 0;
+        if (q4)
+          for (int j = 0; j < 4; j++) memset(q + j * 64 + l * 4, 0x88, 4);
+        else
+          for (int g = 0; g < 8; g++) memset(q + g * 64 + l * 4, 0x80, 4);
+        continue;
+      }
+      const uint8_t *src = raw + (n * KB + b) * bb;
+      memcpy(&scales[b * 16 + l], src, 2);
+      if (q4) {
+        // ggml: byte j's low nibble is element j, its high nibble element j + 16
+        uint8_t u[32];
+        for (int j = 0; j < 16; j++) {
+          u[j] = src[2 + j] & 0xF;
+          u[j + 16] = src[2 + j] >> 4;
+        }
+        for (int j = 0; j < 4; j++)
+          for (int t = 0; t < 4; t++) q[j * 64 + l * 4 + t] = (uint8_t)(u[8 * j + t] | (u[8 * j + 4 + t] << 4));
+      } else {
+        for (int g = 0; g < 8; g++)
+          for (int t = 0; t < 4; t++) q[g * 64 + l * 4 + t] = (uint8_t)(src[2 + 4 * g + t] ^ 0x80); // int8 + 128
+      }
+    }
+  }
+}
+
+// i: [src (ggml blocks of w[N][K]), dst (quant_p16_bytes), N, K, dtype (DT_Q8_0_P16 / DT_Q4_0_P16)]
+static int exec_pack_quant(const llm_cmd *c) {
+  const uint8_t *raw = PTR(c->i[0]);
+  uint8_t *dst = PTR(c->i[1]);
+  const int64_t N = c->i[2], K = c->i[3];
+  const int dt = (int)c->i[4];
+  if (dt != DT_Q8_0_P16 && dt != DT_Q4_0_P16) return llm_fail("packQuant: dtype code %d is not a quantized panel type", dt);
+  if (K <= 0 || K % 32 != 0) return llm_fail("packQuant: K = %lld is not a positive multiple of 32", (long long)K);
+  const int64_t P = (N + 15) / 16, KB = K / 32, pb = (int64_t)quant_p16_bytes(16, K, dt);
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < P; p++) pack_panel(dst + p * pb, raw, dt, N, KB, p);
+  return 0;
+}
+
+LLM_EXPORT void llm_op_pack_quant(int64_t src, int64_t dst, int64_t N, int64_t K, int dtype) {
+  llm_cmd c = {.exec = exec_pack_quant, .i = {src, dst, N, K, dtype}};
+  llm_enqueue(&c);
+}
+
+LLM_EXPORT int64_t llm_quant_p16_bytes(int64_t N, int64_t K, int dtype) { return (int64_t)quant_p16_bytes(N, K, dtype); }
+
+void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
+  const int q4 = quant_q4(dt);
+  const int64_t KB = K / 32, qb = q4 ? 256 : 512, l = n % 16;
+  const uint8_t *panel = (const uint8_t *)w + (n / 16) * (int64_t)quant_p16_bytes(16, K, dt);
+  const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
+  for (int64_t b = 0; b < KB; b++) {
+    const float d = f16_to_f32(scales[b * 16 + l]);
+    const uint8_t *q = panel + b * qb;
+    float *o = dst + b * 32;
+    if (q4) {
+      for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+          const uint8_t u = q[j * 64 + l * 4 + t];
+          o[8 * j + t] = (float)((u & 0xF) - 8) * d;
+          o[8 * j + 4 + t] = (float)((u >> 4) - 8) * d;
+        }
+    } else {
+      for (int g = 0; g < 8; g++)
+        for (int t = 0; t < 4; t++) o[4 * g + t] = (float)(q[g * 64 + l * 4 + t] - 128) * d;
+    }
+  }
+}
+
+// ---- activations -------------------------------------------------------------------------------
+
+void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int64_t m0, int64_t m1,
+                           int64_t K) {
+  const int64_t KB = K / 32;
+  for (int64_t m = m0; m < m1; m++)
+    for (int64_t b = 0; b < KB; b++) {
+      const float *v = x + m * K + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; j++) {
+        const float a = fabsf(v[j]);
+        amax = a > amax ? a : amax;
+      }
+      const float d = amax / 127.0f;
+      int32_t sum = 0;
+      for (int j = 0; j < 32; j++) {
+        int32_t q = 0;
+        if (d > 0.0f) {
+          float r = rintf(v[j] / d); // the default rounding mode: nearest, ties to even
+          r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+          q = (int32_t)r;
+        }
+        xq[m * K + b * 32 + j] = (int8_t)q;
+        sum += q;
+      }
+      xd[m * KB + b] = d;
+      xc[m * KB + b] = -c_off * sum;
+    }
+}
+
+// ---- the portable kernel -----------------------------------------------------------------------
+
+// y rows [m0, m1) x panel p. Compiled for AVX2 (no FMA: nothing can fuse the f32 multiply and add)
+// or the baseline; the int dots vectorise, the f32 steps run lane by lane as the VNNI kernel's do.
+__attribute__((target_clones("avx2", "default"))) static void
+quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int q4,
+                     const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
+  const int64_t KB = K / 32, qb = q4 ? 256 : 512;
+  const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
+  for (int64_t m = m0; m < m1; m++) {
+    float acc[16] = {0};
+    for (int64_t b = 0; b < KB; b++) {
+      const int8_t *xb = xq + m * K + b * 32;
+      const uint8_t *q = panel + b * qb;
+      int32_t is[16];
+      for (int l = 0; l < 16; l++) is[l] = xc[m * KB + b];
+      if (q4) {
+        for (int j = 0; j < 4; j++)
+          for (int l = 0; l < 16; l++)
+            for (int t = 0; t < 4; t++) {
+              const uint8_t u = q[j * 64 + l * 4 + t];
+              is[l] += (int32_t)(u & 0xF) * xb[8 * j + t] + (int32_t)(u >> 4) * xb[8 * j + 4 + t];
+            }
+      } else {
+        for (int g = 0; g < 8; g++)
+          for (int l = 0; l < 16; l++)
+            for (int t = 0; t < 4; t++) is[l] += (int32_t)q[g * 64 + l * 4 + t] * xb[4 * g + t];
+      }
+      const float dx = xd[m * KB + b];
+      for (int l = 0; l < 16; l++) {
+        const float s = dx * f16_to_f32(scales[b * 16 + l]);
+        const float f = (float)is[l] * s;
+        acc[l] = acc[l] + f;
+      }
+    }
+    for (int64_t l = 0; l < 16 && p * 16 + l < N; l++) y[m * N + p * 16 + l] = bias ? acc[l] + bias[p * 16 + l] : acc[l];
+  }
+}
+
+static void gemm_quant_portable(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M,
+                                int64_t N, int64_t K) {
+  const int64_t KB = K / 32, P = (N + 15) / 16, pb = (int64_t)quant_p16_bytes(16, K, dt);
+  const int q4 = quant_q4(dt);
+  int8_t *xq = malloc((size_t)(M * K) + 64);
+  float *xd = malloc((size_t)(M * KB) * sizeof(float) + 64);
+  int32_t *xc = malloc((size_t)(M * KB) * sizeof(int32_t) + 64);
+  quant_x_rows_portable(x, xq, xd, xc, q4 ? 8 : 128, 0, M, K);
+  const int64_t MC = 16, T = (M + MC - 1) / MC;
+  const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (parallel)
+  for (int64_t p = 0; p < P; p++)
+    for (int64_t t = 0; t < T; t++)
+      quant_panel_portable(xq, xd, xc, (const uint8_t *)w + p * pb, q4, bias, y, N, K, t * MC,
+                           (t + 1) * MC < M ? (t + 1) * MC : M, p);
+  free(xq);
+  free(xd);
+  free(xc);
+}
+
+// ---- dispatch ----------------------------------------------------------------------------------
+
+static int vnni = -1;
+
+static int has_vnni(void) {
+  if (vnni < 0) {
+    __builtin_cpu_init();
+    vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f");
+  }
+  return vnni;
+}
+
+LLM_EXPORT int llm_quant_vnni(void) { return llm_isa() >= ISA_AVX512 && has_vnni(); }
+
+void gemm_quant(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
+  if (llm_quant_vnni()) gemm_quant_vnni(x, w, dt, bias, y, M, N, K);
+  else gemm_quant_portable(x, w, dt, bias, y, M, N, K);
+}

@@ -1,0 +1,259 @@
+// GGUF Q8_0 / Q4_0 matmul weights kept quantized on the CPU backend (native/quant_pack.c,
+// gemm_q8.c; LLMTS_CPU_QUANT_WEIGHTS): read back and embedding rows are the exact dequantized
+// values; a matmul is bit for bit a TypeScript model of the kernels' arithmetic (x quantized per
+// block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order)
+// on every ISA, one thread or the team; each row is the same whatever M is; the result is within a
+// bound derived from x's rounding of the f32 matmul of the dequantized weights; other ops refuse
+// the tensor by name.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+
+import type { QuantizedType, WeightSource } from '../../src/contracts/backend.ts';
+import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
+import type { CpuTensor } from '../../src/backends/cpu/cpu-tensor.ts';
+import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
+import { encodeHalf } from '../../src/backends/common/half.ts';
+import { dequantize, F16_TO_F32 } from '../../src/artifacts/gguf/dequant.ts';
+import { GGML_TYPE_BY_NAME } from '../../src/artifacts/gguf/ggml-types.ts';
+import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng } from './helpers.ts';
+
+const fr = Math.fround;
+const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18 };
+
+let quant: CpuBackend;
+let plain: CpuBackend;
+
+before(async () => {
+  quant = await createCpuBackend({ settings: { quantWeights: true } });
+  plain = await createCpuBackend({ settings: { quantWeights: false } });
+});
+after(async () => {
+  await quant.close();
+  await plain.close();
+});
+
+/** Random ggml blocks of w[N][K]: scales of either sign (f16), every quant value possible (Q8_0's -128 too). */
+function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number): Uint8Array {
+  const nb = (N * K) / 32, bb = BLOCK_BYTES[type];
+  const raw = new Uint8Array(nb * bb);
+  const scales = encodeHalf(Float32Array.from({ length: nb }, () => (r() < 0.5 ? -1 : 1) * (0.002 + 0.02 * r())), 'f16');
+  for (let b = 0; b < nb; b++) {
+    raw[b * bb] = scales[b]! & 0xff;
+    raw[b * bb + 1] = scales[b]! >> 8;
+    for (let j = 2; j < bb; j++) raw[b * bb + j] = (r() * 256) | 0;
+  }
+  return raw;
+}
+
+/** The weights' integer values [N][K] and block scales [N][K/32], as ggml defines the blocks. */
+function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number): { q: Int32Array; d: Float32Array } {
+  const KB = K / 32, bb = BLOCK_BYTES[type];
+  const q = new Int32Array(N * K), d = new Float32Array(N * KB);
+  for (let blk = 0; blk < N * KB; blk++) {
+    const o = blk * bb;
+    d[blk] = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!;
+    for (let j = 0; j < 32; j++) {
+      q[blk * 32 + j] = type === 'Q8_0' ? (raw[o + 2 + j]! << 24) >> 24
+        : (j < 16 ? raw[o + 2 + j]! & 0xf : raw[o + 2 + j - 16]! >> 4) - 8;
+    }
+  }
+  return { q, d };
+}
+
+/** Round to nearest, ties to even (what the kernels' conversions do). */
+function rne(v: number): number {
+  const f = Math.floor(v), diff = v - f;
+  if (diff > 0.5) return f + 1;
+  if (diff < 0.5) return f;
+  return f % 2 === 0 ? f : f + 1;
+}
+
+/** x [M][K] quantized per block of 32: d = max|x| / 127, q = x / d rounded and clamped (0 when d is 0). */
+function quantizeX(x: Float32Array, M: number, K: number): { q: Int32Array; d: Float32Array } {
+  const KB = K / 32, q = new Int32Array(M * K), d = new Float32Array(M * KB);
+  for (let blk = 0; blk < M * KB; blk++) {
+    let amax = 0;
+    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(x[blk * 32 + j]!));
+    const s = fr(amax / 127);
+    d[blk] = s;
+    for (let j = 0; j < 32; j++) q[blk * 32 + j] = s > 0 ? Math.min(127, Math.max(-127, rne(fr(x[blk * 32 + j]! / s)))) : 0;
+  }
+  return { q, d };
+}
+
+/** The kernels' arithmetic: per block, the exact int dot, times fround(d_x * d_w), added in f32, blocks in order; then + bias. */
+function modelMatmul(x: Float32Array, M: number, K: number, w: { q: Int32Array; d: Float32Array }, N: number,
+  bias?: Float32Array): Float32Array {
+  const KB = K / 32, xq = quantizeX(x, M, K), y = new Float32Array(M * N);
+  for (let m = 0; m < M; m++) {
+    for (let n = 0; n < N; n++) {
+      let acc = 0;
+      for (let b = 0; b < KB; b++) {
+        let dot = 0;
+        for (let j = 0; j < 32; j++) dot += xq.q[m * K + b * 32 + j]! * w.q[n * K + b * 32 + j]!;
+        acc = fr(acc + fr(dot * fr(xq.d[m * KB + b]! * w.d[n * KB + b]!)));
+      }
+      y[m * N + n] = bias ? fr(acc + bias[n]!) : acc;
+    }
+  }
+  return y;
+}
+
+function source(type: QuantizedType, raw: Uint8Array, N: number, K: number, name = `${type}[${N}, ${K}]`): WeightSource {
+  const values = new Float32Array(N * K);
+  dequantize(GGML_TYPE_BY_NAME.get(type)!, raw, values);
+  return {
+    path: '/nonexistent', offset: 0, dtype: 'f32', shape: [N, K], name,
+    decode: (want) => {
+      if (want !== 'f32') throw new Error(`this test source decodes to f32 only, not ${want}`);
+      return new Uint8Array(values.buffer.slice(0));
+    },
+    quantized: { type, blocks: () => raw },
+  };
+}
+
+function firstDiff(a: Float32Array, b: Float32Array): string | undefined {
+  for (let i = 0; i < a.length; i++) if (!Object.is(a[i], b[i])) return `element ${i}: ${a[i]} vs ${b[i]}`;
+  return undefined;
+}
+
+const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0'];
+// odd N (partial panels of 16), K a multiple of 32 from one block up
+const SHAPES: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
+
+describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
+  it('load quantized only when kept, and read back the exact dequantized values', async () => {
+    const r = rng(21);
+    for (const type of TYPES) {
+      for (const [N, K] of SHAPES) {
+        const src = source(type, randomBlocks(r, type, N, K), N, K);
+        const q = (await quant.loadWeight(src, 'keep', 'matmul')) as CpuTensor;
+        const p = (await plain.loadWeight(src, 'keep', 'matmul')) as CpuTensor;
+        assert.equal(q.layout, type.toLowerCase(), `${src.name}`);
+        assert.equal(p.layout, 'rows');
+        assert.deepEqual(q.shape, [N, K]);
+        // panels of 16 rows: 16 x 34 (Q8_0: 512 quant bytes, 32 of scales) or 16 x 18 bytes a block
+        assert.equal(q.bytes, Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : 288), `${src.name} bytes`);
+        assert.equal(firstDiff((await quant.read(q)) as Float32Array, (await plain.read(p)) as Float32Array), undefined, src.name);
+        quant.free(q);
+        plain.free(p);
+      }
+      // not for matmul, or as f32: the dequantized values
+      const src = source(type, randomBlocks(r, type, 4, 64), 4, 64);
+      for (const t of [await quant.loadWeight(src, 'keep'), await quant.loadWeight(src, 'f32', 'matmul')]) {
+        assert.equal((t as CpuTensor).layout, 'rows');
+        quant.free(t);
+      }
+    }
+  });
+
+  it('refuse blocks of the wrong size', async () => {
+    const src = source('Q8_0', randomBlocks(rng(22), 'Q8_0', 4, 64), 4, 64);
+    const bad = { ...src, quantized: { type: 'Q8_0' as const, blocks: () => new Uint8Array(10) } };
+    await assert.rejects(quant.loadWeight(bad, 'keep', 'matmul'), /10 bytes of Q8_0 blocks for \[4, 64\], want 272/);
+  });
+
+  it('embedding rows are the exact dequantized rows', async () => {
+    const r = rng(23);
+    for (const type of TYPES) {
+      const [V, D] = [37, 96];
+      const src = source(type, randomBlocks(r, type, V, D), V, D);
+      const q = await quant.loadWeight(src, 'keep', 'matmul');
+      const p = await plain.loadWeight(src, 'keep', 'matmul');
+      const ids = Int32Array.from({ length: 50 }, (_, i) => (i * 7) % V);
+      const got = await quant.read(quant.embedding(q, quant.upload(ids, [ids.length]), 0.5));
+      const want = await plain.read(plain.embedding(p, plain.upload(ids, [ids.length]), 0.5));
+      assert.equal(firstDiff(got as Float32Array, want as Float32Array), undefined, type);
+      quant.free(q);
+      plain.free(p);
+    }
+  });
+
+  it('matmul: bit for bit the model of its arithmetic, and batch invariant, every ISA, bias or none', async (tc) => {
+    const r = rng(24);
+    const lib = loadNativeLib();
+    const kernels = new Set<string>();
+    for (const type of TYPES) {
+      for (const [N, K] of SHAPES) {
+        const raw = randomBlocks(r, type, N, K);
+        const w = weightInts(type, raw, N, K);
+        const t = await quant.loadWeight(source(type, raw, N, K), 'keep', 'matmul');
+        const Mmax = 40; // past ROWS_MAX_M (16) and a 64-row work item's tiles of 4
+        const x = randomF32(r, Mmax * K);
+        x.fill(0, 0, 32); // a block of zeros: d = 0
+        const bias = randomF32(r, N);
+        const want = { none: modelMatmul(x, Mmax, K, w, N), bias: modelMatmul(x, Mmax, K, w, N, bias) };
+        await forEachCpuIsa(quant, async (isa, parallel) => {
+          const kernel = `${CPU_ISA_NAMES[isa]}${lib.quantVnni() ? ' (VNNI)' : ' (portable)'}`;
+          kernels.add(kernel);
+          const label = `${type} [${N}, ${K}] ${kernel}${parallel ? ' (team)' : ''}`;
+          for (const b of ['none', 'bias'] as const) {
+            const bt = b === 'bias' ? quant.upload(bias, [N]) : undefined;
+            const all = (await quant.read(quant.matmul(quant.upload(x, [Mmax, K]), t, bt))) as Float32Array;
+            assert.equal(firstDiff(all, want[b]), undefined, `${label} ${b}: M = ${Mmax} against the model`);
+            // every M from 1 to 40 (small shapes), a spread of them for the largest
+            const Ms = N * K > 50000 ? [1, 2, 3, 4, 5, 7, 16, 17, 33] : Array.from({ length: Mmax }, (_, i) => i + 1);
+            for (const M of Ms) {
+              const y = (await quant.read(quant.matmul(quant.upload(x.subarray(0, M * K), [M, K]), t, bt))) as Float32Array;
+              assert.equal(firstDiff(y, all.subarray(0, M * N)), undefined, `${label} ${b}: rows of M = ${M}`);
+            }
+            for (let m = 0; m < Mmax; m += 13) {
+              const y = (await quant.read(quant.matmul(quant.upload(x.subarray(m * K, (m + 1) * K), [1, K]), t, bt))) as Float32Array;
+              assert.equal(firstDiff(y, all.subarray(m * N, (m + 1) * N)), undefined, `${label} ${b}: row ${m} alone`);
+            }
+          }
+        });
+        quant.free(t);
+      }
+    }
+    tc.diagnostic(`kernels: ${[...kernels].join(', ')}`);
+  });
+
+  it('matmul: within the bound of x\'s rounding of the f32 matmul of the dequantized weights', async () => {
+    // x's rounding moves each element by at most d_x / 2 = max|x in its block| / 254, so an output
+    // moves by at most sum over blocks of that times sum |w| of the block; the f32 sums add at most
+    // K * 2^-23 * sum |x w| beside (a generous bound on their rounding).
+    const r = rng(25);
+    for (const type of TYPES) {
+      for (const [N, K] of [[33, 96], [130, 1024]] as [number, number][]) {
+        const raw = randomBlocks(r, type, N, K);
+        const src = source(type, raw, N, K);
+        const wv = new Float32Array(src.decode!('f32').buffer);
+        const t = await quant.loadWeight(src, 'keep', 'matmul');
+        const M = 7, x = randomF32(r, M * K, 3);
+        const y = (await quant.read(quant.matmul(quant.upload(x, [M, K]), t))) as Float32Array;
+        let worst = 0;
+        for (let m = 0; m < M; m++) {
+          for (let n = 0; n < N; n++) {
+            let exact = 0, bound = 0, mag = 0;
+            for (let b = 0; b < K / 32; b++) {
+              let amax = 0, wabs = 0;
+              for (let j = 0; j < 32; j++) {
+                const k = b * 32 + j;
+                exact += x[m * K + k]! * wv[n * K + k]!;
+                mag += Math.abs(x[m * K + k]! * wv[n * K + k]!);
+                amax = Math.max(amax, Math.abs(x[m * K + k]!));
+                wabs += Math.abs(wv[n * K + k]!);
+              }
+              bound += (amax / 254) * wabs;
+            }
+            const err = Math.abs(y[m * N + n]! - exact);
+            const tol = bound * (1 + 1e-6) + K * 2 ** -23 * mag;
+            assert.ok(err <= tol, `${type} [${N}, ${K}] y[${m}][${n}] = ${y[m * N + n]}, f32 ${exact}: |diff| ${err} > ${tol}`);
+            worst = Math.max(worst, err / tol);
+          }
+        }
+        assert.ok(worst > 0, 'x is rounded: some output differs from the f32 matmul');
+        quant.free(t);
+      }
+    }
+  });
+
+  it('other ops refuse a quantized tensor by name', async () => {
+    const t = await quant.loadWeight(source('Q4_0', randomBlocks(rng(26), 'Q4_0', 4, 32), 4, 32), 'keep', 'matmul');
+    assert.throws(() => quant.reshape(t, [32, 4]), /reshape: t \[4, 32\] is a Q4_0 matmul weight kept quantized \(LLMTS_CPU_QUANT_WEIGHTS\)/);
+    const x = quant.upload(new Float32Array(128), [4, 32]);
+    assert.throws(() => quant.add(x, t, 1), /add: b \[4, 32\] is a Q4_0 matmul weight kept quantized/);
+    quant.free(t);
+  });
+});
