@@ -3,6 +3,8 @@
 // by how many rows share a step (the matmul's decode and prefill paths, the bf16 dot products), a
 // reduction order that depends on the row count, or a prompt's own prefill computed differently
 // when the token budget splits it into other chunks (attention over cached keys vs the chunk's own).
+// The GGUF cases keep their Q8_0 / Q4_0 matrices quantized (LLMTS_CPU_QUANT_WEIGHTS, on by default),
+// so every matmul quantizes its activations per row block: a row's bytes must not depend on the others.
 
 import { describe, before, after } from 'node:test';
 import { join, resolve } from 'node:path';
@@ -18,6 +20,8 @@ for (const { name, dir } of [
   { name: 'llama fixture (f32 weights)', dir: join(ROOT, 'test/fixtures/llama') },
   { name: 'qwen3_moe fixture (experts)', dir: join(ROOT, 'test/fixtures/qwen3_moe') },
   { name: 'gemma2 fixture (sliding windows, soft-caps)', dir: join(ROOT, 'test/fixtures/gemma2') },
+  { name: 'llama Q8_0 GGUF (weights kept quantized: integer dot products)', dir: join(ROOT, 'test/fixtures/gguf/llama_q8_0.gguf') },
+  { name: 'mistral Q4_0 GGUF (weights kept quantized: integer dot products)', dir: join(ROOT, 'test/fixtures/gguf/mistral_q4_0.gguf') },
 ]) {
   describe(`batch invariance: ${name}`, () => {
     let backend: Backend;

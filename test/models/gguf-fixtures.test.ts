@@ -2,8 +2,11 @@
 // family, one ggml type each (kquant: every K-quant and IQ4 type in one model), greedy steps and
 // top-5 logprobs under the closeness rule on the CPU backend, alone and batched. Quantized
 // tensors load dequantized into f32 (the reference's own values, so the f32 tolerance of every
-// fixture applies) and into bf16, the default (a rounding of every weight to 8 bits of mantissa:
-// the tolerance of the bf16 path, as for CUDA's bf16 activations).
+// fixture applies) and into bf16 (a rounding of every weight to 8 bits of mantissa: the tolerance
+// of the bf16 path, as for CUDA's bf16 activations), with LLMTS_CPU_QUANT_WEIGHTS off; and, the
+// default, Q8_0 / Q4_0 matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
+// per block of 32 for the integer dot products; the rest dequantized into bf16), tolerance per
+// ggml type.
 
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -18,6 +21,8 @@ import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
 const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
 /** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
 const TOLERANCE = { f32: 0.05, bf16: 0.1 } as const;
+/** the same with Q8_0 / Q4_0 matrices kept quantized, by the fixture's ggml type ('mixed': kquant's Q8_0 embedding) */
+const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, mixed: 0.1 };
 
 interface Reference {
   name: string;
@@ -41,12 +46,20 @@ test('a GGUF fixture per family and every loadable ggml type', () => {
   for (const t of ['Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'F16', 'BF16', 'mixed']) assert.ok(types.has(t), `no fixture of ${t}`);
 });
 
-for (const dtype of ['f32', 'bf16'] as const) {
+for (const dtype of ['f32', 'bf16', 'quantized'] as const) {
   for (const ref of refs) {
-    test(`${ref.name} (${ref.ggml_type}, dequantized to ${dtype}): matches transformers (${ref.method}) alone and batched`, async (t) => {
-      const backend = await createCpuBackend();
+    if (dtype === 'quantized' && !(ref.ggml_type in QUANT_TOLERANCE)) continue;
+    const what = dtype === 'quantized' ? 'Q8_0 / Q4_0 kept quantized' : `dequantized to ${dtype}`;
+    const tolerance = dtype === 'quantized' ? QUANT_TOLERANCE[ref.ggml_type]! : TOLERANCE[dtype];
+    test(`${ref.name} (${ref.ggml_type}, ${what}): matches transformers (${ref.method}) alone and batched`, async (t) => {
+      const backend = await createCpuBackend({ settings: { quantWeights: dtype === 'quantized' } });
       try {
-        const m = await loadModel(backend, join(DIR, ref.gguf), { maxModelLen: 512, quantizedDtype: dtype });
+        const m = await loadModel(backend, join(DIR, ref.gguf), { maxModelLen: 512, quantizedDtype: dtype === 'quantized' ? 'bf16' : dtype });
+        if (dtype === 'quantized') {
+          const layouts = new Set([m.model.weights.embed, ...m.model.weights.layers.flatMap((l) => Object.values(l.attn))]
+            .map((w) => (w as { layout?: string } | undefined)?.layout));
+          assert.ok(layouts.has('q8_0') || layouts.has('q4_0'), `no weight kept quantized (layouts: ${[...layouts].join(', ')})`);
+        }
         const request = (c: Reference['cases'][number]) => ({
           promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
         });
@@ -58,7 +71,7 @@ for (const dtype of ['f32', 'bf16'] as const) {
         }
         let worst = 0;
         ref.cases.forEach((c, k) => {
-          const r = compareToReference(solo[k]!.logprobs!, c.steps, TOLERANCE[dtype]);
+          const r = compareToReference(solo[k]!.logprobs!, c.steps, tolerance);
           worst = Math.max(worst, r.maxLogprobDiff);
           assert.ok(r.ok, `case ${k}: ${r.problem}`);
         });

@@ -2,9 +2,11 @@
 // and the fit planner read. F32 / F16 / BF16 tensors stored as llmts keeps them are plain file
 // ranges, read by the backends exactly as safetensors payloads are; the rest carry a `decode`
 // that the backend calls when it loads the tensor: quantized blocks are dequantized (dequant.ts)
-// into `quantizedDtype`, and llama.cpp's q/k row permutation is undone.
+// into `quantizedDtype`, and llama.cpp's q/k row permutation is undone. Q8_0 and Q4_0 matrices also
+// carry their raw blocks (`quantized`, rows permuted back the same way), which the CPU backend keeps
+// as they are for its integer matmuls (native/quant_pack.c).
 
-import type { WeightSource } from '../../contracts/backend.ts';
+import type { QuantizedType, WeightSource } from '../../contracts/backend.ts';
 import { ArtifactError } from '../errors.ts';
 import { WeightIndex } from '../safetensors.ts';
 import type { TensorEntry } from '../safetensors-header.ts';
@@ -49,8 +51,21 @@ export class GgufWeightIndex extends WeightIndex {
     const dtype: FloatDtype = plain ? PLAIN[t.type.name]! : this.quantizedDtype;
     const src: WeightSource = { path: t.file, offset: e.offset, dtype, shape: [...e.shape], name };
     if (plain && ref.unpermuteHeads === undefined) return src; // the file's bytes as they are
-    return { ...src, decode: (want) => decodeRef(ref, e, dtype, want) };
+    const decoded: WeightSource = { ...src, decode: (want) => decodeRef(ref, e, dtype, want) };
+    if (!KEPT_QUANTIZED.has(t.type.name) || e.shape.length !== 2) return decoded;
+    return { ...decoded, quantized: { type: t.type.name as QuantizedType, blocks: () => rawBlocks(ref, e) } };
   }
+}
+
+/** ggml types a backend may keep quantized (WeightSource.quantized) */
+const KEPT_QUANTIZED: ReadonlySet<string> = new Set<QuantizedType>(['Q8_0', 'Q4_0']);
+
+/** The tensor's ggml blocks, rows in Hugging Face order (llama.cpp's q/k permutation undone). */
+function rawBlocks(ref: TensorRef, e: TensorEntry): Uint8Array {
+  const raw = readTensorBytes(ref.info, e.offset - ref.info.offset, e.byteLength);
+  if (ref.unpermuteHeads === undefined) return raw;
+  const rows = e.shape[0]!;
+  return unpermuteRows(raw, rows, e.byteLength / rows, ref.unpermuteHeads, e.name);
 }
 
 function entryOf(name: string, ref: TensorRef): TensorEntry {
