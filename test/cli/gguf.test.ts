@@ -115,19 +115,24 @@ test('bad GGUF files through the CLI: one line naming the file and the problem',
   assert.match(r.stderr.trim(), /^llmts: .*two holds several GGUF models \(a\.gguf, b\.gguf\); name the \.gguf file with --model$/);
 });
 
-test('llmts fit plans a GGUF model from its header: quantized matrices resident as bf16, norms f32', async () => {
+test('llmts fit plans a GGUF model from its header: Q8_0 matrices resident as bf16 on CUDA, kept quantized on the CPU, norms f32', async () => {
   const art = loadModelDir(LLAMA, { tokenizer: false });
-  const p = await FitPlanner.open(LLAMA);
-  const w = await p.weights();
+  const p = await FitPlanner.open(LLAMA); // LLMTS_CPU_QUANT_WEIGHTS on, the default (as the fit command below runs)
+  const w = await p.weights('cuda');
   const { hiddenSize: D, vocabSize: V, numLayers: L, intermediateSize: I, numHeads: H, numKvHeads: Hk, headDim: hd } = art.config;
   const matrices = 2 * V * D + L * (D * H * hd * 2 + 2 * D * Hk * hd + 3 * D * I);
   assert.equal(w.residentBytesByDtype.bf16, matrices * 2);
   assert.equal(w.residentBytesByDtype.f32, (L * 2 + 1) * D * 4);
   assert.deepEqual(w.unusedTensors, []);
   assert.ok(art.tokenizerBytes! > 1000, 'the tokenizer metadata counts as the tokenizer');
+  // the CPU: panels of 16 rows, 16 x 34 bytes a block of 32 (every matrix here has rows a multiple of 16)
+  const c = await p.weights('cpu');
+  assert.equal(c.residentBytesByDtype.Q8_0, (matrices / 32) * 34);
+  assert.equal(c.residentBytesByDtype.bf16, undefined);
+  assert.equal(c.residentBytesByDtype.f32, w.residentBytesByDtype.f32);
   const r = await run(['fit', '--model', LLAMA, '--ctx', '256', '--device', 'cpu', '--memory', '8G', '--bandwidth', '10', '--json']);
   assert.equal(r.code, 0, r.stderr);
-  assert.equal(JSON.parse(r.stdout).weights.residentBytes, w.residentBytes);
+  assert.equal(JSON.parse(r.stdout).weights.residentBytes, c.residentBytes);
 });
 
 test('the server (startServer, as llmts serve runs it) serves a GGUF model', async () => {

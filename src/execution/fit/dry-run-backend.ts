@@ -56,12 +56,14 @@ export class DryTensor implements Tensor {
     readonly source?: { bytes: number; dtype: DType },
     /** the allocator its block came from (a graph's arena while one is captured) */
     readonly allocator?: AllocatorModel,
+    /** a layout other than numel x dtype (the CPU backend's quantized panels): its name and bytes */
+    readonly layout?: { name: string; bytes: number },
   ) {}
   get owner(): DryTensor {
     return this.base ?? this;
   }
   get bytes(): number {
-    return numel(this.shape) * dtypeBytes[this.dtype];
+    return this.layout?.bytes ?? numel(this.shape) * dtypeBytes[this.dtype];
   }
 }
 
@@ -99,6 +101,16 @@ export interface DryRunOptions {
   cudaTuning?: CudaTuning;
   /** the CUDA backend's settings it mirrors (the tuner's on/off, the MoE grouping); default from the environment */
   cuda?: CudaSettings;
+  /**
+   * CPU: GGUF Q8_0 / Q4_0 matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
+   * native/quant_pack.c), and take those panels' bytes; default false
+   */
+  quantWeights?: boolean;
+}
+
+/** native/llm.h quant_p16_bytes: rows rounded up to panels of 16, 16 x 34 (Q8_0) or 16 x 18 (Q4_0) bytes a block of 32 */
+export function quantPanelBytes(type: 'Q8_0' | 'Q4_0', N: number, K: number): number {
+  return Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : 288);
 }
 
 export interface CudaTuning {
@@ -131,6 +143,7 @@ export class DryRunBackend implements Backend {
   private reads = new ArrayBuffer(0);
   private readonly cudaTuning: CudaTuning;
   private readonly cuda: CudaSettings;
+  private readonly quantWeights: boolean;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -158,6 +171,7 @@ export class DryRunBackend implements Backend {
     this.allocator = opts.allocator;
     this.threads = opts.threads ?? os.availableParallelism();
     this.cuda = opts.cuda ?? cudaSettingsFrom(process.env);
+    this.quantWeights = opts.name === 'cpu' && opts.quantWeights === true;
     this.gemmTune = !this.cuda.gemm.tune ? 'off' : opts.gemmTune ?? 'always';
     this.cudaTuning = opts.cudaTuning ?? { maxM: CUDA_TUNE_MAX_M, byClass: true };
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
@@ -195,10 +209,11 @@ export class DryRunBackend implements Backend {
     return this.arena ?? this.allocator;
   }
 
-  private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false, source?: DryTensor['source']): DryTensor {
-    const bytes = numel(shape) * dtypeBytes[dtype];
+  private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false, source?: DryTensor['source'],
+    layout?: DryTensor['layout']): DryTensor {
+    const bytes = layout?.bytes ?? numel(shape) * dtypeBytes[dtype];
     const at = this.current;
-    const t = new DryTensor(Object.freeze([...shape]), dtype, at.alloc(Math.max(bytes, 0), fresh), null, source, at);
+    const t = new DryTensor(Object.freeze([...shape]), dtype, at.alloc(Math.max(bytes, 0), fresh), null, source, at, layout);
     if (scoped) this.scopes.adopt(t);
     return t;
   }
@@ -232,7 +247,15 @@ export class DryRunBackend implements Backend {
     if (this.name === 'cuda' && dtype !== src.dtype) this.transient(Array(parts).fill(srcBytes / parts));
     return t;
   }
-  async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
+  async loadWeight(src: WeightSource, as: 'keep' | 'f32', use?: 'matmul'): Promise<Tensor> {
+    // as cpu-backend.ts keepsQuantized: the panels replace the weight (the raw blocks staged for the
+    // pack are a fresh block given back at once)
+    const [N, K] = src.shape;
+    if (this.quantWeights && use === 'matmul' && as === 'keep' && src.quantized && src.shape.length === 2 && N! > 0 &&
+      K! > 0 && K! % 32 === 0) {
+      return this.make(src.shape, src.dtype, false, true, { bytes: numel(src.shape) * dtypeBytes[src.dtype], dtype: src.dtype },
+        { name: src.quantized.type, bytes: quantPanelBytes(src.quantized.type, N!, K!) });
+    }
     return this.loaded(src, as, src.shape);
   }
   async loadWeightRows(src: WeightSource, _rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {

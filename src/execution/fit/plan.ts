@@ -85,7 +85,7 @@ export interface WeightsReport {
   checkpointBytes: number;
   /** checkpoint bytes per stored dtype ("BF16": ...) */
   checkpointBytesByDtype: Record<string, number>;
-  /** resident bytes per kept dtype */
+  /** resident bytes per kept dtype ("Q8_0" / "Q4_0": matrices the CPU backend keeps quantized) */
   residentBytesByDtype: Record<string, number>;
   tensors: number;
   /** checkpoint tensors the model never reads (a tied lm_head copy, rotary buffers, ...) */
@@ -278,8 +278,8 @@ export interface PlannerSource {
 export class FitPlanner {
   readonly config: ModelConfig;
   readonly contextLength: number;
-  private weightsReport?: WeightsReport;
-  private decodeWeights?: DecodeWeights;
+  /** per backend kind: the CPU keeps GGUF Q8_0 / Q4_0 matrices quantized (CpuSettings.quantWeights), CUDA dequantizes them */
+  private readonly weightsByKind = new Map<BackendKind, { report: WeightsReport; decode: DecodeWeights }>();
   private readonly sims = new Map<string, Promise<Simulation>>();
   /** per (backend kind, batch): worst resident over every step of 1..T tokens, minus the base */
   private readonly worstByTokens = new Map<string, number[]>();
@@ -332,10 +332,13 @@ export class FitPlanner {
     }
   }
 
-  /** What the model's weights occupy and what a decode step reads of them. */
-  async weights(): Promise<WeightsReport> {
-    if (this.weightsReport) return this.weightsReport;
-    const backend = new DryRunBackend({ name: 'cpu', activationDtype: 'f32', allocator: new ExactModel() });
+  /** What the model's weights occupy on a backend of `kind` and what a decode step reads of them. */
+  async weights(kind: BackendKind = 'cpu'): Promise<WeightsReport> {
+    const known = this.weightsByKind.get(kind);
+    if (known) return known.report;
+    const backend = new DryRunBackend({
+      name: 'cpu', activationDtype: 'f32', allocator: new ExactModel(), quantWeights: kind === 'cpu' && this.cpu.quantWeights,
+    });
     const lookup = new RecordingLookup(this.source.weights);
     const w = await this.loadDry(backend, lookup);
     const seen = new Set<DryTensor>();
@@ -356,7 +359,8 @@ export class FitPlanner {
       r.residentBytes += x.bytes;
       const sk = src.dtype.toUpperCase();
       r.checkpointBytesByDtype[sk] = (r.checkpointBytesByDtype[sk] ?? 0) + src.bytes;
-      r.residentBytesByDtype[x.dtype] = (r.residentBytesByDtype[x.dtype] ?? 0) + x.bytes;
+      const rk = x.layout?.name ?? x.dtype; // matrices kept quantized (CPU) under their ggml type
+      r.residentBytesByDtype[rk] = (r.residentBytesByDtype[rk] ?? 0) + x.bytes;
       if (read === 'all') {
         r.denseReadBytes += x.bytes;
         if (x.shape.length === 2) dw.matrices.push({ bytes: x.bytes, params: numel(x.shape) });
@@ -368,7 +372,7 @@ export class FitPlanner {
     // the lm_head is read whole every step; when tied it is the embedding table itself
     add(w.lmHead, 'all');
     add(w.embed, 'none');
-    r.embeddingRowBytes = dw.embeddingRowBytes = w.embed.shape[1]! * dtypeBytes[w.embed.dtype];
+    r.embeddingRowBytes = dw.embeddingRowBytes = (w.embed as DryTensor).bytes / w.embed.shape[0]!;
     add(w.finalNorm, 'all');
     for (const l of w.layers) {
       for (const t of Object.values(l.attn)) add(t, 'all');
@@ -395,8 +399,7 @@ export class FitPlanner {
       r.unusedTensors.push(name);
       r.unusedBytes += this.source.weights.entry(name).byteLength;
     }
-    this.weightsReport = r;
-    this.decodeWeights = dw;
+    this.weightsByKind.set(kind, { report: r, decode: dw });
     return r;
   }
 
@@ -419,6 +422,7 @@ export class FitPlanner {
         gemmTune: pool === 'real' ? 'once' : 'always',
         ...(cudaTuning ? { cudaTuning } : {}),
         cuda: this.cuda,
+        quantWeights: kind === 'cpu' && this.cpu.quantWeights,
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
@@ -655,7 +659,8 @@ export class FitPlanner {
     seconds: number; weightBytes: number; kvBytes: number; attentionFlops: number; efficiency: number; overheadMs: number;
     features: DecodeFeatures; terms: DecodeTerm[];
   }> {
-    await this.weights();
+    const cpu = machine.kind === 'cpu';
+    await this.weights(cpu ? 'cpu' : 'cuda');
     const cfg = this.config;
     const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
     // each layer's keys (a sliding layer at most its window); q.k and p.v: 2 multiply-adds per
@@ -664,9 +669,8 @@ export class FitPlanner {
       const keys = Math.min(pos + 1, l.window === 0 ? Infinity : l.window);
       return { kvBytes: keys * perLayerToken * batch, flops: keys * cfg.numHeads * cfg.headDim * 4 * batch };
     });
-    const cpu = machine.kind === 'cpu';
     const kernels = cpu ? 0 : await this.decodeKernels(batch);
-    const features = decodeFeatures(this.decodeWeights!, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, attention, kernels, cfg.headDim,
+    const features = decodeFeatures(this.weightsByKind.get(cpu ? 'cpu' : 'cuda')!.decode, cfg.numLayers, cpu ? 'cpu' : 'cuda', batch, attention, kernels, cfg.headDim,
       { cpuGemvParallelMinBytes: this.cpu.gemvParallelMinBytes, cudaMoe: this.cuda.moe });
     const { kvBytes, attentionFlops } = features;
     const terms = decodeTerms(features, machine);
@@ -697,7 +701,7 @@ export class FitPlanner {
   /** Everything but the search: memory at ctx on a machine. */
   private async totals(machine: Machine, ctx: number, r: Required<FitRequest>) {
     const kind: BackendKind = machine.kind === 'cpu' ? 'cpu' : 'cuda';
-    const w = await this.weights();
+    const w = await this.weights(kind);
     const kv = this.kvPools(ctx, r.batch, r.chunk, r.blockSize, r.kvDtype, kind);
     const transient = await this.transient(ctx, r.batch, r.chunk, r.blockSize, kind);
     const reserve = this.reserve(kind);

@@ -78,7 +78,7 @@ export async function planServeKv(planner: FitPlanner, req: ServeKvRequest): Pro
   if (r.kvDtype !== 'f32' && r.kvDtype !== 'bf16' && r.kvDtype !== 'f16') throw new FitError(`KV dtype ${r.kvDtype} cannot be planned`);
   const kind = r.backend === 'cuda' ? 'cuda' : 'cpu';
   const bytesPerToken = planner.kvBytesPerToken(r.kvDtype);
-  const weightsBytes = (await planner.weights()).residentBytes;
+  const weightsBytes = (await planner.weights(kind)).residentBytes;
   const transient = await planner.transient(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, kind);
   const reserveBytes = planner.reserve(kind).reduce((a, x) => a + x.bytes, 0);
   const base = { bytesPerToken, weightsBytes, transientBytes: transient.bytes, reserveBytes };
