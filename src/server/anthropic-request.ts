@@ -38,10 +38,12 @@ function toolResultText(v: Json | undefined, where: string): string {
  * become OpenAI-style tool_calls; a user's tool_result blocks become `tool` messages (before the
  * user's own text, as Anthropic requires results to come first).
  */
-function convertMessage(role: 'user' | 'assistant', content: Json | undefined, where: string): ChatMessage[] {
+function convertMessage(role: 'user' | 'assistant' | 'system', content: Json | undefined, where: string): ChatMessage[] {
+  if (role === 'system') return [{ role, content: blocksText(content, where, 'messages') }];
   if (typeof content === 'string') return [{ role, content }];
   if (!Array.isArray(content)) throw badRequest(`${where} must be a string or an array of content blocks, got ${kind(content)}`, 'messages');
   const texts: string[] = [];
+  const thoughts: string[] = [];
   const calls: unknown[] = [];
   const results: ChatMessage[] = [];
   content.forEach((b, j) => {
@@ -50,6 +52,13 @@ function convertMessage(role: 'user' | 'assistant', content: Json | undefined, w
     if (b.type === 'text') {
       if (typeof b.text !== 'string') throw badRequest(`${at}.text must be a string, got ${kind(b.text)}`, 'messages');
       texts.push(b.text);
+    } else if (b.type === 'thinking' && role === 'assistant') {
+      // earlier reasoning (a conversation carried over): the template renders it if it renders
+      // reasoning_content, else it is left out; its signature is not checked (nothing here signs)
+      if (typeof b.thinking !== 'string') throw badRequest(`${at}.thinking must be a string, got ${kind(b.thinking)}`, 'messages');
+      thoughts.push(b.thinking);
+    } else if (b.type === 'redacted_thinking' && role === 'assistant') {
+      // another server's encrypted reasoning: nothing here can read it, so it is left out
     } else if (b.type === 'tool_use' && role === 'assistant') {
       if (typeof b.id !== 'string' || typeof b.name !== 'string') throw badRequest(`${at} (tool_use) needs a string id and name`, 'messages');
       calls.push({ id: b.id, type: 'function', function: { name: b.name, arguments: JSON.stringify(b.input ?? {}) } });
@@ -57,11 +66,12 @@ function convertMessage(role: 'user' | 'assistant', content: Json | undefined, w
       if (typeof b.tool_use_id !== 'string') throw badRequest(`${at}.tool_use_id must be a string`, 'messages');
       const text = toolResultText(b.content, `${at}.content`);
       results.push({ role: 'tool', tool_call_id: b.tool_use_id, content: b.is_error === true ? `Error: ${text}` : text });
-    } else throw notSupported(`content block type "${b.type}" in a ${role} message (${at})`, 'messages');
+    } else throw notSupported(`content block type "${b.type}" in ${role === 'assistant' ? 'an' : 'a'} ${role} message (${at})`, 'messages');
   });
   const out: ChatMessage[] = [...results];
-  if (calls.length > 0) out.push({ role, content: texts.join('\n'), tool_calls: calls });
-  else if (texts.length > 0 || results.length === 0) out.push({ role, content: texts.join('\n') });
+  const reasoning = thoughts.length > 0 ? { reasoning_content: thoughts.join('\n') } : {};
+  if (calls.length > 0) out.push({ role, content: texts.join('\n'), tool_calls: calls, ...reasoning });
+  else if (texts.length > 0 || results.length === 0 || thoughts.length > 0) out.push({ role, content: texts.join('\n'), ...reasoning });
   return out;
 }
 
@@ -76,6 +86,8 @@ export interface MessagesRequest {
   tools?: ToolPlan;
   /** output_config.format, or the tools' forcing grammar */
   constraint?: Constraint;
+  /** template variables (`thinking` as enable_thinking) */
+  variables?: Record<string, unknown>;
 }
 
 /** `countTokens`: for /v1/messages/count_tokens, whose refusals of output_config.format name the schema */
@@ -93,7 +105,11 @@ export function parseMessagesRequest(body: JsonObject, model: ModelFacts, countT
   raw.forEach((m, i) => {
     const where = `messages[${i}]`;
     if (!isObject(m)) throw badRequest(`${where} must be an object, got ${kind(m)}`, 'messages');
-    if (m.role !== 'user' && m.role !== 'assistant') throw badRequest(`${where}.role must be "user" or "assistant", got ${JSON.stringify(m.role ?? null)}`, 'messages');
+    // a system message anywhere in the conversation (Claude Code sends one there), rendered where
+    // it stands, as the template renders system messages
+    if (m.role !== 'user' && m.role !== 'assistant' && m.role !== 'system') {
+      throw badRequest(`${where}.role must be "user", "assistant" or "system", got ${JSON.stringify(m.role ?? null)}`, 'messages');
+    }
     messages.push(...convertMessage(m.role, m.content, `${where}.content`));
   });
   const last = messages[messages.length - 1];
@@ -106,9 +122,7 @@ export function parseMessagesRequest(body: JsonObject, model: ModelFacts, countT
 
   const tools = planTools(model, parseAnthropicTools(f));
   let constraint: Constraint | undefined = tools?.constraint;
-  const thinking = f.object('thinking');
-  const mode = thinking?.raw('type');
-  if (thinking && mode !== 'disabled' && mode !== 'adaptive') throw notSupported(`thinking ${JSON.stringify(mode ?? null)}`, 'thinking');
+  const variables = thinkingVariables(f, countTokens ? Infinity : maxTokens);
   const format = f.object('output_config')?.object('format');
   if (format) {
     if (format.raw('type') !== 'json_schema') throw badRequest('output_config.format.type must be "json_schema"', 'output_config');
@@ -139,7 +153,30 @@ export function parseMessagesRequest(body: JsonObject, model: ModelFacts, countT
     if (typeof s !== 'string') throw badRequest(`stop_sequences[${i}] must be a string, got ${kind(s)}`, 'stop_sequences');
     return s;
   });
-  return { messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false, tools, constraint };
+  return { messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false, tools, constraint, ...(variables ? { variables } : {}) };
+}
+
+/** Anthropic's smallest thinking budget */
+const MIN_THINKING_BUDGET = 1024;
+
+/**
+ * `thinking` as the template's reasoning switch, `enable_thinking` (Qwen3's and others'; a
+ * template without it ignores it): "enabled" (with a budget_tokens of at least 1024 and below
+ * max_tokens, as Anthropic requires; the budget itself is not enforced) turns it on, "disabled"
+ * off, "adaptive" leaves the template's default.
+ */
+function thinkingVariables(f: Fields, maxTokens: number): Record<string, unknown> | undefined {
+  const thinking = f.object('thinking');
+  if (!thinking) return undefined;
+  const mode = thinking.raw('type');
+  if (mode === 'adaptive') return undefined;
+  if (mode === 'disabled') return { enable_thinking: false };
+  if (mode !== 'enabled') throw badRequest(`thinking.type must be "enabled", "disabled" or "adaptive", got ${JSON.stringify(mode ?? null)}`, 'thinking');
+  const budget = thinking.raw('budget_tokens');
+  if (typeof budget !== 'number' || !Number.isInteger(budget)) throw badRequest(`thinking.budget_tokens must be an integer, got ${JSON.stringify(budget ?? null)}`, 'thinking');
+  if (budget < MIN_THINKING_BUDGET) throw badRequest(`thinking.budget_tokens must be at least ${MIN_THINKING_BUDGET}, got ${budget}`, 'thinking');
+  if (budget >= maxTokens) throw badRequest(`thinking.budget_tokens (${budget}) must be less than max_tokens (${maxTokens})`, 'thinking');
+  return { enable_thinking: true };
 }
 
 /** A messages request without its messages: what answering it needs once they are rendered. */
@@ -162,7 +199,7 @@ export interface PreparedCountTokens {
 async function rendered(body: JsonObject, model: RequestModel, countTokens: boolean, signal?: AbortSignal): Promise<{ req: MessagesParams; ids: PromptIds }> {
   const { messages: parsed, ...req } = parseMessagesRequest(body, model, countTokens);
   const { messages, tools } = toolMessages(model, parsed, req.tools);
-  const { ids } = await model.renderChat(messages, { continueFinal: req.prefill, tools }, signal);
+  const { ids } = await model.renderChat(messages, { continueFinal: req.prefill, tools, variables: req.variables }, signal);
   return { req, ids };
 }
 

@@ -66,6 +66,8 @@ export interface TinyLlamaOptions {
   maxPositions?: number;
   slidingWindow?: number;
   seed?: number;
+  /** the chat template (default: plain ChatML) */
+  chatTemplate?: string;
 }
 
 /** A random llama-family (qwen2 when slidingWindow is set) model directory; returns its path. */
@@ -104,7 +106,7 @@ export function writeTinyLlama(opts: TinyLlamaOptions = {}): string {
   writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2));
   writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(byteLevelTokenizerJson()));
   writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({
-    eos_token: '<|endoftext|>', pad_token: '<|endoftext|>', chat_template: CHATML, clean_up_tokenization_spaces: false,
+    eos_token: '<|endoftext|>', pad_token: '<|endoftext|>', chat_template: opts.chatTemplate ?? CHATML, clean_up_tokenization_spaces: false,
   }));
   writeFileSync(join(dir, 'generation_config.json'), JSON.stringify({ eos_token_id: [256, 258] }));
   return dir;

@@ -257,7 +257,7 @@ export const FIELDS: Record<Route, FieldSpec[]> = {
     f('tool_choice.type', ['string'], { base: { tools: [{ name: 'get_weather', input_schema: { type: 'object' } }], tool_choice: { type: 'auto' } }, bad: ['"required"'] }),
     f('tool_choice.name', ['string'], { base: { tools: [{ name: 'get_weather', input_schema: { type: 'object' } }], tool_choice: { type: 'tool', name: 'get_weather' } } }),
     f('tool_choice.disable_parallel_tool_use', ['boolean'], { base: { tools: [{ name: 'get_weather', input_schema: { type: 'object' } }], tool_choice: { type: 'any' } } }),
-    f('thinking', ['object'], { bad: ['{}', '{"type":"enabled","budget_tokens":1024}'] }),
+    f('thinking', ['object'], { bad: ['{}', '{"type":"enabled","budget_tokens":100}', '{"type":"enabled"}'] }),
     f('thinking.type', ['string'], { base: { thinking: { type: 'disabled' } }, bad: ['"enabled"'] }),
     f('output_config', ['object']),
     f('output_config.format', ['object'], { base: { output_config: { format: { type: 'json_schema', schema: { type: 'object' } } } }, bad: ['{}', '{"type":"json_object"}'] }),

@@ -139,7 +139,9 @@ test('anthropic request parsing', () => {
   assert.equal(parseMessagesRequest({ max_tokens: 1, messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: '  ' }] }, model).prefill, false);
   assert.match(status(() => parseMessagesRequest({ messages: [] }, model)).message, /max_tokens is required/);
   assert.equal(status(() => parseMessagesRequest({ model: 'other', max_tokens: 1, messages: [{ role: 'user', content: 'a' }] }, model)).status, 404);
-  assert.match(status(() => parseMessagesRequest({ max_tokens: 1, thinking: { type: 'enabled', budget_tokens: 100 }, messages: [{ role: 'user', content: 'a' }] }, model)).message, /not supported yet/);
+  assert.match(status(() => parseMessagesRequest({ max_tokens: 1, thinking: { type: 'enabled', budget_tokens: 100 }, messages: [{ role: 'user', content: 'a' }] }, model)).message, /thinking\.budget_tokens must be at least 1024, got 100/);
+  assert.deepEqual(parseMessagesRequest({ max_tokens: 4096, thinking: { type: 'enabled', budget_tokens: 1024 }, messages: [{ role: 'user', content: 'a' }] }, model).variables, { enable_thinking: true });
+  assert.deepEqual(parseMessagesRequest({ max_tokens: 9, thinking: { type: 'disabled' }, messages: [{ role: 'system', content: 's' }, { role: 'user', content: 'a' }] }, model).messages.map((m) => m.role), ['system', 'user']);
 });
 
 test('think splitter: any chunking gives the whole-text split; tags never leak', () => {
