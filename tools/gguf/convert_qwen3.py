@@ -4,7 +4,7 @@ to GGUF with llama.cpp's `qwen3` architecture names, so that llama.cpp can run t
 weights as llmts (bench/peers/llama-cpp.ts).
 
     pip install gguf numpy
-    python3 tools/gguf/convert_qwen3.py models/demo /tmp/demo-bf16.gguf [--outtype bf16|f16|f32]
+    python3 tools/gguf/convert_qwen3.py models/demo /tmp/demo-bf16.gguf [--outtype bf16|f16|f32|q8_0|q4_0]
 
 Written against the `gguf` package's GGUFWriter and its name tables (gguf.TENSOR_NAMES,
 gguf.Keys); no llama.cpp code. Scope: dense Qwen3 (model_type "qwen3"), byte-level BPE
@@ -13,7 +13,8 @@ tokenizers with merges. Anything else is refused rather than converted approxima
 Precision: matrices keep the source's class by default (bf16 -> bf16, bit-exact copy);
 1-D tensors (RMSNorm weights) are written as f32, as llama.cpp's own converter does
 (its CPU ops take f32 norms). `--outtype f16` rounds bf16 to f16 (round-to-nearest-even,
-values outside f16's range saturate); `--outtype f32` widens exactly.
+values outside f16's range saturate); `--outtype f32` widens exactly; `--outtype q8_0|q4_0`
+quantizes every matrix with gguf.quants.quantize (llama.cpp's reference quantizers).
 
 Layout: safetensors stores row-major [out, in]; GGUF lists dimensions fastest-first, and
 the writer reverses numpy's shape, so the bytes are copied unchanged. Qwen3's RoPE is the
@@ -83,6 +84,9 @@ def matrix(dt: str, arr: np.ndarray, outtype: str) -> tuple[np.ndarray, gguf.GGM
         f32 = to_f32(dt, arr)
         lim = float(np.finfo(np.float16).max)
         return np.clip(f32, -lim, lim).astype(np.float16), None
+    if outtype in ('q8_0', 'q4_0'):
+        qt = gguf.GGMLQuantizationType.Q8_0 if outtype == 'q8_0' else gguf.GGMLQuantizationType.Q4_0
+        return gguf.quants.quantize(to_f32(dt, arr), qt), qt
     return to_f32(dt, arr), None
 
 
@@ -107,7 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('model_dir', type=Path)
     ap.add_argument('out', type=Path)
-    ap.add_argument('--outtype', choices=['bf16', 'f16', 'f32'], default='bf16')
+    ap.add_argument('--outtype', choices=['bf16', 'f16', 'f32', 'q8_0', 'q4_0'], default='bf16')
     ap.add_argument('--pre', help='tokenizer.ggml.pre (default: derived from tokenizer.json)')
     args = ap.parse_args()
 
@@ -178,7 +182,8 @@ def main() -> None:
     w = gguf.GGUFWriter(args.out, arch_name)
     w.add_name(args.model_dir.resolve().name)
     w.add_file_type({'bf16': gguf.LlamaFileType.MOSTLY_BF16, 'f16': gguf.LlamaFileType.MOSTLY_F16,
-                     'f32': gguf.LlamaFileType.ALL_F32}[args.outtype])
+                     'f32': gguf.LlamaFileType.ALL_F32, 'q8_0': gguf.LlamaFileType.MOSTLY_Q8_0,
+                     'q4_0': gguf.LlamaFileType.MOSTLY_Q4_0}[args.outtype])
     w.add_context_length(cfg['max_position_embeddings'])
     w.add_embedding_length(cfg['hidden_size'])
     w.add_block_count(n_layer)
