@@ -14,6 +14,7 @@ import type { EngineSettings } from '../execution/engine-settings.ts';
 import { DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import { TOOL_CALL_FORMATS, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { DEFAULT_GRAMMAR_CACHE_BYTES, MIN_GRAMMAR_CACHE_BYTES, setGrammarDefaults } from '../sampling/grammar/index.ts';
+import { checkCorsOrigin } from '../server/access.ts';
 
 export interface ServeOptions {
   /** Hugging Face model directory */
@@ -64,6 +65,10 @@ export interface ServeOptions {
   toolCallFormat?: ToolCallFormatName;
   /** run every decode batch size once before listening (default: on for CUDA, off for the CPU) */
   warmup?: boolean;
+  /** origins browsers may call the server from: `*`, or scheme://host[:port] (default none: no CORS) */
+  corsOrigins?: string[];
+  /** one line per request on stderr: method, path, status, tokens, milliseconds (default true) */
+  logRequests?: boolean;
   /**
    * CUDA: batch-invariant mode, a request's tokens and logprobs the same whatever other requests
    * share its steps (backendSettings.cuda.batchInvariant; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
@@ -171,6 +176,15 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   // the grammar compiler is created on the first structured request, with the defaults of then
   setGrammarDefaults({ cacheBytes: g ?? DEFAULT_GRAMMAR_CACHE_BYTES });
 
+  if (o.corsOrigins !== undefined) {
+    if (!Array.isArray(o.corsOrigins)) fail('corsOrigins', `${nameOf('corsOrigins')} must be a list of origins, got ${JSON.stringify(o.corsOrigins)}`);
+    for (const origin of o.corsOrigins) {
+      const bad = typeof origin === 'string' ? checkCorsOrigin(origin) : `${JSON.stringify(origin)} is not a string`;
+      if (bad) fail('corsOrigins', `${nameOf('corsOrigins')}: ${bad}`);
+    }
+  }
+  if (o.logRequests !== undefined && typeof o.logRequests !== 'boolean')
+    fail('logRequests', `${nameOf('logRequests')} must be true or false, got ${JSON.stringify(o.logRequests)}`);
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
     fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;

@@ -61,6 +61,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     const server = new LlmServer({
       engine, loaded, servedModelName: o.servedModelName, apiKey: o.apiKey, maxBodyBytes: o.maxBodyBytes, toolCallFormat: o.toolCallFormat,
       headersTimeoutMs: o.headersTimeoutMs, bodyTimeoutMs: o.bodyTimeoutMs,
+      ...(o.corsOrigins ? { corsOrigins: o.corsOrigins } : {}), ...(o.logRequests !== undefined ? { logRequests: o.logRequests } : {}),
     });
     reportStartup(o, { backend, engine, server, kvDtype, kvPlan });
     if (o.warmup ?? backend.name === 'cuda') {

@@ -35,6 +35,9 @@ const OPTIONS: Options = {
   warmup: { type: 'boolean' },
   'no-warmup': { type: 'boolean' },
   'batch-invariant': { type: 'boolean' },
+  'cors-origin': { type: 'string', multiple: true },
+  'log-requests': { type: 'boolean' },
+  'no-log-requests': { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -71,6 +74,11 @@ const HELP = `usage: llmts serve --model DIR [options]
   --grammar-cache SIZE        compiled grammars (structured output, forced tool calls) kept for
                               reuse, least recently used evicted; a grammar that alone needs more
                               is a 400 (default 256M, at least 1M)
+  --cors-origin ORIGIN        let browsers on ORIGIN (scheme://host[:port], or * for any) call
+                              the server (CORS; repeatable; default: none)
+  --log-requests, --no-log-requests
+                              one line per request on stderr: method, path, status, tokens,
+                              milliseconds (default on)
   --tool-call-format F        auto|hermes|llama3|mistral: how the model writes tool calls (the
                               syntax parsed, forced and shown in prompts); auto (default) detects it
                               from the chat template and vocabulary
@@ -127,6 +135,7 @@ const FLAG_OF: Record<ServeOptionName, string> = {
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
   grammarCacheBytes: '--grammar-cache',
   batchInvariant: '--batch-invariant',
+  corsOrigins: '--cors-origin', logRequests: '--log-requests',
 };
 
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
@@ -135,6 +144,8 @@ const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
 export function serveOptionsOf(argv: string[]): ServeOptions {
   const v = parseFlags(argv, OPTIONS);
   if (v.warmup && v['no-warmup']) throw new UsageError('--warmup and --no-warmup contradict each other');
+  if (v['log-requests'] && v['no-log-requests']) throw new UsageError('--log-requests and --no-log-requests contradict each other');
+  const cors = v['cors-origin'] as string[] | undefined;
   return {
     model: requiredString(v, 'model'),
     host: stringFlag(v, 'host'),
@@ -158,6 +169,8 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     cacheDirBytes: sizeFlag(v, 'cache-dir-size'),
     grammarCacheBytes: sizeFlag(v, 'grammar-cache'),
     toolCallFormat: toolCallFormatFlag(stringFlag(v, 'tool-call-format')),
+    ...(cors ? { corsOrigins: cors } : {}),
+    ...(v['no-log-requests'] ? { logRequests: false } : {}),
     warmup: v.warmup ? true : v['no-warmup'] ? false : undefined,
     ...(v['batch-invariant'] ? { batchInvariant: true } : {}),
     log,

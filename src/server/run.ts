@@ -3,6 +3,7 @@
 // never fits) the ones already queued are cancelled and the refusal becomes the response. One
 // AbortSignal per request (aborted when the client disconnects) cancels every sequence of it.
 
+import type { RequestUsage } from './access.ts';
 import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { EngineRequest, FinishEvent, FinishReason, SequenceEvent, TokenLogprob } from '../execution/sequence.ts';
@@ -41,9 +42,11 @@ export class SeqObserver {
   constructor(
     private readonly metrics: ServerMetrics,
     private readonly startedAt: number,
+    private readonly usage?: RequestUsage,
   ) {}
 
   token(): void {
+    if (this.usage) this.usage.completionTokens++;
     const now = performance.now();
     if (this.last === undefined) this.metrics.ttft.observe((now - this.startedAt) / 1000);
     else this.metrics.itl.observe((now - this.last) / 1000);
@@ -66,6 +69,8 @@ export interface RunContext {
   abort(): void;
   /** performance.now() at request arrival */
   startedAt: number;
+  /** the request's tokens, counted as its sequences are submitted and produce (its log line) */
+  usage?: RequestUsage;
 }
 
 /** Submits `plans` in order; on a refusal cancels what was queued and throws (an HttpError when the client caused it). */
@@ -82,6 +87,7 @@ function submitAll<T>(ctx: RunContext, plans: readonly SeqPlan[], submit: (plan:
     for (const plan of plans) {
       out.push(submit(plan));
       ctx.metrics.promptTokens.inc(plan.request.promptIds.length);
+      if (ctx.usage) ctx.usage.promptTokens += plan.request.promptIds.length;
     }
   } catch (err) {
     ctx.abort();
@@ -107,7 +113,7 @@ export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Pro
       tokenIds: [], text: '', textOffsets: [], finishTextOffset: 0, logprobs: [], finishReason: 'length',
       promptTokens: plan.request.promptIds.length, completionTokens: 0, cachedTokens: 0,
     };
-    const obs = new SeqObserver(ctx.metrics, ctx.startedAt);
+    const obs = new SeqObserver(ctx.metrics, ctx.startedAt, ctx.usage);
     let resolve!: (r: SeqResult) => void;
     const done = new Promise<SeqResult>((res) => (resolve = res));
     ctx.engine.submit(plan.request, (e) => {
@@ -149,7 +155,7 @@ export function startStreams(
   const streams = submitAll(ctx, plans, (plan) => ctx.engine.generate(plan.request, { signal: ctx.signal }));
   return async (onEvent, isClientGone) => {
     const results = await Promise.allSettled(streams.map(async (stream, index) => {
-      const obs = new SeqObserver(ctx.metrics, ctx.startedAt);
+      const obs = new SeqObserver(ctx.metrics, ctx.startedAt, ctx.usage);
       let finished = false;
       try {
         for await (const e of stream) {

@@ -13,6 +13,7 @@ import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { LoadedModel } from '../execution/load-model.ts';
 import { HttpError, anthropicErrorBody, badRequest, clientErrorOf, openaiErrorBody } from './errors.ts';
+import { applyCors, requestLine, type RequestUsage } from './access.ts';
 import { ClientAbortedError, ClientGoneError, clientErrorAnswer, expectationFailed, readBody, sendJson } from './http-io.ts';
 import { ServerMetrics } from './metrics.ts';
 import { ServedModel } from './served-model.ts';
@@ -45,6 +46,10 @@ export interface ServerOptions {
   toolCallFormat?: ToolCallFormatName;
   /** request bodies larger than this are parsed and prepared on a text worker (default served-model.ts INLINE_BODY_BYTES) */
   inlineBodyBytes?: number;
+  /** origins browsers may call from (`*`: any; default none: no CORS headers) */
+  corsOrigins?: readonly string[];
+  /** one line per request on `log` (default true) */
+  logRequests?: boolean;
 }
 
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -73,6 +78,10 @@ export class LlmServer {
   private readonly maxBody: number;
   private readonly bodyTimeoutMs: number;
   private readonly log: (line: string) => void;
+  private readonly corsOrigins: ReadonlySet<string>;
+  private readonly logRequests: boolean;
+  /** tokens of each generation request, for its log line */
+  private readonly usageOf = new WeakMap<ServerResponse, RequestUsage>();
   private readonly routes: Map<string, Route[]>;
   private readonly active = new Set<ServerResponse>();
   private shuttingDown = false;
@@ -85,10 +94,13 @@ export class LlmServer {
     this.apiKeyHash = opts.apiKey === undefined ? undefined : sha256(opts.apiKey);
     this.maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
     this.log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
+    this.corsOrigins = new Set(opts.corsOrigins ?? []);
+    this.logRequests = opts.logRequests ?? true;
     const post = <R extends BodyRoute>(body: R, handler: (ctx: HandlerContext, prepared: PreparedOf<R>) => Promise<void>, anthropic = false): Route => ({
       method: 'POST', v1: true, anthropic, run: (req, res, route) => this.generation(req, res, route, body, handler as Handler),
     });
     this.routes = new Map<string, Route[]>([
+      ['/', [{ method: 'GET', v1: false, run: async (_req, res) => sendJson(res, 200, { object: 'server', name: 'llmts', model: this.model.name }) }]],
       ['/health', [{ method: 'GET', v1: false, run: async (_req, res) => this.health(res) }]],
       ['/metrics', [{ method: 'GET', v1: false, run: async (_req, res) => this.sendMetrics(res) }]],
       ['/v1/models', [{ method: 'GET', v1: true, run: async (req, res) => this.models(req, res) }]],
@@ -156,6 +168,7 @@ export class LlmServer {
     const route = candidates?.find((r) => r.method === req.method || (req.method === 'HEAD' && r.method === 'GET'));
     const label = !candidates ? 'unmatched' : key.startsWith('/v1/models/') ? '/v1/models/{id}' : key;
     const anthropic = candidates?.[0]?.anthropic ?? false;
+    const startedAt = performance.now();
     this.active.add(res);
     this.metrics.inFlight.inc();
     res.once('close', () => {
@@ -164,8 +177,10 @@ export class LlmServer {
       // closed before any response was sent: the client left (nginx's 499), whatever statusCode holds
       const status = !res.headersSent && !res.writableFinished ? String(CLIENT_CLOSED_REQUEST) : String(res.statusCode);
       this.metrics.requests.inc({ route: label, method: req.method ?? '', status });
+      if (this.logRequests) this.log(requestLine(req.method ?? '', path, status, performance.now() - startedAt, this.usageOf.get(res)));
     });
     if (this.shuttingDown) res.setHeader('Connection', 'close');
+    if (applyCors(this.corsOrigins, req, res)) return;
     try {
       if (req.httpVersionMajor === 1 && req.httpVersionMinor >= 1 && req.headers.host === undefined)
         throw new HttpError(400, 'an HTTP/1.1 request needs a Host header', { code: 'malformed_http', headers: { Connection: 'close' } });
@@ -216,9 +231,12 @@ export class LlmServer {
     }
     // parsed and validated here or, when large, on a text worker (which the client leaving cancels)
     const prepared = await this.model.prepareBody(bodyRoute, raw, ac.signal);
+    const usage: RequestUsage = { promptTokens: 0, completionTokens: 0 };
+    this.usageOf.set(res, usage);
     const ctx: HandlerContext = {
       engine: this.engine,
       metrics: this.metrics,
+      usage,
       model: this.model,
       res,
       signal: ac.signal,
