@@ -113,7 +113,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
     let text = '';
     r.tokenIds.forEach((tok, k) => (text += parser.push(r.text.slice(r.textOffsets[k], r.textOffsets[k + 1] ?? r.finishTextOffset), tok).content));
     text += parser.push(r.text.slice(r.finishTextOffset)).content;
-    text += parser.finish().content;
+    text += parser.finish(r.finishReason === 'length').content;
     const content: unknown[] = [];
     if (text !== '' || parser.calls.length === 0) content.push({ type: 'text', text });
     for (const c of parser.calls) content.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) });
@@ -168,7 +168,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
       text += e.text;
       if (parser) {
         await emitParsed(parser.push(e.text));
-        await emitParsed(parser.finish());
+        await emitParsed(parser.finish(e.finishReason === 'length'));
         if (index < 0) await startBlock({ type: 'text', text: '' }, 'text');
       } else await textDelta(e.text);
       await sse.send({ type: 'content_block_stop', index }, 'content_block_stop');

@@ -44,8 +44,8 @@ class ChoiceOutput {
     return this.delta(s, this.parser?.push(s.content, tokenId));
   }
 
-  /** the text held back until the end */
-  end(text: string): ChatDelta {
+  /** the text held back until the end (`truncated`: max_tokens cut the output, see ToolCallParser.finish) */
+  end(text: string, truncated = false): ChatDelta {
     let s: SplitText = this.split ? this.split.push(text) : { reasoning: '', content: text };
     if (this.split) {
       const t = this.split.flush();
@@ -53,7 +53,7 @@ class ChoiceOutput {
     }
     if (!this.parser) return this.delta(s, undefined);
     const a = this.parser.push(s.content);
-    const b = this.parser.finish();
+    const b = this.parser.finish(truncated);
     return this.delta(s, { content: a.content + b.content, calls: [...a.calls, ...b.calls] });
   }
 
@@ -109,7 +109,7 @@ async function respond(
       // the same pieces the stream would have carried, through the same parser
       const out = outputs[index];
       const deltas: ChatDelta[] = r.tokenIds.map((tok, k) => out.push(r.text.slice(r.textOffsets[k], r.textOffsets[k + 1] ?? r.finishTextOffset), tok));
-      deltas.push(out.end(r.text.slice(r.finishTextOffset)));
+      deltas.push(out.end(r.text.slice(r.finishTextOffset), r.finishReason === 'length'));
       const reasoning = deltas.map((d) => d.reasoning_content ?? '').join('');
       const content = deltas.map((d) => d.content ?? '').join('');
       const message: Record<string, unknown> = { role: 'assistant' };
@@ -141,7 +141,7 @@ async function respond(
       return Object.keys(delta).length > 0 || logprobs ? { index, delta, logprobs, finish_reason: null } : undefined;
     },
     finish: (index, e, so) => ({
-      index, delta: outputs[index].end(e.text), logprobs: null,
+      index, delta: outputs[index].end(e.text, e.finishReason === 'length'), logprobs: null,
       finish_reason: chatFinishReason(e.finishReason, outputs[index]),
       stop_reason: stopReasonOf(model, plans[index].request, so.tokenIds, so.text, e.finishReason),
     }),

@@ -90,6 +90,33 @@ test('hermes: output cut inside a call keeps what was streamed; cut before the n
   check('hermes', 'x <tool_call>\n{"na', { content: 'x <tool_call>\n{"na', calls: [] });
 });
 
+test('an output max_tokens cut (finish(true)): held-back call markup is dropped, a call cut after its name kept as streamed, every format', () => {
+  const cut = (format: ToolCallFormatName, pieces: string[]): Result => {
+    const parser = TOOL_FORMATS[format].createParser({});
+    let content = '';
+    for (const piece of pieces) content += parser.push(piece).content;
+    content += parser.finish(true).content;
+    return { content, calls: parser.calls.map((c) => ({ name: c.name, arguments: c.arguments })) };
+  };
+  const done = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>';
+  for (const text of ['Sure.\n<tool_call>\n{"name": "get_weather",', 'Sure.\n<tool_call>\n{"na', 'Sure.\n<tool_c']) {
+    for (const pieces of [[text], splits(text, 3)]) assert.deepEqual(cut('hermes', pieces), { content: 'Sure.', calls: [] }, JSON.stringify(pieces));
+  }
+  assert.deepEqual(cut('hermes', [`${done}\n<tool_call>\n{"name": "g", "arguments": {"b": `]), {
+    content: '', calls: [{ name: 'f', arguments: '{"a": 1}' }, { name: 'g', arguments: '{"b": ' }],
+  });
+  // a finished call, then plain text: nothing is held, nothing dropped
+  assert.deepEqual(cut('hermes', [`${done} and then`]), run(TOOL_FORMATS.hermes.createParser({}), [`${done} and then`]).result);
+  assert.deepEqual(cut('llama3_json', ['{"name": "get_we']), { content: '', calls: [] });
+  // the second call's header is announced when its arguments begin: cut before that, it is markup
+  assert.deepEqual(cut('llama3_json', ['{"name": "f", "parameters": {"x": 1}}; {"name": "g", "param']), { content: '', calls: [{ name: 'f', arguments: '{"x": 1}' }] });
+  assert.deepEqual(cut('mistral', ['ok [TOOL_CALLS] [{"name": "f", "arguments": {"a":']), { content: 'ok', calls: [{ name: 'f', arguments: '{"a":' }] });
+  assert.deepEqual(cut('mistral', ['ok [TOOL_CALLS] [{"name": "f"']), { content: 'ok', calls: [] });
+  // not cut: unchanged (the markup before a name is content, as the test above says)
+  const parser = TOOL_FORMATS.hermes.createParser({});
+  assert.equal(parser.push('x <tool_call>\n{"na').content + parser.finish().content, 'x <tool_call>\n{"na');
+});
+
 test('llama3_json: calls at the start, several with ";", python tag; other text is content', () => {
   check('llama3_json', ' {"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}', {
     content: '', calls: [{ name: 'f', arguments: '{"x": 1}' }, { name: 'g', arguments: '{}' }],

@@ -15,8 +15,13 @@ import type { ParsedPiece, ToolCall, ToolCallDelta } from './types.ts';
 export interface ToolCallParser {
   /** `tokenId` lets a parser see control tokens the detokenizer drops (Mistral's [TOOL_CALLS]) */
   push(text: string, tokenId?: number): ParsedPiece;
-  /** end of output: what was held back */
-  finish(): ParsedPiece;
+  /**
+   * End of output: what was held back. `truncated` (max_tokens cut the output): text held back
+   * because it may begin a call (a tag, a call's opening before its name) is dropped instead of
+   * returned as content. A call cut after its name keeps the arguments written so far, as a
+   * stream has sent them (the finish reason says the output was cut).
+   */
+  finish(truncated?: boolean): ParsedPiece;
   /** the calls found so far (arguments complete once finished) */
   readonly calls: readonly ToolCall[];
 }
@@ -55,10 +60,17 @@ abstract class ParserBase implements ToolCallParser {
     return this.take();
   }
 
-  finish(): ParsedPiece {
+  finish(truncated = false): ParsedPiece {
     if (!this.finished) {
-      this.step(true);
-      this.atEnd();
+      if (truncated) {
+        // what is decidable without more text is decided; the rest may be a call's beginning
+        this.step(false);
+        if (this.buf !== '') this.heldWs = ''; // whitespace before dropped markup goes with it
+        this.buf = '';
+      } else {
+        this.step(true);
+        this.atEnd();
+      }
       if (this.calls.length === 0) this.piece.content += this.heldWs;
       this.heldWs = '';
       this.finished = true;
