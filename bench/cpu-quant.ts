@@ -72,8 +72,9 @@ for (const file of values.gguf) {
   const paths: Path[] = [];
   for (const quantWeights of [true, false]) {
     const backend = await createCpuBackend({ settings: { quantWeights } });
-    const m = await loadModel(backend, file, { maxModelLen: 4096 });
-    const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, prefixCache: { promptCacheBytes: 0 } });
+    // the KV cache sized for this prompt alone (the model's 40960-token context would take 9.4 GB a path)
+    const m = await loadModel(backend, file, { maxModelLen: promptTokens + decodeTokens + 64 });
+    const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, maxModelLen: m.maxContext, prefixCache: { promptCacheBytes: 0 } });
     const layouts = [...new Set([m.model.weights.lmHead, m.model.weights.layers[0]!.mlp.gate].map((t) => (t as CpuTensor).layout))].join(',');
     paths.push({ label: quantWeights ? 'kept quantized' : 'dequantized to bf16 at load', quantWeights, m, engine, weightBytes: decodeWeightBytes(m), layouts });
   }
