@@ -6,7 +6,8 @@
 // This file keeps the public API, the loop and the request lifecycle (submit, cancel, finish);
 // the step mechanics live beside it: step-launch.ts (building a step and its rows' picks, device
 // sampling), pipeline.ts (the decode step enqueued ahead), token-accept.ts (a step's results
-// into tokens, events and finishes), stale-kv.ts (the LongRoPE recompute rule).
+// into tokens, events and finishes), stale-kv.ts (the LongRoPE recompute rule), methods/ (each
+// sequence's decoding method: autoregressive, or speculative with its drafts and their depth).
 
 import type { DecoderModel, StepResult } from '../models/decoder.ts';
 import type { Backend, DType } from '../contracts/backend.ts';
@@ -23,6 +24,11 @@ import { DecodePipeline } from './pipeline.ts';
 import { TokenAcceptor } from './token-accept.ts';
 import { recomputeStaleKv } from './stale-kv.ts';
 import { type EngineSettings, engineSettingsFrom } from './engine-settings.ts';
+import type { ModelConfig } from '../contracts/model-config.ts';
+import { AUTOREGRESSIVE } from './methods/autoregressive.ts';
+import { DraftPlanner, type SpeculationStats } from './methods/draft-depth.ts';
+import type { DecodingMethod, SpeculationCounts } from './methods/method.ts';
+import { resolveSpeculative, speculativeMethod, type SpeculativeOptions } from './methods/speculative.ts';
 
 /** `pipeline`, `deviceSampling`, `graphs` (engine-settings.ts): set here, they win over the environment. */
 export interface EngineOptions extends Partial<EngineSettings> {
@@ -48,6 +54,11 @@ export interface EngineOptions extends Partial<EngineSettings> {
   idleTimeoutMs?: number;
   /** prefix cache: RAM size, namespace, SSD tier (default: on, the whole KV pool, no SSD tier) */
   prefixCache?: PrefixCacheSettings;
+  /**
+   * speculative decoding for every request that does not say otherwise (EngineRequest.speculative;
+   * default: none). Checked here: a RangeError names the bad field.
+   */
+  speculative?: SpeculativeOptions;
 }
 
 /**
@@ -75,6 +86,8 @@ export interface Completion {
   completionTokens: number;
   /** prompt tokens served from the prefix cache */
   cachedTokens: number;
+  /** draft tokens verified and accepted, when the request speculated */
+  speculation?: SpeculationCounts;
   error?: string;
   /** 'grammar': the row's grammar failed */
   errorKind?: 'grammar';
@@ -101,6 +114,20 @@ export interface EngineStats {
   /** of those, steps enqueued behind the previous one, before its tokens were read back */
   pipelinedSteps: number;
   prefixCache: PrefixCacheStats;
+  /** draft tokens verified and accepted, verify rows and their accepted lengths (all requests so far) */
+  speculation: SpeculationStats;
+}
+
+/**
+ * Why a model's sequences cannot speculate losslessly, or undefined when they can: a verify
+ * chunk computes its positions with the rope of the row's whole length, where plain decoding
+ * computes each with its own (length-dependent rope), or its KV may be recomputed past a length.
+ */
+export function speculationBlocker(cfg: Pick<ModelConfig, 'layers' | 'recomputeKvPastLength'>): string | undefined {
+  const rope = cfg.layers.find((l) => l.rope.type === 'dynamic' || l.rope.type === 'longrope')?.rope.type;
+  if (rope) return `the model's ${rope} rope depends on the sequence length`;
+  if (cfg.recomputeKvPastLength !== undefined) return 'the model recomputes KV past a length';
+  return undefined;
 }
 
 interface Handle {
@@ -128,7 +155,16 @@ export class Engine {
   private wake?: () => void;
   private steps = 0;
   private pipelinedSteps = 0;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative'>>;
+  /** the requests' default speculation (EngineOptions.speculative), resolved */
+  private readonly speculative?: Required<SpeculativeOptions>;
+  /**
+   * why no sequence speculates on this model (speculationBlocker); requests that ask for it
+   * decode plainly
+   */
+  readonly speculationOff?: string;
+  /** the draft depth of speculating rows, and the measurements it follows */
+  private readonly drafts = new DraftPlanner();
   /** what the engine was created with (EngineOptions over the environment) */
   readonly settings: EngineSettings;
   private readonly prefix: PrefixReuse;
@@ -155,6 +191,8 @@ export class Engine {
       idleTimeoutMs: options.idleTimeoutMs ?? 60_000,
     };
     this.maxModelLen = options.maxModelLen ?? derivedContextLength(cfg);
+    this.speculative = options.speculative === undefined ? undefined : resolveSpeculative(options.speculative);
+    this.speculationOff = speculationBlocker(cfg);
     this.settings = engineSettingsFrom(process.env, options); // its pipeline, deviceSampling and graphs, over the environment
     this.pipeline = this.settings.pipeline && typeof model.backend.argmax === 'function';
     this.deviceSampling = this.settings.deviceSampling && typeof model.backend.sampleRows === 'function';
@@ -175,7 +213,7 @@ export class Engine {
     const ssd = openSsdTier(this.kv, settings);
     this.prefix = new PrefixReuse(this.kv, ssd.ssd, () => this.kick(), prefix.off, ssd.off);
     this.scheduler = new Scheduler(this.kv, {
-      maxBatch: this.opts.maxBatch, maxQueued: this.opts.maxQueued, tokenBudget: this.opts.tokenBudget,
+      maxBatch: this.opts.maxBatch, maxQueued: this.opts.maxQueued, tokenBudget: this.opts.tokenBudget, drafts: this.drafts,
     });
     this.launcher = new StepLauncher(model, this.kv, {
       // decode-only steps may replay a captured graph: tables as wide as the longest sequence
@@ -202,6 +240,7 @@ export class Engine {
       steps: this.steps,
       pipelinedSteps: this.pipelinedSteps,
       prefixCache: this.prefix.stats(this.scheduler.prefix),
+      speculation: { ...this.drafts.stats, acceptedLengths: [...this.drafts.stats.acceptedLengths] },
     };
   }
 
@@ -237,7 +276,7 @@ export class Engine {
     if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new RangeError(`max_tokens must be a positive integer, got ${req.maxTokens}`);
     const vocab = this.model.config.vocabSize;
     for (const id of req.promptIds) if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new RangeError(`prompt token id ${id} is outside the vocabulary [0, ${vocab})`);
-    const seq = new Sequence(this.nextId++, req, this.maxModelLen, vocab, this.codec.eosIds, this.codec.decode, emit);
+    const seq = new Sequence(this.nextId++, req, this.maxModelLen, vocab, this.codec.eosIds, this.codec.decode, emit, this.methodOf(req));
     try {
       this.scheduler.add(seq);
     } catch (err) {
@@ -257,6 +296,12 @@ export class Engine {
     }
     this.kick();
     return seq;
+  }
+
+  /** How a request's sequence decodes: speculatively when it (or the engine, by default) asks and the model allows. */
+  private methodOf(req: EngineRequest): DecodingMethod {
+    const o = req.speculative === undefined ? this.speculative : req.speculative === false ? undefined : resolveSpeculative(req.speculative);
+    return o && !this.speculationOff ? speculativeMethod(o, this.drafts) : AUTOREGRESSIVE;
   }
 
   /** Streams a request's events; breaking out of the loop cancels it. */
@@ -295,7 +340,8 @@ export class Engine {
           text += e.text;
           resolve({
             tokenIds, text, finishReason: e.finishReason, logprobs,
-            promptTokens: e.promptTokens, completionTokens: e.completionTokens, cachedTokens: e.cachedTokens, error: e.error, errorKind: e.errorKind,
+            promptTokens: e.promptTokens, completionTokens: e.completionTokens, cachedTokens: e.cachedTokens,
+            ...(e.speculation ? { speculation: e.speculation } : {}), error: e.error, errorKind: e.errorKind,
           });
         }, opts.signal);
       } catch (err) {
@@ -347,6 +393,7 @@ export class Engine {
         if (!inFlight) {
           this.reapCancelled();
           recomputeStaleKv(this.scheduler.running, this.kv, this.model.config.recomputeKvPastLength);
+          const plannedAt = performance.now();
           const rows = this.scheduler.schedule(this.isPaused);
           if (rows.length === 0) {
             if (!this.scheduler.hasWork) break;
@@ -360,6 +407,8 @@ export class Engine {
           if (answers) await answers;
           inFlight = this.launcher.launch(rows);
           if (!inFlight) continue;
+          // a step's cost, schedule to postprocess, is what the draft depth weighs (not when it waited for a grammar host)
+          if (!answers) inFlight.plannedAt = plannedAt;
         }
         // step N+1 goes to the device before step N's tokens are read, when it can
         const next = this.decodePipeline.launchAhead(inFlight);
@@ -411,6 +460,9 @@ export class Engine {
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
     this.acceptor.postprocess(cur, result);
+    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample)) {
+      this.drafts.recordStep(cur.tokens, cur.rows.length, performance.now() - cur.plannedAt);
+    }
     return true;
   }
 
@@ -434,9 +486,11 @@ export class Engine {
     let tail = '';
     if (reason === 'stop' || reason === 'length') tail = seq.stops.stopped ? '' : seq.stops.feed(seq.detok.flush()).text + seq.stops.flush();
     try {
+      const c = seq.method.counts;
       seq.emit({
         type: 'finish', finishReason: reason, text: tail,
-        promptTokens: seq.prompt.length, completionTokens: seq.output.length, cachedTokens: seq.cachedTokens, error, errorKind,
+        promptTokens: seq.prompt.length, completionTokens: seq.output.length, cachedTokens: seq.cachedTokens,
+        ...(c ? { speculation: { ...c } } : {}), error, errorKind,
       });
     } catch {
       // a consumer's callback failing on the last event concerns only that consumer

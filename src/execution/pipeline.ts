@@ -8,6 +8,11 @@
 // block the row still held when N+1 was enqueued, at a position no block hash covers; a step that
 // gets the block later is enqueued later, so (ops run in enqueue order) it writes each position
 // before reading it.
+//
+// A step with a draft (methods/) is never followed by a pipelined one, and a row whose method
+// would draft is not pipelined: where its next step starts, and what it computes, depend on the
+// verdict over its draft. A speculative row whose drafting is off (adaptive depth at zero) is a
+// plain row and pipelines like one.
 
 import type { ModelConfig } from '../contracts/model-config.ts';
 import type { KvCache } from '../state/kv-cache.ts';
@@ -49,6 +54,7 @@ export class DecodePipeline {
     for (const row of cur.rows) {
       const seq = row.seq;
       if (!row.sample) return undefined; // a prefill chunk follows
+      if (row.draft) return undefined; // its method judges the draft on the host before the row goes on
       const pick = at[li++]!;
       if (seq.finished) continue; // ended while cur was in flight: its token is dropped
       if (pick < 0 || !this.pipelinable(seq) || !this.staysDecoding(seq, row)) return undefined;
@@ -68,11 +74,12 @@ export class DecodePipeline {
    * A row whose next token may be computed before its current one reaches the host: one the
    * device picks or samples, whose next draw depends on the current token only through its id
    * (and its RNG, which stays in order: one draw per token). Penalties need the token in the
-   * history and a grammar needs it accepted, so those rows are not (no on-device counts).
+   * history and a grammar needs it accepted, so those rows are not (no on-device counts). A row
+   * whose method drafts is not either: its drafts follow the token in flight (the method says).
    */
   private pipelinable(seq: Sequence): boolean {
-    if (greedyOnly(seq)) return true;
-    return this.launcher.pickOf(seq) === 'sample' && !seq.grammar && !hasPenalties(seq.sampler.params);
+    const plain = greedyOnly(seq) || (this.launcher.pickOf(seq) === 'sample' && !seq.grammar && !hasPenalties(seq.sampler.params));
+    return seq.method.pipelinable(seq, plain);
   }
 
   /**

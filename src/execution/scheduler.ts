@@ -12,8 +12,14 @@
 // computes only the rest. The promise stays the full worst case, so a block shared by several
 // sequences is counted in each of their promises (conservative), and evictable cached blocks count
 // as free (allocation evicts them): a running sequence still never runs out of blocks.
+//
+// Drafts: a row that reaches the end of its known tokens may also compute tokens its decoding
+// method proposes after them (methods/), as deep as the draft planner allows under the budget
+// left, never past the sequence's last position (so its worst case covers their KV, plus the
+// method's kvLookahead).
 
 import { blocksPerSequence, type KvCache } from '../state/kv-cache.ts';
+import type { Draft } from './methods/method.ts';
 import type { Sequence } from './sequence.ts';
 
 export interface SchedulerOptions {
@@ -23,6 +29,23 @@ export interface SchedulerOptions {
   maxQueued: number;
   /** tokens computed per step (decode rows + prefill chunks) */
   tokenBudget: number;
+  /** how deep the rows that propose drafts draft (undefined: no row drafts) */
+  drafts?: DraftPlanning;
+}
+
+/** A row about to compute its sequence's next token, with what its method proposes after it. */
+export interface DraftAsk {
+  row: ScheduledRow;
+  draft: Draft;
+}
+
+/** Decides the depth of each proposed draft of a step (methods/draft-depth.ts). */
+export interface DraftPlanning {
+  /**
+   * Per ask, how many of its draft's tokens the row computes (0 .. its length), `budget` tokens
+   * at most in all; `rows` is the step as scheduled without drafts.
+   */
+  depths(asks: readonly DraftAsk[], rows: readonly ScheduledRow[], budget: number): number[];
 }
 
 export interface ScheduledRow {
@@ -31,6 +54,16 @@ export interface ScheduledRow {
   count: number;
   /** true when this row reaches the end of its known tokens, so it samples the next one */
   sample: boolean;
+  /**
+   * Tokens computed after the known ones (count includes them): a draft its method verifies.
+   * Each has a logit row of its own, after the one of the last known position.
+   */
+  draft?: Draft;
+}
+
+/** Logit rows a scheduled row needs: its last known position and each draft token (0: a prefill chunk). */
+export function logitRowsOf(row: ScheduledRow): number {
+  return row.sample ? 1 + (row.draft?.tokens.length ?? 0) : 0;
 }
 
 /** Prefix-cache outcomes of admitted sequences (for metrics). */
@@ -62,10 +95,11 @@ export class Scheduler {
     this.promised = kv.groups.map(() => 0);
   }
 
-  /** Worst-case blocks per group for a sequence's whole life. */
+  /** Worst-case blocks per group for a sequence's whole life (with what its method may compute past it). */
   private worstCase(seq: Sequence): number[] {
     const bs = this.kv.shape.blockSize;
-    return this.kv.groups.map((g) => blocksPerSequence(g.spec.window, seq.maxTokensTotal, bs, this.opts.tokenBudget));
+    const tokens = seq.maxTokensTotal + seq.method.kvLookahead;
+    return this.kv.groups.map((g) => blocksPerSequence(g.spec.window, tokens, bs, this.opts.tokenBudget));
   }
 
   /** Queues a sequence, or throws when it can never fit or the queue is full. */
@@ -186,6 +220,39 @@ export class Scheduler {
       if (!this.admit(this.waiting[0])) break; // FIFO: the head waits for room, nobody overtakes it
       take(this.waiting.shift()!);
     }
+    if (budget > 0 && this.opts.drafts) this.addDrafts(rows, budget, this.opts.drafts);
     return rows;
   }
+
+  /**
+   * Extends each sampling row by the draft its method proposes, as deep as `planner` decides,
+   * under the `budget` left; allocates the blocks of the drafted positions. A draft never passes
+   * the sequence's last position, so the sequence's promise covers them.
+   */
+  private addDrafts(rows: ScheduledRow[], budget: number, planner: DraftPlanning): void {
+    const asks: DraftAsk[] = [];
+    for (const row of rows) {
+      if (!row.sample) continue;
+      const seq = row.seq;
+      const room = Math.min(budget, seq.maxTokensTotal + seq.method.kvLookahead - seq.known);
+      if (room <= 0) continue;
+      const draft = seq.method.propose(seq, room);
+      if (draft && draft.tokens.length > 0) asks.push({ row, draft: draft.tokens.length > room ? trimDraft(draft, room) : draft });
+    }
+    if (asks.length === 0) return;
+    const depths = planner.depths(asks, rows, budget);
+    asks.forEach(({ row, draft }, i) => {
+      const d = Math.min(depths[i] ?? 0, draft.tokens.length, budget);
+      if (d <= 0) return;
+      budget -= d;
+      this.kv.grow(row.seq.kv!, row.start, row.start + row.count + d);
+      row.count += d;
+      row.draft = d === draft.tokens.length ? draft : trimDraft(draft, d);
+    });
+  }
+}
+
+/** The first `n` tokens of a draft (and their distributions). */
+export function trimDraft(draft: Draft, n: number): Draft {
+  return { tokens: draft.tokens.slice(0, n), ...(draft.probs ? { probs: draft.probs.slice(0, n) } : {}) };
 }

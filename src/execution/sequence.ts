@@ -1,11 +1,15 @@
-// One request inside the engine: its tokens, how far its KV has caught up, its sampler and text
-// state. The scheduler only reads `known`/`computed`; the engine's postprocess appends tokens.
+// One request inside the engine: its tokens, how far its KV has caught up, its decoding method,
+// its sampler and text state. The scheduler only reads `known`/`computed` (and asks the method
+// for drafts); the engine's postprocess appends tokens.
 
 import type { RestoredBlocks, SequenceKv } from '../state/kv-cache.ts';
 import { Sampler, TokenHistory, type SamplingParamsInput } from '../sampling/index.ts';
 import type { RowGrammar } from '../sampling/grammar/index.ts';
 import { IncrementalDetokenizer, type DecodeFn } from '../generation/detokenizer.ts';
 import { StopStringMatcher } from '../generation/stop-strings.ts';
+import { AUTOREGRESSIVE } from './methods/autoregressive.ts';
+import type { DecodingMethod, SpeculationCounts } from './methods/method.ts';
+import type { SpeculativeOptions } from './methods/speculative.ts';
 
 export type FinishReason = 'stop' | 'length' | 'cancelled' | 'error';
 
@@ -22,6 +26,11 @@ export interface EngineRequest {
    * created, and the engine frees it when the sequence finishes.
    */
   grammar?: { createMatcher(): RowGrammar };
+  /**
+   * Speculative decoding for this request: options of its own, or false for none (default: the
+   * engine's, EngineOptions.speculative). Checked at submit (a RangeError names the bad field).
+   */
+  speculative?: SpeculativeOptions | false;
 }
 
 export interface TokenLogprob {
@@ -47,6 +56,8 @@ export interface FinishEvent {
   completionTokens: number;
   /** prompt tokens served from the prefix cache (not computed) */
   cachedTokens: number;
+  /** draft tokens verified and accepted, when the sequence speculated */
+  speculation?: SpeculationCounts;
   error?: string;
   /** 'grammar': the row's grammar failed (rejected or could not continue), not the engine */
   errorKind?: 'grammar';
@@ -98,6 +109,8 @@ export class Sequence {
     eosIds: readonly number[],
     decode: DecodeFn,
     readonly emit: (e: SequenceEvent) => void,
+    /** how it produces its tokens (default: one per step) */
+    readonly method: DecodingMethod = AUTOREGRESSIVE,
   ) {
     this.prompt = request.promptIds;
     this.sampler = new Sampler(request.sampling ?? {}, { vocabSize });

@@ -7,20 +7,36 @@
 // and logprobs from that op instead of reading its logits back. The request's RNG stays here: the
 // row's uniform is drawn when the op is enqueued, one per sampled token as the host sampler draws
 // it, so a seed gives the same tokens either way (EngineOptions.deviceSampling switches it).
+//
+// A row with a draft (methods/) computes the draft's tokens after its known ones, and every one
+// of its logit rows (the last known position, then each draft) takes the pick the row would take
+// alone: a draft position's token is then exactly what a plain step would have produced there,
+// once the drafts before it are accepted. A device-sampled draft position is built with those
+// drafts in the history (penalties) and draws its uniform in order; the ones a rejection leaves
+// unused go back to the sequence (Sequence.uniformsBack), so each token takes the same uniform
+// it would take without drafts.
 
 import type { DecoderModel, PendingStep, RowPick } from '../models/decoder.ts';
 import type { DeviceIds } from '../models/device-ids.ts';
 import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import type { KvCache } from '../state/kv-cache.ts';
 import { deviceSamplable, deviceSampleRow, isGreedy, needsLogitProcessing } from '../sampling/index.ts';
-import type { ScheduledRow } from './scheduler.ts';
+import { logitRowsOf, type ScheduledRow } from './scheduler.ts';
 import type { Sequence } from './sequence.ts';
+
+/** A sampleRows row of the step: its sequence, and the draft tokens before its position (its history's tail). */
+interface SampledPosition {
+  seq: Sequence;
+  drafted: readonly number[];
+}
 
 /** A row handed to Backend.sampleRows. */
 export interface DeviceRow {
   row: DeviceSampleRow;
   /** it could not be built (its grammar failed): the row ends with this, its result unused */
   failed?: { error: unknown };
+  /** the uniform it drew from its sequence's RNG (none when greedy) */
+  u?: number;
 }
 
 /** A step handed to the model whose results have not been postprocessed yet. */
@@ -29,13 +45,18 @@ export interface InFlight {
   step: PendingStep;
   /** the step's 'sample' rows, in logit-row order (filled when the step is enqueued) */
   sampled: DeviceRow[];
-  /** uniforms its sampled rows drew, in order: handed back to their sequences if it is dropped */
-  draws: { seq: Sequence; u: number }[];
+  /**
+   * uniforms its sampled rows drew, in order: handed back to their sequences if it is dropped;
+   * `at` is the row's logit row among its sequence's (0: its last known position, j: draft j - 1)
+   */
+  draws: { seq: Sequence; u: number; at: number }[];
   /** tokens the step computes, and when its enqueue ended (restore policy) */
   tokens: number;
   launchedAt: number;
   /** enqueued behind the step before it, its ids that step's device picks */
   pipelined: boolean;
+  /** when its schedule began (a step run end to end; Engine: its cost for the draft depth) */
+  plannedAt?: number;
   /** the step before it failed: nothing of this one is taken */
   discard?: boolean;
 }
@@ -91,13 +112,20 @@ export class StepLauncher {
     const tokens: number[] = [];
     const logitTokens: number[] = [];
     const picks: RowPick[] = [];
-    const samplers: Sequence[] = [];
+    const samplers: SampledPosition[] = [];
     for (const row of rows) {
+      const drafts = row.draft?.tokens ?? [];
       // a pipelined row's token is not on the host yet (the device supplies it)
-      for (let p = row.start; p < row.start + row.count; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
-      if (row.sample) {
+      for (let p = row.start; p < row.start + row.count - drafts.length; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
+      if (!row.sample) continue;
+      // a draft drawn with its distributions is judged by rejection sampling, on the host's logits
+      const pick = row.draft?.probs && !isGreedy(row.seq.sampler.params) ? 'logits' : this.pickOf(row.seq);
+      logitTokens.push(tokens.length - 1);
+      picks.push(pick);
+      for (const t of drafts) {
+        tokens.push(t);
         logitTokens.push(tokens.length - 1);
-        picks.push(this.pickOf(row.seq));
+        picks.push(pick);
       }
     }
     // A step that samples on the device takes its greedy rows' tokens from the same op (an argmax
@@ -106,8 +134,11 @@ export class StepLauncher {
     let li = 0;
     for (const row of rows) {
       if (!row.sample) continue;
-      if (sampling && picks[li] === 'argmax') picks[li] = 'sample';
-      if (picks[li++] === 'sample') samplers.push(row.seq);
+      const drafts = row.draft?.tokens ?? [];
+      for (let j = 0; j <= drafts.length; j++) {
+        if (sampling && picks[li] === 'argmax') picks[li] = 'sample';
+        if (picks[li++] === 'sample') samplers.push({ seq: row.seq, drafted: drafts.slice(0, j) });
+      }
     }
     const cur: InFlight = { rows, step: undefined!, sampled: [], draws: [], tokens: tokens.length, launchedAt: 0, pipelined: !!ahead };
     try {
@@ -122,7 +153,7 @@ export class StepLauncher {
         rows: picks,
         // called once the forward is enqueued: masks and uniforms while the device computes
         sampleRows: () => {
-          cur.sampled = samplers.map((seq) => this.deviceRow(seq, cur.draws));
+          cur.sampled = samplers.map((s) => this.deviceRow(s, cur.draws));
           return cur.sampled.map((d) => d.row);
         },
         keep: this.opts.keepDeviceTokens,
@@ -145,23 +176,29 @@ export class StepLauncher {
   }
 
   /**
-   * The sampleRows row of `seq`'s next token, as accept() would sample it on the host: its grammar
-   * mask, then one uniform drawn (none when greedy), recorded in `draws`. A grammar row that may
-   * only stop, or whose mask fails, draws nothing: accept() ends it as it would on the host.
+   * The sampleRows row of `seq`'s next token (after the `drafted` tokens of its draft), as
+   * accept() would sample it on the host: its grammar mask, then one uniform drawn (none when
+   * greedy), recorded in `draws`. A grammar row that may only stop, or whose mask fails, draws
+   * nothing: accept() ends it as it would on the host.
    */
-  private deviceRow(seq: Sequence, draws: InFlight['draws']): DeviceRow {
+  private deviceRow({ seq, drafted }: SampledPosition, draws: InFlight['draws']): DeviceRow {
+    const length = seq.history.outputLength;
     try {
       let mask: Int32Array | undefined;
       if (seq.grammar) {
         if (seq.grammar.onlyStopAllowed()) return { row: IDLE_ROW };
         mask = seq.grammar.mask();
       }
+      for (const t of drafted) seq.history.push(t); // the penalties at a draft position count the drafts before it
       const sampler = { params: seq.sampler.params, nextUniform: () => seq.uniformsBack.shift() ?? seq.sampler.nextUniform() };
       const row = deviceSampleRow({ sampler, history: seq.history, mask, topLogprobs: seq.request.topLogprobs });
-      if (!isGreedy(seq.sampler.params)) draws.push({ seq, u: row.u });
-      return { row };
+      if (isGreedy(seq.sampler.params)) return { row };
+      draws.push({ seq, u: row.u, at: drafted.length });
+      return { row, u: row.u };
     } catch (error) {
       return { row: IDLE_ROW, failed: { error } };
+    } finally {
+      seq.history.truncate(length);
     }
   }
 }
@@ -176,7 +213,9 @@ function prepareGrammarMasks(rows: ScheduledRow[], picks: readonly RowPick[] | u
   let li = 0;
   for (const row of rows) {
     if (!row.sample) continue;
-    if ((picks?.[li++] ?? 'logits') !== 'logits' || !row.seq.grammar || row.seq.finished) continue;
+    const pick = picks?.[li] ?? 'logits';
+    li += logitRowsOf(row);
+    if (pick !== 'logits' || !row.seq.grammar || row.seq.finished) continue;
     try {
       row.seq.grammar.mask();
     } catch {

@@ -1,40 +1,44 @@
-// Turns a step's results into each row's progress: the KV it computed (committed, so the prefix
-// cache can hash it), then for every row that reached its end one token (sampled from its logits,
-// or the device's pick or sample), then the tokens its grammar forces after it, appended through
-// append-tokens.ts (which checks the stop conditions after each). A row that fails here (sampler
-// error, grammar rejection) ends alone.
+// Turns a step's results into each row's progress, through the row's decoding method
+// (methods/): how many of the KV positions it computed hold verified tokens (a plain row: all;
+// a speculative row: those of its accepted drafts), that KV committed (so the prefix cache can
+// hash it), then the row's tokens (sampled from its logits, or the device's picks or samples),
+// then the tokens its grammar forces after them, appended through append-tokens.ts (which checks
+// the stop conditions after each). A row that fails here (sampler error, grammar rejection) ends
+// alone.
 
 import type { ModelConfig } from '../contracts/model-config.ts';
 import type { RowPick, StepResult } from '../models/decoder.ts';
 import type { KvCache } from '../state/kv-cache.ts';
-import { decodeDeviceSamples, topLogprobs, type DeviceSampleOutcome, type TokenLogprobs } from '../sampling/index.ts';
-import { GrammarRowError, type RowGrammar } from '../sampling/grammar/index.ts';
-import { appendTokens, type FinishFn, type RunToken } from './append-tokens.ts';
+import { decodeDeviceSamples, type DeviceSampleOutcome } from '../sampling/index.ts';
+import { GrammarRowError } from '../sampling/grammar/index.ts';
+import type { FinishFn } from './append-tokens.ts';
+import { logitRowsOf } from './scheduler.ts';
 import type { Sequence } from './sequence.ts';
 import type { InFlight } from './step-launch.ts';
 
 export type { FinishFn } from './append-tokens.ts';
 
-/** what a sampling row's token comes from (TokenAcceptor.accept) */
+/** what one logit row's token comes from (a method's verify and accept) */
 export type TokenSource =
   | { logits: Float32Array }
   | { greedy: number }
-  | { device: DeviceSampleOutcome }
+  /** `u`: the uniform its sampleRows row drew (none when greedy) */
+  | { device: DeviceSampleOutcome; u?: number }
   | { failed: unknown };
 
 /**
- * Where each scheduled row's token comes from this step (undefined for a row that samples
- * nothing), built once per step from the rows' picks. The results are packed by pick, in
- * logit-row order: the device's greedy tokens one per logit row, the logits one row per 'logits'
- * pick, the sampleRows results one per 'sample' pick.
+ * Where each scheduled row's tokens come from this step, one source per logit row of the row (its
+ * last known position, then each draft; undefined for a row that samples nothing), built once
+ * per step from the rows' picks. The results are packed by pick, in logit-row order: the device's
+ * greedy tokens one per logit row, the logits one row per 'logits' pick, the sampleRows results
+ * one per 'sample' pick.
  */
-export function tokenSources({ rows, step, sampled }: InFlight, result: StepResult, vocabSize: number): (TokenSource | undefined)[] {
+export function tokenSources({ rows, step, sampled }: InFlight, result: StepResult, vocabSize: number): (TokenSource[] | undefined)[] {
   const outcomes = result.samples ? decodeDeviceSamples(result.samples, sampled.map((d) => d.row)) : [];
   /** how many rows of each pick came before */
   const before: Record<RowPick, number> = { logits: 0, argmax: 0, sample: 0 };
   let logitRow = 0;
-  return rows.map((row): TokenSource | undefined => {
-    if (!row.sample) return undefined;
+  const source = (): TokenSource => {
     const li = logitRow++;
     const pick = step.picks?.[li] ?? 'logits';
     const k = before[pick]++;
@@ -43,9 +47,14 @@ export function tokenSources({ rows, step, sampled }: InFlight, result: StepResu
       case 'argmax': return { greedy: result.tokens![li]! };
       case 'sample': {
         const d = sampled[k]!;
-        return d.failed ? { failed: d.failed.error } : { device: outcomes[k]! };
+        if (d.failed) return { failed: d.failed.error };
+        return d.u === undefined ? { device: outcomes[k]! } : { device: outcomes[k]!, u: d.u };
       }
     }
+  };
+  return rows.map((row): TokenSource[] | undefined => {
+    const n = logitRowsOf(row);
+    return n === 0 ? undefined : Array.from({ length: n }, source);
   });
 }
 
@@ -57,24 +66,31 @@ export class TokenAcceptor {
   ) {}
 
   /**
-   * Takes a step's results: computed KV (and its block hashes), then each sampling row's token,
-   * then the tokens grammars force after them (a row's grammar host works out what it forces
-   * while this thread takes the other rows' tokens).
+   * Takes a step's results, row by row through its method: the positions it keeps (verify), their
+   * KV committed (and block hashes), the row's tokens (accept); then the tokens grammars force
+   * after them (a row's grammar host works out what it forces while this thread takes the other
+   * rows' tokens).
    */
   postprocess(cur: InFlight, result: StepResult): void {
     const sources = tokenSources(cur, result, this.config.vocabSize);
     const forcing: Sequence[] = [];
-    cur.rows.forEach(({ seq, count }, r) => {
-      seq.computed += count;
-      if (!seq.finished) this.kv.commit(seq.kv!, seq.computed, (p) => seq.tokenAt(p));
+    cur.rows.forEach((row, r) => {
+      const { seq } = row;
       const src = sources[r];
+      let kept = row.count;
+      if (src && !seq.finished) this.guarded(seq, () => (kept = seq.method.verify(seq, row, src)));
+      seq.computed += kept;
+      // a verify row keeps the KV of drafts its tokens accept: they are hashed once in the output
+      if (!seq.finished) this.kv.commit(seq.kv!, Math.min(seq.computed, seq.known), (p) => seq.tokenAt(p));
       if (!src || seq.finished) return;
+      const known = seq.known;
       this.guarded(seq, () => {
-        this.accept(seq, src);
+        seq.method.accept(seq, row, src, this.finish);
         if (seq.grammar && !seq.finished) forcing.push(seq);
       });
+      if (seq.computed > known && !seq.finished) this.kv.commit(seq.kv!, Math.min(seq.computed, seq.known), (p) => seq.tokenAt(p));
     });
-    for (const seq of forcing) this.guarded(seq, () => this.advanceGrammar(seq, seq.grammar!));
+    for (const seq of forcing) this.guarded(seq, () => seq.method.advance(seq, this.finish));
   }
 
   /** Runs a row's part of the step; a failure ends that row alone. */
@@ -84,44 +100,5 @@ export class TokenAcceptor {
     } catch (err) {
       this.finish(seq, 'error', (err as Error).message, err instanceof GrammarRowError ? 'grammar' : undefined);
     }
-  }
-
-  /** Takes one token of `seq` from `src` (advancing its grammar over it) and appends it. */
-  private accept(seq: Sequence, src: TokenSource): void {
-    const grammar = seq.grammar;
-    // a complete grammar that allows nothing but a stop token: end here, no token to sample
-    if (grammar?.onlyStopAllowed()) return this.finish(seq, 'stop');
-    const token = this.take(seq, src);
-    grammar?.accept(token.id);
-    appendTokens(seq, [token], this.finish);
-  }
-
-  /** The token `src` gives: sampled from its logits, the device's sample, or its greedy pick; with the logprobs asked for. */
-  private take(seq: Sequence, src: TokenSource): RunToken {
-    let id: number;
-    let r: TokenLogprobs | undefined;
-    if ('logits' in src) {
-      id = seq.sampler.sample(src.logits, seq.history, seq.grammar?.mask());
-      if (seq.request.topLogprobs !== undefined) r = topLogprobs(src.logits, seq.request.topLogprobs, id);
-    } else if ('device' in src) {
-      if ('error' in src.device) throw new Error(src.device.error);
-      id = src.device.tokenId;
-      r = src.device.logprobs;
-    } else if ('failed' in src) throw src.failed;
-    else if (src.greedy >= 0) id = src.greedy;
-    else throw new Error('cannot sample: every logit is -Infinity or NaN');
-    return { id, logprobs: r && { token_id: id, logprob: r.logprob, top: r.top.map((t) => ({ token_id: t.tokenId, logprob: t.logprob })) } };
-  }
-
-  /**
-   * After a grammar row's token: when the grammar forces the next characters, they are appended
-   * without sampling (jump-forward; the matcher has accepted them), and the catch-up rule computes
-   * them with the next step as one chunk. Not with logprobs: forced tokens have no logits of their
-   * own to report.
-   */
-  private advanceGrammar(seq: Sequence, grammar: RowGrammar): void {
-    if (seq.request.topLogprobs !== undefined) return;
-    const forced = grammar.jumpForward(seq.maxTokensTotal - seq.known);
-    if (forced.length > 0) appendTokens(seq, forced.map((id) => ({ id })), this.finish);
   }
 }

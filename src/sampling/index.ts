@@ -11,3 +11,4 @@ export * from './sample-row.ts';
 export * from './sampler.ts';
 export * from './logprobs.ts';
 export * from './device-sampling.ts';
+export * from './rejection.ts';

@@ -1,6 +1,6 @@
 // appendTokens (src/execution/append-tokens.ts), the one path by which tokens join an output: a
 // run ends exactly where the same tokens appended one at a time end (a stop string, an EOS,
-// max_tokens), with the same events; and tokenSources, each row's token source built once a step.
+// max_tokens), with the same events; and tokenSources, each row's token sources built once a step.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
@@ -121,18 +121,46 @@ describe('tokenSources', () => {
     };
     const got = tokenSources(cur, result, V);
     assert.equal(got.length, 6);
-    assert.deepEqual(got[0], { logits: Float32Array.from([0, 1, 2]) });
+    assert.deepEqual(got[0], [{ logits: Float32Array.from([0, 1, 2]) }]);
     assert.equal(got[1], undefined);
-    assert.deepEqual(got[2], { greedy: 7 });
-    assert.deepEqual(got[3], { device: { tokenId: 8 } });
-    assert.deepEqual(got[4], { logits: Float32Array.from([3, 4, 5]) });
-    assert.deepEqual(got[5], { failed: 'mask failed' });
+    assert.deepEqual(got[2], [{ greedy: 7 }]);
+    assert.deepEqual(got[3], [{ device: { tokenId: 8 } }]);
+    assert.deepEqual(got[4], [{ logits: Float32Array.from([3, 4, 5]) }]);
+    assert.deepEqual(got[5], [{ failed: 'mask failed' }]);
   });
 
   it('a step without picks reads every row from its logits', () => {
     const { seq } = sequence();
     const cur = { rows: [{ seq, start: 0, count: 1, sample: true }, { seq, start: 0, count: 1, sample: true }], step: {}, sampled: [] } as unknown as InFlight;
     const got = tokenSources(cur, { logits: Float32Array.from([1, 2, 3, 4]) }, 2);
-    assert.deepEqual(got, [{ logits: Float32Array.from([1, 2]) }, { logits: Float32Array.from([3, 4]) }]);
+    assert.deepEqual(got, [[{ logits: Float32Array.from([1, 2]) }], [{ logits: Float32Array.from([3, 4]) }]]);
+  });
+
+  it('a row with a draft has one source per logit row: its last known position, then each draft token', () => {
+    const { seq } = sequence();
+    const V = 2;
+    // rows: a plain logits row, a row with a 2-token draft (argmax), a row with a 1-token draft (sampled, the second drew u)
+    const picks: RowPick[] = ['logits', 'argmax', 'argmax', 'argmax', 'sample', 'sample'];
+    const idle = { temperature: 0, topK: 0, topP: 1, minP: 0, u: 0, repetitionPenalty: 1, frequencyPenalty: 0, presencePenalty: 0 };
+    const cur = {
+      rows: [
+        { seq, start: 0, count: 1, sample: true },
+        { seq, start: 0, count: 3, sample: true, draft: { tokens: [4, 5] } },
+        { seq, start: 0, count: 2, sample: true, draft: { tokens: [6] } },
+      ],
+      step: { picks } as unknown as PendingStep,
+      sampled: [{ row: idle }, { row: { ...idle, u: 0.25 }, u: 0.25 }],
+    } as unknown as InFlight;
+    const result: StepResult = {
+      logits: Float32Array.from([1, 2]),
+      tokens: Int32Array.from([-1, 4, 5, 3, -1, -1]),
+      samples: Int32Array.from([6, 0, 1, 0]),
+    };
+    const got = tokenSources(cur, result, V);
+    assert.deepEqual(got, [
+      [{ logits: Float32Array.from([1, 2]) }],
+      [{ greedy: 4 }, { greedy: 5 }, { greedy: 3 }],
+      [{ device: { tokenId: 6 } }, { device: { tokenId: 1 }, u: 0.25 }],
+    ]);
   });
 });

@@ -1,0 +1,157 @@
+// How deep each row of a step drafts (Scheduler.addDrafts asks), and the measurements that
+// decide it: the engine's step costs and the rows' acceptance.
+//
+// A row whose method has a fixed depth computes its whole proposal. A row with an adaptive depth
+// drafts only what pays. With a per-token acceptance a (the method's recent rate), the k-th draft
+// token of a row is used with probability a^k, so it adds a^k expected tokens; every token a step
+// computes costs b (the slope of a step's time in its tokens, measured). A step of T tokens whose
+// rows are expected to emit S tokens makes S / c(T) tokens per millisecond, c(T) = a0 + b T; one
+// more draft token of gain g raises that exactly when g > b * S / c(T). So the draft tokens of all
+// rows are taken best gain first while they pass that bar (which rises as S does): a row whose
+// acceptance is low, or a step already so large that one more token costs more than it brings
+// (large batches), drafts nothing, and the step is a plain one.
+//
+// c is fitted by exponentially weighted least squares over recent steps (their tokens and
+// wall-clock milliseconds, schedule to postprocess), with a weak prior that a step's fixed cost
+// is PRIOR_STEP_TOKENS tokens' worth, which settles the slope until steps of different sizes have
+// been seen.
+
+import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
+
+/** the prior's fixed cost of a step, in tokens' worth of per-token cost (until measured) */
+const PRIOR_STEP_TOKENS = 8;
+/** the prior's weight, in steps */
+const PRIOR_WEIGHT = 1;
+/** the weight a step's measurement keeps per later step (about 30 steps remembered) */
+const FORGET = 0.97;
+/** the slope is never taken below this fraction of a step's mean cost per token: drafting is never free */
+const MIN_SLOPE_SHARE = 0.02;
+
+/** A step's wall-clock cost as a line in its tokens, fitted to the steps measured. */
+export class StepCosts {
+  private w = 0;
+  private sT = 0;
+  private sTT = 0;
+  private sY = 0;
+  private sTY = 0;
+  /** steps recorded */
+  count = 0;
+
+  /** One step of `tokens` tokens that took `ms`. */
+  record(tokens: number, ms: number): void {
+    if (!(ms > 0) || !(tokens > 0)) return;
+    this.w = this.w * FORGET + 1;
+    this.sT = this.sT * FORGET + tokens;
+    this.sTT = this.sTT * FORGET + tokens * tokens;
+    this.sY = this.sY * FORGET + ms;
+    this.sTY = this.sTY * FORGET + tokens * ms;
+    this.count++;
+  }
+
+  /**
+   * The fitted line: fixed cost `a` and cost per token `b`, in milliseconds (undefined before
+   * any step). Least squares with the prior a = PRIOR_STEP_TOKENS * b as a pseudo-observation.
+   */
+  line(): { a: number; b: number } | undefined {
+    if (this.w === 0) return undefined;
+    const k = PRIOR_WEIGHT, r = PRIOR_STEP_TOKENS;
+    // normal equations of sum w (y - a - b T)^2 + k (a - r b)^2
+    const m00 = this.w + k, m01 = this.sT - k * r, m11 = this.sTT + k * r * r;
+    const det = m00 * m11 - m01 * m01;
+    const meanT = this.sT / this.w, meanY = this.sY / this.w;
+    let a: number, b: number;
+    if (det > 1e-9 * m00 * m11) {
+      a = (m11 * this.sY - m01 * this.sTY) / det;
+      b = (m00 * this.sTY - m01 * this.sY) / det;
+    } else {
+      b = meanY / (meanT + r);
+      a = r * b;
+    }
+    b = Math.max(b, (MIN_SLOPE_SHARE * meanY) / meanT);
+    a = Math.max(a, 0);
+    return { a, b };
+  }
+}
+
+/** Engine-wide speculation counts (EngineStats.speculation, /metrics). */
+export interface SpeculationStats {
+  /** draft tokens verified */
+  draftTokens: number;
+  /** of those, accepted */
+  acceptedTokens: number;
+  /** verify rows (a row with a draft, in a step) */
+  verifies: number;
+  /** acceptedLengths[n]: verify rows that accepted n draft tokens */
+  acceptedLengths: number[];
+}
+
+export class DraftPlanner implements DraftPlanning {
+  readonly costs = new StepCosts();
+  readonly stats: SpeculationStats = { draftTokens: 0, acceptedTokens: 0, verifies: 0, acceptedLengths: [] };
+  /** sampling rows and tokens of the last step measured: the batch an adaptive row judges itself against */
+  private lastStep = { rows: 1, tokens: 1 };
+
+  depths(asks: readonly DraftAsk[], rows: readonly ScheduledRow[], budget: number): number[] {
+    const depth = asks.map(() => 0);
+    let left = budget;
+    let tokens = rows.reduce((n, r) => n + r.count, 0);
+    // fixed depths: their proposals whole, in row order
+    asks.forEach((ask, i) => {
+      if (ask.row.seq.method.acceptance !== undefined) return;
+      depth[i] = Math.min(ask.draft.tokens.length, left);
+      left -= depth[i]!;
+      tokens += depth[i]!;
+    });
+    // adaptive depths: draft tokens by expected gain, while each pays for itself
+    const gains: { i: number; g: number }[] = [];
+    asks.forEach((ask, i) => {
+      const a = ask.row.seq.method.acceptance;
+      if (a === undefined) return;
+      let g = a;
+      for (let k = 0; k < ask.draft.tokens.length; k++, g *= a) gains.push({ i, g });
+    });
+    if (gains.length === 0 || left <= 0) return depth;
+    gains.sort((x, y) => y.g - x.g); // stable: a row's gains stay in depth order
+    const { a, b } = this.line();
+    let expected = rows.filter((r) => r.sample).length;
+    for (const { i, g } of gains) {
+      if (left <= 0 || g <= (b * expected) / (a + b * tokens)) break;
+      depth[i]!++;
+      expected += g;
+      tokens++;
+      left--;
+    }
+    return depth;
+  }
+
+  /**
+   * Whether a row of acceptance `acceptance` would draft at all in a step like the last one
+   * measured (its first draft token passes the bar): a row that would not is a plain row, and
+   * may be pipelined.
+   */
+  drafts(acceptance: number): boolean {
+    const { a, b } = this.line();
+    const { rows, tokens } = this.lastStep;
+    return acceptance > (b * rows) / (a + b * tokens);
+  }
+
+  /** A step run to its end (not pipelined): its tokens, sampling rows and wall-clock milliseconds. */
+  recordStep(tokens: number, rows: number, ms: number): void {
+    this.costs.record(tokens, ms);
+    this.lastStep = { rows: Math.max(1, rows), tokens: Math.max(1, tokens) };
+  }
+
+  /** A verify row's outcome: `drafted` tokens, `accepted` of them. */
+  recordVerify(drafted: number, accepted: number): void {
+    const s = this.stats;
+    s.draftTokens += drafted;
+    s.acceptedTokens += accepted;
+    s.verifies++;
+    while (s.acceptedLengths.length <= accepted) s.acceptedLengths.push(0);
+    s.acceptedLengths[accepted]!++;
+  }
+
+  private line(): { a: number; b: number } {
+    return this.costs.line() ?? { a: PRIOR_STEP_TOKENS, b: 1 };
+  }
+}
