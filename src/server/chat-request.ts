@@ -21,7 +21,8 @@ export function contentText(v: Json | undefined, where: string, nullable: boolea
   if (!Array.isArray(v)) throw badRequest(`${where} must be a string or an array of content parts, got ${kind(v)}`, 'messages');
   return v.map((part, j) => {
     if (!isObject(part) || typeof part.type !== 'string') throw badRequest(`${where}[${j}] must be a content part object with a "type"`, 'messages');
-    if (part.type !== 'text') throw notSupported(`content part type "${part.type}" (${where}[${j}])`, 'messages');
+    // input_text: the Responses API's spelling, which clients also send on chat
+    if (part.type !== 'text' && part.type !== 'input_text') throw notSupported(`content part type "${part.type}" (${where}[${j}])`, 'messages');
     if (typeof part.text !== 'string') throw badRequest(`${where}[${j}].text must be a string, got ${kind(part.text)}`, 'messages');
     return part.text;
   }).join('\n');

@@ -5,7 +5,7 @@
 import type { EngineRequest } from '../execution/sequence.ts';
 import { validatedLogitBias, validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
 import { HttpError, badRequest, notSupported } from './http-error.ts';
-import { isObject, type Fields } from './fields.ts';
+import { isObject, type Fields, type Json } from './fields.ts';
 import type { ServedModel } from './served-model.ts';
 import { idList, type ModelFacts, type PromptIds } from './request-model.ts';
 import type { SeqPlan } from './run.ts';
@@ -53,8 +53,9 @@ function refuseUnsupported(f: Fields, kind: 'chat' | 'completions'): void {
     if (toolChoice !== undefined && toolChoice !== 'none') throw badRequest('tool_choice is only supported on /v1/chat/completions', 'tool_choice');
     for (const p of ['functions', 'function_call']) if (f.has(p)) throw notSupported(p, p);
   }
-  for (const p of ['prompt_logprobs', 'prediction', 'audio'])
+  for (const p of ['prompt_logprobs', 'audio'])
     if (f.has(p)) throw notSupported(p, p);
+  checkPrediction(f.raw('prediction'));
   const stopIds = f.array('stop_token_ids');
   if (stopIds && stopIds.length > 0) throw notSupported('stop_token_ids', 'stop_token_ids');
   if ((f.number('min_tokens', { integer: true, min: 0 }) ?? 0) > 0) throw notSupported('min_tokens', 'min_tokens');
@@ -198,4 +199,16 @@ export function usageOf(promptTokens: number, completionTokens: number, cachedTo
 function issuesText(issues: readonly { message: string }[], most = 10): string {
   const shown = issues.slice(0, most).map((i) => i.message).join('; ');
   return issues.length > most ? `${shown}; and ${issues.length - most} more` : shown;
+}
+
+/**
+ * prediction (OpenAI's predicted outputs: `{"type": "content", "content": text or text parts}`):
+ * checked and accepted; it only ever changes speed, and llmts does not draft from it yet.
+ */
+function checkPrediction(v: Json | undefined): void {
+  if (v === undefined || v === null) return;
+  if (!isObject(v) || v.type !== 'content') throw badRequest('prediction must be {"type": "content", "content": ...}', 'prediction');
+  const c = v.content;
+  const ok = typeof c === 'string' || (Array.isArray(c) && c.every((p) => isObject(p) && p.type === 'text' && typeof p.text === 'string'));
+  if (!ok) throw badRequest('prediction.content must be a string or an array of text parts', 'prediction');
 }

@@ -157,21 +157,36 @@ export function parseOpenAiTools(f: Fields): ToolsRequest | undefined {
   const parallel = f.boolean('parallel_tool_calls') ?? true;
   if (f.has('functions') || f.has('function_call'))
     throw badRequest('functions and function_call are deprecated and not supported; use tools and tool_choice', f.has('functions') ? 'functions' : 'function_call', 'not_supported');
-  const tools = (raw ?? []).map((t, i) => {
+  // custom tools (free-form text input) are accepted and not offered: the model can only call functions
+  const custom = new Set<string>();
+  const all = (raw ?? []).flatMap((t, i) => {
     const where = `tools[${i}]`;
     if (!isObject(t)) throw badRequest(`${where} must be an object`, 'tools');
-    if (t.type !== 'function') throw badRequest(`${where}.type must be "function", got ${JSON.stringify(t.type ?? null)}`, 'tools');
+    if (t.type === 'custom') {
+      const name = isObject(t.custom) ? t.custom.name : undefined;
+      if (typeof name !== 'string' || name === '') throw badRequest(`${where}.custom.name must be a non-empty string`, 'tools');
+      custom.add(name);
+      return [];
+    }
+    if (t.type !== 'function') throw badRequest(`${where}.type must be "function" or "custom", got ${JSON.stringify(t.type ?? null)}`, 'tools');
     const fn = t.function;
     if (!isObject(fn)) throw badRequest(`${where}.function must be an object`, 'tools');
-    return toolFunction(fn.name, fn.description, fn.parameters, `${where}.function`, 'tools');
+    return [toolFunction(fn.name, fn.description, fn.parameters, `${where}.function`, 'tools')];
   });
-  uniqueNames(tools, 'tools');
+  uniqueNames(all, 'tools');
+  let tools = all;
   let choice: ToolChoice = tools.length > 0 ? 'auto' : 'none';
   if (choiceRaw !== undefined) {
     if (choiceRaw === 'none' || choiceRaw === 'auto' || choiceRaw === 'required') choice = choiceRaw;
     else if (isObject(choiceRaw) && choiceRaw.type === 'function' && isObject(choiceRaw.function) && typeof choiceRaw.function.name === 'string') choice = { name: choiceRaw.function.name };
-    else throw badRequest('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', 'tool_choice');
+    else if (isObject(choiceRaw) && choiceRaw.type === 'allowed_tools') {
+      const allowed = allowedTools(choiceRaw.allowed_tools, all.map((t) => t.name), custom);
+      tools = all.filter((t) => allowed.names.has(t.name));
+      choice = allowed.mode;
+    } else throw badRequest('tool_choice must be "none", "auto", "required", {"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}', 'tool_choice');
   }
+  if (typeof choice === 'object' && custom.has(choice.name))
+    throw badRequest(`tool_choice names the custom tool ${JSON.stringify(choice.name)}; custom tools are accepted but not offered to the model`, 'tool_choice');
   if (tools.length === 0) {
     if (choice === 'none' || (choiceRaw === undefined)) return undefined;
     throw badRequest(`tool_choice ${JSON.stringify(choiceRaw)} requires tools`, 'tool_choice');
@@ -179,6 +194,29 @@ export function parseOpenAiTools(f: Fields): ToolsRequest | undefined {
   if (typeof choice === 'object' && !tools.some((t) => t.name === (choice as { name: string }).name))
     throw badRequest(`tool_choice names the function ${JSON.stringify(choice.name)}, which is not in tools`, 'tool_choice');
   return { tools, choice, parallel };
+}
+
+/**
+ * tool_choice {"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools":
+ * [{"type": "function", "function": {"name"}} or {"type": "function", "name"}]}}: the tools the
+ * model may call this turn (only they are offered), and whether it must call one.
+ */
+function allowedTools(v: Json | undefined, names: readonly string[], custom: ReadonlySet<string>): { mode: 'auto' | 'required'; names: Set<string> } {
+  const where = 'tool_choice.allowed_tools';
+  if (!isObject(v)) throw badRequest(`${where} must be an object with "mode" and "tools"`, 'tool_choice');
+  if (v.mode !== 'auto' && v.mode !== 'required') throw badRequest(`${where}.mode must be "auto" or "required", got ${JSON.stringify(v.mode ?? null)}`, 'tool_choice');
+  if (!Array.isArray(v.tools) || v.tools.length === 0) throw badRequest(`${where}.tools must be a non-empty array`, 'tool_choice');
+  const out = new Set<string>();
+  v.tools.forEach((t, i) => {
+    const name = isObject(t) ? (isObject(t.function) ? t.function.name : t.name) : undefined;
+    if (!isObject(t) || (t.type !== 'function' && t.type !== 'custom') || typeof name !== 'string')
+      throw badRequest(`${where}.tools[${i}] must be {"type": "function", "function": {"name": ...}} or {"type": "function", "name": ...}`, 'tool_choice');
+    if (custom.has(name)) return; // accepted, never offered
+    if (!names.includes(name)) throw badRequest(`${where}.tools[${i}] names ${JSON.stringify(name)}, which is not in tools`, 'tool_choice');
+    out.add(name);
+  });
+  if (out.size === 0) throw badRequest(`${where} allows only custom tools, which are not offered to the model`, 'tool_choice');
+  return { mode: v.mode, names: out };
 }
 
 /** Anthropic `tools` and `tool_choice` ({type: auto | any | tool | none, name, disable_parallel_tool_use}). */

@@ -148,9 +148,9 @@ const OPENAI_COMMON: FieldSpec[] = [
   f('structured_outputs.grammar', ['string'], { base: { structured_outputs: { grammar: 'root ::= "a"' } } }),
   f('structured_outputs.json_object', ['boolean'], { strict: false, base: { structured_outputs: { json_object: true } } }),
   f('structured_outputs.structural_tag', [], { base: { structured_outputs: {} } }),
+  f('prediction', ['object'], { base: { prediction: { type: 'content', content: 'x' } }, bad: ['{}', '{"type":"content","content":5}', '{"type":"content","content":[{"type":"image"}]}'] }),
   // refused whatever their value: not implemented yet
   f('prompt_logprobs', []),
-  f('prediction', []),
   f('audio', []),
   f('stop_token_ids', ['array'], { bad: ['[2]', '[0, 1]'] }),
   f('min_tokens', ['integer'], { bad: ['1', '-1'] }),
