@@ -14,15 +14,18 @@ export interface ChatTokenLogprob {
   top_logprobs: { token: string; logprob: number; bytes: number[] }[];
 }
 
-export function chatLogprob(texts: TokenTexts, lp: TokenLogprob): ChatTokenLogprob {
+/** a token as logprobs name it: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids) */
+const nameOf = (texts: TokenTexts, id: number, asIds: boolean): string => (asIds ? `token_id:${id}` : texts.get(id).token);
+
+export function chatLogprob(texts: TokenTexts, lp: TokenLogprob, asIds = false): ChatTokenLogprob {
   const t = texts.get(lp.token_id);
   return {
-    token: t.token,
+    token: asIds ? nameOf(texts, lp.token_id, true) : t.token,
     logprob: finite(lp.logprob),
     bytes: t.bytes,
     top_logprobs: lp.top.map((x) => {
       const u = texts.get(x.token_id);
-      return { token: u.token, logprob: finite(x.logprob), bytes: u.bytes };
+      return { token: asIds ? nameOf(texts, x.token_id, true) : u.token, logprob: finite(x.logprob), bytes: u.bytes };
     }),
   };
 }
@@ -36,15 +39,15 @@ export interface LegacyLogprobs {
   text_offset: number[];
 }
 
-export function legacyLogprobs(texts: TokenTexts, lps: readonly TokenLogprob[], offsets: readonly number[]): LegacyLogprobs {
+export function legacyLogprobs(texts: TokenTexts, lps: readonly TokenLogprob[], offsets: readonly number[], asIds = false): LegacyLogprobs {
   const out: LegacyLogprobs = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
   lps.forEach((lp, k) => {
-    const token = texts.get(lp.token_id).token;
+    const token = nameOf(texts, lp.token_id, asIds);
     out.tokens.push(token);
     out.token_logprobs.push(finite(lp.logprob));
     const top: Record<string, number> = {};
     for (const x of lp.top) {
-      const s = texts.get(x.token_id).token;
+      const s = nameOf(texts, x.token_id, asIds);
       if (!(s in top)) top[s] = finite(x.logprob);
     }
     if (!(token in top)) top[token] = finite(lp.logprob);

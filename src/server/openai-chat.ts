@@ -119,7 +119,7 @@ async function respond(
       return {
         index,
         message,
-        logprobs: p.topLogprobs === undefined ? null : { content: r.logprobs.map((lp) => chatLogprob(model.tokens, lp)) },
+        logprobs: p.topLogprobs === undefined ? null : { content: r.logprobs.map((lp) => chatLogprob(model.tokens, lp, p.tokensAsIds)) },
         finish_reason: chatFinishReason(r.finishReason, out),
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
@@ -137,7 +137,7 @@ async function respond(
     opening: (index) => ({ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }),
     token: (index, e) => {
       const delta = outputs[index].push(e.text, e.tokenId);
-      const logprobs = p.topLogprobs !== undefined && e.logprobs ? { content: [chatLogprob(model.tokens, e.logprobs)] } : null;
+      const logprobs = p.topLogprobs !== undefined && e.logprobs ? { content: [chatLogprob(model.tokens, e.logprobs, p.tokensAsIds)] } : null;
       return Object.keys(delta).length > 0 || logprobs ? { index, delta, logprobs, finish_reason: null } : undefined;
     },
     finish: (index, e, so) => ({

@@ -38,7 +38,7 @@ async function respond(ctx: HandlerContext, p: PreparedCompletions['params'], pr
       return {
         index,
         text: r.text,
-        logprobs: p.topLogprobs === undefined ? null : legacyLogprobs(model.tokens, r.logprobs, r.textOffsets),
+        logprobs: p.topLogprobs === undefined ? null : legacyLogprobs(model.tokens, r.logprobs, r.textOffsets, p.tokensAsIds),
         finish_reason: finishReasonOf(r.finishReason),
         stop_reason: stopReasonOf(model, plans[index].request, r.tokenIds, r.text, r.finishReason),
       };
@@ -53,7 +53,7 @@ async function respond(ctx: HandlerContext, p: PreparedCompletions['params'], pr
   await streamChoices(ctx, plans, {
     route: 'POST /v1/completions (stream)', idPrefix: 'cmpl-', object: 'text_completion', includeUsage: p.includeUsage, promptTokens,
     token: (index, e, so) => {
-      const logprobs = p.topLogprobs !== undefined && e.logprobs ? legacyLogprobs(model.tokens, [e.logprobs], [so.text.length]) : null;
+      const logprobs = p.topLogprobs !== undefined && e.logprobs ? legacyLogprobs(model.tokens, [e.logprobs], [so.text.length], p.tokensAsIds) : null;
       return e.text || logprobs ? { index, text: e.text, logprobs, finish_reason: null } : undefined;
     },
     finish: (index, e, so) => ({

@@ -29,6 +29,8 @@ export interface GenerationParams {
   ignoreEos: boolean;
   /** undefined = no logprobs */
   topLogprobs?: number;
+  /** vLLM's return_tokens_as_token_ids: logprobs name tokens as "token_id:N" */
+  tokensAsIds?: boolean;
   /** response_format / guided_* / structured_outputs */
   constraint?: Constraint;
 }
@@ -126,6 +128,7 @@ export function parseGenerationParams(f: Fields, model: Pick<ModelFacts, 'vocabS
     stop: f.stringList('stop', MAX_STOPS) ?? [],
     ignoreEos: f.boolean('ignore_eos') ?? false,
     topLogprobs,
+    ...(f.boolean('return_tokens_as_token_ids') ? { tokensAsIds: true } : {}),
     constraint: parseConstraint(f, model.grammarLimits),
   };
 }

@@ -72,3 +72,24 @@ test('tool_choice allowed_tools: required forces a call of a listed tool; bad sh
     assert.match(r.body.error.message, why);
   }
 });
+
+test('return_tokens_as_token_ids (vLLM): logprobs name tokens "token_id:N", the same tokens and numbers otherwise', async () => {
+  const body = { messages: [{ role: 'user', content: 'hello' }], logprobs: true, top_logprobs: 2, max_tokens: 5 };
+  const plain = await chat(body);
+  const ids = await chat({ ...body, return_tokens_as_token_ids: true });
+  assert.equal(ids.status, 200, JSON.stringify(ids.body));
+  const a = plain.body.choices[0].logprobs.content, b = ids.body.choices[0].logprobs.content;
+  assert.equal(a.length, b.length);
+  for (let k = 0; k < a.length; k++) {
+    assert.match(b[k].token, /^token_id:\d+$/);
+    assert.equal(b[k].logprob, a[k].logprob);
+    assert.deepEqual(b[k].bytes, a[k].bytes);
+    assert.deepEqual(b[k].top_logprobs.map((t: { logprob: number }) => t.logprob), a[k].top_logprobs.map((t: { logprob: number }) => t.logprob));
+    for (const t of b[k].top_logprobs) assert.match(t.token, /^token_id:\d+$/);
+  }
+  const legacy = await postJson(`${srv.url}/v1/completions`, { model: 'tiny', prompt: 'hello', max_tokens: 3, temperature: 0, logprobs: 1, return_tokens_as_token_ids: true });
+  assert.equal(legacy.status, 200);
+  for (const t of legacy.body.choices[0].logprobs.tokens) assert.match(t, /^token_id:\d+$/);
+  const bad = await chat({ ...body, return_tokens_as_token_ids: 'yes' });
+  assert.equal(bad.status, 400);
+});

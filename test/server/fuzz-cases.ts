@@ -155,6 +155,7 @@ const OPENAI_COMMON: FieldSpec[] = [
   f('stop_token_ids', ['array'], { bad: ['[2]', '[0, 1]'] }),
   f('min_tokens', ['integer'], { bad: ['1', '-1'] }),
   f('use_beam_search', ['boolean']),
+  f('return_tokens_as_token_ids', ['boolean']),
   f('include_stop_str_in_output', ['boolean']),
   f('skip_special_tokens', ['boolean']),
   f('echo', ['boolean']),
