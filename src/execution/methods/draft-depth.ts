@@ -21,7 +21,7 @@ import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
 /** the prior's fixed cost of a step, in tokens' worth of per-token cost (until measured) */
 const PRIOR_STEP_TOKENS = 8;
 /** the prior's weight, in steps */
-const PRIOR_WEIGHT = 1;
+const PRIOR_WEIGHT = 0.05;
 /** the weight a step's measurement keeps per later step (about 30 steps remembered) */
 const FORGET = 0.97;
 /** the slope is never taken below this fraction of a step's mean cost per token: drafting is never free */

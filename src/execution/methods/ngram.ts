@@ -1,25 +1,21 @@
 // Prompt lookup (n-gram) drafts: the longest suffix of the sequence, between `min` and `max`
-// tokens, that occurred earlier in it (prompt or output) proposes the tokens that followed that
-// occurrence. Copying text (editing a file, quoting the prompt, repeating a structure) is where it
-// wins; it costs no model.
+// tokens, that occurred earlier in it (prompt or output) proposes the tokens that followed its
+// latest earlier occurrence. Copying text (editing a file, quoting the prompt, repeating a
+// structure) is where it wins; it costs no model.
 //
-// The sequence's min-grams are indexed as they appear (hash -> the positions they end at), so a
-// proposal looks only at earlier occurrences of the last `min` tokens, most recent first, and
-// extends each match backwards up to `max`. The longest wins; among equal lengths, the most
-// recent. At most SCAN occurrences are looked at, so a common n-gram in a long sequence costs no
-// more than a rare one.
+// Every n-gram of the sequence with min <= n <= max is indexed as it appears (one map per length:
+// hash -> the positions it ends before), so a proposal looks up the suffix of each length, longest
+// first, and checks the latest occurrence's tokens (a hash collision falls back to the one before).
+// Indexing a token costs O(max), a proposal O(max) lookups.
 
 import type { Sequence } from '../sequence.ts';
 import type { Draft, Proposer } from './method.ts';
 
-/** earlier occurrences of the suffix's min-gram looked at per proposal, most recent first */
-const SCAN = 32;
-
 export class NgramProposer implements Proposer {
-  /** hash of the min-gram ending before position j -> the positions j, ascending */
-  private readonly index = new Map<number, number[]>();
+  /** grams[n - min]: hash of the n tokens before position j -> the positions j, ascending */
+  private readonly grams: Map<number, number[]>[];
   /** positions j < this are indexed */
-  private indexed: number;
+  private indexed = 1;
 
   constructor(
     readonly min: number,
@@ -27,43 +23,55 @@ export class NgramProposer implements Proposer {
   ) {
     if (!(Number.isInteger(min) && min >= 1)) throw new RangeError(`ngram min must be an integer >= 1, got ${min}`);
     if (!(Number.isInteger(max) && max >= min)) throw new RangeError(`ngram max must be an integer >= ngram min (${min}), got ${max}`);
-    this.indexed = min;
+    this.grams = Array.from({ length: max - min + 1 }, () => new Map());
   }
 
   propose(seq: Sequence, max: number): Draft | undefined {
     const n = seq.known;
     if (max <= 0 || n <= this.min) return undefined;
-    // a gram ending before j is indexed once t[j] (what followed it) is known
+    // the grams ending before j are indexed once t[j] (what followed them) is known
     for (; this.indexed < n; this.indexed++) {
-      const h = this.hashBefore(seq, this.indexed);
-      const at = this.index.get(h);
-      if (at) at.push(this.indexed);
-      else this.index.set(h, [this.indexed]);
+      const j = this.indexed;
+      this.eachGram(seq, j, (g, h) => {
+        const at = this.grams[g]!.get(h);
+        if (at) at.push(j);
+        else this.grams[g]!.set(h, [j]);
+      });
     }
-    const at = this.index.get(this.hashBefore(seq, n));
-    if (!at) return undefined;
-    let best = -1, bestLength = 0;
-    for (let c = at.length - 1; c >= Math.max(0, at.length - SCAN); c--) {
-      const j = at[c]!;
-      let length = 0;
-      while (length < this.max && j - 1 - length >= 0 && seq.tokenAt(j - 1 - length) === seq.tokenAt(n - 1 - length)) length++;
-      if (length > bestLength) {
-        best = j;
-        bestLength = length;
-        if (length === this.max) break;
+    const hashes: number[] = [];
+    this.eachGram(seq, n, (g, h) => (hashes[g] = h));
+    for (let g = hashes.length - 1; g >= 0; g--) {
+      const at = this.grams[g]!.get(hashes[g]!);
+      if (!at) continue;
+      for (let c = at.length - 1; c >= 0; c--) {
+        const j = at[c]!;
+        if (this.matches(seq, j, n, g + this.min)) return this.following(seq, j, n, max);
       }
     }
-    if (bestLength < this.min) return undefined; // a hash collision
-    const end = Math.min(best + max, n);
-    const tokens: number[] = [];
-    for (let p = best; p < end; p++) tokens.push(seq.tokenAt(p));
-    return { tokens };
+    return undefined;
   }
 
-  /** A hash of the `min` tokens before position `j`. */
-  private hashBefore(seq: Sequence, j: number): number {
+  /** Calls `fn(n - min, hash)` for every gram of min..max tokens that ends before position j. */
+  private eachGram(seq: Sequence, j: number, fn: (g: number, hash: number) => void): void {
     let h = 0x811c9dc5;
-    for (let p = j - this.min; p < j; p++) h = Math.imul(h ^ seq.tokenAt(p), 0x01000193);
-    return h;
+    const longest = Math.min(this.max, j);
+    for (let len = 1; len <= longest; len++) {
+      h = Math.imul(h ^ seq.tokenAt(j - len), 0x01000193);
+      if (len >= this.min) fn(len - this.min, h);
+    }
+  }
+
+  /** true when the `len` tokens before j equal those before n */
+  private matches(seq: Sequence, j: number, n: number, len: number): boolean {
+    for (let i = 1; i <= len; i++) if (seq.tokenAt(j - i) !== seq.tokenAt(n - i)) return false;
+    return true;
+  }
+
+  /** The tokens from j on, `max` at most, up to the end of what is known (n). */
+  private following(seq: Sequence, j: number, n: number, max: number): Draft {
+    const end = Math.min(j + max, n);
+    const tokens: number[] = [];
+    for (let p = j; p < end; p++) tokens.push(seq.tokenAt(p));
+    return { tokens };
   }
 }

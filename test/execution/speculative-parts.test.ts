@@ -1,0 +1,125 @@
+// The parts of speculative decoding on their own: the n-gram proposer (methods/ngram.ts) against a
+// brute-force search, and the draft planner (methods/draft-depth.ts): the step-cost fit and the
+// depths it gives fixed and adaptive rows.
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { NgramProposer } from '../../src/execution/methods/ngram.ts';
+import { DraftPlanner, StepCosts } from '../../src/execution/methods/draft-depth.ts';
+import type { DraftAsk, ScheduledRow } from '../../src/execution/scheduler.ts';
+import type { Sequence } from '../../src/execution/sequence.ts';
+import { mulberry32 } from '../helpers/mulberry32.ts';
+
+/** What NgramProposer reads of a sequence: its known tokens. */
+function seqOf(tokens: number[]): Sequence {
+  return { get known() { return tokens.length; }, tokenAt: (p: number) => tokens[p]! } as unknown as Sequence;
+}
+
+/** The proposal by definition: the longest suffix (min..max) seen before, its latest occurrence, what followed. */
+function bruteForce(t: readonly number[], min: number, max: number, k: number): number[] | undefined {
+  const n = t.length;
+  for (let len = Math.min(max, n - 1); len >= min; len--) {
+    for (let j = n - 1; j >= len; j--) {
+      let ok = true;
+      for (let i = 0; i < len && ok; i++) ok = t[j - 1 - i] === t[n - 1 - i];
+      if (ok) return t.slice(j, Math.min(j + k, n));
+    }
+  }
+  return undefined;
+}
+
+describe('NgramProposer', () => {
+  it('proposes what followed the latest occurrence of the longest matching suffix', () => {
+    //              0  1  2  3  4  5  6  7  8  9 10 11
+    const tokens = [5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 2, 3];
+    // suffix [2, 3] occurred at 1..2 (then 3? no: 2,3 then 9) and 5..6 (then 7); [1, 2, 3] does not end the sequence
+    assert.deepEqual(new NgramProposer(2, 4).propose(seqOf(tokens), 3)?.tokens, [7, 8, 2]);
+    // a longer match wins over a later one: ... 1 2 3 | x ... 9 2 3 | y ... 1 2 3 -> x
+    const t2 = [1, 2, 3, 40, 41, 9, 2, 3, 50, 1, 2, 3];
+    assert.deepEqual(new NgramProposer(2, 4).propose(seqOf(t2), 2)?.tokens, [40, 41]);
+    assert.deepEqual(new NgramProposer(2, 2).propose(seqOf(t2), 2)?.tokens, [50, 1], 'max 2: the latest of the equal matches');
+    // no earlier occurrence, or a match shorter than min: nothing
+    assert.equal(new NgramProposer(2, 4).propose(seqOf([1, 2, 3, 4, 5]), 3), undefined);
+    assert.equal(new NgramProposer(3, 4).propose(seqOf([7, 2, 3, 1, 2, 3]), 3), undefined);
+    // a proposal stops at the end of what is known
+    assert.deepEqual(new NgramProposer(1, 3).propose(seqOf([4, 4, 4]), 5)?.tokens, [4]);
+  });
+
+  it('agrees with a brute-force search as the sequence grows, token by token', () => {
+    const rand = mulberry32(9);
+    for (const [min, max, alphabet] of [[1, 3, 4], [2, 5, 6], [3, 3, 3], [2, 8, 12]] as const) {
+      const tokens: number[] = [];
+      const p = new NgramProposer(min, max);
+      for (let step = 0; step < 400; step++) {
+        tokens.push(Math.floor(rand() * alphabet));
+        const got = p.propose(seqOf(tokens), 6)?.tokens;
+        assert.deepEqual(got, bruteForce(tokens, min, max, 6), `min ${min} max ${max} at length ${tokens.length}`);
+      }
+    }
+  });
+
+  it('refuses bounds that make no sense', () => {
+    assert.throws(() => new NgramProposer(0, 3), /ngram min must be an integer >= 1/);
+    assert.throws(() => new NgramProposer(3, 2), /ngram max must be an integer >= ngram min/);
+  });
+});
+
+describe('StepCosts', () => {
+  it('fits a line to steps of different sizes, and falls back to its prior on steps of one size', () => {
+    const c = new StepCosts();
+    assert.equal(c.line(), undefined);
+    for (let i = 0; i < 200; i++) c.record(1 + (i % 17), 2 + 0.5 * (1 + (i % 17)));
+    const { a, b } = c.line()!;
+    assert.ok(Math.abs(a - 2) < 0.05 && Math.abs(b - 0.5) < 0.01, `a ${a} b ${b}`);
+    const one = new StepCosts();
+    for (let i = 0; i < 50; i++) one.record(4, 6);
+    const l = one.line()!;
+    assert.ok(Math.abs(l.a + 4 * l.b - 6) < 1e-6, 'the line passes through the steps seen');
+    assert.ok(l.a > 0 && l.b > 0);
+  });
+});
+
+describe('DraftPlanner', () => {
+  const row = (acceptance: number | undefined, count = 1): ScheduledRow =>
+    ({ seq: { method: { acceptance } }, start: 0, count, sample: true }) as unknown as ScheduledRow;
+  const ask = (r: ScheduledRow, n: number): DraftAsk => ({ row: r, draft: { tokens: Array.from({ length: n }, (_, i) => i) } });
+  /** a planner whose steps cost `a` + `b` per token, measured over steps of many sizes */
+  const measured = (a: number, b: number) => {
+    const p = new DraftPlanner();
+    for (let i = 0; i < 100; i++) p.recordStep(1 + (i % 20), 1, a + b * (1 + (i % 20)));
+    return p;
+  };
+
+  it('a fixed depth takes its whole draft, within the budget', () => {
+    const rows = [row(undefined), row(undefined)];
+    assert.deepEqual(measured(1, 1).depths([ask(rows[0]!, 5), ask(rows[1]!, 5)], rows, 7), [5, 2]);
+  });
+
+  it('an adaptive row drafts deeper the higher its acceptance and the cheaper a token is beside a step', () => {
+    const r = row(0.9);
+    const cheap = measured(10, 0.1).depths([ask(r, 16)], [r], 100)[0]!;
+    const dear = measured(1, 1).depths([ask(r, 16)], [r], 100)[0]!;
+    assert.ok(cheap > dear, `cheap tokens ${cheap} > dear ${dear}`);
+    const low = measured(10, 0.1).depths([ask(row(0.3), 16)], [row(0.3)], 100)[0]!;
+    assert.ok(low < cheap && low >= 1, `acceptance 0.3 drafts less (${low})`);
+    assert.equal(measured(1, 1).depths([ask(row(0.05), 16)], [row(0.05)], 100)[0], 0, 'a row whose drafts rarely hold drafts nothing');
+  });
+
+  it('in a large batch the same row drafts less, down to nothing', () => {
+    const p = measured(4, 0.5);
+    const depthAt = (batch: number) => {
+      const rows = Array.from({ length: batch }, () => row(0.6));
+      return p.depths([ask(rows[0]!, 16)], rows, 1000)[0]!;
+    };
+    assert.ok(depthAt(1) > depthAt(8) && depthAt(8) >= depthAt(64), `${depthAt(1)} ${depthAt(8)} ${depthAt(64)}`);
+    assert.equal(depthAt(64), 0);
+  });
+
+  it('counts verify rows by accepted length', () => {
+    const p = new DraftPlanner();
+    p.recordVerify(4, 2);
+    p.recordVerify(3, 0);
+    p.recordVerify(5, 2);
+    assert.deepEqual(p.stats, { draftTokens: 12, acceptedTokens: 4, verifies: 3, acceptedLengths: [1, 0, 2] });
+  });
+});
