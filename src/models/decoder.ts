@@ -11,7 +11,7 @@ import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } 
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
 import { modelParts, type ModelParts } from './model-parts.ts';
-import { enqueueStep } from './step-body.ts';
+import { enqueueForward, enqueueStep } from './step-body.ts';
 import type { ModelWeights } from './weights.ts';
 
 export type { KvAccess, RowSpan } from './kv-access.ts';
@@ -34,6 +34,22 @@ export interface StepBatch<Row extends RowSpan> {
    * capture them; omitted, every step runs op by op.
    */
   graphWidth?: number;
+  /** hidden states the step hands out beside its logits (a step with them runs op by op) */
+  hidden?: HiddenRequest;
+}
+
+/**
+ * Hidden states wanted from a step (an EAGLE-3 head reads the target's): for each of `layers`, the
+ * residual stream entering that layer (transformers' output_hidden_states[l]; 0 is the embedding
+ * output) at the step's tokens `tokens`. They stay on the device (PendingStep.hidden) until the
+ * step is released, and come back to the host too with `read` (StepResult.hidden).
+ */
+export interface HiddenRequest {
+  /** layer ids in [0, numLayers), any order */
+  layers: readonly number[];
+  /** indices into StepBatch.tokens, as logitTokens */
+  tokens: readonly number[];
+  read?: boolean;
 }
 
 /**
@@ -65,6 +81,8 @@ export interface StepResult {
   logits: Float32Array;
   /** the sampleRows result of the 'sample' rows, i32 [those rows, 2 + 2K], in logit-row order */
   samples?: Int32Array;
+  /** with StepBatch.hidden.read: per requested layer, f32 [hidden tokens, hiddenSize] */
+  hidden?: Float32Array[];
 }
 
 /** A step handed to the backend (DecoderModel.launch) whose results are still on their way. */
@@ -81,6 +99,8 @@ export interface PendingStep {
   deviceTokens?: Tensor;
   /** per logit row: the element of deviceTokens (read flat) that holds its token; -1: not there */
   deviceTokenAt?: Int32Array;
+  /** StepBatch.hidden's states on the device, [hidden tokens, hiddenSize] per requested layer; valid until release */
+  hidden?: readonly Tensor[];
   /** host milliseconds spent enqueuing the step */
   enqueueMs: number;
   /** frees what the step kept; call once every step reading deviceTokens is enqueued (idempotent) */
@@ -140,6 +160,7 @@ export class DecoderModel {
     if (total !== T) throw new Error(`forward: rows cover ${total} tokens, batch has ${T}`);
     if (!batch.rows.every((r) => kv.isAllocated(r))) throw new Error('forward: KV blocks not allocated (grow first)');
     if (batch.deviceIds && batch.deviceIds.index.length !== T) throw new Error('step: deviceIds needs one index per token');
+    if (batch.hidden?.tokens.some((t) => !Number.isInteger(t) || t < 0 || t >= T)) throw new Error(`step: hidden token indices must be in [0, ${T})`);
     const resolved = this.resolvePicks(picks, keepTokens, batch.logitTokens.length);
     const ropePlan = this.rope.plan(batch.rows.map((r) => ({ length: r.ropeLength ?? r.start + r.count, count: r.count })));
     const t0 = performance.now();
@@ -173,6 +194,7 @@ export class DecoderModel {
     picks: StepPicks | undefined, t0: number): PendingStep {
     const b = this.backend, T = batch.tokens.length, P = batch.logitTokens.length;
     let kept: DeviceTokens | undefined;
+    let hidden: Tensor[] = [];
     let result: Promise<StepResult>;
     b.beginScope();
     try {
@@ -180,17 +202,22 @@ export class DecoderModel {
       const layouts = kv.layouts(batch.rows);
       const ids = batch.deviceIds ? gatherDeviceIds(b, batch.deviceIds) : b.upload(batch.tokens, [T]);
       const pick = b.upload(Int32Array.from(batch.logitTokens), [P]);
-      const logits = enqueueStep(this.parts, ids, layouts, pick, ropes, kv);
+      const capture = batch.hidden && { layers: batch.hidden.layers, tokens: b.upload(Int32Array.from(batch.hidden.tokens), [batch.hidden.tokens.length]) };
+      const fwd = enqueueForward(this.parts, ids, layouts, pick, ropes, kv, capture);
+      const logits = fwd.logits;
+      hidden = fwd.hidden;
       const tokens = picks?.rows.includes('argmax') ? b.argmax!(logits) : undefined;
       const samples = picks ? this.enqueueSampling(logits, P, picks) : undefined;
-      result = this.collect(logits, tokens, samples, P, picks?.rows);
+      result = this.collect(logits, tokens, samples, P, picks?.rows, batch.hidden?.read ? hidden : undefined);
       kept = picks?.keep ? deviceTokensOf(tokens, samples, picks.rows) : undefined;
     } finally {
       // The reads are enqueued, and later ops cannot change what they return: the step's tensors
-      // may go now, all but the tokens kept for a later step (they leave the scope unowned).
-      b.endScope(kept ? [kept.tensor] : []);
+      // may go now, all but the tokens kept for a later step and the hidden states handed out
+      // (they leave the scope unowned).
+      b.endScope([...(kept ? [kept.tensor] : []), ...hidden]);
     }
-    return this.pending(result, picks?.rows, kept, kept ? () => b.free(kept.tensor) : undefined, t0);
+    const own = [...(kept ? [kept.tensor] : []), ...hidden];
+    return this.pending(result, picks?.rows, kept, own.length > 0 ? () => own.forEach((t) => b.free(t)) : undefined, t0, hidden);
   }
 
   /**
@@ -209,12 +236,13 @@ export class DecoderModel {
 
   /** The PendingStep of a step whose reads are enqueued. */
   private pending(result: Promise<StepResult>, picks: readonly RowPick[] | undefined, kept: DeviceTokens | undefined,
-    free: (() => void) | undefined, t0: number): PendingStep {
+    free: (() => void) | undefined, t0: number, hidden?: readonly Tensor[]): PendingStep {
     result.catch(() => undefined); // its owner awaits it later, maybe after other awaits
     this.lastEnqueueMs = performance.now() - t0;
     let released = false;
     return {
       result, picks, deviceTokens: kept?.tensor, deviceTokenAt: kept?.at, enqueueMs: this.lastEnqueueMs,
+      hidden: hidden && hidden.length > 0 ? hidden : undefined,
       release: () => {
         if (released) return;
         released = true;
@@ -226,10 +254,11 @@ export class DecoderModel {
   /**
    * Enqueues the reads of a step's results: the greedy tokens of every row, when computed, the
    * sampleRows result, when computed, and the logits of the rows that want them (`logits` and
-   * `tokens` may hold more rows than the P asked for). Everything is enqueued before this returns.
+   * `tokens` may hold more rows than the P asked for), and the hidden states to read back.
+   * Everything is enqueued before this returns.
    */
   private collect(logits: Tensor, tokens: Tensor | undefined, samples: Tensor | undefined, P: number,
-    picks: readonly RowPick[] | undefined): Promise<StepResult> {
+    picks: readonly RowPick[] | undefined, hidden?: readonly Tensor[]): Promise<StepResult> {
     const b = this.backend;
     let logitsRead: Promise<Float32Array | Int32Array> | undefined;
     const host = picks ? picks.flatMap((r, i) => (r === 'logits' ? [i] : [])) : undefined;
@@ -238,17 +267,19 @@ export class DecoderModel {
     else if (host.length > 0) logitsRead = b.read(b.gatherRows(logits, b.upload(Int32Array.from(host), [host.length])));
     const tokensRead = tokens ? b.read(rowsOf(b, tokens, P)) : undefined;
     const samplesRead = samples ? b.read(samples) : undefined;
+    const hiddenRead = hidden ? Promise.all(hidden.map((h) => b.read(h))) : undefined;
     // awaited together: no rejection goes unhandled while another is pending
-    return Promise.all([tokensRead, logitsRead, samplesRead]).then(([t, l, s]) => ({
+    return Promise.all([tokensRead, logitsRead, samplesRead, hiddenRead]).then(([t, l, s, h]) => ({
       tokens: t as Int32Array | undefined,
       logits: (l as Float32Array | undefined) ?? new Float32Array(0),
       samples: s as Int32Array | undefined,
+      ...(h ? { hidden: h as Float32Array[] } : {}),
     }));
   }
 
   /** A decode-only step on a backend that captures graphs, with static rope tables. */
   private graphable<Row extends RowSpan>(batch: StepBatch<Row>): boolean {
-    return batch.graphWidth !== undefined && this.graphsOff === undefined && canCaptureGraphs(this.backend) &&
+    return batch.graphWidth !== undefined && !batch.hidden && this.graphsOff === undefined && canCaptureGraphs(this.backend) &&
       this.rope.lengthIndependent && (!batch.deviceIds || !!this.backend.copyTensor) &&
       batch.rows.every((r) => r.count === 1) && batch.logitTokens.length === batch.rows.length &&
       batch.logitTokens.every((t, i) => t === i);

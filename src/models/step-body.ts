@@ -12,10 +12,41 @@ import { type FusedStream, layer, layerFused } from './layer.ts';
 import { norm, type ModelParts } from './model-parts.ts';
 import type { RopeTable } from './rope-tables.ts';
 
+/**
+ * Hidden states a step hands out beside its logits (an EAGLE-3 head reads the target's): for each
+ * entry of `layers`, the residual stream entering that layer (transformers' output_hidden_states[l];
+ * 0 is the embedding output), at the step's tokens `tokens`.
+ */
+export interface HiddenCapture {
+  /** layer ids in [0, numLayers), any order, repeats allowed */
+  layers: readonly number[];
+  /** i32 [P]: indices into the step's tokens */
+  tokens: Tensor;
+}
+
 /** Enqueues one step from device inputs; returns the logits [pick rows, vocab]. */
 export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor, layouts: StepLayout[], pick: Tensor,
   ropes: RopeTable[], kv: KvAccess<Row>): Tensor {
+  return enqueueForward(model, ids, layouts, pick, ropes, kv).logits;
+}
+
+/**
+ * enqueueStep, and the hidden states `capture` asks for: hidden[k] is [P, hidden] for
+ * capture.layers[k], in the step's scope (taken before the layer's own scope opens).
+ */
+export function enqueueForward<Row extends RowSpan>(model: ModelParts, ids: Tensor, layouts: StepLayout[], pick: Tensor,
+  ropes: RopeTable[], kv: KvAccess<Row>, capture?: HiddenCapture): { logits: Tensor; hidden: Tensor[] } {
   const b = model.backend, c = model.config, fused = model.fused;
+  const hidden: Tensor[] = [];
+  for (const l of capture?.layers ?? []) {
+    if (!Number.isInteger(l) || l < 0 || l >= c.numLayers) throw new Error(`hidden states: layer ${l} is not in [0, ${c.numLayers})`);
+  }
+  // the stream entering layer l is x, or x + residualScale r while a fused add is still pending
+  const take = (l: number, x: Tensor, r?: Tensor) => capture?.layers.forEach((want, k) => {
+    if (want !== l) return;
+    const at = b.gatherRows(x, capture.tokens);
+    hidden[k] = r ? b.add(at, b.gatherRows(r, capture.tokens), c.residualScale) : at;
+  });
   let x = b.embedding(model.weights.embed, ids, model.embeddingScale);
   let logits: Tensor;
   if (fused && (c.normPlacement === 'pre' || c.normPlacement === 'pre_post')) {
@@ -24,6 +55,7 @@ export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor,
     // what picking then norming computes), maybe inside the GEMM that reads that norm.
     let s: FusedStream = { x, h: norm(model, x, model.weights.layers[0]?.inputNorm ?? model.weights.finalNorm) };
     for (let l = 0; l < c.numLayers; l++) {
+      take(l, s.x, s.r);
       const inputs = streamTensors(s);
       b.beginScope();
       try {
@@ -44,6 +76,7 @@ export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor,
     for (let l = 0; l < c.numLayers; l++) {
       // A scope per layer frees its intermediates (q/k/v, MLP activations) as soon as the next
       // layer is enqueued, so a step's peak is one layer's worth, not all of them.
+      take(l, x);
       const input = x;
       b.beginScope();
       try {
@@ -58,7 +91,7 @@ export function enqueueStep<Row extends RowSpan>(model: ModelParts, ids: Tensor,
   }
   if (c.logitScale !== 1) logits = b.scale(logits, c.logitScale);
   if (c.finalLogitSoftcap > 0) logits = b.softcap(logits, c.finalLogitSoftcap);
-  return logits;
+  return { logits, hidden };
 }
 
 function streamTensors(s: FusedStream): Tensor[] {
