@@ -19,10 +19,12 @@ import { loadModel, type ChatMessage, type LoadedModel } from '../execution/load
 import { ContextLengthError, Engine, type Completion, type EngineOptions } from '../execution/engine.ts';
 import { checkFitsContext, PromptTooLongError } from '../artifacts/token-bound.ts';
 import type { EngineRequest, SequenceEvent } from '../execution/sequence.ts';
+import type { SpeculativeOptions } from '../execution/methods/speculative.ts';
 import type { SamplingParamsInput } from '../sampling/index.ts';
 import { GrammarCompiler, GrammarSpecError, grammarVocabFrom, type CompiledGrammar, type GrammarSpec } from '../sampling/grammar/index.ts';
 
-export type { ChatMessage, Completion, SequenceEvent, SamplingParamsInput, GrammarSpec };
+export type { ChatMessage, Completion, SequenceEvent, SamplingParamsInput, GrammarSpec, SpeculativeOptions };
+export type { Proposer, Draft, SpeculationCounts } from '../execution/methods/method.ts';
 export { GrammarSpecError, ContextLengthError };
 export { startServer, type ServerHandle } from './serve.ts';
 export type { BackendSettings } from '../execution/devices.ts';
@@ -75,6 +77,11 @@ export interface GenerateOptions extends SamplingParamsInput {
   guidedChoice?: string[];
   /** a sentence of this xgrammar EBNF grammar (`root ::= ...`); the server's `guided_grammar` */
   guidedGrammar?: string;
+  /**
+   * speculative decoding for this request (`{ proposer: 'ngram', numDraftTokens, ngramMin,
+   * ngramMax }`), or false for none (default: load()'s `speculative`)
+   */
+  speculative?: SpeculativeOptions | false;
 }
 
 /** The constraint fields of GenerateOptions (not sampling parameters). */
@@ -174,7 +181,7 @@ export class Llm {
   private request(o: GenerateOptions): EngineRequest {
     const {
       prompt: _p, messages: _m, promptIds: _i, maxTokens, stop, ignoreEos, topLogprobs, signal: _s,
-      responseFormat: _rf, guidedJson: _gj, guidedRegex: _gr, guidedChoice: _gc, guidedGrammar: _gg, ...sampling
+      responseFormat: _rf, guidedJson: _gj, guidedRegex: _gr, guidedChoice: _gc, guidedGrammar: _gg, speculative, ...sampling
     } = o;
     return {
       promptIds: this.promptIdsOf(o),
@@ -183,6 +190,7 @@ export class Llm {
       stop,
       ignoreEos,
       topLogprobs,
+      ...(speculative === undefined ? {} : { speculative }),
     };
   }
 

@@ -14,6 +14,7 @@ import type { EngineSettings } from '../execution/engine-settings.ts';
 import { DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_BODY_BYTES } from '../server/server.ts';
 import { TOOL_CALL_FORMATS, type ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { DEFAULT_GRAMMAR_CACHE_BYTES, MIN_GRAMMAR_CACHE_BYTES, setGrammarDefaults } from '../sampling/grammar/index.ts';
+import { resolveSpeculative, type SpeculativeOptions } from '../execution/methods/speculative.ts';
 import { checkCorsOrigin } from '../server/access.ts';
 
 export interface ServeOptions {
@@ -74,6 +75,12 @@ export interface ServeOptions {
    * share its steps (backendSettings.cuda.batchInvariant; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
    */
   batchInvariant?: boolean;
+  /**
+   * speculative decoding for every request (default: none): `{ proposer: 'ngram', numDraftTokens:
+   * N | 'adaptive', ngramMin, ngramMax }` (`--speculative ngram`, `--num-draft-tokens`,
+   * `--ngram-min`, `--ngram-max`)
+   */
+  speculative?: SpeculativeOptions;
   /** the backend's knobs set in code, as load() takes them; the rest come from the LLMTS_* environment */
   backendSettings?: BackendSettings;
   /** the engine's knobs set in code (pipeline, deviceSampling, graphs); the rest come from the environment */
@@ -185,6 +192,13 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   }
   if (o.logRequests !== undefined && typeof o.logRequests !== 'boolean')
     fail('logRequests', `${nameOf('logRequests')} must be true or false, got ${JSON.stringify(o.logRequests)}`);
+  if (o.speculative !== undefined) {
+    try {
+      resolveSpeculative(o.speculative);
+    } catch (err) {
+      fail('speculative', (err as Error).message);
+    }
+  }
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
     fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;

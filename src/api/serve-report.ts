@@ -30,6 +30,12 @@ export function reportStartup(o: ResolvedServeOptions, { backend, engine, server
     `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${o.model} --ctx ${engine.maxModelLen} --batch ${o.maxBatch}` +
     `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
   o.log(`tool calls: ${server.model.toolFormat} format (${o.toolCallFormat ? o.nameOf('toolCallFormat') : 'detected from the chat template and vocabulary'})`);
+  const sp = engine.speculative;
+  if (sp) {
+    const depth = sp.numDraftTokens === 'adaptive' ? 'adaptive depth' : `${sp.numDraftTokens} draft tokens`;
+    const drafts = sp.proposer === 'ngram' ? `n-gram drafts (suffixes of ${sp.ngramMin} to ${sp.ngramMax} tokens)` : 'drafts of the given proposer';
+    o.log(engine.speculationOff ? `speculative decoding: off for this model (${engine.speculationOff})` : `speculative decoding: ${drafts}, ${depth}`);
+  }
   const pc = engine.stats.prefixCache;
   if (!pc.enabled) o.log(`prefix cache: off (${pc.off})${o.cacheDir !== undefined ? `; ${o.nameOf('cacheDir')} is unused` : ''}`);
   else {

@@ -51,6 +51,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     engine = new Engine(loaded.model, loaded, {
       ...o.engineSettings,
       maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
+      speculative: o.speculative,
       prefixCache: {
         promptCacheBytes: o.promptCacheBytes,
         tokenizerFingerprint: loaded.tokenizer.fingerprint,

@@ -4,6 +4,8 @@
 import { performance } from 'node:perf_hooks';
 import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
+import { SPECULATIVE_OPTIONS, speculationJson, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
+import type { SpeculationCounts } from '../execution/methods/method.ts';
 import { parseDevice } from '../execution/devices.ts';
 import { load } from '../api/index.ts';
 import type { TokenLogprob } from '../execution/sequence.ts';
@@ -30,6 +32,7 @@ const OPTIONS: Options = {
   device: { type: 'string' },
   'batch-invariant': { type: 'boolean' },
   json: { type: 'boolean' },
+  ...SPECULATIVE_OPTIONS,
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -52,7 +55,9 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --device auto|cpu|cuda   (default auto)
   --batch-invariant        CUDA: results that do not depend on other rows of a step (the server's
                            mode, for comparing; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
-  --json                   print one JSON object instead of streaming text`;
+${speculativeHelp(27)}
+  --json                   print one JSON object instead of streaming text (with --speculative:
+                           "speculation": {"draft_tokens", "accepted_tokens"})`;
 
 function parseMessages(raw: string): { role: string; content: string }[] {
   let value: unknown;
@@ -98,11 +103,12 @@ export async function runGenerate(argv: string[]): Promise<void> {
   };
   const device = parseDevice(stringFlag(v, 'device'));
   const kvDtype = kvDtypeFlag(v);
+  const speculative = speculativeFlags(v);
 
   const t0 = performance.now();
   // One request through the same engine the server uses (a lone row is just a batch of one).
   const llm = await load({
-    model: dir, device, maxBatch: 1, maxModelLen, kvDtype,
+    model: dir, device, maxBatch: 1, maxModelLen, kvDtype, speculative,
     backendSettings: v['batch-invariant'] ? { cuda: { batchInvariant: true } } : undefined,
     onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
   });
@@ -117,6 +123,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
     const logprobs: TokenLogprob[] = [];
     let text = '';
     let finishReason = 'length';
+    let speculation: SpeculationCounts | undefined;
     const events = llm.generate({
       promptIds,
       maxTokens,
@@ -132,6 +139,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
         if (e.logprobs) logprobs.push(e.logprobs);
       } else {
         finishReason = e.finishReason;
+        speculation = e.speculation;
         if (e.error) throw new Error(e.error);
       }
       text += e.text;
@@ -148,6 +156,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
         finish_reason: finishReason,
       };
       if (topLogprobs !== undefined) out.logprobs = logprobs;
+      if (speculation) out.speculation = speculationJson(speculation);
       out.timings = {
         load_ms: round(loadMs),
         prefill_ms: round(tFirst - tStart),

@@ -6,6 +6,7 @@
 
 import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options, type Values } from './args.ts';
 import { UsageError } from './errors.ts';
+import { SPECULATIVE_OPTIONS, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
 import { parseDevice } from '../execution/devices.ts';
 import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { startServer, ServeOptionsError, SERVE_DEFAULTS, type ServeOptions, type ServeOptionName, type ServerHandle } from '../api/index.ts';
@@ -38,6 +39,7 @@ const OPTIONS: Options = {
   'cors-origin': { type: 'string', multiple: true },
   'log-requests': { type: 'boolean' },
   'no-log-requests': { type: 'boolean' },
+  ...SPECULATIVE_OPTIONS,
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -89,6 +91,7 @@ const HELP = `usage: llmts serve --model DIR [options]
   --batch-invariant           CUDA: a request's tokens and logprobs do not depend on the other
                               requests in its steps (every kernel choice fixed by shapes alone;
                               default: $LLMTS_CUDA_BATCH_INVARIANT, off)
+${speculativeHelp(30)}
 
 Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 POST /v1/completions, POST /v1/messages, POST /admin/cache/flush. Prints
@@ -135,10 +138,17 @@ const FLAG_OF: Record<ServeOptionName, string> = {
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
   grammarCacheBytes: '--grammar-cache',
   batchInvariant: '--batch-invariant',
+  speculative: '--speculative',
   corsOrigins: '--cors-origin', logRequests: '--log-requests',
 };
 
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
+
+/** ServeOptions.speculative, when the flags ask for speculative decoding. */
+function speculativeOf(v: Values): Pick<ServeOptions, 'speculative'> {
+  const speculative = speculativeFlags(v);
+  return speculative ? { speculative } : {};
+}
 
 /** The flags as ServeOptions: syntax is checked here, values by startServer. */
 export function serveOptionsOf(argv: string[]): ServeOptions {
@@ -172,6 +182,7 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     ...(cors ? { corsOrigins: cors } : {}),
     ...(v['no-log-requests'] ? { logRequests: false } : {}),
     warmup: v.warmup ? true : v['no-warmup'] ? false : undefined,
+    ...speculativeOf(v),
     ...(v['batch-invariant'] ? { batchInvariant: true } : {}),
     log,
     optionNames: FLAG_OF,

@@ -157,7 +157,7 @@ export class Engine {
   private pipelinedSteps = 0;
   private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative'>>;
   /** the requests' default speculation (EngineOptions.speculative), resolved */
-  private readonly speculative?: Required<SpeculativeOptions>;
+  readonly speculative?: Required<SpeculativeOptions>;
   /**
    * why no sequence speculates on this model (speculationBlocker); requests that ask for it
    * decode plainly

@@ -16,6 +16,7 @@ import type { ToolCallParser } from '../generation/tool-calls/index.ts';
 import { idList } from './request-model.ts';
 import { promptTooLong } from './openai-params.ts';
 import type { MessagesParams, PreparedCountTokens, PreparedMessages } from './anthropic-request.ts';
+import type { SpeculationCounts } from '../execution/methods/method.ts';
 
 export { parseMessagesRequest, type MessagesRequest } from './anthropic-request.ts';
 
@@ -33,10 +34,15 @@ export function anthropicStop(model: ServedModel, request: EngineRequest, tokenI
   return { stop_reason: 'stop_sequence', stop_sequence: hit };
 }
 
-/** Anthropic usage: input_tokens excludes the prompt tokens read from the prefix cache (cache_read_input_tokens) */
-const usage = (input: number, output: number, cached = 0) => ({
+/**
+ * Anthropic usage: input_tokens excludes the prompt tokens read from the prefix cache
+ * (cache_read_input_tokens); speculation: draft tokens verified and accepted, when the request speculated
+ */
+const usage = (input: number, output: number, cached = 0, speculation?: SpeculationCounts) => ({
   input_tokens: input - cached, output_tokens: output, cache_creation_input_tokens: 0, cache_read_input_tokens: cached,
+  ...speculationUsage(speculation),
 });
+const speculationUsage = (s?: SpeculationCounts) => (s ? { speculation: { draft_tokens: s.draftTokens, accepted_tokens: s.acceptedTokens } } : {});
 
 /** A tool_use block's input: the arguments object (an unparsable one, e.g. cut by max_tokens, is {}). */
 function toolInput(args: string): unknown {
@@ -91,8 +97,8 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
   const promptIds = request.promptIds;
   const plans: SeqPlan[] = [{ promptIndex: 0, request }];
   const id = newId('msg_');
-  const message = (content: unknown[], stop: { stop_reason: StopReason | null; stop_sequence: string | null }, out: number, cached = 0) => ({
-    id, type: 'message', role: 'assistant', model: model.name, content, ...stop, usage: usage(promptIds.length, out, cached),
+  const message = (content: unknown[], stop: { stop_reason: StopReason | null; stop_sequence: string | null }, out: number, cached = 0, speculation?: SpeculationCounts) => ({
+    id, type: 'message', role: 'assistant', model: model.name, content, ...stop, usage: usage(promptIds.length, out, cached, speculation),
   });
   const tools = req.tools?.parse ? req.tools : undefined;
   const parser: ToolCallParser | undefined = tools?.format.createParser({ forced: tools.forced, triggerTokens: model.toolTriggerTokens });
@@ -106,7 +112,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
     if (r.finishReason === 'error' && r.errorKind !== 'grammar') throw new Error(`generation failed: ${r.error ?? 'unknown error'}`);
     if (r.finishReason === 'cancelled' && ctx.signal.aborted) return;
     if (!parser) {
-      sendJson(ctx.res, 200, message([{ type: 'text', text: r.text }], anthropicStop(model, request, r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens));
+      sendJson(ctx.res, 200, message([{ type: 'text', text: r.text }], anthropicStop(model, request, r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens, r.speculation));
       return;
     }
     // the pieces the stream would have carried, through the same parser
@@ -117,7 +123,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
     const content: unknown[] = [];
     if (text !== '' || parser.calls.length === 0) content.push({ type: 'text', text });
     for (const c of parser.calls) content.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) });
-    sendJson(ctx.res, 200, message(content, stopOf(r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens));
+    sendJson(ctx.res, 200, message(content, stopOf(r.tokenIds, r.text, r.finishReason), r.completionTokens, r.cachedTokens, r.speculation));
     return;
   }
 
@@ -175,7 +181,7 @@ async function respondMessages(ctx: HandlerContext, req: MessagesParams, request
       const stop = e.finishReason === 'cancelled'
         ? { stop_reason: 'end_turn' as const, stop_sequence: null }
         : stopOf(tokenIds, text, e.finishReason);
-      await sse.send({ type: 'message_delta', delta: stop, usage: { output_tokens: e.completionTokens, input_tokens: promptIds.length - e.cachedTokens, cache_read_input_tokens: e.cachedTokens } }, 'message_delta');
+      await sse.send({ type: 'message_delta', delta: stop, usage: { output_tokens: e.completionTokens, input_tokens: promptIds.length - e.cachedTokens, cache_read_input_tokens: e.cachedTokens, ...speculationUsage(e.speculation) } }, 'message_delta');
       await sse.send({ type: 'message_stop' }, 'message_stop');
     }, (err) => err instanceof ClientGoneError);
   } catch (err) {

@@ -9,6 +9,7 @@ import { grammarCompilerStats, grammarDefaults, type GrammarCompilerStats } from
 const TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5];
 const E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+const ACCEPTED_BUCKETS = [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64];
 
 export class ServerMetrics {
   readonly registry = new Registry();
@@ -51,6 +52,7 @@ export class ServerMetrics {
     gauge('llmts_engine_steps', 'engine steps run since start', (s) => s.steps);
     gauge('llmts_kv_blocks_cached', 'KV blocks held by no sequence, kept for prefix reuse (evictable)', (s) => s.kvBlocksCached);
     this.prefixCacheMetrics(stats, registers);
+    this.speculationMetrics(stats, registers);
     this.grammarMetrics(registers);
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry, prefix: 'llmts_' });
   }
@@ -115,6 +117,38 @@ export class ServerMetrics {
     ssdGauge('llmts_prefix_cache_ssd_files', 'prefix files in the SSD tier', (s) => pc(s).ssd?.files ?? 0);
     ssdGauge('llmts_prefix_cache_ssd_pending', 'finished prefixes waiting to be written to the SSD tier', (s) => pc(s).ssd?.pending ?? 0);
     ssdGauge('llmts_prefix_cache_ssd_capture_bytes', 'host bytes of captured prefixes not yet written', (s) => pc(s).ssd?.captureBytes ?? 0);
+  }
+
+  /**
+   * Speculative decoding (README "Metrics"): draft tokens verified and accepted, and the accepted
+   * length of each verify row (a row with a draft, in a step). The engine keeps totals; each
+   * scrape adds what grew since the last one.
+   */
+  private speculationMetrics(stats: () => EngineStats, registers: Registry[]): void {
+    const total = (name: string, help: string, read: (s: EngineStats) => number) => {
+      let seen = 0;
+      return new Counter({
+        name, help, registers,
+        collect() {
+          const n = read(stats());
+          if (n > seen) this.inc(n - seen);
+          seen = Math.max(seen, n);
+        },
+      });
+    };
+    total('llmts_spec_decode_draft_tokens_total', 'draft tokens verified (speculative decoding)', (s) => s.speculation.draftTokens);
+    total('llmts_spec_decode_accepted_tokens_total', 'draft tokens accepted: equal to what the model produced at their position', (s) => s.speculation.acceptedTokens);
+    const seen: number[] = [];
+    new Histogram({
+      name: 'llmts_spec_decode_acceptance_length', help: 'draft tokens accepted per verify row (a row with a draft, in a step)',
+      buckets: ACCEPTED_BUCKETS, registers,
+      collect() {
+        stats().speculation.acceptedLengths.forEach((n, length) => {
+          for (let k = seen[length] ?? 0; k < n; k++) this.observe(length);
+          seen[length] = Math.max(n, seen[length] ?? 0);
+        });
+      },
+    });
   }
 
   /**

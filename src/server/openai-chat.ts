@@ -5,7 +5,7 @@
 
 import { sendJson } from './http-io.ts';
 import { newId, nowSeconds, type HandlerContext } from './context.ts';
-import { cachedTokensOf } from './run.ts';
+import { cachedTokensOf, speculationOf } from './run.ts';
 import { completeChoices, streamChoices } from './openai-choices.ts';
 import { chatLogprob } from './logprobs-format.ts';
 import { ThinkSplitter, type SplitText } from './reasoning.ts';
@@ -126,7 +126,7 @@ async function respond(
     });
     sendJson(ctx.res, 200, {
       id: newId('chatcmpl-'), object: 'chat.completion', created: nowSeconds(), model: model.name, choices,
-      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))),
+      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens)), speculationOf(results.map((r) => r.speculation))),
     });
     return;
   }

@@ -6,7 +6,8 @@ import type { FinishEvent, TokenEvent } from '../execution/sequence.ts';
 import { newId, nowSeconds, streamFailed, type HandlerContext } from './context.ts';
 import { ClientGoneError, SseWriter } from './http-io.ts';
 import { usageOf } from './openai-params.ts';
-import { cachedTokensOf, runToCompletion, startStreams, type SeqPlan, type SeqResult } from './run.ts';
+import { cachedTokensOf, runToCompletion, speculationOf, startStreams, type SeqPlan, type SeqResult } from './run.ts';
+import type { SpeculationCounts } from '../execution/methods/method.ts';
 
 /**
  * Every choice run to its end. Undefined when the client left (its rows were cancelled); throws
@@ -56,6 +57,7 @@ export async function streamChoices(ctx: HandlerContext, plans: readonly SeqPlan
   const states: StreamedChoice[] = plans.map(() => ({ tokenIds: [], text: '' }));
   let completionTokens = 0;
   const cached = plans.map(() => 0);
+  const speculation: (SpeculationCounts | undefined)[] = plans.map(() => undefined);
   try {
     if (spec.opening) for (let index = 0; index < plans.length; index++) await sse.send(chunk([spec.opening(index)]));
     await run(async (index, e) => {
@@ -69,6 +71,7 @@ export async function streamChoices(ctx: HandlerContext, plans: readonly SeqPlan
       }
       completionTokens += e.completionTokens;
       cached[index] = e.cachedTokens;
+      speculation[index] = e.speculation;
       if (e.finishReason === 'error' && e.errorKind !== 'grammar') {
         ctx.logError(spec.route, new Error(e.error ?? 'generation failed'));
         await sse.send({ error: { message: `generation failed: ${e.error ?? 'unknown error'}`, type: 'server_error', param: null, code: null } });
@@ -77,7 +80,7 @@ export async function streamChoices(ctx: HandlerContext, plans: readonly SeqPlan
       so.text += e.text;
       await sse.send(chunk([spec.finish(index, e, so)]));
     }, (err) => err instanceof ClientGoneError);
-    if (spec.includeUsage) await sse.send(chunk([], usageOf(spec.promptTokens, completionTokens, cachedTokensOf(plans, cached))));
+    if (spec.includeUsage) await sse.send(chunk([], usageOf(spec.promptTokens, completionTokens, cachedTokensOf(plans, cached), speculationOf(speculation))));
     await sse.raw('data: [DONE]\n\n');
   } catch (err) {
     await streamFailed(ctx, sse, spec.route, err);

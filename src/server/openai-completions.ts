@@ -4,7 +4,7 @@
 
 import { sendJson } from './http-io.ts';
 import { newId, nowSeconds, type HandlerContext } from './context.ts';
-import { cachedTokensOf } from './run.ts';
+import { cachedTokensOf, speculationOf } from './run.ts';
 import { completeChoices, streamChoices } from './openai-choices.ts';
 import { legacyLogprobs } from './logprobs-format.ts';
 import { finishReasonOf, planSequences, stopReasonOf, usageOf } from './openai-params.ts';
@@ -45,7 +45,7 @@ async function respond(ctx: HandlerContext, p: PreparedCompletions['params'], pr
     });
     sendJson(ctx.res, 200, {
       id: newId('cmpl-'), object: 'text_completion', created: nowSeconds(), model: model.name, choices,
-      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens))),
+      usage: usageOf(promptTokens, completionTokens, cachedTokensOf(plans, results.map((r) => r.cachedTokens)), speculationOf(results.map((r) => r.speculation))),
     });
     return;
   }

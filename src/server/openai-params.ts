@@ -11,6 +11,7 @@ import { idList, type ModelFacts, type PromptIds } from './request-model.ts';
 import type { SeqPlan } from './run.ts';
 import type { CompiledGrammar } from '../sampling/grammar/index.ts';
 import { parseConstraint, type Constraint } from './structured.ts';
+import type { SpeculationCounts } from '../execution/methods/method.ts';
 
 export const MAX_N = 128;
 export const MAX_STOPS = 64;
@@ -188,13 +189,17 @@ export function stopReasonOf(
 
 export const finishReasonOf = (reason: string): string => (reason === 'cancelled' ? 'abort' : reason);
 
-/** OpenAI usage; `cachedTokens`: prompt tokens served from the prefix cache (run.ts cachedTokensOf) */
-export function usageOf(promptTokens: number, completionTokens: number, cachedTokens = 0) {
+/**
+ * OpenAI usage; `cachedTokens`: prompt tokens served from the prefix cache (run.ts cachedTokensOf);
+ * `speculation`: draft tokens verified and accepted (run.ts speculationOf), when the request speculated
+ */
+export function usageOf(promptTokens: number, completionTokens: number, cachedTokens = 0, speculation?: SpeculationCounts) {
   return {
     prompt_tokens: promptTokens,
     completion_tokens: completionTokens,
     total_tokens: promptTokens + completionTokens,
     prompt_tokens_details: { cached_tokens: cachedTokens },
+    ...(speculation ? { speculation: { draft_tokens: speculation.draftTokens, accepted_tokens: speculation.acceptedTokens } } : {}),
   };
 }
 

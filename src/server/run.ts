@@ -7,6 +7,7 @@ import type { RequestUsage } from './access.ts';
 import { performance } from 'node:perf_hooks';
 import type { Engine } from '../execution/engine.ts';
 import type { EngineRequest, FinishEvent, FinishReason, SequenceEvent, TokenLogprob } from '../execution/sequence.ts';
+import type { SpeculationCounts } from '../execution/methods/method.ts';
 import { badRequest, clientErrorOf } from './errors.ts';
 import type { ServerMetrics } from './metrics.ts';
 
@@ -30,6 +31,8 @@ export interface SeqResult {
   completionTokens: number;
   /** prompt tokens served from the prefix cache */
   cachedTokens: number;
+  /** draft tokens verified and accepted, when the sequence speculated */
+  speculation?: SpeculationCounts;
   error?: string;
   /** 'grammar': the row's grammar failed; the choice ends with finish_reason "error", siblings go on */
   errorKind?: 'grammar';
@@ -106,6 +109,16 @@ export function cachedTokensOf(plans: readonly SeqPlan[], perSeq: readonly numbe
   return [...best.values()].reduce((a, b) => a + b, 0);
 }
 
+/**
+ * A request's usage.speculation: the draft tokens its sequences verified and accepted, summed;
+ * undefined when none of them speculated.
+ */
+export function speculationOf(perSeq: readonly (SpeculationCounts | undefined)[]): SpeculationCounts | undefined {
+  const given = perSeq.filter((s): s is SpeculationCounts => s !== undefined);
+  if (given.length === 0) return undefined;
+  return given.reduce((a, s) => ({ draftTokens: a.draftTokens + s.draftTokens, acceptedTokens: a.acceptedTokens + s.acceptedTokens }), { draftTokens: 0, acceptedTokens: 0 });
+}
+
 /** Non-streaming: runs every plan to its end. */
 export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Promise<SeqResult[]> {
   const pending = submitAll(ctx, plans, (plan) => {
@@ -132,6 +145,7 @@ export function runToCompletion(ctx: RunContext, plans: readonly SeqPlan[]): Pro
       r.promptTokens = e.promptTokens;
       r.completionTokens = e.completionTokens;
       r.cachedTokens = e.cachedTokens;
+      r.speculation = e.speculation;
       r.error = e.error;
       r.errorKind = e.errorKind;
       resolve(r);

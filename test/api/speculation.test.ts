@@ -1,0 +1,24 @@
+// The library API takes the speculative options: load()'s for every request, a request's own (or
+// false for none); a completion reports its draft counts.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { resolve } from 'node:path';
+import { load } from '../../src/api/index.ts';
+
+test('load({ speculative }) speculates every request; a request may turn it off or choose its own', async () => {
+  const llm = await load({ model: resolve(import.meta.dirname, '../fixtures/llama'), device: 'cpu', speculative: { proposer: 'ngram', ngramMin: 1 } });
+  try {
+    const o = { prompt: 'the cat sat on the mat. the cat sat on the', maxTokens: 24, temperature: 0, ignoreEos: true };
+    const spec = await llm.complete(o);
+    const off = await llm.complete({ ...o, speculative: false });
+    const own = await llm.complete({ ...o, speculative: { proposer: 'ngram', numDraftTokens: 2, ngramMin: 1, ngramMax: 2 } });
+    assert.deepEqual(spec.tokenIds, off.tokenIds);
+    assert.deepEqual(own.tokenIds, off.tokenIds);
+    assert.equal(off.speculation, undefined);
+    assert.ok(spec.speculation!.draftTokens > 0, JSON.stringify(spec.speculation));
+    assert.ok(own.speculation!.draftTokens > 0);
+    await assert.rejects(llm.complete({ ...o, speculative: { proposer: 'ngram', ngramMin: 0 } }), /speculative.ngramMin must be an integer from 1 to 64, got 0/);
+  } finally {
+    await llm.close(0);
+  }
+});

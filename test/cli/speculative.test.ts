@@ -1,0 +1,72 @@
+// The speculative decoding flags of `generate` and `serve`: generate --json's "speculation" and its
+// tokens (those of a run without the flags), the flags as ServeOptions, and one-line errors for
+// bad values.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { serveOptionsOf } from '../../src/cli/serve.ts';
+import { UsageError } from '../../src/cli/errors.ts';
+import { resolveServeOptions, ServeOptionsError } from '../../src/api/serve-options.ts';
+
+const ROOT = resolve(import.meta.dirname, '../..');
+const BIN = join(ROOT, 'bin/llmts');
+const LLAMA = join(ROOT, 'test/fixtures/llama');
+
+function run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((done) => {
+    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
+      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
+    });
+  });
+}
+
+test('generate --json --speculative ngram: the tokens of a run without it, and "speculation" with the draft counts', async () => {
+  const c = JSON.parse(readFileSync(join(LLAMA, 'reference.json'), 'utf8')).cases[2];
+  const args = ['generate', '--model', LLAMA, '--prompt', c.prompt_text, '--max-tokens', '40', '--temperature', '0', '--ignore-eos', '--json', '--device', 'cpu', '--top-logprobs', '2'];
+  const [plain, spec, fixed] = await Promise.all([
+    run(args),
+    run([...args, '--speculative', 'ngram', '--ngram-min', '1']),
+    run([...args, '--speculative', 'ngram', '--num-draft-tokens', '3', '--ngram-min', '1', '--ngram-max', '2']),
+  ]);
+  for (const r of [plain, spec, fixed]) assert.equal(r.code, 0, r.stderr);
+  const [a, b, f] = [plain, spec, fixed].map((r) => JSON.parse(r.stdout));
+  assert.equal(a.speculation, undefined);
+  assert.deepEqual(Object.keys(b), ['prompt_token_ids', 'token_ids', 'text', 'finish_reason', 'logprobs', 'speculation', 'timings']);
+  for (const x of [b, f]) {
+    assert.deepEqual(x.token_ids, a.token_ids);
+    assert.deepEqual(x.logprobs, a.logprobs);
+    assert.deepEqual(Object.keys(x.speculation), ['draft_tokens', 'accepted_tokens']);
+    assert.ok(x.speculation.draft_tokens > 0 && x.speculation.accepted_tokens <= x.speculation.draft_tokens, JSON.stringify(x.speculation));
+  }
+});
+
+test('bad speculative flags are one-line errors that name the flag', async () => {
+  for (const [flags, message] of [
+    [['--num-draft-tokens', '3'], /--num-draft-tokens needs --speculative ngram/],
+    [['--speculative', 'draft'], /--speculative must be ngram \(prompt lookup\), got "draft"/],
+    [['--speculative', 'ngram', '--num-draft-tokens', '0'], /--num-draft-tokens must be an integer from 1 to 64 or "adaptive", got "0"/],
+    [['--speculative', 'ngram', '--num-draft-tokens', 'lots'], /--num-draft-tokens must be an integer from 1 to 64 or "adaptive", got "lots"/],
+    [['--speculative', 'ngram', '--ngram-min', '5', '--ngram-max', '2'], /--ngram-min \(5\) must not be above --ngram-max \(2\)/],
+    [['--speculative', 'ngram', '--ngram-max', '0'], /--ngram-max must be >= 1, got 0/],
+  ] as const) {
+    const r = await run(['generate', '--model', LLAMA, '--prompt', 'x', '--device', 'cpu', ...flags]);
+    assert.notEqual(r.code, 0);
+    const lines = r.stderr.trimEnd().split('\n');
+    assert.equal(lines.length, 1, r.stderr);
+    assert.match(lines[0]!, message);
+    assert.throws(() => serveOptionsOf(['--model', 'm', ...flags]), (e: unknown) => e instanceof UsageError && message.test(e.message), flags.join(' '));
+  }
+});
+
+test('serve: the flags become ServeOptions.speculative; startServer checks what code passes', () => {
+  assert.deepEqual(serveOptionsOf(['--model', 'm', '--speculative', 'ngram', '--num-draft-tokens', 'adaptive', '--ngram-max', '3']).speculative,
+    { proposer: 'ngram', numDraftTokens: 'adaptive', ngramMin: undefined, ngramMax: 3 });
+  assert.deepEqual(serveOptionsOf(['--model', 'm', '--speculative', 'ngram', '--num-draft-tokens', '6']).speculative,
+    { proposer: 'ngram', numDraftTokens: 6, ngramMin: undefined, ngramMax: undefined });
+  assert.equal(serveOptionsOf(['--model', 'm']).speculative, undefined);
+  assert.throws(() => resolveServeOptions({ model: 'm', speculative: { proposer: 'ngram', numDraftTokens: 99 } }),
+    (e: unknown) => e instanceof ServeOptionsError && e.option === 'speculative' && /numDraftTokens must be 'adaptive' or an integer from 1 to 64, got 99/.test(e.message));
+});

@@ -1,0 +1,84 @@
+// Speculative decoding through the server (startServer in process, the llama fixture on the CPU
+// backend): the same completions as a server without it, usage.speculation on every route that
+// reports usage (chat and completions, streamed or not; Anthropic messages), and the /metrics
+// drafted / accepted counters and acceptance-length histogram.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { resolve } from 'node:path';
+import { startServer, type ServerHandle } from '../../src/api/index.ts';
+
+const LLAMA = resolve(import.meta.dirname, '../fixtures/llama');
+let plain: ServerHandle, spec: ServerHandle;
+const notes: string[] = [];
+
+before(async () => {
+  const base = { model: LLAMA, device: 'cpu' as const, port: 0, servedModelName: 'm', maxBatch: 4 };
+  plain = await startServer(base);
+  spec = await startServer({ ...base, speculative: { proposer: 'ngram', numDraftTokens: 4, ngramMin: 1 }, log: (l) => notes.push(l) });
+});
+after(async () => {
+  await plain?.close(0);
+  await spec?.close(0);
+});
+
+const post = async (srv: ServerHandle, path: string, body: object) => {
+  const res = await fetch(`${srv.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  assert.equal(res.status, 200);
+  return res;
+};
+
+/** The data events of an SSE response, parsed. */
+async function events(res: Response): Promise<Record<string, unknown>[]> {
+  const text = await res.text();
+  return text.split('\n').filter((l) => l.startsWith('data: ') && l !== 'data: [DONE]').map((l) => JSON.parse(l.slice(6)));
+}
+
+const completion = { model: 'm', prompt: 'def f(x): return x\ndef f(x): return', max_tokens: 24, temperature: 0, ignore_eos: true, n: 2 };
+
+test('the startup notes say how the server speculates', () => {
+  assert.ok(notes.includes('speculative decoding: n-gram drafts (suffixes of 1 to 5 tokens), 4 draft tokens'), notes.join('\n'));
+});
+
+test('completions: the same text as without speculation, and usage.speculation summed over the choices', async () => {
+  const a = await (await post(plain, '/v1/completions', completion)).json();
+  const b = await (await post(spec, '/v1/completions', completion)).json();
+  assert.deepEqual(b.choices.map((c: { text: string }) => c.text), a.choices.map((c: { text: string }) => c.text));
+  assert.equal(a.usage.speculation, undefined, 'a server that does not speculate reports none');
+  const s = b.usage.speculation;
+  assert.deepEqual(Object.keys(s), ['draft_tokens', 'accepted_tokens']);
+  assert.ok(s.draft_tokens > 0 && s.accepted_tokens <= s.draft_tokens, JSON.stringify(s));
+  // streamed with usage: the same counts
+  const streamed = await events(await post(spec, '/v1/completions', { ...completion, stream: true, stream_options: { include_usage: true } }));
+  const usage = streamed.at(-1)!.usage as { speculation: unknown };
+  assert.deepEqual(usage.speculation, s);
+});
+
+test('chat completions and Anthropic messages report usage.speculation too', async () => {
+  const chat = { model: 'm', messages: [{ role: 'user', content: 'abc abc abc abc' }], max_tokens: 16, temperature: 0, ignore_eos: true };
+  const a = await (await post(plain, '/v1/chat/completions', chat)).json();
+  const b = await (await post(spec, '/v1/chat/completions', chat)).json();
+  assert.equal(b.choices[0].message.content, a.choices[0].message.content);
+  assert.ok(b.usage.speculation.draft_tokens > 0);
+  const streamed = await events(await post(spec, '/v1/chat/completions', { ...chat, stream: true, stream_options: { include_usage: true } }));
+  assert.deepEqual((streamed.at(-1)!.usage as { speculation: unknown }).speculation, b.usage.speculation);
+  const msg = await (await post(spec, '/v1/messages', { model: 'm', max_tokens: 16, messages: [{ role: 'user', content: 'abc abc abc abc' }] })).json();
+  assert.ok(msg.usage.speculation.draft_tokens > 0, JSON.stringify(msg.usage));
+});
+
+test('/metrics counts draft tokens verified and accepted, and the accepted length of each verify row', async () => {
+  const scrape = async () => (await (await fetch(`${spec.url}/metrics`)).text());
+  const value = (text: string, name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
+  const before = await scrape();
+  await (await post(spec, '/v1/completions', completion)).json();
+  const now = await scrape();
+  const drafted = value(now, 'llmts_spec_decode_draft_tokens_total') - value(before, 'llmts_spec_decode_draft_tokens_total');
+  const accepted = value(now, 'llmts_spec_decode_accepted_tokens_total') - value(before, 'llmts_spec_decode_accepted_tokens_total');
+  assert.ok(drafted > 0 && accepted >= 0 && accepted <= drafted, `${drafted} ${accepted}`);
+  // the histogram: its sum is the accepted tokens, its count the verify rows
+  const sum = value(now, 'llmts_spec_decode_acceptance_length_sum') - value(before, 'llmts_spec_decode_acceptance_length_sum');
+  const rows = value(now, 'llmts_spec_decode_acceptance_length_count') - value(before, 'llmts_spec_decode_acceptance_length_count');
+  assert.equal(sum, accepted);
+  assert.ok(rows > 0 && rows * 4 >= drafted, `${rows} verify rows of at most 4 draft tokens`);
+  assert.match(now, /^llmts_spec_decode_acceptance_length_bucket\{le="0"\} \d+$/m);
+  assert.equal(spec.engine.stats.speculation.draftTokens, value(now, 'llmts_spec_decode_draft_tokens_total'));
+});
