@@ -155,6 +155,8 @@ export class Engine {
   private wake?: () => void;
   private steps = 0;
   private pipelinedSteps = 0;
+  /** when the last step's postprocess ended (a pipelined step's interval starts there) */
+  private lastStepDone?: number;
   private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative'>>;
   /** the requests' default speculation (EngineOptions.speculative), resolved */
   readonly speculative?: Required<SpeculativeOptions>;
@@ -460,9 +462,10 @@ export class Engine {
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
     this.acceptor.postprocess(cur, result);
-    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample)) {
-      this.drafts.recordStep(cur.tokens, cur.rows.length, performance.now() - cur.plannedAt);
-    }
+    const done = performance.now();
+    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample)) this.drafts.recordStep(cur.tokens, cur.rows.length, done - cur.plannedAt);
+    if (cur.pipelined && this.lastStepDone !== undefined) this.drafts.recordPipelined(cur.rows.length, done - this.lastStepDone);
+    this.lastStepDone = done;
     return true;
   }
 

@@ -16,11 +16,15 @@
 // Drafts: a row that reaches the end of its known tokens may also compute tokens its decoding
 // method proposes after them (methods/), as deep as the draft planner allows under the budget
 // left, never past the sequence's last position (so its worst case covers their KV, plus the
-// method's kvLookahead).
+// method's kvLookahead). Each draft token has a logit row of its own: STEP_DRAFT_TOKENS bounds
+// them per step, so a step's logits stay within a few dozen rows of a plain step's.
 
 import { blocksPerSequence, type KvCache } from '../state/kv-cache.ts';
 import type { Draft } from './methods/method.ts';
 import type { Sequence } from './sequence.ts';
+
+/** draft tokens one step computes at most, over all its rows */
+export const STEP_DRAFT_TOKENS = 64;
 
 export interface SchedulerOptions {
   /** rows decoding together */
@@ -220,7 +224,7 @@ export class Scheduler {
       if (!this.admit(this.waiting[0])) break; // FIFO: the head waits for room, nobody overtakes it
       take(this.waiting.shift()!);
     }
-    if (budget > 0 && this.opts.drafts) this.addDrafts(rows, budget, this.opts.drafts);
+    if (budget > 0 && this.opts.drafts) this.addDrafts(rows, Math.min(budget, STEP_DRAFT_TOKENS), this.opts.drafts);
     return rows;
   }
 

@@ -293,14 +293,17 @@ test('a step with a draft is not pipelined; an adaptive row whose drafts stop pa
     sameRun(await runOf(fixed, { ...greedy(prompt, 150), speculative: { proposer: scripted(plain!.tokens, V), numDraftTokens: 3 } }), plain!, 'fixed');
     assert.equal(fixed.stats.pipelinedSteps, 0);
     await fixed.close(0);
-    // adaptive, drafts always wrong: its acceptance falls, drafting stops, the row's steps pipeline
+    // adaptive, drafts always wrong: its acceptance falls by a tenth at each wrong guess (every
+    // step), below what any measured step cost makes pay long before the end: drafting stops and
+    // the row's steps pipeline
     const adaptive = new Engine(m.model, m, { maxBatch: 2, maxModelLen: m.maxContext, pipeline: true });
-    const r = await runOf(adaptive, { ...greedy(prompt, 150), speculative: { proposer: scripted(plain!.tokens, V, () => true), numDraftTokens: 'adaptive' } });
+    const draftedAt: number[] = [];
+    const r = await runOf(adaptive, { ...greedy(prompt, 150), speculative: { proposer: scripted(plain!.tokens, V, () => true), numDraftTokens: 'adaptive' } },
+      undefined, () => draftedAt.push(adaptive.stats.speculation.draftTokens));
     sameRun(r, plain!, 'adaptive');
     assert.ok(r.speculation!.draftTokens > 0 && r.speculation!.acceptedTokens === 0);
-    // drafting every step would verify 150 draft tokens or more
-    assert.ok(r.speculation!.draftTokens < 60, `drafting stopped (${r.speculation!.draftTokens} draft tokens)`);
-    assert.ok(adaptive.stats.pipelinedSteps > 60, `the plain steps pipelined (${adaptive.stats.pipelinedSteps})`);
+    assert.equal(draftedAt[99], draftedAt[149], `no drafts over the last 50 tokens (${draftedAt[99]} then ${draftedAt[149]})`);
+    assert.ok(adaptive.stats.pipelinedSteps >= 40, `the plain steps pipelined (${adaptive.stats.pipelinedSteps})`);
     await adaptive.close(0);
   });
 });

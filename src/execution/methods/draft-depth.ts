@@ -15,6 +15,11 @@
 // wall-clock milliseconds, schedule to postprocess), with a weak prior that a step's fixed cost
 // is PRIOR_STEP_TOKENS tokens' worth, which settles the slope until steps of different sizes have
 // been seen.
+//
+// A step with a draft is not pipelined (pipeline.ts), and a plain step of the same rows may be:
+// then it costs what the pipelined steps measured at that batch size (one step's interval, which
+// hides the host's work behind the device's), less than c. Drafting pays only when the step's
+// rate with the drafts beats that: otherwise the adaptive rows draft nothing.
 
 import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
 
@@ -26,6 +31,8 @@ const PRIOR_WEIGHT = 0.05;
 const FORGET = 0.97;
 /** the slope is never taken below this fraction of a step's mean cost per token: drafting is never free */
 const MIN_SLOPE_SHARE = 0.02;
+/** how far one pipelined step's interval moves the mean at its batch size */
+const PIPELINED_RATE = 0.1;
 
 /** A step's wall-clock cost as a line in its tokens, fitted to the steps measured. */
 export class StepCosts {
@@ -90,6 +97,8 @@ export class DraftPlanner implements DraftPlanning {
   readonly stats: SpeculationStats = { draftTokens: 0, acceptedTokens: 0, verifies: 0, acceptedLengths: [] };
   /** sampling rows and tokens of the last step measured: the batch an adaptive row judges itself against */
   private lastStep = { rows: 1, tokens: 1 };
+  /** mean interval of pipelined plain steps, by their rows */
+  private readonly pipelined = new Map<number, number>();
 
   depths(asks: readonly DraftAsk[], rows: readonly ScheduledRow[], budget: number): number[] {
     const depth = asks.map(() => 0);
@@ -113,15 +122,27 @@ export class DraftPlanner implements DraftPlanning {
     if (gains.length === 0 || left <= 0) return depth;
     gains.sort((x, y) => y.g - x.g); // stable: a row's gains stay in depth order
     const { a, b } = this.line();
-    let expected = rows.filter((r) => r.sample).length;
+    const sampling = rows.filter((r) => r.sample).length;
+    const plain = { rate: sampling / this.plainCost(rows.length, tokens), fixed: tokens };
+    let expected = sampling;
+    const adaptive = depth.slice();
     for (const { i, g } of gains) {
       if (left <= 0 || g <= (b * expected) / (a + b * tokens)) break;
-      depth[i]!++;
+      adaptive[i]!++;
       expected += g;
       tokens++;
       left--;
     }
-    return depth;
+    // the drafts must beat the plain step they replace, pipelined where it would be
+    if (tokens > plain.fixed && expected / (a + b * tokens) <= plain.rate) return depth;
+    return adaptive;
+  }
+
+  /** What a plain step of `rows` rows and `tokens` tokens costs: the fitted line, or the pipelined steps' interval when less. */
+  private plainCost(rows: number, tokens: number): number {
+    const { a, b } = this.line();
+    const c = a + b * tokens;
+    return Math.min(c, this.pipelined.get(rows) ?? c);
   }
 
   /**
@@ -132,13 +153,20 @@ export class DraftPlanner implements DraftPlanning {
   drafts(acceptance: number): boolean {
     const { a, b } = this.line();
     const { rows, tokens } = this.lastStep;
-    return acceptance > (b * rows) / (a + b * tokens);
+    return (rows + acceptance) / (a + b * (tokens + 1)) > rows / this.plainCost(rows, tokens);
   }
 
   /** A step run to its end (not pipelined): its tokens, sampling rows and wall-clock milliseconds. */
   recordStep(tokens: number, rows: number, ms: number): void {
     this.costs.record(tokens, ms);
     this.lastStep = { rows: Math.max(1, rows), tokens: Math.max(1, tokens) };
+  }
+
+  /** A pipelined plain step of `rows` rows, `ms` after the step before it ended. */
+  recordPipelined(rows: number, ms: number): void {
+    if (!(ms > 0)) return;
+    const old = this.pipelined.get(rows);
+    this.pipelined.set(rows, old === undefined ? ms : old + PIPELINED_RATE * (ms - old));
   }
 
   /** A verify row's outcome: `drafted` tokens, `accepted` of them. */

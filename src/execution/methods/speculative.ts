@@ -20,13 +20,14 @@
 // engine gives them the autoregressive method).
 //
 // Depth: a fixed number of draft tokens, or adaptive (draft-depth.ts), from the row's recent
-// acceptance per draft token. A row whose drafting does not pay is a plain row (and pipelines):
-// it still checks what its proposer would have proposed against the token it got, so its
+// acceptance per draft token. After each plain token the row asks its proposer what it would
+// draft next: with nothing to draft, or (adaptive) drafting that does not pay, its next step is a
+// plain one and may be pipelined; the guess is checked against the token that comes, so the
 // acceptance follows the text, and drafting resumes when the text turns repetitive.
 
 import { isGreedy, processLogits, samplingDistribution, topLogprobs, verifyDraftToken } from '../../sampling/index.ts';
 import { appendTokens, type FinishFn, type RunToken } from '../append-tokens.ts';
-import type { ScheduledRow } from '../scheduler.ts';
+import { trimDraft, type ScheduledRow } from '../scheduler.ts';
 import type { Sequence } from '../sequence.ts';
 import type { TokenSource } from '../token-accept.ts';
 import { AUTOREGRESSIVE, takeToken } from './autoregressive.ts';
@@ -92,10 +93,10 @@ export class Speculative implements DecodingMethod {
   private rate = ACCEPTANCE_PRIOR;
   /** the tokens verify took, for accept */
   private pending?: RunToken[];
-  /** the first token last proposed, and the position it was for (a plain row checks it) */
-  private guess?: { at: number; token: number };
-  /** adaptive: the row's drafting does not pay now */
-  private off = false;
+  /** the proposal last made, and the position its first token is for (a plain row checks that token) */
+  private last?: { at: number; draft: Draft | undefined };
+  /** the row would draft for its next token: its next step waits for this one's (not pipelined) */
+  private drafting = true;
 
   constructor(
     private readonly proposer: Proposer,
@@ -112,13 +113,15 @@ export class Speculative implements DecodingMethod {
 
   propose(seq: Sequence, max: number): Draft | undefined {
     if (seq.grammar) return undefined;
-    const draft = this.proposer.propose(seq, Math.min(max, this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth));
-    this.guess = draft && draft.tokens.length > 0 ? { at: seq.known, token: draft.tokens[0]! } : undefined;
-    return draft;
+    const deepest = this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth;
+    // accept() proposed for this position already, as deep as the method drafts
+    const draft = this.last?.at === seq.known ? this.last.draft : this.proposer.propose(seq, deepest);
+    this.last = { at: seq.known, draft };
+    return draft && draft.tokens.length > max ? trimDraft(draft, max) : draft;
   }
 
   pipelinable(_seq: Sequence, plain: boolean): boolean {
-    return plain && this.depth === 'adaptive' && this.off;
+    return plain && !this.drafting;
   }
 
   verify(seq: Sequence, row: ScheduledRow, sources: readonly TokenSource[]): number {
@@ -170,15 +173,15 @@ export class Speculative implements DecodingMethod {
     }
     // a plain row: its token is what the proposer's guess for this position is judged against
     const at = seq.known;
-    const guess = this.guess?.at === at ? this.guess.token : undefined;
-    this.guess = undefined;
+    const guess = this.last?.at === at ? this.last.draft?.tokens[0] : undefined;
     AUTOREGRESSIVE.accept(seq, row, sources, finish);
     if (guess !== undefined && seq.known > at) this.observe(seq.tokenAt(at) === guess);
-    // a row that pipelines is not scheduled (nor asked to propose): it guesses here, for its next token
-    if (this.off && !seq.finished && !seq.grammar) {
-      const next = this.proposer.propose(seq, 1);
-      if (next && next.tokens.length > 0) this.guess = { at: seq.known, token: next.tokens[0]! };
-    }
+    // what it would draft next, now that its token is in: nothing (or nothing that pays) lets its
+    // next step pipeline; a pipelined row is not scheduled, so it proposes (and guesses) here
+    this.drafting = false;
+    if (seq.finished || seq.grammar) return;
+    const next = this.propose(seq, Infinity);
+    this.drafting = !!next && next.tokens.length > 0 && (this.depth !== 'adaptive' || this.planner.drafts(this.rate));
   }
 
   advance(seq: Sequence, finish: FinishFn): void {
@@ -188,7 +191,6 @@ export class Speculative implements DecodingMethod {
   /** One draft token judged (kept or not): the row's acceptance moves toward it. */
   private observe(kept: boolean): void {
     this.rate += ACCEPTANCE_RATE * ((kept ? 1 : 0) - this.rate);
-    if (this.depth === 'adaptive') this.off = !this.planner.drafts(this.rate);
   }
 
   /** Draft token `x`, drawn from `q`, judged against the target's logits by rejection sampling. */

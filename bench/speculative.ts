@@ -1,0 +1,166 @@
+// Speculative decoding with n-gram (prompt lookup) drafts against plain decoding, through the
+// engine on the CPU backend: output tok/s of both, and their ratio, in the same run, at 1, 4 and
+// 16 concurrent streams, on two tasks:
+// - editing: the prompt holds a file and the start of the file again; the output is the file
+//   rewritten. The demo model cannot follow an edit instruction (it was trained on Python source
+//   for a few minutes), so each stream's file is Python the demo writes itself from a module
+//   header (its greedy continuation, made at the start of the run), which it can write again: the
+//   prompt is header + file + blank lines + header, the output what the model writes next;
+// - free generation: the prompt is the header alone, greedy;
+// - sampled: the same prompts at temperature 1 (seed = the stream's index), where drafts are
+//   rarely right and the adaptive depth has to turn drafting off.
+// Every stream has its own header (16 of them), greedy decoding but for `sampled`, 256 output tokens, the prefix
+// cache off (each repeat computes its prompt). The two engines run alternately, the order flipping
+// every repeat, after one warm-up each; figures are medians of the repeats. Prints the load
+// average around each run: the machine is shared.
+//
+//   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--repeats 3]
+//     [--output-tokens 256] [--num-draft-tokens adaptive|N] [--csv bench/speculative.figures.csv --machine NAME]
+
+import os from 'node:os';
+import { writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
+import { loadModel, type LoadedModel } from '../src/execution/load-model.ts';
+import { Engine, type Completion, type EngineOptions } from '../src/execution/engine.ts';
+import type { SpeculativeOptions } from '../src/execution/methods/speculative.ts';
+import { benchCommit } from './commit.ts';
+
+const { values } = parseArgs({
+  options: {
+    model: { type: 'string', default: 'models/demo' },
+    repeats: { type: 'string', default: '3' },
+    'output-tokens': { type: 'string', default: '256' },
+    'file-tokens': { type: 'string', default: '320' },
+    'num-draft-tokens': { type: 'string', default: 'adaptive' },
+    streams: { type: 'string', default: '1,4,16' },
+    tasks: { type: 'string', default: 'editing,free,sampled' },
+    csv: { type: 'string' },
+    machine: { type: 'string' },
+  },
+});
+const repeats = Number(values.repeats);
+const outputTokens = Number(values['output-tokens']);
+const fileTokens = Number(values['file-tokens']);
+const depth = values['num-draft-tokens'] === 'adaptive' ? 'adaptive' : Number(values['num-draft-tokens']);
+const streamCounts = values.streams!.split(',').map(Number);
+type Task = 'editing' | 'free' | 'sampled';
+const tasks = values.tasks!.split(',') as Task[];
+const speculative: SpeculativeOptions = { proposer: 'ngram', numDraftTokens: depth };
+
+const HEADERS = [
+  'import os\nimport sys\n\n\ndef main(argv):',
+  'def fibonacci(n):',
+  'class Matrix:\n    def __init__(self, rows, cols):',
+  'def parse_args(argv=None):',
+  'class Node:\n',
+  'def read_config(path):\n    """Read a configuration file."""',
+  'import numpy as np\n\n\ndef normalize(x, axis=0):',
+  'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):',
+  'def binary_search(items, target):',
+  'import json\n\n\ndef load(path):',
+  'class Vector:\n    def __init__(self, x, y, z):',
+  'def merge_sort(values):',
+  'import re\n\n\ndef tokenize(text):',
+  'class Cache(dict):\n    def __init__(self, maxsize=128):',
+  'def gcd(a, b):',
+  'import itertools\n\n\ndef pairwise(iterable):',
+];
+
+const backend = await createCpuBackend();
+const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
+const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
+
+/** Each stream's prompt for `task`: the header, or header + the file the model writes from it + blank lines + header. */
+async function promptsFor(model: LoadedModel): Promise<Record<Task, number[][]>> {
+  const e = new Engine(model.model, model, base);
+  const headers = HEADERS.map((h) => model.encode(h));
+  const files = await Promise.all(headers.map((h) => e.complete({ promptIds: h, maxTokens: fileTokens, sampling: { temperature: 0 }, ignoreEos: true })));
+  await e.close(0);
+  const sep = model.encode('\n\n\n');
+  return {
+    free: headers,
+    sampled: headers,
+    editing: headers.map((h, k) => [...h, ...files[k]!.tokenIds, ...sep, ...h]),
+  };
+}
+
+interface Measured {
+  tps: number;
+  drafted: number;
+  accepted: number;
+  /** of the editing task's output, the share equal to the file at the same place */
+  load: [number, number];
+  outputs: number[][];
+}
+
+async function measure(engine: Engine, task: Task, streams: number): Promise<Measured> {
+  const load0 = os.loadavg()[0]!;
+  const t0 = performance.now();
+  const done: Completion[] = await Promise.all(prompts[task].slice(0, streams).map((p, k) =>
+    engine.complete({ promptIds: p, maxTokens: outputTokens, sampling: task === 'sampled' ? { temperature: 1, seed: k } : { temperature: 0 }, ignoreEos: true })));
+  const ms = performance.now() - t0;
+  const tokens = done.reduce((n, c) => n + c.tokenIds.length, 0);
+  return {
+    tps: tokens / (ms / 1000),
+    drafted: done.reduce((n, c) => n + (c.speculation?.draftTokens ?? 0), 0),
+    accepted: done.reduce((n, c) => n + (c.speculation?.acceptedTokens ?? 0), 0),
+    load: [load0, os.loadavg()[0]!],
+    outputs: done.map((c) => c.tokenIds),
+  };
+}
+
+const prompts = await promptsFor(m);
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const rows: { task: string; streams: number; plain: number; spec: number; ratio: number; acceptance: number; drafted: number; load: string }[] = [];
+for (const task of tasks) {
+  for (const streams of streamCounts) {
+    const plain = new Engine(m.model, m, base);
+    const spec = new Engine(m.model, m, { ...base, speculative });
+    await measure(plain, task, streams);
+    await measure(spec, task, streams);
+    const p: Measured[] = [], s: Measured[] = [];
+    for (let r = 0; r < repeats; r++) {
+      if (r % 2 === 0) {
+        p.push(await measure(plain, task, streams));
+        s.push(await measure(spec, task, streams));
+      } else {
+        s.push(await measure(spec, task, streams));
+        p.push(await measure(plain, task, streams));
+      }
+    }
+    // lossless, checked on every run: outputs with drafts are those without (sampled: the same seeds)
+    for (let r = 0; r < repeats; r++) {
+      if (JSON.stringify(s[r]!.outputs) !== JSON.stringify(p[r]!.outputs)) throw new Error(`${task} x${streams}: speculative outputs differ from plain ones`);
+    }
+    await plain.close(0);
+    await spec.close(0);
+    const drafted = s.reduce((n, x) => n + x.drafted, 0), accepted = s.reduce((n, x) => n + x.accepted, 0);
+    const loads = [...p, ...s].flatMap((x) => x.load);
+    const row = {
+      task, streams, plain: median(p.map((x) => x.tps)), spec: median(s.map((x) => x.tps)),
+      ratio: median(s.map((x, i) => x.tps / p[i]!.tps)), acceptance: drafted ? accepted / drafted : 0, drafted: drafted / repeats,
+      load: `${Math.min(...loads).toFixed(1)}-${Math.max(...loads).toFixed(1)}`,
+    };
+    rows.push(row);
+    console.log(`${task.padEnd(8)} streams ${String(streams).padStart(2)}: plain ${row.plain.toFixed(1)} tok/s, n-gram ${row.spec.toFixed(1)} tok/s, ratio ${row.ratio.toFixed(3)} ` +
+      `(drafted ${row.drafted.toFixed(0)}/run, accepted ${(row.acceptance * 100).toFixed(1)}%; load ${row.load})`);
+  }
+}
+await backend.close();
+
+if (values.csv) {
+  const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
+  const commit = benchCommit();
+  const date = new Date().toISOString().slice(0, 10);
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
+  const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
+  const lines = ['what,configuration,machine,commit,date,value,unit,command'];
+  for (const r of rows) {
+    const conf = `${values.model}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, n-gram ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], ['n-gram', r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
+      lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
+    }
+  }
+  writeFileSync(values.csv, `${lines.join('\n')}\n`);
+}
