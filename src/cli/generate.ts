@@ -114,6 +114,7 @@ export async function runGenerate(argv: string[]): Promise<void> {
   });
   try {
     const loadMs = performance.now() - t0;
+    if (speculative && llm.engine.speculationOff) process.stderr.write(`llmts: warning: speculative decoding is off for this model (${llm.engine.speculationOff})\n`);
     const request = messages ? { messages } : { prompt: prompt! };
     const promptIds = llm.promptIdsOf(request);
     const stream = !v.json;

@@ -28,7 +28,8 @@ export async function warmUp(engine: Engine, onProgress?: (done: number, total: 
     Promise.all(Array.from({ length: rows }, (_, k) => engine.complete({
       // one token id below the vocabulary size; different rows, different ids
       promptIds: [(k * 7 + 1) % engine.model.config.vocabSize],
-      maxTokens, sampling: { temperature: 0 }, ignoreEos: true,
+      // plain decode steps: the ones whose graphs and GEMM shapes the first requests would pay for
+      maxTokens, sampling: { temperature: 0 }, ignoreEos: true, speculative: false,
     }))).then((done) => {
       const bad = done.find((c) => c.finishReason === 'error');
       if (bad) throw new Error(`warm-up failed: ${bad.error}`);

@@ -70,3 +70,12 @@ test('serve: the flags become ServeOptions.speculative; startServer checks what 
   assert.throws(() => resolveServeOptions({ model: 'm', speculative: { proposer: 'ngram', numDraftTokens: 99 } }),
     (e: unknown) => e instanceof ServeOptionsError && e.option === 'speculative' && /numDraftTokens must be 'adaptive' or an integer from 1 to 64, got 99/.test(e.message));
 });
+
+test('generate --speculative on a model whose rope follows the sequence length: a warning, plain decoding, no "speculation"', async () => {
+  const r = await run(['generate', '--model', join(ROOT, 'test/fixtures/llama_dynamic'), '--prompt', 'ab ab ab', '--max-tokens', '5', '--speculative', 'ngram', '--device', 'cpu', '--json']);
+  assert.equal(r.code, 0, r.stderr);
+  assert.equal(r.stderr, 'llmts: warning: speculative decoding is off for this model (the model\'s dynamic rope depends on the sequence length)\n');
+  const out = JSON.parse(r.stdout);
+  assert.equal(out.speculation, undefined);
+  assert.equal(out.token_ids.length, 5);
+});
