@@ -1,5 +1,5 @@
 // The library API takes the speculative options: load()'s for every request, a request's own (or
-// false for none); a completion reports its draft counts.
+// false for none); a completion reports its draft counts; a constrained request does not draft.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolve } from 'node:path';
@@ -18,6 +18,10 @@ test('load({ speculative }) speculates every request; a request may turn it off 
     assert.ok(spec.speculation!.draftTokens > 0, JSON.stringify(spec.speculation));
     assert.ok(own.speculation!.draftTokens > 0);
     await assert.rejects(llm.complete({ ...o, speculative: { proposer: 'ngram', ngramMin: 0 } }), /speculative.ngramMin must be an integer from 1 to 64, got 0/);
+    // a constrained request does not draft (its grammar's jump-forward appends what it forces)
+    const choice = await llm.complete({ prompt: 'the cat sat on the mat. the cat sat on the', maxTokens: 24, temperature: 0, guidedChoice: ['mat. the cat sat on the mat', 'hat'] });
+    assert.ok(['mat. the cat sat on the mat', 'hat'].includes(choice.text), choice.text);
+    assert.deepEqual(choice.speculation, { draftTokens: 0, acceptedTokens: 0 });
   } finally {
     await llm.close(0);
   }
