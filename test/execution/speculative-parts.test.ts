@@ -58,6 +58,23 @@ describe('NgramProposer', () => {
     }
   });
 
+  it('indexes a long sequence a part per proposal, earliest first, so no proposal pays for all of it', () => {
+    // a 20k-token sequence whose only repeat is its last 3 tokens, first seen at its very start
+    const tokens = Array.from({ length: 20_000 }, (_, i) => 10 + i);
+    tokens.push(10, 11, 12);
+    const p = new NgramProposer(2, 3);
+    const got: (number[] | undefined)[] = [];
+    for (let k = 0; k < 6; k++) got.push(p.propose(seqOf(tokens), 2)?.tokens);
+    // the start is indexed by the first call: found at once, and every time after
+    assert.deepEqual(got, Array(6).fill([13, 14]));
+    // a repeat near the end is found once the index gets there (4096 positions a call)
+    const late = Array.from({ length: 20_000 }, (_, i) => 10 + i);
+    late.push(19_000, 19_001);
+    const q = new NgramProposer(2, 2);
+    const found = Array.from({ length: 6 }, () => q.propose(seqOf(late), 1)?.tokens[0]);
+    assert.deepEqual(found, [undefined, undefined, undefined, undefined, 19_002, 19_002]);
+  });
+
   it('refuses bounds that make no sense', () => {
     assert.throws(() => new NgramProposer(0, 3), /ngram min must be an integer >= 1/);
     assert.throws(() => new NgramProposer(3, 2), /ngram max must be an integer >= ngram min/);

@@ -4,16 +4,22 @@
 // structure) is where it wins; it costs no model.
 //
 // Every n-gram of the sequence with min <= n <= max is indexed as it appears (one map per length:
-// hash -> the positions it ends before), so a proposal looks up the suffix of each length, longest
-// first, and checks the latest occurrence's tokens (a hash collision falls back to the one before).
-// Indexing a token costs O(max), a proposal O(max) lookups.
+// hash -> the latest position it ends before), so a proposal looks up the suffix of each length,
+// longest first, and checks that occurrence's tokens (a hash collision costs a proposal, never a
+// wrong one). Indexing a token costs O(max), a proposal O(max) lookups; the index holds one entry
+// per distinct n-gram and length. A long prompt is indexed INDEX_PER_PROPOSAL positions a call
+// (a 32k-token prompt in eight steps), so no step holds the event loop for all of it; until then
+// a proposal looks only at what is indexed.
 
 import type { Sequence } from '../sequence.ts';
 import type { Draft, Proposer } from './method.ts';
 
+/** positions a proposal indexes at most before it looks up the suffix */
+const INDEX_PER_PROPOSAL = 4096;
+
 export class NgramProposer implements Proposer {
-  /** grams[n - min]: hash of the n tokens before position j -> the positions j, ascending */
-  private readonly grams: Map<number, number[]>[];
+  /** grams[n - min]: hash of the n tokens before position j -> the latest such j */
+  private readonly grams: Map<number, number>[];
   /** positions j < this are indexed */
   private indexed = 1;
 
@@ -30,23 +36,16 @@ export class NgramProposer implements Proposer {
     const n = seq.known;
     if (max <= 0 || n <= this.min) return undefined;
     // the grams ending before j are indexed once t[j] (what followed them) is known
-    for (; this.indexed < n; this.indexed++) {
+    const end = Math.min(n, this.indexed + INDEX_PER_PROPOSAL);
+    for (; this.indexed < end; this.indexed++) {
       const j = this.indexed;
-      this.eachGram(seq, j, (g, h) => {
-        const at = this.grams[g]!.get(h);
-        if (at) at.push(j);
-        else this.grams[g]!.set(h, [j]);
-      });
+      this.eachGram(seq, j, (g, h) => this.grams[g]!.set(h, j));
     }
     const hashes: number[] = [];
     this.eachGram(seq, n, (g, h) => (hashes[g] = h));
     for (let g = hashes.length - 1; g >= 0; g--) {
-      const at = this.grams[g]!.get(hashes[g]!);
-      if (!at) continue;
-      for (let c = at.length - 1; c >= 0; c--) {
-        const j = at[c]!;
-        if (this.matches(seq, j, n, g + this.min)) return this.following(seq, j, n, max);
-      }
+      const j = this.grams[g]!.get(hashes[g]!);
+      if (j !== undefined && this.matches(seq, j, n, g + this.min)) return this.following(seq, j, n, max);
     }
     return undefined;
   }
