@@ -463,7 +463,10 @@ export class Engine {
     if (cur.pipelined) this.pipelinedSteps++;
     this.acceptor.postprocess(cur, result);
     const done = performance.now();
-    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample)) this.drafts.recordStep(cur.tokens, cur.rows.length, done - cur.plannedAt);
+    // the step costs drafting weighs are those of decode and verify rows (a prefill chunk's tokens cost less: no logits)
+    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample && r.count === 1 + (r.draft?.tokens.length ?? 0))) {
+      this.drafts.recordStep(cur.tokens, cur.rows.length, done - cur.plannedAt);
+    }
     if (cur.pipelined && this.lastStepDone !== undefined) this.drafts.recordPipelined(cur.rows.length, done - this.lastStepDone);
     this.lastStepDone = done;
     return true;

@@ -63,7 +63,7 @@ describe('NgramProposer', () => {
     const tokens = Array.from({ length: 20_000 }, (_, i) => 10 + i);
     tokens.push(10, 11, 12);
     const p = new NgramProposer(2, 3);
-    const got: (number[] | undefined)[] = [];
+    const got: (readonly number[] | undefined)[] = [];
     for (let k = 0; k < 6; k++) got.push(p.propose(seqOf(tokens), 2)?.tokens);
     // the start is indexed by the first call: found at once, and every time after
     assert.deepEqual(got, Array(6).fill([13, 14]));
