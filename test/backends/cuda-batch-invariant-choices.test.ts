@@ -4,7 +4,7 @@
 // prefill kernel, the MoE FFN's kernels), the choice for 1..256 rows (and prefill-sized row counts)
 // is one per weight shape or context length; the default mode, for contrast, does vary. Also the
 // setting itself (environment, code, conflicts) and how `--batch-invariant` reaches it. The kernels'
-// bits: cuda-batch-invariant-sim.test.ts (warp simulator), cuda-batch-invariant.test.ts (GPU).
+// bits: cuda-batch-invariant-sim.slow.ts (warp simulator, npm run test:slow), cuda-batch-invariant.test.ts (GPU).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 

@@ -2,7 +2,7 @@
 // attention-kernels.ts' source, whose helpers it uses: att_decode_tokens, att_decode_item, att_seff,
 // att_cp16, att_ldsm4(t), att_mma, att_pack2, att_score). The default decode kernel where it applies
 // (attention.ts; $LLMTS_CUDA_ATT_DECODE=cuda-core for k_attn_decode_d<D>_g<GC>). Its logic is checked
-// without one by test/backends/cuda-attention-sim.test.ts (the warp simulator, cuda-sim/).
+// without one by test/backends/cuda-attention-sim.slow.ts (the warp simulator, cuda-sim/).
 //
 // Why: the CUDA-core decode kernel holds each lane's share of q, the group's accumulators and the
 // keys in flight in registers (159 of them at d128 / 4 heads); that caps it at 3-4 blocks an SM and
