@@ -227,11 +227,19 @@ describe('event loop', () => {
     const [M, N, K] = [256, 1024, 1024];
     const x = cpu.upload(randomF32(r, M * K), [M, K]);
     const w = cpu.upload(randomF32(r, N * K), [N, K]);
-    // size the work to ~400 ms on this machine, whatever its core count
-    let t0 = performance.now();
+    // size the work to ~400 ms on this machine, whatever its core count: a matmul's time after a
+    // first, untimed one (the first pays for page faults and the team's start, often several times
+    // a steady one), the fastest of three
     cpu.free(cpu.matmul(x, w));
     await cpu.sync();
-    const oneMs = performance.now() - t0;
+    let t0 = 0;
+    let oneMs = Infinity;
+    for (let k = 0; k < 3; k++) {
+      t0 = performance.now();
+      cpu.free(cpu.matmul(x, w));
+      await cpu.sync();
+      oneMs = Math.min(oneMs, performance.now() - t0);
+    }
     const reps = Math.min(4000, Math.max(10, Math.ceil(400 / Math.max(oneMs, 0.1))));
     let ticks = 0;
     const timer = setInterval(() => ticks++, 5);
