@@ -132,6 +132,20 @@ describe('DraftPlanner', () => {
     assert.equal(depthAt(64), 0);
   });
 
+  it('a plain step that pipelines is harder to beat: drafting must pay for leaving the pipeline', () => {
+    const p = measured(4, 0.5); // a plain step of one row: 4.5 ms run end to end
+    assert.equal(p.drafts(0.5, 16), true);
+    const r = row(0.5);
+    assert.ok(p.depths([ask(r, 16)], [r], 100)[0]! > 0);
+    for (let i = 0; i < 20; i++) p.recordPipelined(1, 2.5); // ... and 2.5 ms pipelined
+    assert.equal(p.drafts(0.5, 16), false, 'a draft of acceptance 0.5 does not make up for it');
+    assert.equal(p.depths([ask(r, 16)], [r], 100)[0], 0);
+    assert.equal(p.drafts(0.95, 16), true, 'a long run of acceptance 0.95 does');
+    assert.equal(p.drafts(0.95, 1), false, 'but not one token of it');
+    const hot = row(0.95);
+    assert.ok(p.depths([ask(hot, 16)], [hot], 100)[0]! >= 4);
+  });
+
   it('counts verify rows by accepted length', () => {
     const p = new DraftPlanner();
     p.recordVerify(4, 2);

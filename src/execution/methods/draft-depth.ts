@@ -146,14 +146,21 @@ export class DraftPlanner implements DraftPlanning {
   }
 
   /**
-   * Whether a row of acceptance `acceptance` would draft at all in a step like the last one
-   * measured (its first draft token passes the bar): a row that would not is a plain row, and
-   * may be pipelined.
+   * Whether a row of acceptance `acceptance` would draft at all (up to `depth` tokens) in a plain
+   * step of as many rows as the last one measured: whether some depth makes the step's rate beat
+   * the plain step's, pipelined where it would be. A row that would not is a plain row, and may
+   * be pipelined.
    */
-  drafts(acceptance: number): boolean {
+  drafts(acceptance: number, depth: number): boolean {
     const { a, b } = this.line();
-    const { rows, tokens } = this.lastStep;
-    return (rows + acceptance) / (a + b * (tokens + 1)) > rows / this.plainCost(rows, tokens);
+    const rows = this.lastStep.rows;
+    const plain = rows / this.plainCost(rows, rows);
+    let expected = rows;
+    for (let k = 1, g = acceptance; k <= depth; k++, g *= acceptance) {
+      expected += g;
+      if (expected / (a + b * (rows + k)) > plain) return true;
+    }
+    return false;
   }
 
   /** A step run to its end (not pipelined): its tokens, sampling rows and wall-clock milliseconds. */

@@ -181,7 +181,7 @@ export class Speculative implements DecodingMethod {
     this.drafting = false;
     if (seq.finished || seq.grammar) return;
     const next = this.propose(seq, Infinity);
-    this.drafting = !!next && next.tokens.length > 0 && (this.depth !== 'adaptive' || this.planner.drafts(this.rate));
+    this.drafting = !!next && next.tokens.length > 0 && (this.depth !== 'adaptive' || this.planner.drafts(this.rate, next.tokens.length));
   }
 
   advance(seq: Sequence, finish: FinishFn): void {
