@@ -89,7 +89,7 @@ interface Measured {
   tps: number;
   drafted: number;
   accepted: number;
-  /** of the editing task's output, the share equal to the file at the same place */
+  /** the 1-minute load average before and after */
   load: [number, number];
   outputs: number[][];
 }
