@@ -30,7 +30,7 @@ CUDA_TEST_FILES=(
   test/backends/cuda-modules.test.ts test/backends/cuda-ops.test.ts test/backends/cuda-fused.test.ts
   test/backends/cuda-sampling.test.ts test/backends/cuda-engine-sampling.test.ts test/backends/cuda-fixtures.test.ts
   test/backends/block-copy.test.ts test/state/prefix-cuda.test.ts test/backends/cuda-settings.test.ts
-  test/models/decode-graphs.test.ts
+  test/models/decode-graphs.test.ts test/backends/cuda-speculative.test.ts
 )
 
 # make_model LOG: Llama-3.1-8B shapes with random weights at $MODEL_DIR unless one is there (~26 s)

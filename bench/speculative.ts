@@ -1,6 +1,6 @@
 // Speculative decoding with n-gram (prompt lookup) drafts against plain decoding, through the
-// engine on the CPU backend: output tok/s of both, and their ratio, in the same run, at 1, 4 and
-// 16 concurrent streams, on two tasks:
+// engine (CPU backend, or --device cuda): output tok/s of both, and their ratio, in the same run,
+// at 1, 4 and 16 concurrent streams, on three tasks:
 // - editing: the prompt holds a file and the start of the file again; the output is the file
 //   rewritten. The demo model cannot follow an edit instruction (it was trained on Python source
 //   for a few minutes), so each stream's file is Python the demo writes itself from a module
@@ -14,13 +14,18 @@
 // every repeat, after one warm-up each; figures are medians of the repeats. Prints the load
 // average around each run: the machine is shared.
 //
-//   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--repeats 3]
-//     [--output-tokens 256] [--num-draft-tokens adaptive|N] [--csv bench/speculative.figures.csv --machine NAME]
+// A random-weight model (bench/make_random_llama.py, on the GPU machine) writes its own file
+// as it would any text: what the editing task measures there is the cost of verifying drafts on
+// that device, at whatever acceptance the model's repetitions give.
+//
+//   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--device cpu|cuda]
+//     [--repeats 3] [--output-tokens 256] [--num-draft-tokens adaptive|N] [--streams 1,4,16]
+//     [--tasks editing,free,sampled] [--csv bench/speculative.figures.csv --machine NAME]
 
 import os from 'node:os';
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
+import { openBackend, parseDevice } from '../src/execution/devices.ts';
 import { loadModel, type LoadedModel } from '../src/execution/load-model.ts';
 import { Engine, type Completion, type EngineOptions } from '../src/execution/engine.ts';
 import type { SpeculativeOptions } from '../src/execution/methods/speculative.ts';
@@ -29,6 +34,7 @@ import { benchCommit } from './commit.ts';
 const { values } = parseArgs({
   options: {
     model: { type: 'string', default: 'models/demo' },
+    device: { type: 'string', default: 'cpu' },
     repeats: { type: 'string', default: '3' },
     'output-tokens': { type: 'string', default: '256' },
     'file-tokens': { type: 'string', default: '320' },
@@ -67,7 +73,8 @@ const HEADERS = [
   'import itertools\n\n\ndef pairwise(iterable):',
 ];
 
-const backend = await createCpuBackend();
+const device = parseDevice(values.device);
+const backend = await openBackend(device);
 const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
 const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
 
@@ -129,10 +136,22 @@ for (const task of tasks) {
         p.push(await measure(plain, task, streams));
       }
     }
-    // lossless, checked on every run: outputs with drafts are those without (sampled: the same seeds)
+    // lossless, checked on every run: outputs with drafts are those without (sampled: the same
+    // seeds). On the CPU bit for bit; a GPU's default GEMMs and attention round a verify chunk's
+    // rows differently from decode rows, so there a stream may leave the plain one at a near-tie
+    // (LLMTS_CUDA_BATCH_INVARIANT=on makes them equal): counted and printed, not fatal.
+    let diverged = 0, firstDivergence = Infinity;
     for (let r = 0; r < repeats; r++) {
-      if (JSON.stringify(s[r]!.outputs) !== JSON.stringify(p[r]!.outputs)) throw new Error(`${task} x${streams}: speculative outputs differ from plain ones`);
+      s[r]!.outputs.forEach((out, k) => {
+        const plainOut = p[r]!.outputs[k]!;
+        const at = out.findIndex((t, i) => t !== plainOut[i]);
+        if (at < 0 && out.length === plainOut.length) return;
+        diverged++;
+        firstDivergence = Math.min(firstDivergence, at < 0 ? Math.min(out.length, plainOut.length) : at);
+      });
     }
+    if (diverged && device === 'cpu') throw new Error(`${task} x${streams}: speculative outputs differ from plain ones`);
+    if (diverged) console.log(`${task} x${streams}: ${diverged} of ${repeats * streams} speculative streams left the plain one (earliest at token ${firstDivergence})`);
     await plain.close(0);
     await spec.close(0);
     const drafted = s.reduce((n, x) => n + x.drafted, 0), accepted = s.reduce((n, x) => n + x.accepted, 0);
@@ -153,11 +172,11 @@ if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, n-gram ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, n-gram ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
     for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], ['n-gram', r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
