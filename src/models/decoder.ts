@@ -7,7 +7,7 @@ import type { Backend, HostStepLayout, Tensor } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import { RopeTables, type RopeTable } from './rope-tables.ts';
-import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, type GraphBackend } from './decode-graphs.ts';
+import { canCaptureGraphs, DecodeGraphs, GraphCaptureError, MULTI_TOKEN_GRAPH_MAX_TOKENS, type GraphBackend } from './decode-graphs.ts';
 import { gatherDeviceIds, type DeviceIds } from './device-ids.ts';
 import type { KvAccess, RowSpan } from './kv-access.ts';
 import { modelParts, type ModelParts } from './model-parts.ts';
@@ -29,9 +29,9 @@ export interface StepBatch<Row extends RowSpan> {
   /** indices into `tokens` whose logits are wanted (usually each row's last token) */
   logitTokens: number[];
   /**
-   * Block-table width (blocks of the longest sequence the caller allows). Given, a decode-only
-   * step (one token per row, logits for every row) may replay a captured graph on backends that
-   * capture them; omitted, every step runs op by op.
+   * Block-table width (blocks of the longest sequence the caller allows). Given, a step with
+   * logits for every token (decode rows, verify chunks) may replay a captured graph on backends
+   * that capture them; omitted, every step runs op by op.
    */
   graphWidth?: number;
   /** hidden states the step hands out beside its logits (a step with them runs op by op) */
@@ -277,12 +277,18 @@ export class DecoderModel {
     }));
   }
 
-  /** A decode-only step on a backend that captures graphs, with static rope tables. */
+  /**
+   * A step on a backend that captures graphs, with static rope tables, logits for every token in
+   * order: a decode step (one token a row), or a multi-token one (verify steps: a row's token and
+   * its drafts) of at most MULTI_TOKEN_GRAPH_MAX_TOKENS tokens with its ids on the host.
+   */
   private graphable<Row extends RowSpan>(batch: StepBatch<Row>): boolean {
-    return batch.graphWidth !== undefined && !batch.hidden && this.graphsOff === undefined && canCaptureGraphs(this.backend) &&
-      this.rope.lengthIndependent && (!batch.deviceIds || !!this.backend.copyTensor) &&
-      batch.rows.every((r) => r.count === 1) && batch.logitTokens.length === batch.rows.length &&
-      batch.logitTokens.every((t, i) => t === i);
+    if (batch.graphWidth === undefined || batch.hidden || this.graphsOff !== undefined || !canCaptureGraphs(this.backend) ||
+      !this.rope.lengthIndependent) return false;
+    const T = batch.tokens.length;
+    if (batch.logitTokens.length !== T || !batch.logitTokens.every((t, i) => t === i)) return false;
+    if (T === batch.rows.length) return !batch.deviceIds || !!this.backend.copyTensor;
+    return !batch.deviceIds && T <= MULTI_TOKEN_GRAPH_MAX_TOKENS;
   }
 
   private launchGraphed<Row extends RowSpan>(batch: StepBatch<Row>, kv: KvAccess<Row>, host: HostStepLayout[],
@@ -303,7 +309,7 @@ export class DecoderModel {
     // the greedy ids are part of every graph when the backend can pick them (cheap beside a step)
     let outputs: readonly Tensor[];
     try {
-      outputs = graphs.run(batch.tokens, host, (inp) => {
+      outputs = graphs.run(batch.tokens, batch.rows.length, host, (inp) => {
         const logits = enqueueStep(this.parts, inp.ids, inp.layouts, inp.pick, ropes, access);
         return b.argmax ? [logits, b.argmax(logits)] : [logits];
       }, batch.deviceIds);
@@ -316,15 +322,15 @@ export class DecoderModel {
       console.error(`llmts: decode graphs are off (${this.graphsOff}); steps run op by op`);
       return this.launchEager(batch, kv, ropePlan, picks, t0);
     }
-    const R = batch.rows.length;
+    const P = batch.logitTokens.length; // every token's, in order (graphable)
     const tokens = picks?.rows.includes('argmax') ? outputs[1] : undefined;
     let result: Promise<StepResult>;
     let kept: DeviceTokens | undefined;
     b.beginScope();
     try {
       // sampleRows uploads its rows, so it cannot be captured: it follows the replay
-      const samples = picks ? this.enqueueSampling(outputs[0]!, R, picks) : undefined;
-      result = this.collect(outputs[0]!, tokens, samples, R, picks?.rows);
+      const samples = picks ? this.enqueueSampling(outputs[0]!, P, picks) : undefined;
+      result = this.collect(outputs[0]!, tokens, samples, P, picks?.rows);
       kept = picks?.keep ? deviceTokensOf(tokens, samples, picks.rows) : undefined;
     } finally {
       b.endScope(kept && kept.tensor !== tokens ? [kept.tensor] : []);

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ReferenceBackend } from '../../src/backends/reference/reference-backend.ts';
-import type { CapturedGraph } from '../../src/contracts/backend.ts';
+import type { CapturedGraph, Tensor } from '../../src/contracts/backend.ts';
 import { bucketFor } from '../../src/models/decode-graphs.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 import { Engine } from '../../src/execution/engine.ts';
@@ -142,4 +142,49 @@ test('the reference backend refuses a layout that breaks its one-token-a-row pro
   const params = { scale: 1, window: 0, softcap: 0 };
   b.attention(q, kv, layout([0, 1]), params); // kept
   assert.throws(() => b.attention(q, kv, layout([0, 0]), params), /promises one token a row/);
+});
+
+test('verify steps (n-gram drafts) replay multi-token graphs: the tokens and logprobs of eager plain decoding, alone and batched', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[] }[] };
+  // each prompt twice over and its start again: n-gram drafts find the continuation in the prompt
+  const prompts = ref.cases.map((c) => [...c.prompt_token_ids, ...c.prompt_token_ids, ...c.prompt_token_ids.slice(0, 3)]);
+  const run = async (backend: ReferenceBackend, speculative: boolean, together: boolean) => {
+    const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+    const e = new Engine(m.model, m, {
+      maxBatch: 8, maxModelLen: m.maxContext, prefixCache: { promptCacheBytes: 0 },
+      ...(speculative ? { speculative: { proposer: 'ngram' as const, numDraftTokens: 4, ngramMin: 1, ngramMax: 3 } } : {}),
+    });
+    const req = (p: number[]) => e.complete({ promptIds: p, maxTokens: 24, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 2 });
+    const out = together ? await Promise.all(prompts.map(req)) : await prompts.reduce<Promise<Awaited<ReturnType<typeof req>>[]>>(
+      async (acc, p) => [...await acc, await req(p)], Promise.resolve([]));
+    await e.close(0);
+    return out;
+  };
+  // multi-token graphs: attention calls of a replay whose layout does not promise one token a row
+  let multiTokenReplays = 0;
+  const graphed = new (class extends ReplayingReference {
+    private replaying = false;
+    override captureGraph(body: () => Tensor[]): CapturedGraph {
+      const g = super.captureGraph(body);
+      return { ...g, replay: () => { this.replaying = true; try { g.replay(); } finally { this.replaying = false; } } };
+    }
+    override attention(...args: Parameters<ReplayingReference['attention']>) {
+      if (this.replaying && !args[2].oneTokenPerRow) multiTokenReplays++;
+      return super.attention(...args);
+    }
+  })();
+  const plain = await run(new ReferenceBackend(), false, false);
+  for (const together of [false, true]) {
+    const before = multiTokenReplays;
+    const spec = await run(graphed, true, together);
+    assert.ok(multiTokenReplays > before, `no verify step replayed a graph (${together ? 'batched' : 'alone'})`);
+    const drafted = spec.reduce((n, c) => n + (c.speculation?.draftTokens ?? 0), 0);
+    const accepted = spec.reduce((n, c) => n + (c.speculation?.acceptedTokens ?? 0), 0);
+    assert.ok(accepted > 0 && accepted < drafted, `drafts accepted and rejected (${accepted} of ${drafted})`);
+    spec.forEach((s, k) => {
+      assert.deepEqual(s.tokenIds, plain[k]!.tokenIds, `case ${k}: tokens`);
+      s.logprobs!.forEach((l, i) => assert.ok(Object.is(l.logprob, plain[k]!.logprobs![i]!.logprob), `case ${k} token ${i}: logprob`));
+    });
+  }
 });
