@@ -99,10 +99,14 @@ interface Measured {
   /** the 1-minute load average before and after */
   load: [number, number];
   outputs: number[][];
+  /** engine steps the run took, and how many of them were pipelined */
+  steps: number;
+  pipelined: number;
 }
 
 async function measure(engine: Engine, task: Task, streams: number): Promise<Measured> {
   const load0 = os.loadavg()[0]!;
+  const before = engine.stats;
   const t0 = performance.now();
   const done: Completion[] = await Promise.all(prompts[task].slice(0, streams).map((p, k) =>
     engine.complete({ promptIds: p, maxTokens: outputTokens, sampling: task === 'sampled' ? { temperature: 1, seed: k } : { temperature: 0 }, ignoreEos: true })));
@@ -114,6 +118,8 @@ async function measure(engine: Engine, task: Task, streams: number): Promise<Mea
     accepted: done.reduce((n, c) => n + (c.speculation?.acceptedTokens ?? 0), 0),
     load: [load0, os.loadavg()[0]!],
     outputs: done.map((c) => c.tokenIds),
+    steps: engine.stats.steps - before.steps,
+    pipelined: engine.stats.pipelinedSteps - before.pipelinedSteps,
   };
 }
 
@@ -162,10 +168,12 @@ for (const task of tasks) {
       load: `${Math.min(...loads).toFixed(1)}-${Math.max(...loads).toFixed(1)}`,
     };
     rows.push(row);
+    const stepsOf = (xs: Measured[]) => `${median(xs.map((x) => x.steps))} steps (${median(xs.map((x) => x.pipelined))} pipelined)`;
     console.log(`${task.padEnd(8)} streams ${String(streams).padStart(2)}: plain ${row.plain.toFixed(1)} tok/s, n-gram ${row.spec.toFixed(1)} tok/s, ratio ${row.ratio.toFixed(3)} ` +
-      `(drafted ${row.drafted.toFixed(0)}/run, accepted ${(row.acceptance * 100).toFixed(1)}%; load ${row.load})`);
+      `(drafted ${row.drafted.toFixed(0)}/run, accepted ${(row.acceptance * 100).toFixed(1)}%; load ${row.load}; plain ${stepsOf(p)}, n-gram ${stepsOf(s)})`);
   }
 }
+if (m.model.graphsOff) console.log(`decode graphs were off: ${m.model.graphsOff}`);
 await backend.close();
 
 if (values.csv) {
