@@ -735,8 +735,8 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
         [{ scale: peaky(256), window: 37, softcap: 0 }]],
       [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
         [{ scale: 0.5, window: 0, softcap: 50 }]],
-      // short runs (speculative chunks of 2..4 tokens) also take the decode path
-      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
+      // short runs (speculative chunks of 2..8 tokens) also take the decode path
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 8 }, { start: 9, count: 2 }, { start: 130, count: 5 }] },
         [{ scale: peaky(128), window: 0, softcap: 0 }]],
     ];
     for (const [c, params] of cases) {
@@ -762,7 +762,7 @@ describe('attention fast paths (split-KV decode, tensor-core prefill)', { skip: 
         [{ scale: peaky(128), window: 37, softcap: 0 }]],
       [{ D: 128, H: 4, KVH: 1, BS: 32, rows: [{ start: 2047, count: 1 }, { start: 31, count: 1 }, { start: 32, count: 1 }] },
         [{ scale: 0.5, window: 0, softcap: 50 }]],
-      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 4 }, { start: 9, count: 2 }] },
+      [{ D: 128, H: 8, KVH: 2, BS: 16, rows: [{ start: 60, count: 3 }, { start: 500, count: 8 }, { start: 9, count: 2 }, { start: 130, count: 5 }] },
         [{ scale: peaky(128), window: 0, softcap: 0 }]],
     ];
     for (const [i, [c, params]] of cases.entries()) {

@@ -60,7 +60,7 @@ describe('CUDA settings', () => {
 
   it('the default kernel sources: the host-planned attention macros as tuned, no tuning defines in front of any module', () => {
     const att = attentionKernels(CUDA_DEFAULTS.attention);
-    assert.ok(att.startsWith('\n#define ATT_DEC_MAX_RUN 4\n#define ATT_DEC_INLINE_T 128\n#define ATT_MIN_CHUNK 64\n#define ATT_TC_MIN_CHUNK 64\n' +
+    assert.ok(att.startsWith('\n#define ATT_DEC_MAX_RUN 8\n#define ATT_DEC_INLINE_T 128\n#define ATT_MIN_CHUNK 64\n#define ATT_TC_MIN_CHUNK 64\n' +
       '#define ATT_TC_BK 32\n#define ATT_TC_HEADS_FIRST 1\n#define ATT_TC_TRIGGER 3\n'), att.slice(0, 300));
     assert.ok(att.includes('\n#define ATT_BQ 64\n#define ATT_PF_STAGES 2\n'));
     assert.ok(attDecodeTcKernels(2).startsWith('#define ATT_TC_STAGES 2\n'));
