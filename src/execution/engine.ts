@@ -457,17 +457,19 @@ export class Engine {
       returnDraws(cur);
       return false;
     }
-    // a pipelined step overlapped host work: its wait is no measure of compute
-    if (!cur.pipelined) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
+    // a pipelined step overlapped host work: its wait is no measure of compute; nor is a step
+    // that captured a graph (its time holds the one-off capture)
+    const measured = !cur.step.captured;
+    if (!cur.pipelined && measured) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
     this.acceptor.postprocess(cur, result);
     const done = performance.now();
     // the step costs drafting weighs are those of decode and verify rows (a prefill chunk's tokens cost less: no logits)
-    if (cur.plannedAt !== undefined && cur.rows.every((r) => r.sample && r.count === 1 + (r.draft?.tokens.length ?? 0))) {
+    if (measured && cur.plannedAt !== undefined && cur.rows.every((r) => r.sample && r.count === 1 + (r.draft?.tokens.length ?? 0))) {
       this.drafts.recordStep(cur.tokens, cur.rows.length, done - cur.plannedAt);
     }
-    if (cur.pipelined && this.lastStepDone !== undefined) this.drafts.recordPipelined(cur.rows.length, done - this.lastStepDone);
+    if (measured && cur.pipelined && this.lastStepDone !== undefined) this.drafts.recordPipelined(cur.rows.length, done - this.lastStepDone);
     this.lastStepDone = done;
     return true;
   }

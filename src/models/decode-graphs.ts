@@ -102,6 +102,8 @@ export class DecodeGraphs {
   private readonly buckets = new Map<string, Bucket>();
   /** graphs captured so far (tests and logs) */
   captures = 0;
+  /** whether the last run captured its bucket's graph (its time holds the one-off capture) */
+  lastRunCaptured = false;
 
   constructor(
     private readonly backend: GraphBackend,
@@ -139,6 +141,7 @@ export class DecodeGraphs {
     this.fill(bucket, rows, tokens, layouts);
     this.backend.copyInto(bucket.input, bucket.host);
     if (fromDevice) this.copyIds(bucket, tokens.length, fromDevice);
+    this.lastRunCaptured = !bucket.graph;
     if (!bucket.graph) {
       try {
         bucket.graph = this.capture(bucket, body);

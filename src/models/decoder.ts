@@ -103,6 +103,11 @@ export interface PendingStep {
   hidden?: readonly Tensor[];
   /** host milliseconds spent enqueuing the step */
   enqueueMs: number;
+  /**
+   * The step captured a graph (the first of its bucket): its time holds the one-off eager run and
+   * capture, no measure of what such a step costs.
+   */
+  captured?: boolean;
   /** frees what the step kept; call once every step reading deviceTokens is enqueued (idempotent) */
   release(): void;
 }
@@ -339,7 +344,9 @@ export class DecoderModel {
     // bucket, which rewrites them, is enqueued after any step that reads them. A kept sampleRows
     // result is the step's own, freed on release.
     const own = kept && kept.tensor !== tokens ? kept.tensor : undefined;
-    return this.pending(result, picks?.rows, kept, own ? () => b.free(own) : undefined, t0);
+    const step = this.pending(result, picks?.rows, kept, own ? () => b.free(own) : undefined, t0);
+    if (graphs.lastRunCaptured) step.captured = true;
+    return step;
   }
 
   /** Frees the graphs captured over `kv` (its owner is closing it). */

@@ -188,3 +188,35 @@ test('verify steps (n-gram drafts) replay multi-token graphs: the tokens and log
     });
   }
 });
+
+test('a step that captured a graph is no measure of step cost: adaptive drafting survives slow captures', async () => {
+  const dir = join(FIXTURES, 'llama');
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[] }[] };
+  const p = ref.cases[0]!.prompt_token_ids;
+  const prompt = [...p, ...p, ...p, ...p.slice(0, 3)];
+  // every capture (the first step of each bucket: a new draft depth is a new bucket) takes 40 ms
+  // more than the step, as instantiating a graph of a few hundred kernels can on a GPU
+  const slow = new (class extends ReplayingReference {
+    override captureGraph(body: () => Tensor[]): CapturedGraph {
+      const until = performance.now() + 40;
+      while (performance.now() < until) { /* the capture's one-off cost */ }
+      return super.captureGraph(body);
+    }
+  })();
+  const m = await loadModel(slow, dir, { maxModelLen: 4096 });
+  const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, prefixCache: { promptCacheBytes: 0 },
+    speculative: { proposer: 'ngram', numDraftTokens: 'adaptive', ngramMin: 1, ngramMax: 3 } });
+  const plain = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, graphs: false });
+  const req = { promptIds: prompt, maxTokens: 96, sampling: { temperature: 0 }, ignoreEos: true };
+  const want = await plain.complete(req);
+  await plain.close(0);
+  // the first request's steps capture the buckets; the second's replay them
+  for (let k = 0; k < 2; k++) {
+    const got = await e.complete(req);
+    assert.deepEqual(got.tokenIds, want.tokenIds);
+  }
+  const { draftTokens, acceptedTokens } = e.stats.speculation;
+  await e.close(0);
+  assert.ok(slow.captures >= 2, `captures ${slow.captures}`);
+  assert.ok(acceptedTokens > 20, `drafting kept paying after the captures (${acceptedTokens} of ${draftTokens} drafts accepted)`);
+});
