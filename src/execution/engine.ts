@@ -29,6 +29,8 @@ import { AUTOREGRESSIVE } from './methods/autoregressive.ts';
 import { DraftPlanner, type SpeculationStats } from './methods/draft-depth.ts';
 import type { DecodingMethod, SpeculationCounts } from './methods/method.ts';
 import { resolveSpeculative, speculativeMethod, type SpeculativeOptions } from './methods/speculative.ts';
+import { checkDraftModel, DraftModelRunner } from './methods/draft-model.ts';
+import type { LoadedModel } from './load-model.ts';
 
 /** `pipeline`, `deviceSampling`, `graphs` (engine-settings.ts): set here, they win over the environment. */
 export interface EngineOptions extends Partial<EngineSettings> {
@@ -59,6 +61,12 @@ export interface EngineOptions extends Partial<EngineSettings> {
    * default: none). Checked here: a RangeError names the bad field.
    */
   speculative?: SpeculativeOptions;
+  /**
+   * the draft model of `speculative: { proposer: 'draft' }` (draft-model.ts): loaded on the same
+   * backend, sharing the target's tokenizer (checked here). The engine keeps its KV; the model
+   * belongs to whoever loaded it.
+   */
+  draftModel?: LoadedModel;
 }
 
 /**
@@ -157,7 +165,7 @@ export class Engine {
   private pipelinedSteps = 0;
   /** when the last step's postprocess ended (a pipelined step's interval starts there) */
   private lastStepDone?: number;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative' | 'draftModel'>>;
   /** the requests' default speculation (EngineOptions.speculative), resolved */
   readonly speculative?: Required<SpeculativeOptions>;
   /**
@@ -167,6 +175,8 @@ export class Engine {
   readonly speculationOff?: string;
   /** the draft depth of speculating rows, and the measurements it follows */
   private readonly drafts = new DraftPlanner();
+  /** the draft model's steps and KV (EngineOptions.draftModel) */
+  readonly draftModel?: DraftModelRunner;
   /** what the engine was created with (EngineOptions over the environment) */
   readonly settings: EngineSettings;
   private readonly prefix: PrefixReuse;
@@ -223,6 +233,17 @@ export class Engine {
       keepDeviceTokens: this.pipeline,
       deviceSampling: this.deviceSampling,
     }, (cur, err) => this.dropFailedStep(cur, err));
+    if (options.draftModel) {
+      if (!('encode' in codec)) throw new RangeError('a draft model needs the target\'s tokenizer (the engine\'s codec: its LoadedModel)');
+      checkDraftModel({ config: cfg, encode: (text) => (codec as unknown as LoadedModel).encode(text) }, options.draftModel);
+      this.draftModel = new DraftModelRunner(options.draftModel, {
+        maxBatch: this.opts.maxBatch, maxModelLen: this.maxModelLen, kvTokens, tokenBudget: this.opts.tokenBudget, blockSize: bs,
+        graphWidth: this.settings.graphs ? Math.ceil(this.maxModelLen / bs) + 1 : undefined,
+      });
+    }
+    if (this.speculative?.proposer === 'draft' && !this.draftModel) {
+      throw new RangeError("speculative.proposer 'draft' needs a draft model (EngineOptions.draftModel, --draft-model)");
+    }
     this.decodePipeline = new DecodePipeline(this.launcher, this.scheduler, this.kv, cfg, (seq) => this.handles.get(seq));
     this.acceptor = new TokenAcceptor(this.kv, cfg, (seq, reason, error, errorKind) => this.finish(seq, reason, error, errorKind));
   }
@@ -303,7 +324,7 @@ export class Engine {
   /** How a request's sequence decodes: speculatively when it (or the engine, by default) asks and the model allows. */
   private methodOf(req: EngineRequest): DecodingMethod {
     const o = req.speculative === undefined ? this.speculative : req.speculative === false ? undefined : resolveSpeculative(req.speculative);
-    return o && !this.speculationOff ? speculativeMethod(o, this.drafts) : AUTOREGRESSIVE;
+    return o && !this.speculationOff ? speculativeMethod(o, this.drafts, this.draftModel) : AUTOREGRESSIVE;
   }
 
   /** Streams a request's events; breaking out of the loop cancels it. */
@@ -374,6 +395,7 @@ export class Engine {
     await this.prefix.settle();
     await this.prefix.flush([]); // the SSD tier keeps what the RAM tier held
     this.model.releaseGraphs(this.kv); // they replay into this KV's pools
+    this.draftModel?.dispose();
     this.kv.dispose(); // the model belongs to whoever loaded it; the engine only owned its KV
   }
 
@@ -396,6 +418,8 @@ export class Engine {
           this.reapCancelled();
           recomputeStaleKv(this.scheduler.running, this.kv, this.model.config.recomputeKvPastLength);
           const plannedAt = performance.now();
+          // the draft model's steps for the rows about to decode: their drafts are part of the step's cost
+          if (this.draftModel) await this.draftModel.prepare(this.scheduler.running);
           const rows = this.scheduler.schedule(this.isPaused);
           if (rows.length === 0) {
             if (!this.scheduler.hasWork) break;
@@ -487,6 +511,7 @@ export class Engine {
     if (seq.finished) return;
     seq.finished = reason;
     seq.grammar?.dispose();
+    this.draftModel?.forget(seq);
     this.prefix.onFinish(seq);
     this.scheduler.retire(seq);
     this.handles.get(seq)?.detach?.();

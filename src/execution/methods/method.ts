@@ -84,4 +84,11 @@ export interface DecodingMethod {
  */
 export interface Proposer {
   propose(seq: Sequence, max: number): Draft | undefined;
+  /**
+   * The drafts come from a phase of their own before each schedule (a draft model's steps,
+   * draft-model.ts), so what it would draft for a position is known only then: the method asks
+   * at schedule time only, and takes a row of a fixed depth (or an adaptive one whose drafting
+   * pays) as drafting, never pipelined.
+   */
+  readonly deferred?: boolean;
 }

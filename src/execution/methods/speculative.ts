@@ -33,15 +33,17 @@ import type { TokenSource } from '../token-accept.ts';
 import { AUTOREGRESSIVE, takeToken } from './autoregressive.ts';
 import type { DraftPlanner } from './draft-depth.ts';
 import type { DecodingMethod, Draft, Proposer, SpeculationCounts } from './method.ts';
+import type { DraftModelRunner } from './draft-model.ts';
 import { NgramProposer } from './ngram.ts';
 
 /** How a request speculates: where its drafts come from and how deep they go. */
 export interface SpeculativeOptions {
   /**
    * where drafts come from: 'ngram' = prompt lookup over the prompt and the output so far
-   * (ngram.ts); or a function making each sequence its own proposer
+   * (ngram.ts); 'draft' = the engine's draft model (EngineOptions.draftModel, draft-model.ts); or
+   * a function making each sequence its own proposer
    */
-  proposer: 'ngram' | (() => Proposer);
+  proposer: 'ngram' | 'draft' | (() => Proposer);
   /** draft tokens per step: a fixed number, or 'adaptive' (default: per row, from its acceptance and the measured step costs) */
   numDraftTokens?: number | 'adaptive';
   /** n-gram: the shortest suffix of the sequence a match may have (default 2) */
@@ -59,7 +61,8 @@ export const MAX_NGRAM = 64;
 /** SpeculativeOptions with their defaults, checked; a RangeError names the field at fault. */
 export function resolveSpeculative(o: SpeculativeOptions): Required<SpeculativeOptions> {
   if (o === null || typeof o !== 'object') throw new RangeError('speculative must be an object with a proposer');
-  if (o.proposer !== 'ngram' && typeof o.proposer !== 'function') throw new RangeError(`speculative.proposer must be 'ngram', got ${JSON.stringify(o.proposer)}`);
+  if (o.proposer !== 'ngram' && o.proposer !== 'draft' && typeof o.proposer !== 'function')
+    throw new RangeError(`speculative.proposer must be 'ngram' or 'draft', got ${JSON.stringify(o.proposer)}`);
   const depth = o.numDraftTokens ?? SPECULATIVE_DEFAULTS.numDraftTokens;
   if (depth !== 'adaptive' && !(Number.isInteger(depth) && depth >= 1 && depth <= MAX_DRAFT_TOKENS))
     throw new RangeError(`speculative.numDraftTokens must be 'adaptive' or an integer from 1 to ${MAX_DRAFT_TOKENS}, got ${JSON.stringify(depth)}`);
@@ -72,14 +75,23 @@ export function resolveSpeculative(o: SpeculativeOptions): Required<SpeculativeO
   return { proposer: o.proposer, numDraftTokens: depth, ngramMin, ngramMax };
 }
 
-/** The method of a sequence that speculates with `o` (resolved). */
-export function speculativeMethod(o: Required<SpeculativeOptions>, planner: DraftPlanner): Speculative {
-  const proposer = o.proposer === 'ngram' ? new NgramProposer(o.ngramMin, o.ngramMax) : o.proposer();
+/** The method of a sequence that speculates with `o` (resolved); 'draft' needs the engine's draft model. */
+export function speculativeMethod(o: Required<SpeculativeOptions>, planner: DraftPlanner, draftModel?: DraftModelRunner): Speculative {
+  let proposer: Proposer;
+  if (o.proposer === 'ngram') proposer = new NgramProposer(o.ngramMin, o.ngramMax);
+  else if (o.proposer === 'draft') {
+    if (!draftModel) throw new RangeError("speculative.proposer 'draft' needs a draft model (EngineOptions.draftModel, --draft-model)");
+    proposer = draftModel.proposer();
+  } else proposer = o.proposer();
   return new Speculative(proposer, o.numDraftTokens, planner);
 }
 
 /** the deepest an adaptive row drafts */
 export const ADAPTIVE_MAX_DRAFT = 16;
+/** the deepest an adaptive row asks a deferred proposer (a draft model: each token is a step of it) for */
+export const ADAPTIVE_MAX_DEFERRED = 8;
+/** an adaptive row asks a deferred proposer for tokens while the last one is kept with at least this probability */
+const DEFERRED_MIN_GAIN = 0.3;
 /** an adaptive row's acceptance before it has drafted */
 const ACCEPTANCE_PRIOR = 0.5;
 /** how far one observed draft token moves a row's acceptance */
@@ -99,7 +111,7 @@ export class Speculative implements DecodingMethod {
   private drafting = true;
 
   constructor(
-    private readonly proposer: Proposer,
+    readonly proposer: Proposer,
     /** draft tokens per step, or 'adaptive' */
     private readonly depth: number | 'adaptive',
     private readonly planner: DraftPlanner,
@@ -111,8 +123,20 @@ export class Speculative implements DecodingMethod {
     return this.depth === 'adaptive' ? this.rate : undefined;
   }
 
+  /**
+   * Draft tokens a deferred proposer makes for this row a round: the fixed depth, or (adaptive) as
+   * many as keep the last one's chance of being kept (acceptance^k) at DEFERRED_MIN_GAIN or more.
+   */
+  get draftDepth(): number {
+    if (this.depth !== 'adaptive') return this.depth;
+    let k = 1;
+    for (let g = this.rate * this.rate; k < ADAPTIVE_MAX_DEFERRED && g >= DEFERRED_MIN_GAIN; g *= this.rate) k++;
+    return k;
+  }
+
   propose(seq: Sequence, max: number): Draft | undefined {
     if (seq.grammar) return undefined;
+    if (this.proposer.deferred) return this.proposer.propose(seq, max);
     const deepest = this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth;
     // accept() proposed for this position already, as deep as the method drafts
     const draft = this.last?.at === seq.known ? this.last.draft : this.proposer.propose(seq, deepest);
@@ -180,6 +204,10 @@ export class Speculative implements DecodingMethod {
     // next step pipeline; a pipelined row is not scheduled, so it proposes (and guesses) here
     this.drafting = false;
     if (seq.finished || seq.grammar) return;
+    if (this.proposer.deferred) {
+      this.drafting = this.depth !== 'adaptive' || this.planner.drafts(this.rate, this.draftDepth);
+      return;
+    }
     const next = this.propose(seq, Infinity);
     this.drafting = !!next && next.tokens.length > 0 && (this.depth !== 'adaptive' || this.planner.drafts(this.rate, next.tokens.length));
   }

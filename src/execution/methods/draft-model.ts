@@ -1,0 +1,232 @@
+// Draft-model proposals: a small model that shares the target's vocabulary drafts each speculative
+// row's next tokens greedily, in a phase of its own before each schedule (Engine.loop calls
+// prepare), batched over every row that will decode in the coming step. The speculative method
+// then verifies them in the target's step like any other draft (speculative.ts): the output is
+// the target's whatever the draft says, so greedy drafts serve sampled rows too (a point-mass
+// draft, as an n-gram's).
+//
+// The draft model keeps its own paged KV (its own KvCache, as many tokens as the target's) per
+// target sequence. A round for a row at n known tokens:
+//   catch-up  the tokens its KV lacks, [computed, n), in chunks under the step budget (the whole
+//             prompt the first time; after a verify, the accepted tokens and the target's own);
+//             the last one's logits give draft token 1;
+//   chain     draft token k fed at position n + k - 1 gives token k + 1, one token a row a step
+//             (decode steps: on a GPU they replay the draft model's captured graphs).
+// The KV of the draft tokens stays: next round, the positions whose token the target accepted are
+// already computed. A draft step that fails turns drafting off for the engine's life (rows decode
+// plainly) rather than failing any request.
+
+import type { KvAccess } from '../../models/kv-access.ts';
+import { KvCache, type SequenceKv, type StepRow } from '../../state/kv-cache.ts';
+import type { LoadedModel } from '../load-model.ts';
+import type { Sequence } from '../sequence.ts';
+import type { Draft, Proposer } from './method.ts';
+
+export interface DraftModelOptions {
+  /** rows drafting together at most (the target's maxBatch) */
+  maxBatch: number;
+  /** longest sequence (the target's maxModelLen) */
+  maxModelLen: number;
+  /** tokens of KV the draft's full-attention layers hold in all (the target's) */
+  kvTokens: number;
+  /** tokens a catch-up step computes at most */
+  tokenBudget: number;
+  blockSize: number;
+  /** StepBatch.graphWidth of the chain steps (undefined: op by op) */
+  graphWidth?: number;
+}
+
+/** What a draft model drafts for: the depth a row asks for (speculative.ts's Speculative). */
+export interface DeferredDrafting {
+  /** draft tokens this row wants a round */
+  readonly draftDepth: number;
+  readonly proposer: Proposer;
+}
+
+interface RowState {
+  kv: SequenceKv;
+  /** positions of the draft's KV that hold the sequence's own tokens */
+  computed: number;
+  /** the last round's draft: tokens for positions at, at + 1, ... (their KV is in, but the last's) */
+  draft?: { at: number; tokens: number[] };
+}
+
+/** Checks that `draft` can propose for `target`: one vocabulary, one tokenizer. */
+export function checkDraftModel(target: Pick<LoadedModel, 'config' | 'encode'>, draft: Pick<LoadedModel, 'config' | 'encode' | 'dir'>): void {
+  if (draft.config.vocabSize !== target.config.vocabSize) {
+    throw new RangeError(`the draft model (${draft.dir}) has a vocabulary of ${draft.config.vocabSize} tokens, the target ${target.config.vocabSize}: ` +
+      'a draft model must share the target\'s tokenizer');
+  }
+  const probe = 'def draft(x):\n    return "speculative" + str(x) # 0123456789 çé中文';
+  const a = target.encode(probe), b = draft.encode(probe);
+  if (a.length !== b.length || a.some((t, i) => t !== b[i])) {
+    throw new RangeError(`the draft model (${draft.dir}) tokenizes text differently from the target: a draft model must share the target's tokenizer`);
+  }
+}
+
+export class DraftModelRunner {
+  private readonly kv: KvCache;
+  private readonly rows = new Map<Sequence, RowState>();
+  /** why drafting stopped (a draft step failed), once it has */
+  off?: string;
+  /** draft-model steps run (tests, logs) */
+  steps = 0;
+
+  constructor(
+    readonly draft: LoadedModel,
+    private readonly opts: DraftModelOptions,
+  ) {
+    const cfg = draft.config, bs = opts.blockSize;
+    this.kv = new KvCache(draft.model.backend, cfg.layers.map((l) => l.window), {
+      numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs,
+    }, () => Math.max(1, Math.ceil(opts.kvTokens / bs)) + opts.maxBatch * 2);
+  }
+
+  /** The proposer of a sequence that drafts with this model: the draft prepare() made for its next position. */
+  proposer(): Proposer {
+    return new DraftModelProposer(this);
+  }
+
+  /** The draft made for `seq`'s next token (at most `max` tokens), if this round made one. */
+  draftFor(seq: Sequence, max: number): Draft | undefined {
+    const d = this.rows.get(seq)?.draft;
+    if (!d || d.at !== seq.known || max <= 0) return undefined;
+    return { tokens: d.tokens.slice(0, max) };
+  }
+
+  /**
+   * Drafts for every running sequence that drafts with this model and computes its next token in
+   * the coming step (its prompt done, no grammar), and frees what finished sequences held.
+   */
+  async prepare(running: readonly Sequence[]): Promise<void> {
+    this.sweep(running);
+    if (this.off) return;
+    const work: { seq: Sequence; st: RowState; n: number; depth: number; fed: number; tokens: number[] }[] = [];
+    for (const seq of running) {
+      const m = seq.method as Partial<DeferredDrafting>;
+      if (!(m.proposer instanceof DraftModelProposer) || m.proposer.runner !== this || m.draftDepth === undefined) continue;
+      if (seq.finished || seq.grammar || !seq.kv || seq.computed !== seq.known - 1) continue;
+      const n = seq.known;
+      let st = this.rows.get(seq);
+      if (st?.draft?.at === n) continue; // drafted for this position already
+      const depth = Math.min(m.draftDepth, seq.maxTokensTotal - n, this.opts.maxModelLen - n);
+      if (depth < 1) continue;
+      if (!st) {
+        st = { kv: this.kv.newSequence(), computed: 0 };
+        this.rows.set(seq, st);
+      }
+      this.revalidate(seq, st, n);
+      if (!this.kv.canGrow(st.kv, st.computed, n + depth - 1)) continue; // no room this round: a plain row
+      this.kv.grow(st.kv, st.computed, n + depth - 1);
+      work.push({ seq, st, n, depth, fed: st.computed, tokens: [] });
+    }
+    if (work.length === 0) return;
+    try {
+      // catch-up: each row's missing tokens, the last one's logits giving its first draft token
+      for (let left = work; left.length > 0; left = left.filter((w) => w.fed < w.n)) {
+        let budget = this.opts.tokenBudget;
+        const parts: { w: (typeof work)[number]; count: number }[] = [];
+        for (const w of left) {
+          const count = Math.min(w.n - w.fed, budget);
+          if (count <= 0) break;
+          parts.push({ w, count });
+          budget -= count;
+        }
+        const ids: number[] = [];
+        const logitOf: (typeof work)[number][] = [];
+        const logitTokens: number[] = [];
+        for (const { w, count } of parts) {
+          for (let p = w.fed; p < w.fed + count; p++) ids.push(w.seq.tokenAt(p));
+          if (w.fed + count === w.n) {
+            logitTokens.push(ids.length - 1);
+            logitOf.push(w);
+          }
+        }
+        const picked = await this.step(ids, parts.map(({ w, count }) => ({ seq: w.st.kv, start: w.fed, count })), logitTokens, false);
+        for (const { w, count } of parts) w.fed += count;
+        logitOf.forEach((w, i) => w.tokens.push(picked[i]!));
+      }
+      // the chain: draft token k at position n + k - 1 gives token k + 1
+      for (let k = 1; ; k++) {
+        const chain = work.filter((w) => w.depth > k);
+        if (chain.length === 0) break;
+        const picked = await this.step(chain.map((w) => w.tokens[k - 1]!), chain.map((w) => ({ seq: w.st.kv, start: w.n + k - 1, count: 1 })),
+          chain.map((_, i) => i), true);
+        chain.forEach((w, i) => w.tokens.push(picked[i]!));
+      }
+    } catch (err) {
+      this.off = `a draft-model step failed: ${(err as Error).message}`;
+      console.error(`llmts: speculative drafts are off (${this.off}); rows decode plainly`);
+      for (const w of work) this.forget(w.seq);
+      return;
+    }
+    for (const w of work) {
+      w.st.computed = w.n;
+      w.st.draft = { at: w.n, tokens: w.tokens };
+    }
+  }
+
+  /** blocks of the draft's KV that sequences hold (tests: 0 once every sequence is done) */
+  get usedBlocks(): number {
+    return this.kv.usedBlocks;
+  }
+
+  /** Frees the draft KV of `seq` (finished, or no longer drafting). */
+  forget(seq: Sequence): void {
+    const st = this.rows.get(seq);
+    if (!st) return;
+    this.kv.release(st.kv);
+    this.rows.delete(seq);
+  }
+
+  dispose(): void {
+    for (const seq of [...this.rows.keys()]) this.forget(seq);
+    this.draft.model.releaseGraphs(this.kv);
+    this.kv.dispose();
+  }
+
+  /** The positions after the last round's first drafted one whose token the target kept are computed already. */
+  private revalidate(seq: Sequence, st: RowState, n: number): void {
+    const d = st.draft;
+    if (d) {
+      let p = d.at;
+      // the KV holds draft tokens 0 .. length - 2 (the last was never fed)
+      while (p < n - 1 && p - d.at < d.tokens.length - 1 && seq.tokenAt(p) === d.tokens[p - d.at]) p++;
+      st.computed = p;
+      st.draft = undefined;
+    }
+    st.computed = Math.min(st.computed, n - 1);
+  }
+
+  private sweep(running: readonly Sequence[]): void {
+    if (this.rows.size === 0) return;
+    const live = new Set(running);
+    for (const seq of [...this.rows.keys()]) if (seq.finished || !live.has(seq)) this.forget(seq);
+  }
+
+  /** One draft-model step; the greedy token of each logit row. */
+  private async step(ids: number[], rows: StepRow[], logitTokens: number[], decode: boolean): Promise<number[]> {
+    this.steps++;
+    const res = await this.draft.model.step({
+      tokens: Int32Array.from(ids), rows, logitTokens, graphWidth: decode ? this.opts.graphWidth : undefined,
+    }, this.kv as KvAccess<StepRow>, logitTokens.map(() => false));
+    if (res.tokens) return Array.from(res.tokens.subarray(0, logitTokens.length));
+    const V = this.draft.config.vocabSize;
+    return logitTokens.map((_, i) => {
+      let best = 0;
+      for (let v = 1; v < V; v++) if (res.logits[i * V + v]! > res.logits[i * V + best]!) best = v;
+      return best;
+    });
+  }
+}
+
+/** A sequence's view of the runner: whatever prepare() drafted for its next position. */
+class DraftModelProposer implements Proposer {
+  readonly deferred = true;
+
+  constructor(readonly runner: DraftModelRunner) {}
+
+  propose(seq: Sequence, max: number): Draft | undefined {
+    return this.runner.draftFor(seq, max);
+  }
+}

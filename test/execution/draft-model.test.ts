@@ -1,0 +1,122 @@
+// Speculative decoding with a draft model (src/execution/methods/draft-model.ts): the target's
+// output is plain decoding's bit for bit (the CPU backend computes a verify chunk's rows as decode
+// rows), whatever the draft proposes; a target drafting for itself has every draft accepted; the
+// draft's KV is freed when its sequence ends; a draft model that cannot propose for the target is
+// refused with a clear error.
+import assert from 'node:assert/strict';
+import { join, resolve } from 'node:path';
+import { test } from 'node:test';
+
+import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
+import { Engine, type EngineOptions } from '../../src/execution/engine.ts';
+import { loadModel, type LoadedModel } from '../../src/execution/load-model.ts';
+import type { SpeculativeOptions } from '../../src/execution/methods/speculative.ts';
+import type { EngineRequest } from '../../src/execution/sequence.ts';
+import { runOf, sameRun, type Run } from '../helpers/speculation.ts';
+import { writeTinyLlama } from '../helpers/tiny-model.ts';
+
+const FIXTURES = resolve(import.meta.dirname, '../fixtures');
+const DRAFT4: SpeculativeOptions = { proposer: 'draft', numDraftTokens: 4 };
+const ADAPTIVE: SpeculativeOptions = { proposer: 'draft', numDraftTokens: 'adaptive' };
+
+async function withModels<T>(target: string, draft: string, body: (t: LoadedModel, d: LoadedModel) => Promise<T>): Promise<T> {
+  const backend = await createCpuBackend();
+  try {
+    const t = await loadModel(backend, join(FIXTURES, target), { maxModelLen: 512 });
+    const d = draft === target ? t : await loadModel(backend, join(FIXTURES, draft), { maxModelLen: 512 });
+    return await body(t, d);
+  } finally {
+    await backend.close();
+  }
+}
+
+const prompts = (m: LoadedModel) => [
+  'def fibonacci(n):\n    if n < 2:\n        return n\n',
+  'The quick brown fox jumps over the lazy dog. The quick brown',
+  'for i in range(10):\n    print(i)\nfor j in range(10):\n',
+  'a b c d e f g a b c d e f g a b',
+].map((t) => m.encode(t));
+
+const greedy = (promptIds: number[]): EngineRequest => ({ promptIds, maxTokens: 40, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 2 });
+const sampled = (promptIds: number[], k: number): EngineRequest => ({ promptIds, maxTokens: 40, sampling: { temperature: 0.9, top_p: 0.95, seed: 40 + k }, ignoreEos: true, topLogprobs: 2 });
+
+async function runEngine(t: LoadedModel, opts: EngineOptions, reqs: EngineRequest[], together: boolean) {
+  const e = new Engine(t.model, t, { maxBatch: 8, maxModelLen: 512, prefixCache: { promptCacheBytes: 0 }, ...opts });
+  const runs: Run[] = [];
+  if (together) runs.push(...await Promise.all(reqs.map((r) => runOf(e, r))));
+  else for (const r of reqs) runs.push(await runOf(e, r));
+  const stats = { ...e.stats.speculation, draftSteps: e.draftModel?.steps ?? 0, draftBlocks: e.draftModel?.usedBlocks ?? 0 };
+  await e.close(0);
+  return { runs, stats };
+}
+
+test('a target drafting for itself: plain decoding\'s tokens and logprobs, every draft accepted', () => withModels('llama', 'llama', async (t, d) => {
+  const reqs = prompts(t).map(greedy);
+  const plain = await runEngine(t, {}, reqs, false);
+  const spec = await runEngine(t, { speculative: DRAFT4, draftModel: d }, reqs, false);
+  spec.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `request ${k}`));
+  assert.ok(spec.stats.draftTokens > 100, `drafted ${spec.stats.draftTokens}`);
+  assert.equal(spec.stats.acceptedTokens, spec.stats.draftTokens, 'the target agrees with itself');
+  assert.equal(spec.stats.draftBlocks, 0, 'the draft KV is freed');
+}));
+
+test('another model as the draft: lossless alone and batched, greedy and seeded sampling, fixed and adaptive depth', () => withModels('llama', 'qwen3', async (t, d) => {
+  const ps = prompts(t);
+  for (const [what, reqs] of [['greedy', ps.map(greedy)], ['sampled', ps.map(sampled)]] as const) {
+    const plain = await runEngine(t, {}, reqs, false);
+    for (const [how, spec, together] of [['depth 4 alone', DRAFT4, false], ['depth 4 batched', DRAFT4, true], ['adaptive batched', ADAPTIVE, true]] as const) {
+      const got = await runEngine(t, { speculative: spec, draftModel: d }, reqs, together);
+      got.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `${what} ${how} #${k}`));
+      assert.ok(got.stats.draftTokens > 0 && got.stats.draftSteps > 0, `${what} ${how}: drafts were made and verified`);
+      assert.equal(got.stats.draftBlocks, 0, `${what} ${how}: the draft KV is freed`);
+    }
+  }
+}));
+
+test('per request: a request may ask for the draft model, another for n-grams or none, in one batch', () => withModels('llama', 'llama', async (t, d) => {
+  const ps = prompts(t);
+  const reqs: EngineRequest[] = [
+    { ...greedy(ps[0]!), speculative: DRAFT4 },
+    { ...greedy(ps[1]!), speculative: { proposer: 'ngram', numDraftTokens: 3, ngramMin: 1 } },
+    { ...greedy(ps[2]!), speculative: false },
+    greedy(ps[3]!),
+  ];
+  const plain = await runEngine(t, {}, reqs.map((r) => ({ ...r, speculative: undefined })), false);
+  const got = await runEngine(t, { draftModel: d }, reqs, true);
+  got.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `request ${k}`));
+  assert.ok(got.runs[0]!.speculation!.draftTokens > 0, 'the draft-model request drafted');
+  assert.equal(got.runs[2]!.speculation, undefined, 'speculative: false decodes plainly');
+}));
+
+test('a cancelled request frees its draft KV; the others finish', () => withModels('llama', 'llama', async (t, d) => {
+  const e = new Engine(t.model, t, { maxBatch: 4, maxModelLen: 512, speculative: DRAFT4, draftModel: d });
+  const ac = new AbortController();
+  const ps = prompts(t);
+  let seen = 0;
+  const cancelled = runOf(e, { ...greedy(ps[0]!), maxTokens: 200 }, ac.signal, (n) => { seen = n; if (n >= 8) ac.abort(); });
+  const other = runOf(e, greedy(ps[1]!));
+  const [c, o] = await Promise.all([cancelled, other]);
+  assert.equal(c.finish, 'cancelled');
+  assert.ok(seen >= 8 && c.tokens.length < 200);
+  assert.equal(o.finish, 'length');
+  assert.equal(e.draftModel!.usedBlocks, 0);
+  await e.close(0);
+}));
+
+test('a draft model that cannot propose for the target is refused', async () => {
+  const backend = await createCpuBackend();
+  try {
+    const t = await loadModel(backend, join(FIXTURES, 'llama'), { maxModelLen: 512 });
+    const other = await loadModel(backend, writeTinyLlama(), { maxModelLen: 512 }); // its own vocabulary
+    assert.throws(() => new Engine(t.model, t, { draftModel: other }), /vocabulary of \d+ tokens, the target 512/);
+    assert.throws(() => new Engine(t.model, t, { speculative: DRAFT4 }), /proposer 'draft' needs a draft model/);
+    const e = new Engine(t.model, t, { maxModelLen: 512 });
+    assert.throws(() => e.submit({ ...greedy([1, 2, 3]), speculative: DRAFT4 }, () => {}), /proposer 'draft' needs a draft model/);
+    await e.close(0);
+    // same vocabulary size, different tokenizer
+    const renamed = { ...t, dir: 'renamed', encode: (text: string) => t.encode(text).map((id) => (id + 1) % 512) };
+    assert.throws(() => new Engine(t.model, t, { draftModel: renamed }), /tokenizes text differently/);
+  } finally {
+    await backend.close();
+  }
+});
