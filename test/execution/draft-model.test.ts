@@ -38,7 +38,7 @@ const prompts = (m: LoadedModel) => [
 ].map((t) => m.encode(t));
 
 const greedy = (promptIds: number[]): EngineRequest => ({ promptIds, maxTokens: 40, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 2 });
-const sampled = (promptIds: number[], k: number): EngineRequest => ({ promptIds, maxTokens: 40, sampling: { temperature: 0.9, top_p: 0.95, seed: 40 + k }, ignoreEos: true, topLogprobs: 2 });
+const sampled = (promptIds: number[], k: number): EngineRequest => ({ promptIds, maxTokens: 40, sampling: { temperature: 0.9, topP: 0.95, seed: 40 + k }, ignoreEos: true, topLogprobs: 2 });
 
 async function runEngine(t: LoadedModel, opts: EngineOptions, reqs: EngineRequest[], together: boolean) {
   const e = new Engine(t.model, t, { maxBatch: 8, maxModelLen: 512, prefixCache: { promptCacheBytes: 0 }, ...opts });
