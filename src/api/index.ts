@@ -40,9 +40,14 @@ export type ResponseFormat =
   /** no `schema`: any JSON object; the schema is always enforced strictly */
   | { type: 'json_schema'; json_schema: { name?: string; description?: string; schema?: unknown; strict?: boolean | null } };
 
-export interface LoadOptions extends EngineOptions {
+export interface LoadOptions extends Omit<EngineOptions, 'draftModel'> {
   /** Hugging Face model directory */
   model: string;
+  /**
+   * a draft model directory for `speculative: { proposer: 'draft' }` (the default's or a
+   * request's): sharing the model's tokenizer, loaded on the same backend
+   */
+  draftModel?: string;
   device?: 'auto' | 'cpu' | 'cuda';
   /**
    * the backend's knobs set in code, e.g. `{ cuda: { attention: { decodeKernel: 'cuda-core' } } }`
@@ -130,7 +135,10 @@ export class Llm {
     const backend = await openBackend(parseDevice(opts.device), opts.backendSettings);
     try {
       const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning });
-      return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...opts, maxModelLen: loaded.maxContext }));
+      const { draftModel: draftDir, ...engineOpts } = opts;
+      const draftModel = draftDir === undefined ? undefined
+        : await loadModel(backend, draftDir, { maxModelLen: loaded.maxContext, onWarning: opts.onWarning });
+      return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...engineOpts, maxModelLen: loaded.maxContext, ...(draftModel ? { draftModel } : {}) }));
     } catch (err) {
       await backend.close();
       throw err;

@@ -81,6 +81,11 @@ export interface ServeOptions {
    * `--ngram-min`, `--ngram-max`)
    */
   speculative?: SpeculativeOptions;
+  /**
+   * the draft model of `speculative: { proposer: 'draft' }` (`--draft-model DIR`): a model
+   * directory sharing the target's tokenizer, loaded on the same backend
+   */
+  draftModel?: string;
   /** the backend's knobs set in code, as load() takes them; the rest come from the LLMTS_* environment */
   backendSettings?: BackendSettings;
   /** the engine's knobs set in code (pipeline, deviceSampling, graphs); the rest come from the environment */
@@ -199,6 +204,12 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
       fail('speculative', (err as Error).message);
     }
   }
+  if (o.draftModel !== undefined && (typeof o.draftModel !== 'string' || o.draftModel === ''))
+    fail('draftModel', `${nameOf('draftModel')} must be a model directory, got ${JSON.stringify(o.draftModel)}`);
+  if (o.speculative?.proposer === 'draft' && o.draftModel === undefined)
+    fail('draftModel', `${nameOf('speculative')} draft needs ${nameOf('draftModel')}`);
+  if (o.draftModel !== undefined && o.speculative?.proposer !== 'draft')
+    fail('draftModel', `${nameOf('draftModel')} needs ${nameOf('speculative')} draft`);
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
     fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;

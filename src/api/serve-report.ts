@@ -33,7 +33,10 @@ export function reportStartup(o: ResolvedServeOptions, { backend, engine, server
   const sp = engine.speculative;
   if (sp) {
     const depth = sp.numDraftTokens === 'adaptive' ? 'adaptive depth' : `${sp.numDraftTokens} draft tokens`;
-    const drafts = sp.proposer === 'ngram' ? `n-gram drafts (suffixes of ${sp.ngramMin} to ${sp.ngramMax} tokens)` : 'drafts of the given proposer';
+    const dm = engine.draftModel?.draft;
+    const drafts = sp.proposer === 'ngram' ? `n-gram drafts (suffixes of ${sp.ngramMin} to ${sp.ngramMax} tokens)`
+      : sp.proposer === 'draft' && dm ? `drafts of the draft model ${dm.dir} (${dm.config.numLayers} layers, hidden ${dm.config.hiddenSize})`
+        : 'drafts of the given proposer';
     o.log(engine.speculationOff ? `speculative decoding: off for this model (${engine.speculationOff})` : `speculative decoding: ${drafts}, ${depth}`);
   }
   const pc = engine.stats.prefixCache;

@@ -43,15 +43,19 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
   const o = resolveServeOptions(options);
   const backend = await openBackend(o.device, o.backendSettings);
   let loaded: LoadedModel | undefined;
+  let draft: LoadedModel | undefined;
   let engine: Engine | undefined;
   try {
     const kvDtype = checkBackend(backend, o);
     loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
+    // the draft model's weights are in memory before the plan measures what is free
+    if (o.draftModel !== undefined) draft = await loadDraftModel(backend, o.draftModel, loaded.maxContext, o);
     const kvPlan = await planKv(backend, loaded, kvDtype, o);
     engine = new Engine(loaded.model, loaded, {
       ...o.engineSettings,
       maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
       speculative: o.speculative,
+      ...(draft ? { draftModel: draft } : {}),
       prefixCache: {
         promptCacheBytes: o.promptCacheBytes,
         tokenizerFingerprint: loaded.tokenizer.fingerprint,
@@ -80,8 +84,18 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     // the engine owns the model once it exists; before that the model is freed here
     if (engine) await engine.close(0);
     else loaded?.model.dispose();
+    draft?.model.dispose();
     await backend.close();
     throw err;
+  }
+}
+
+/** The draft model of `--speculative draft`, on the target's backend; a failure names the option. */
+async function loadDraftModel(backend: Backend, dir: string, maxModelLen: number, o: ResolvedServeOptions): Promise<LoadedModel> {
+  try {
+    return await loadModel(backend, dir, { maxModelLen });
+  } catch (err) {
+    throw new ServeOptionsError(`${o.nameOf('draftModel')} ${dir}: ${(err as Error).message}`, 'draftModel');
   }
 }
 

@@ -4,7 +4,7 @@
 import { performance } from 'node:perf_hooks';
 import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
-import { SPECULATIVE_OPTIONS, speculationJson, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
+import { draftModelFlag, SPECULATIVE_OPTIONS, speculationJson, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
 import type { SpeculationCounts } from '../execution/methods/method.ts';
 import { parseDevice } from '../execution/devices.ts';
 import { load } from '../api/index.ts';
@@ -104,11 +104,12 @@ export async function runGenerate(argv: string[]): Promise<void> {
   const device = parseDevice(stringFlag(v, 'device'));
   const kvDtype = kvDtypeFlag(v);
   const speculative = speculativeFlags(v);
+  const draftModel = draftModelFlag(v);
 
   const t0 = performance.now();
   // One request through the same engine the server uses (a lone row is just a batch of one).
   const llm = await load({
-    model: dir, device, maxBatch: 1, maxModelLen, kvDtype, speculative,
+    model: dir, device, maxBatch: 1, maxModelLen, kvDtype, speculative, ...(draftModel !== undefined ? { draftModel } : {}),
     backendSettings: v['batch-invariant'] ? { cuda: { batchInvariant: true } } : undefined,
     onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
   });

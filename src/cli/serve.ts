@@ -6,7 +6,7 @@
 
 import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options, type Values } from './args.ts';
 import { UsageError } from './errors.ts';
-import { SPECULATIVE_OPTIONS, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
+import { draftModelFlag, SPECULATIVE_OPTIONS, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
 import { parseDevice } from '../execution/devices.ts';
 import type { ToolCallFormatName } from '../generation/tool-calls/index.ts';
 import { startServer, ServeOptionsError, SERVE_DEFAULTS, type ServeOptions, type ServeOptionName, type ServerHandle } from '../api/index.ts';
@@ -138,16 +138,17 @@ const FLAG_OF: Record<ServeOptionName, string> = {
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
   grammarCacheBytes: '--grammar-cache',
   batchInvariant: '--batch-invariant',
-  speculative: '--speculative',
+  speculative: '--speculative', draftModel: '--draft-model',
   corsOrigins: '--cors-origin', logRequests: '--log-requests',
 };
 
 const log = (line: string) => process.stderr.write(`llmts serve: ${line}\n`);
 
 /** ServeOptions.speculative, when the flags ask for speculative decoding. */
-function speculativeOf(v: Values): Pick<ServeOptions, 'speculative'> {
+function speculativeOf(v: Values): Pick<ServeOptions, 'speculative' | 'draftModel'> {
   const speculative = speculativeFlags(v);
-  return speculative ? { speculative } : {};
+  const draftModel = draftModelFlag(v);
+  return { ...(speculative ? { speculative } : {}), ...(draftModel !== undefined ? { draftModel } : {}) };
 }
 
 /** The flags as ServeOptions: syntax is checked here, values by startServer. */

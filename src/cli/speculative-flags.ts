@@ -1,6 +1,6 @@
 // The speculative decoding flags `generate` and `serve` share (README, "Speculative decoding"):
-// --speculative ngram, --num-draft-tokens N|adaptive, --ngram-min N, --ngram-max N, checked here
-// with messages that name the flags.
+// --speculative ngram|draft, --draft-model DIR, --num-draft-tokens N|adaptive, --ngram-min N,
+// --ngram-max N, checked here with messages that name the flags.
 
 import { numberFlag, stringFlag, type Options, type Values } from './args.ts';
 import { UsageError } from './errors.ts';
@@ -11,16 +11,18 @@ export const SPECULATIVE_OPTIONS: Options = {
   'num-draft-tokens': { type: 'string' },
   'ngram-min': { type: 'string' },
   'ngram-max': { type: 'string' },
+  'draft-model': { type: 'string' },
 };
 
 /** The flags' lines of a command's help, its descriptions starting at column `col`. */
 export function speculativeHelp(col: number): string {
   const rows: [string, string[]][] = [
-    ['--speculative ngram', [
-      'speculative decoding: draft tokens proposed by prompt lookup (the',
+    ['--speculative ngram|draft', [
+      'speculative decoding: draft tokens proposed by prompt lookup (ngram: the',
       'longest suffix of the text that occurred earlier in the prompt or the',
-      'output proposes what followed it), verified in one forward; the output',
-      'is what decoding without it gives (default: off)']],
+      'output proposes what followed it) or by a small model (draft), verified',
+      'in one forward; the output is what decoding without it gives (default: off)']],
+    ['--draft-model DIR', ['the draft model of --speculative draft: a model directory sharing the', 'model\'s tokenizer']],
     ['--num-draft-tokens N|adaptive', [
       `draft tokens per step: 1..${MAX_DRAFT_TOKENS}, or adaptive (default: per request, from`,
       'its recent acceptance and the measured step costs, down to none)']],
@@ -34,15 +36,29 @@ export function speculativeHelp(col: number): string {
   }).join('\n');
 }
 
+/** The draft model directory of --speculative draft (--draft-model), checked against --speculative. */
+export function draftModelFlag(v: Values): string | undefined {
+  const dir = stringFlag(v, 'draft-model');
+  const proposer = stringFlag(v, 'speculative');
+  if (proposer === 'draft' && dir === undefined) throw new UsageError('--speculative draft needs --draft-model DIR');
+  if (dir !== undefined && proposer !== 'draft') throw new UsageError('--draft-model needs --speculative draft');
+  return dir;
+}
+
 /** The speculative decoding the flags ask for, or undefined without --speculative. */
 export function speculativeFlags(v: Values): SpeculativeOptions | undefined {
   const proposer = stringFlag(v, 'speculative');
   const depthRaw = stringFlag(v, 'num-draft-tokens');
   if (proposer === undefined) {
-    for (const f of ['num-draft-tokens', 'ngram-min', 'ngram-max']) if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ngram`);
+    for (const f of ['num-draft-tokens', 'ngram-min', 'ngram-max', 'draft-model']) {
+      if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ${f === 'draft-model' ? 'draft' : f === 'num-draft-tokens' ? 'ngram|draft' : 'ngram'}`);
+    }
     return undefined;
   }
-  if (proposer !== 'ngram') throw new UsageError(`--speculative must be ngram (prompt lookup), got "${proposer}"`);
+  if (proposer !== 'ngram' && proposer !== 'draft') throw new UsageError(`--speculative must be ngram (prompt lookup) or draft (a draft model), got "${proposer}"`);
+  if (proposer === 'draft') {
+    for (const f of ['ngram-min', 'ngram-max']) if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ngram`);
+  }
   let numDraftTokens: number | 'adaptive' | undefined;
   if (depthRaw === 'adaptive') numDraftTokens = 'adaptive';
   else if (depthRaw !== undefined) {

@@ -26,3 +26,19 @@ test('load({ speculative }) speculates every request; a request may turn it off 
     await llm.close(0);
   }
 });
+
+test('load({ draftModel }): a request asks for the draft model (or it is the default), the same tokens as without', async () => {
+  const fixtures = resolve(import.meta.dirname, '../fixtures');
+  const llm = await load({ model: `${fixtures}/llama`, device: 'cpu', draftModel: `${fixtures}/qwen3` });
+  try {
+    const o = { prompt: 'the cat sat on the mat. the cat sat on the', maxTokens: 24, temperature: 0, ignoreEos: true };
+    const plain = await llm.complete(o);
+    const drafted = await llm.complete({ ...o, speculative: { proposer: 'draft', numDraftTokens: 3 } });
+    assert.deepEqual(drafted.tokenIds, plain.tokenIds);
+    assert.equal(plain.speculation, undefined, 'no default speculation: plain');
+    assert.ok(drafted.speculation!.draftTokens > 0, JSON.stringify(drafted.speculation));
+  } finally {
+    await llm.close(0);
+  }
+  await assert.rejects(load({ model: `${fixtures}/llama`, device: 'cpu', speculative: { proposer: 'draft' } }), /proposer 'draft' needs a draft model/);
+});

@@ -45,8 +45,12 @@ test('generate --json --speculative ngram: the tokens of a run without it, and "
 
 test('bad speculative flags are one-line errors that name the flag', async () => {
   for (const [flags, message] of [
-    [['--num-draft-tokens', '3'], /--num-draft-tokens needs --speculative ngram/],
-    [['--speculative', 'draft'], /--speculative must be ngram \(prompt lookup\), got "draft"/],
+    [['--num-draft-tokens', '3'], /--num-draft-tokens needs --speculative ngram\|draft/],
+    [['--speculative', 'eagle'], /--speculative must be ngram \(prompt lookup\) or draft \(a draft model\), got "eagle"/],
+    [['--speculative', 'draft'], /--speculative draft needs --draft-model DIR/],
+    [['--draft-model', 'd'], /--draft-model needs --speculative draft/],
+    [['--speculative', 'ngram', '--draft-model', 'd'], /--draft-model needs --speculative draft/],
+    [['--speculative', 'draft', '--draft-model', 'd', '--ngram-min', '2'], /--ngram-min needs --speculative ngram/],
     [['--speculative', 'ngram', '--num-draft-tokens', '0'], /--num-draft-tokens must be an integer from 1 to 64 or "adaptive", got "0"/],
     [['--speculative', 'ngram', '--num-draft-tokens', 'lots'], /--num-draft-tokens must be an integer from 1 to 64 or "adaptive", got "lots"/],
     [['--speculative', 'ngram', '--ngram-min', '5', '--ngram-max', '2'], /--ngram-min \(5\) must not be above --ngram-max \(2\)/],
@@ -67,8 +71,31 @@ test('serve: the flags become ServeOptions.speculative; startServer checks what 
   assert.deepEqual(serveOptionsOf(['--model', 'm', '--speculative', 'ngram', '--num-draft-tokens', '6']).speculative,
     { proposer: 'ngram', numDraftTokens: 6, ngramMin: undefined, ngramMax: undefined });
   assert.equal(serveOptionsOf(['--model', 'm']).speculative, undefined);
+  const d = serveOptionsOf(['--model', 'm', '--speculative', 'draft', '--draft-model', 'small', '--num-draft-tokens', '4']);
+  assert.deepEqual([d.speculative, d.draftModel], [{ proposer: 'draft', numDraftTokens: 4, ngramMin: undefined, ngramMax: undefined }, 'small']);
+  assert.doesNotThrow(() => resolveServeOptions(d), 'the directory loads later, at startServer');
+  assert.throws(() => resolveServeOptions({ model: 'm', speculative: { proposer: 'draft' }, optionNames: undefined }),
+    (e: unknown) => e instanceof ServeOptionsError && e.option === 'draftModel' && /speculative draft needs draftModel/.test(e.message));
   assert.throws(() => resolveServeOptions({ model: 'm', speculative: { proposer: 'ngram', numDraftTokens: 99 } }),
     (e: unknown) => e instanceof ServeOptionsError && e.option === 'speculative' && /numDraftTokens must be 'adaptive' or an integer from 1 to 64, got 99/.test(e.message));
+});
+
+test('generate --json --speculative draft --draft-model: the tokens of a run without it, drafts made and verified', async () => {
+  const c = JSON.parse(readFileSync(join(LLAMA, 'reference.json'), 'utf8')).cases[2];
+  const args = ['generate', '--model', LLAMA, '--prompt', c.prompt_text, '--max-tokens', '40', '--temperature', '0', '--ignore-eos', '--json', '--device', 'cpu', '--top-logprobs', '2'];
+  const [plain, self, other] = await Promise.all([
+    run(args),
+    run([...args, '--speculative', 'draft', '--draft-model', LLAMA, '--num-draft-tokens', '4']),
+    run([...args, '--speculative', 'draft', '--draft-model', join(ROOT, 'test/fixtures/qwen3')]),
+  ]);
+  for (const r of [plain, self, other]) assert.equal(r.code, 0, r.stderr);
+  const [a, s, o] = [plain, self, other].map((r) => JSON.parse(r.stdout));
+  for (const x of [s, o]) {
+    assert.deepEqual(x.token_ids, a.token_ids);
+    assert.deepEqual(x.logprobs, a.logprobs);
+    assert.ok(x.speculation.draft_tokens > 0, JSON.stringify(x.speculation));
+  }
+  assert.equal(s.speculation.accepted_tokens, s.speculation.draft_tokens, 'the model drafting for itself');
 });
 
 test('generate --speculative on a model whose rope follows the sequence length: a warning, plain decoding, no "speculation"', async () => {

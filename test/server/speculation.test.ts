@@ -82,3 +82,23 @@ test('/metrics counts draft tokens verified and accepted, and the accepted lengt
   assert.match(now, /^llmts_spec_decode_acceptance_length_bucket\{le="0"\} \d+$/m);
   assert.equal(spec.engine.stats.speculation.draftTokens, value(now, 'llmts_spec_decode_draft_tokens_total'));
 });
+
+test('a server speculating with a draft model (--speculative draft --draft-model): the same text, usage.speculation, the startup note', async () => {
+  const lines: string[] = [];
+  const base = { model: LLAMA, device: 'cpu' as const, port: 0, servedModelName: 'm', maxBatch: 4 };
+  const draft = await startServer({ ...base, speculative: { proposer: 'draft', numDraftTokens: 3 },
+    draftModel: resolve(import.meta.dirname, '../fixtures/qwen3'), log: (l) => lines.push(l) });
+  try {
+    assert.ok(lines.some((l) => /^speculative decoding: drafts of the draft model .*qwen3 \(\d+ layers, hidden \d+\), 3 draft tokens$/.test(l)), lines.join('\n'));
+    const a = await (await post(plain, '/v1/completions', completion)).json();
+    const b = await (await post(draft, '/v1/completions', completion)).json();
+    assert.deepEqual(b.choices.map((c: { text: string }) => c.text), a.choices.map((c: { text: string }) => c.text));
+    assert.ok(b.usage.speculation.draft_tokens > 0, JSON.stringify(b.usage));
+  } finally {
+    await draft.close(0);
+  }
+  // the options are checked before anything loads
+  await assert.rejects(startServer({ ...base, speculative: { proposer: 'draft' } }), /speculative draft needs draftModel/);
+  await assert.rejects(startServer({ ...base, draftModel: LLAMA }), /draftModel needs speculative draft/);
+  await assert.rejects(startServer({ ...base, speculative: { proposer: 'draft' }, draftModel: '/nonexistent/draft' }), /draftModel \/nonexistent\/draft: /);
+});
