@@ -1,4 +1,4 @@
-// Speculative decoding with n-gram (prompt lookup) drafts against plain decoding, through the
+// Speculative decoding with n-gram (prompt lookup) drafts, or a draft model's, against plain decoding, through the
 // engine (CPU backend, or --device cuda): output tok/s of both, and their ratio, in the same run,
 // at 1, 4 and 16 concurrent streams, on three tasks:
 // - editing: the prompt holds a file and the start of the file again; the output is the file
@@ -20,6 +20,7 @@
 //
 //   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--device cpu|cuda]
 //     [--repeats 3] [--output-tokens 256] [--num-draft-tokens adaptive|N] [--streams 1,4,16]
+//     [--proposer ngram|draft --draft-model DIR]
 //     [--tasks editing,free,sampled] [--csv bench/speculative.figures.csv --machine NAME]
 
 import os from 'node:os';
@@ -39,6 +40,8 @@ const { values } = parseArgs({
     'output-tokens': { type: 'string', default: '256' },
     'file-tokens': { type: 'string', default: '320' },
     'num-draft-tokens': { type: 'string', default: 'adaptive' },
+    proposer: { type: 'string', default: 'ngram' },
+    'draft-model': { type: 'string' },
     streams: { type: 'string', default: '1,4,16' },
     tasks: { type: 'string', default: 'editing,free,sampled' },
     csv: { type: 'string' },
@@ -52,7 +55,10 @@ const depth = values['num-draft-tokens'] === 'adaptive' ? 'adaptive' : Number(va
 const streamCounts = values.streams!.split(',').map(Number);
 type Task = 'editing' | 'free' | 'sampled';
 const tasks = values.tasks!.split(',') as Task[];
-const speculative: SpeculativeOptions = { proposer: 'ngram', numDraftTokens: depth };
+const proposer = values.proposer as 'ngram' | 'draft';
+if (proposer !== 'ngram' && proposer !== 'draft') throw new Error(`--proposer must be ngram or draft, got ${proposer}`);
+if ((proposer === 'draft') !== (values['draft-model'] !== undefined)) throw new Error('--proposer draft goes with --draft-model DIR');
+const speculative: SpeculativeOptions = { proposer, numDraftTokens: depth };
 
 const HEADERS = [
   'import os\nimport sys\n\n\ndef main(argv):',
@@ -77,6 +83,7 @@ const device = parseDevice(values.device);
 const backend = await openBackend(device);
 const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
 const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
+const draftModel = values['draft-model'] ? await loadModel(backend, values['draft-model'], { maxModelLen: 2048 }) : undefined;
 
 /** Each stream's prompt for `task`: the header, or header + the file the model writes from it + blank lines + header. */
 async function promptsFor(model: LoadedModel): Promise<Record<Task, number[][]>> {
@@ -129,7 +136,7 @@ const rows: { task: string; streams: number; plain: number; spec: number; ratio:
 for (const task of tasks) {
   for (const streams of streamCounts) {
     const plain = new Engine(m.model, m, base);
-    const spec = new Engine(m.model, m, { ...base, speculative });
+    const spec = new Engine(m.model, m, { ...base, speculative, ...(draftModel ? { draftModel } : {}) });
     await measure(plain, task, streams);
     await measure(spec, task, streams);
     const p: Measured[] = [], s: Measured[] = [];
@@ -169,8 +176,8 @@ for (const task of tasks) {
     };
     rows.push(row);
     const stepsOf = (xs: Measured[]) => `${median(xs.map((x) => x.steps))} steps (${median(xs.map((x) => x.pipelined))} pipelined)`;
-    console.log(`${task.padEnd(8)} streams ${String(streams).padStart(2)}: plain ${row.plain.toFixed(1)} tok/s, n-gram ${row.spec.toFixed(1)} tok/s, ratio ${row.ratio.toFixed(3)} ` +
-      `(drafted ${row.drafted.toFixed(0)}/run, accepted ${(row.acceptance * 100).toFixed(1)}%; load ${row.load}; plain ${stepsOf(p)}, n-gram ${stepsOf(s)})`);
+    console.log(`${task.padEnd(8)} streams ${String(streams).padStart(2)}: plain ${row.plain.toFixed(1)} tok/s, ${proposer} ${row.spec.toFixed(1)} tok/s, ratio ${row.ratio.toFixed(3)} ` +
+      `(drafted ${row.drafted.toFixed(0)}/run, accepted ${(row.acceptance * 100).toFixed(1)}%; load ${row.load}; plain ${stepsOf(p)}, ${proposer} ${stepsOf(s)})`);
   }
 }
 if (m.model.graphsOff) console.log(`decode graphs were off: ${m.model.graphsOff}`);
@@ -180,12 +187,12 @@ if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'draft' ? ` --proposer draft --draft-model ${values['draft-model']}` : ''} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, n-gram ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
-    for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], ['n-gram', r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
+    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, ${proposer === 'draft' ? `draft model ${values['draft-model']}` : 'n-gram'} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'draft' ? 'draft model' : 'n-gram', r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
   }
