@@ -28,8 +28,10 @@ import type { ModelConfig } from '../contracts/model-config.ts';
 import { AUTOREGRESSIVE } from './methods/autoregressive.ts';
 import { DraftPlanner, type SpeculationStats } from './methods/draft-depth.ts';
 import type { DecodingMethod, SpeculationCounts } from './methods/method.ts';
-import { resolveSpeculative, speculativeMethod, type SpeculativeOptions } from './methods/speculative.ts';
+import { ADAPTIVE_MAX_DEFERRED, resolveSpeculative, speculativeMethod, type SpeculativeOptions } from './methods/speculative.ts';
 import { checkDraftModel, DraftModelRunner } from './methods/draft-model.ts';
+import { Eagle3Runner } from './methods/eagle3.ts';
+import type { Eagle3Head } from '../models/eagle3.ts';
 import type { LoadedModel } from './load-model.ts';
 
 /** `pipeline`, `deviceSampling`, `graphs` (engine-settings.ts): set here, they win over the environment. */
@@ -67,6 +69,12 @@ export interface EngineOptions extends Partial<EngineSettings> {
    * belongs to whoever loaded it.
    */
   draftModel?: LoadedModel;
+  /**
+   * the EAGLE-3 head of `speculative: { proposer: 'eagle3' }` (eagle3.ts), loaded for this model
+   * (Eagle3Head.load with its embedding). The engine keeps its KV; the head belongs to whoever
+   * loaded it.
+   */
+  draftHead?: Eagle3Head;
 }
 
 /**
@@ -165,7 +173,7 @@ export class Engine {
   private pipelinedSteps = 0;
   /** when the last step's postprocess ended (a pipelined step's interval starts there) */
   private lastStepDone?: number;
-  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative' | 'draftModel'>>;
+  private readonly opts: Required<Omit<EngineOptions, 'kvTokens' | 'maxModelLen' | 'prefixCache' | keyof EngineSettings | 'kvDtype' | 'speculative' | 'draftModel' | 'draftHead'>>;
   /** the requests' default speculation (EngineOptions.speculative), resolved */
   readonly speculative?: Required<SpeculativeOptions>;
   /**
@@ -177,6 +185,8 @@ export class Engine {
   private readonly drafts = new DraftPlanner();
   /** the draft model's steps and KV (EngineOptions.draftModel) */
   readonly draftModel?: DraftModelRunner;
+  /** the EAGLE-3 head's steps and KV (EngineOptions.draftHead) */
+  readonly draftHead?: Eagle3Runner;
   /** what the engine was created with (EngineOptions over the environment) */
   readonly settings: EngineSettings;
   private readonly prefix: PrefixReuse;
@@ -232,6 +242,7 @@ export class Engine {
       graphWidth: this.settings.graphs ? Math.ceil(this.maxModelLen / bs) + 1 : undefined,
       keepDeviceTokens: this.pipeline,
       deviceSampling: this.deviceSampling,
+      ...(options.draftHead ? { hiddenFor: (rows: readonly ScheduledRow[]) => this.draftHead?.hiddenRequest(rows) } : {}),
     }, (cur, err) => this.dropFailedStep(cur, err));
     if (options.draftModel) {
       if (!('encode' in codec)) throw new RangeError('a draft model needs the target\'s tokenizer (the engine\'s codec: its LoadedModel)');
@@ -241,8 +252,19 @@ export class Engine {
         graphWidth: this.settings.graphs ? Math.ceil(this.maxModelLen / bs) + 1 : undefined,
       });
     }
+    if (options.draftHead) {
+      const h = options.draftHead;
+      if (h.config.vocabSize !== cfg.vocabSize || h.config.targetHiddenSize !== cfg.hiddenSize || h.config.targetLayers.some((l) => l >= cfg.numLayers)) {
+        throw new RangeError(`the EAGLE-3 head (vocabulary ${h.config.vocabSize}, hidden ${h.config.targetHiddenSize}, layers ${h.config.targetLayers.join(', ')}) ` +
+          `was not made for this model (vocabulary ${cfg.vocabSize}, hidden ${cfg.hiddenSize}, ${cfg.numLayers} layers)`);
+      }
+      this.draftHead = new Eagle3Runner(h, { maxBatch: this.opts.maxBatch, kvTokens, blockSize: bs, maxDepth: ADAPTIVE_MAX_DEFERRED });
+    }
     if (this.speculative?.proposer === 'draft' && !this.draftModel) {
       throw new RangeError("speculative.proposer 'draft' needs a draft model (EngineOptions.draftModel, --draft-model)");
+    }
+    if (this.speculative?.proposer === 'eagle3' && !this.draftHead) {
+      throw new RangeError("speculative.proposer 'eagle3' needs an EAGLE-3 head (EngineOptions.draftHead, --draft-model)");
     }
     this.decodePipeline = new DecodePipeline(this.launcher, this.scheduler, this.kv, cfg, (seq) => this.handles.get(seq));
     this.acceptor = new TokenAcceptor(this.kv, cfg, (seq, reason, error, errorKind) => this.finish(seq, reason, error, errorKind));
@@ -324,7 +346,7 @@ export class Engine {
   /** How a request's sequence decodes: speculatively when it (or the engine, by default) asks and the model allows. */
   private methodOf(req: EngineRequest): DecodingMethod {
     const o = req.speculative === undefined ? this.speculative : req.speculative === false ? undefined : resolveSpeculative(req.speculative);
-    return o && !this.speculationOff ? speculativeMethod(o, this.drafts, this.draftModel) : AUTOREGRESSIVE;
+    return o && !this.speculationOff ? speculativeMethod(o, this.drafts, { draftModel: this.draftModel, draftHead: this.draftHead }) : AUTOREGRESSIVE;
   }
 
   /** Streams a request's events; breaking out of the loop cancels it. */
@@ -396,6 +418,7 @@ export class Engine {
     await this.prefix.flush([]); // the SSD tier keeps what the RAM tier held
     this.model.releaseGraphs(this.kv); // they replay into this KV's pools
     this.draftModel?.dispose();
+    this.draftHead?.dispose();
     this.kv.dispose(); // the model belongs to whoever loaded it; the engine only owned its KV
   }
 
@@ -466,18 +489,22 @@ export class Engine {
   /** Waits for a step's results and postprocesses them; false when the step failed. */
   private async readBack(cur: InFlight): Promise<boolean> {
     let result: StepResult;
+    // the hidden states an EAGLE-3 head reads stay on the device until its steps after this one's postprocess
+    const hidden = this.draftHead ? cur.step.hidden : undefined;
     try {
       result = await cur.step.result;
     } catch (err) {
       // A pipelined step is only a head start: its rows are still owed that token, which the
       // normal schedule computes again (and a failure that lasts ends them there). A scheduled
       // step's rows cannot continue; everyone else can.
+      if (hidden) cur.step.release();
       this.dropFailedStep(cur, err);
       return false;
     } finally {
-      cur.step.release(); // the step behind it, if any, is already enqueued
+      if (!hidden) cur.step.release(); // the step behind it, if any, is already enqueued
     }
     if (cur.discard) {
+      if (hidden) cur.step.release();
       returnDraws(cur);
       return false;
     }
@@ -488,6 +515,13 @@ export class Engine {
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
     this.acceptor.postprocess(cur, result);
+    if (hidden) {
+      try {
+        await this.draftHead!.afterStep(cur.rows, hidden);
+      } finally {
+        cur.step.release();
+      }
+    }
     const done = performance.now();
     // the step costs drafting weighs are those of decode and verify rows (a prefill chunk's tokens cost less: no logits)
     if (measured && cur.plannedAt !== undefined && cur.rows.every((r) => r.sample && r.count === 1 + (r.draft?.tokens.length ?? 0))) {
@@ -512,6 +546,7 @@ export class Engine {
     seq.finished = reason;
     seq.grammar?.dispose();
     this.draftModel?.forget(seq);
+    this.draftHead?.forget(seq);
     this.prefix.onFinish(seq);
     this.scheduler.retire(seq);
     this.handles.get(seq)?.detach?.();

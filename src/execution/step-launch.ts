@@ -16,7 +16,7 @@
 // unused go back to the sequence (Sequence.uniformsBack), so each token takes the same uniform
 // it would take without drafts.
 
-import type { DecoderModel, PendingStep, RowPick } from '../models/decoder.ts';
+import type { DecoderModel, HiddenRequest, PendingStep, RowPick } from '../models/decoder.ts';
 import type { DeviceIds } from '../models/device-ids.ts';
 import type { DeviceSampleRow } from '../contracts/device-sampling.ts';
 import type { KvCache } from '../state/kv-cache.ts';
@@ -68,6 +68,8 @@ export interface StepLaunchOptions {
   keepDeviceTokens: boolean;
   /** non-greedy rows sample on the device (EngineOptions.deviceSampling) */
   deviceSampling: boolean;
+  /** the hidden states a step of these rows must hand out (an EAGLE-3 head's: methods/eagle3.ts) */
+  hiddenFor?: (rows: readonly ScheduledRow[]) => HiddenRequest | undefined;
 }
 
 /** a sampleRows row that draws nothing and whose result is not used (a row that samples no token) */
@@ -140,6 +142,8 @@ export class StepLauncher {
         if (picks[li++] === 'sample') samplers.push({ seq: row.seq, drafted: drafts.slice(0, j) });
       }
     }
+    // a pipelined step's rows never need hidden states (a row whose proposer reads them is never pipelined)
+    const hidden = ahead ? undefined : this.opts.hiddenFor?.(rows);
     const cur: InFlight = { rows, step: undefined!, sampled: [], draws: [], tokens: tokens.length, launchedAt: 0, pipelined: !!ahead };
     try {
       cur.step = this.model.launch({
@@ -149,6 +153,7 @@ export class StepLauncher {
         logitTokens,
         graphWidth: this.opts.graphWidth,
         deviceIds: ahead,
+        ...(hidden ? { hidden } : {}),
       }, this.kv, {
         rows: picks,
         // called once the forward is enqueued: masks and uniforms while the device computes

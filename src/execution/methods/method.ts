@@ -91,4 +91,9 @@ export interface Proposer {
    * pays) as drafting, never pipelined.
    */
   readonly deferred?: boolean;
+  /**
+   * The proposer reads every step of its row (an EAGLE-3 head reads the target's hidden states at
+   * each computed position): the row is never pipelined.
+   */
+  readonly everyStep?: boolean;
 }

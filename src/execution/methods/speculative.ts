@@ -34,16 +34,18 @@ import { AUTOREGRESSIVE, takeToken } from './autoregressive.ts';
 import type { DraftPlanner } from './draft-depth.ts';
 import type { DecodingMethod, Draft, Proposer, SpeculationCounts } from './method.ts';
 import type { DraftModelRunner } from './draft-model.ts';
+import type { Eagle3Runner } from './eagle3.ts';
 import { NgramProposer } from './ngram.ts';
 
 /** How a request speculates: where its drafts come from and how deep they go. */
 export interface SpeculativeOptions {
   /**
    * where drafts come from: 'ngram' = prompt lookup over the prompt and the output so far
-   * (ngram.ts); 'draft' = the engine's draft model (EngineOptions.draftModel, draft-model.ts); or
-   * a function making each sequence its own proposer
+   * (ngram.ts); 'draft' = the engine's draft model (EngineOptions.draftModel, draft-model.ts);
+   * 'eagle3' = the engine's EAGLE-3 head (EngineOptions.draftHead, eagle3.ts); or a function
+   * making each sequence its own proposer
    */
-  proposer: 'ngram' | 'draft' | (() => Proposer);
+  proposer: 'ngram' | 'draft' | 'eagle3' | (() => Proposer);
   /** draft tokens per step: a fixed number, or 'adaptive' (default: per row, from its acceptance and the measured step costs) */
   numDraftTokens?: number | 'adaptive';
   /** n-gram: the shortest suffix of the sequence a match may have (default 2) */
@@ -61,8 +63,8 @@ export const MAX_NGRAM = 64;
 /** SpeculativeOptions with their defaults, checked; a RangeError names the field at fault. */
 export function resolveSpeculative(o: SpeculativeOptions): Required<SpeculativeOptions> {
   if (o === null || typeof o !== 'object') throw new RangeError('speculative must be an object with a proposer');
-  if (o.proposer !== 'ngram' && o.proposer !== 'draft' && typeof o.proposer !== 'function')
-    throw new RangeError(`speculative.proposer must be 'ngram' or 'draft', got ${JSON.stringify(o.proposer)}`);
+  if (o.proposer !== 'ngram' && o.proposer !== 'draft' && o.proposer !== 'eagle3' && typeof o.proposer !== 'function')
+    throw new RangeError(`speculative.proposer must be 'ngram', 'draft' or 'eagle3', got ${JSON.stringify(o.proposer)}`);
   const depth = o.numDraftTokens ?? SPECULATIVE_DEFAULTS.numDraftTokens;
   if (depth !== 'adaptive' && !(Number.isInteger(depth) && depth >= 1 && depth <= MAX_DRAFT_TOKENS))
     throw new RangeError(`speculative.numDraftTokens must be 'adaptive' or an integer from 1 to ${MAX_DRAFT_TOKENS}, got ${JSON.stringify(depth)}`);
@@ -76,12 +78,16 @@ export function resolveSpeculative(o: SpeculativeOptions): Required<SpeculativeO
 }
 
 /** The method of a sequence that speculates with `o` (resolved); 'draft' needs the engine's draft model. */
-export function speculativeMethod(o: Required<SpeculativeOptions>, planner: DraftPlanner, draftModel?: DraftModelRunner): Speculative {
+export function speculativeMethod(o: Required<SpeculativeOptions>, planner: DraftPlanner,
+  drafters: { draftModel?: DraftModelRunner; draftHead?: Eagle3Runner } = {}): Speculative {
   let proposer: Proposer;
   if (o.proposer === 'ngram') proposer = new NgramProposer(o.ngramMin, o.ngramMax);
   else if (o.proposer === 'draft') {
-    if (!draftModel) throw new RangeError("speculative.proposer 'draft' needs a draft model (EngineOptions.draftModel, --draft-model)");
-    proposer = draftModel.proposer();
+    if (!drafters.draftModel) throw new RangeError("speculative.proposer 'draft' needs a draft model (EngineOptions.draftModel, --draft-model)");
+    proposer = drafters.draftModel.proposer();
+  } else if (o.proposer === 'eagle3') {
+    if (!drafters.draftHead) throw new RangeError("speculative.proposer 'eagle3' needs an EAGLE-3 head (EngineOptions.draftHead, --draft-model)");
+    proposer = drafters.draftHead.proposer();
   } else proposer = o.proposer();
   return new Speculative(proposer, o.numDraftTokens, planner);
 }
@@ -145,7 +151,7 @@ export class Speculative implements DecodingMethod {
   }
 
   pipelinable(_seq: Sequence, plain: boolean): boolean {
-    return plain && !this.drafting;
+    return plain && !this.drafting && !this.proposer.everyStep;
   }
 
   verify(seq: Sequence, row: ScheduledRow, sources: readonly TokenSource[]): number {
