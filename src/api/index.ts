@@ -15,6 +15,7 @@
 import type { Backend } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { type BackendSettings, openBackend, parseDevice } from '../execution/devices.ts';
+import { loadDrafter } from './drafter.ts';
 import { loadModel, type ChatMessage, type LoadedModel } from '../execution/load-model.ts';
 import { ContextLengthError, Engine, type Completion, type EngineOptions } from '../execution/engine.ts';
 import { checkFitsContext, PromptTooLongError } from '../artifacts/token-bound.ts';
@@ -44,8 +45,9 @@ export interface LoadOptions extends Omit<EngineOptions, 'draftModel'> {
   /** Hugging Face model directory */
   model: string;
   /**
-   * a draft model directory for `speculative: { proposer: 'draft' }` (the default's or a
-   * request's): sharing the model's tokenizer, loaded on the same backend
+   * the drafter of `speculative: { proposer: 'draft' | 'eagle3' }` (the default's or a
+   * request's), loaded on the same backend: a draft model's directory (sharing the model's
+   * tokenizer) or an EAGLE-3 head's (made for this model)
    */
   draftModel?: string;
   device?: 'auto' | 'cpu' | 'cuda';
@@ -136,9 +138,9 @@ export class Llm {
     try {
       const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning });
       const { draftModel: draftDir, ...engineOpts } = opts;
-      const draftModel = draftDir === undefined ? undefined
-        : await loadModel(backend, draftDir, { maxModelLen: loaded.maxContext, onWarning: opts.onWarning });
-      return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...engineOpts, maxModelLen: loaded.maxContext, ...(draftModel ? { draftModel } : {}) }));
+      const proposer = typeof opts.speculative?.proposer === 'string' ? opts.speculative.proposer : undefined;
+      const drafter = draftDir === undefined ? {} : await loadDrafter(backend, draftDir, loaded, proposer, opts.onWarning);
+      return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...engineOpts, maxModelLen: loaded.maxContext, ...drafter }));
     } catch (err) {
       await backend.close();
       throw err;

@@ -82,8 +82,9 @@ export interface ServeOptions {
    */
   speculative?: SpeculativeOptions;
   /**
-   * the draft model of `speculative: { proposer: 'draft' }` (`--draft-model DIR`): a model
-   * directory sharing the target's tokenizer, loaded on the same backend
+   * the drafter of `speculative: { proposer: 'draft' | 'eagle3' }` (`--draft-model DIR`): a draft
+   * model's directory (sharing the target's tokenizer) or an EAGLE-3 head's (made for the target),
+   * loaded on the same backend
    */
   draftModel?: string;
   /** the backend's knobs set in code, as load() takes them; the rest come from the LLMTS_* environment */
@@ -206,10 +207,11 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
   }
   if (o.draftModel !== undefined && (typeof o.draftModel !== 'string' || o.draftModel === ''))
     fail('draftModel', `${nameOf('draftModel')} must be a model directory, got ${JSON.stringify(o.draftModel)}`);
-  if (o.speculative?.proposer === 'draft' && o.draftModel === undefined)
-    fail('draftModel', `${nameOf('speculative')} draft needs ${nameOf('draftModel')}`);
-  if (o.draftModel !== undefined && o.speculative?.proposer !== 'draft')
-    fail('draftModel', `${nameOf('draftModel')} needs ${nameOf('speculative')} draft`);
+  const drafts = o.speculative?.proposer === 'draft' || o.speculative?.proposer === 'eagle3';
+  if (drafts && o.draftModel === undefined)
+    fail('draftModel', `${nameOf('speculative')} ${o.speculative!.proposer as string} needs ${nameOf('draftModel')}`);
+  if (o.draftModel !== undefined && !drafts)
+    fail('draftModel', `${nameOf('draftModel')} needs ${nameOf('speculative')} draft or eagle3`);
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
     fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;

@@ -36,7 +36,9 @@ export function reportStartup(o: ResolvedServeOptions, { backend, engine, server
     const dm = engine.draftModel?.draft;
     const drafts = sp.proposer === 'ngram' ? `n-gram drafts (suffixes of ${sp.ngramMin} to ${sp.ngramMax} tokens)`
       : sp.proposer === 'draft' && dm ? `drafts of the draft model ${dm.dir} (${dm.config.numLayers} layers, hidden ${dm.config.hiddenSize})`
-        : 'drafts of the given proposer';
+        : sp.proposer === 'eagle3' && engine.draftHead
+          ? `drafts of the EAGLE-3 head (target layers ${engine.draftHead.head.targetLayers.join(', ')}, draft vocabulary ${engine.draftHead.head.config.draftVocabSize})`
+          : 'drafts of the given proposer';
     o.log(engine.speculationOff ? `speculative decoding: off for this model (${engine.speculationOff})` : `speculative decoding: ${drafts}, ${depth}`);
   }
   const pc = engine.stats.prefixCache;

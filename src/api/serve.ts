@@ -13,6 +13,7 @@
 import os from 'node:os';
 import type { Backend, DType } from '../contracts/backend.ts';
 import { openBackend } from '../execution/devices.ts';
+import { disposeDrafter, loadDrafter, type Drafter } from './drafter.ts';
 import { loadModel, type LoadedModel } from '../execution/load-model.ts';
 import { Engine, resolveKvDtype } from '../execution/engine.ts';
 import { warmUp } from '../execution/warmup.ts';
@@ -43,19 +44,19 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
   const o = resolveServeOptions(options);
   const backend = await openBackend(o.device, o.backendSettings);
   let loaded: LoadedModel | undefined;
-  let draft: LoadedModel | undefined;
+  let draft: Drafter | undefined;
   let engine: Engine | undefined;
   try {
     const kvDtype = checkBackend(backend, o);
     loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
     // the draft model's weights are in memory before the plan measures what is free
-    if (o.draftModel !== undefined) draft = await loadDraftModel(backend, o.draftModel, loaded.maxContext, o);
+    if (o.draftModel !== undefined) draft = await loadDraft(backend, o.draftModel, loaded, o);
     const kvPlan = await planKv(backend, loaded, kvDtype, o);
     engine = new Engine(loaded.model, loaded, {
       ...o.engineSettings,
       maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
       speculative: o.speculative,
-      ...(draft ? { draftModel: draft } : {}),
+      ...(draft ?? {}),
       prefixCache: {
         promptCacheBytes: o.promptCacheBytes,
         tokenizerFingerprint: loaded.tokenizer.fingerprint,
@@ -84,16 +85,17 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     // the engine owns the model once it exists; before that the model is freed here
     if (engine) await engine.close(0);
     else loaded?.model.dispose();
-    draft?.model.dispose();
+    if (!engine) disposeDrafter(draft);
     await backend.close();
     throw err;
   }
 }
 
-/** The draft model of `--speculative draft`, on the target's backend; a failure names the option. */
-async function loadDraftModel(backend: Backend, dir: string, maxModelLen: number, o: ResolvedServeOptions): Promise<LoadedModel> {
+/** The drafter of `--speculative draft|eagle3`, on the target's backend; a failure names the option. */
+async function loadDraft(backend: Backend, dir: string, target: LoadedModel, o: ResolvedServeOptions): Promise<Drafter> {
   try {
-    return await loadModel(backend, dir, { maxModelLen });
+    const proposer = o.speculative?.proposer;
+    return await loadDrafter(backend, dir, target, typeof proposer === 'string' ? proposer : undefined);
   } catch (err) {
     throw new ServeOptionsError(`${o.nameOf('draftModel')} ${dir}: ${(err as Error).message}`, 'draftModel');
   }

@@ -74,6 +74,16 @@ export type Eagle3Target = Pick<ModelConfig, 'hiddenSize' | 'vocabSize' | 'numLa
 
 const ARCHITECTURES = ['LlamaForCausalLMEagle3', 'Eagle3LlamaForCausalLM'];
 
+/** Whether `dir` holds an EAGLE-3 head (its config.json names an EAGLE-3 architecture), not a model. */
+export function isEagle3Dir(dir: string): boolean {
+  try {
+    const raw = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as { architectures?: unknown };
+    return Array.isArray(raw.architectures) && raw.architectures.some((a) => typeof a === 'string' && ARCHITECTURES.includes(a));
+  } catch {
+    return false; // loading it as a model reports what is wrong
+  }
+}
+
 /** vLLM's layers when a checkpoint names none (gpu_model_runner: 2, N / 2, N - 3). */
 export function defaultEagle3Layers(numLayers: number): [number, number, number] {
   return [2, Math.floor(numLayers / 2), numLayers - 3];

@@ -1,5 +1,5 @@
 // The speculative decoding flags `generate` and `serve` share (README, "Speculative decoding"):
-// --speculative ngram|draft, --draft-model DIR, --num-draft-tokens N|adaptive, --ngram-min N,
+// --speculative ngram|draft|eagle3, --draft-model DIR, --num-draft-tokens N|adaptive, --ngram-min N,
 // --ngram-max N, checked here with messages that name the flags.
 
 import { numberFlag, stringFlag, type Options, type Values } from './args.ts';
@@ -17,12 +17,13 @@ export const SPECULATIVE_OPTIONS: Options = {
 /** The flags' lines of a command's help, its descriptions starting at column `col`. */
 export function speculativeHelp(col: number): string {
   const rows: [string, string[]][] = [
-    ['--speculative ngram|draft', [
+    ['--speculative ngram|draft|eagle3', [
       'speculative decoding: draft tokens proposed by prompt lookup (ngram: the',
       'longest suffix of the text that occurred earlier in the prompt or the',
-      'output proposes what followed it) or by a small model (draft), verified',
-      'in one forward; the output is what decoding without it gives (default: off)']],
-    ['--draft-model DIR', ['the draft model of --speculative draft: a model directory sharing the', 'model\'s tokenizer']],
+      'output proposes what followed it), a small model (draft) or an EAGLE-3',
+      'head (eagle3), verified in one forward; the output is what decoding',
+      'without it gives (default: off)']],
+    ['--draft-model DIR', ['with draft: a model directory sharing the model\'s tokenizer; with', 'eagle3: an EAGLE-3 head made for the model']],
     ['--num-draft-tokens N|adaptive', [
       `draft tokens per step: 1..${MAX_DRAFT_TOKENS}, or adaptive (default: per request, from`,
       'its recent acceptance and the measured step costs, down to none)']],
@@ -40,8 +41,8 @@ export function speculativeHelp(col: number): string {
 export function draftModelFlag(v: Values): string | undefined {
   const dir = stringFlag(v, 'draft-model');
   const proposer = stringFlag(v, 'speculative');
-  if (proposer === 'draft' && dir === undefined) throw new UsageError('--speculative draft needs --draft-model DIR');
-  if (dir !== undefined && proposer !== 'draft') throw new UsageError('--draft-model needs --speculative draft');
+  if ((proposer === 'draft' || proposer === 'eagle3') && dir === undefined) throw new UsageError(`--speculative ${proposer} needs --draft-model DIR`);
+  if (dir !== undefined && proposer !== 'draft' && proposer !== 'eagle3') throw new UsageError('--draft-model needs --speculative draft or eagle3');
   return dir;
 }
 
@@ -51,12 +52,13 @@ export function speculativeFlags(v: Values): SpeculativeOptions | undefined {
   const depthRaw = stringFlag(v, 'num-draft-tokens');
   if (proposer === undefined) {
     for (const f of ['num-draft-tokens', 'ngram-min', 'ngram-max', 'draft-model']) {
-      if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ${f === 'draft-model' ? 'draft' : f === 'num-draft-tokens' ? 'ngram|draft' : 'ngram'}`);
+      if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ${f === 'draft-model' ? 'draft or eagle3' : f === 'num-draft-tokens' ? 'ngram|draft|eagle3' : 'ngram'}`);
     }
     return undefined;
   }
-  if (proposer !== 'ngram' && proposer !== 'draft') throw new UsageError(`--speculative must be ngram (prompt lookup) or draft (a draft model), got "${proposer}"`);
-  if (proposer === 'draft') {
+  if (proposer !== 'ngram' && proposer !== 'draft' && proposer !== 'eagle3')
+    throw new UsageError(`--speculative must be ngram (prompt lookup), draft (a draft model) or eagle3 (an EAGLE-3 head), got "${proposer}"`);
+  if (proposer !== 'ngram') {
     for (const f of ['ngram-min', 'ngram-max']) if (v[f] !== undefined) throw new UsageError(`--${f} needs --speculative ngram`);
   }
   let numDraftTokens: number | 'adaptive' | undefined;

@@ -42,3 +42,18 @@ test('load({ draftModel }): a request asks for the draft model (or it is the def
   }
   await assert.rejects(load({ model: `${fixtures}/llama`, device: 'cpu', speculative: { proposer: 'draft' } }), /proposer 'draft' needs a draft model/);
 });
+
+test('load({ draftModel: an EAGLE-3 head }): requests with proposer eagle3 draft from it, the same tokens as without', async () => {
+  const root = resolve(import.meta.dirname, '../..');
+  const llm = await load({ model: `${root}/models/demo`, device: 'cpu', draftModel: `${root}/models/demo-eagle3` });
+  try {
+    const o = { prompt: 'class Stack:', maxTokens: 32, temperature: 0, ignoreEos: true };
+    const plain = await llm.complete(o);
+    const drafted = await llm.complete({ ...o, speculative: { proposer: 'eagle3' } });
+    assert.deepEqual(drafted.tokenIds, plain.tokenIds);
+    assert.ok(drafted.speculation!.draftTokens > 0, JSON.stringify(drafted.speculation));
+    await assert.rejects(llm.complete({ ...o, speculative: { proposer: 'draft' } }), /proposer 'draft' needs a draft model/);
+  } finally {
+    await llm.close(0);
+  }
+});

@@ -46,7 +46,9 @@ test('generate --json --speculative ngram: the tokens of a run without it, and "
 test('bad speculative flags are one-line errors that name the flag', async () => {
   for (const [flags, message] of [
     [['--num-draft-tokens', '3'], /--num-draft-tokens needs --speculative ngram\|draft/],
-    [['--speculative', 'eagle'], /--speculative must be ngram \(prompt lookup\) or draft \(a draft model\), got "eagle"/],
+    [['--speculative', 'eagle'], /--speculative must be ngram \(prompt lookup\), draft \(a draft model\) or eagle3 \(an EAGLE-3 head\), got "eagle"/],
+    [['--speculative', 'eagle3'], /--speculative eagle3 needs --draft-model DIR/],
+    [['--speculative', 'eagle3', '--draft-model', 'd', '--ngram-max', '2'], /--ngram-max needs --speculative ngram/],
     [['--speculative', 'draft'], /--speculative draft needs --draft-model DIR/],
     [['--draft-model', 'd'], /--draft-model needs --speculative draft/],
     [['--speculative', 'ngram', '--draft-model', 'd'], /--draft-model needs --speculative draft/],
@@ -96,6 +98,23 @@ test('generate --json --speculative draft --draft-model: the tokens of a run wit
     assert.ok(x.speculation.draft_tokens > 0, JSON.stringify(x.speculation));
   }
   assert.equal(s.speculation.accepted_tokens, s.speculation.draft_tokens, 'the model drafting for itself');
+});
+
+test('generate --json --speculative eagle3 --draft-model (the demo and its head): the tokens of a run without it; a head where a draft model is asked for, one line', async () => {
+  const demo = join(ROOT, 'models/demo'), head = join(ROOT, 'models/demo-eagle3');
+  const args = ['generate', '--model', demo, '--prompt', 'def fibonacci(n):', '--max-tokens', '48', '--temperature', '0', '--ignore-eos', '--json', '--device', 'cpu', '--top-logprobs', '2'];
+  const [plain, eagle, wrong] = await Promise.all([
+    run(args),
+    run([...args, '--speculative', 'eagle3', '--draft-model', head, '--num-draft-tokens', '3']),
+    run([...args, '--speculative', 'draft', '--draft-model', head]),
+  ]);
+  for (const r of [plain, eagle]) assert.equal(r.code, 0, r.stderr);
+  const [a, e] = [plain, eagle].map((r) => JSON.parse(r.stdout));
+  assert.deepEqual(e.token_ids, a.token_ids);
+  assert.deepEqual(e.logprobs, a.logprobs);
+  assert.ok(e.speculation.draft_tokens > 0 && e.speculation.accepted_tokens > 0, JSON.stringify(e.speculation));
+  assert.notEqual(wrong.code, 0);
+  assert.match(wrong.stderr, /^llmts: .*demo-eagle3 is an EAGLE-3 head, not a draft model: speculate with proposer eagle3\n$/);
 });
 
 test('generate --speculative on a model whose rope follows the sequence length: a warning, plain decoding, no "speculation"', async () => {

@@ -102,3 +102,23 @@ test('a server speculating with a draft model (--speculative draft --draft-model
   await assert.rejects(startServer({ ...base, draftModel: LLAMA }), /draftModel needs speculative draft/);
   await assert.rejects(startServer({ ...base, speculative: { proposer: 'draft' }, draftModel: '/nonexistent/draft' }), /draftModel \/nonexistent\/draft: /);
 });
+
+test('a server speculating with an EAGLE-3 head (--speculative eagle3 --draft-model): the same text, usage.speculation, the startup note', async () => {
+  const root = resolve(import.meta.dirname, '../..');
+  const lines: string[] = [];
+  const base = { model: `${root}/models/demo`, device: 'cpu' as const, port: 0, servedModelName: 'm', maxBatch: 4 };
+  const [plainDemo, eagle] = await Promise.all([startServer(base),
+    startServer({ ...base, speculative: { proposer: 'eagle3', numDraftTokens: 3 }, draftModel: `${root}/models/demo-eagle3`, log: (l) => lines.push(l) })]);
+  try {
+    assert.ok(lines.some((l) => /^speculative decoding: drafts of the EAGLE-3 head \(target layers 1, 3, 5, draft vocabulary 2048\), 3 draft tokens$/.test(l)), lines.join('\n'));
+    const body = { model: 'm', prompt: 'def fibonacci(n):', max_tokens: 32, temperature: 0, ignore_eos: true, n: 2 };
+    const a = await (await post(plainDemo, '/v1/completions', body)).json();
+    const b = await (await post(eagle, '/v1/completions', body)).json();
+    assert.deepEqual(b.choices.map((c: { text: string }) => c.text), a.choices.map((c: { text: string }) => c.text));
+    assert.ok(b.usage.speculation.draft_tokens > 0, JSON.stringify(b.usage));
+  } finally {
+    await Promise.all([plainDemo.close(0), eagle.close(0)]);
+  }
+  await assert.rejects(startServer({ ...base, speculative: { proposer: 'eagle3' } }), /speculative eagle3 needs draftModel/);
+  await assert.rejects(startServer({ ...base, speculative: { proposer: 'eagle3' }, draftModel: LLAMA }), /draftModel .*is not an EAGLE-3 head/);
+});
