@@ -4,7 +4,9 @@
 // decode rows are, so the comparison is bit for bit: tokens and logprobs (Object.is), alone and
 // four requests at once, greedy and seeded sampling, on the demo model (bf16: tensor-core
 // attention, decode graphs) and the llama fixture (f32 weights). Every case checks that drafts
-// were verified, accepted and rejected, so none passes with speculation silently off. Skipped
+// were verified, accepted and rejected, so none passes with speculation silently off. Then the
+// demo's draft model and EAGLE-3 head (models/demo-draft, models/demo-eagle3) on the GPU, likewise
+// bit for bit. Skipped
 // with the reason where CUDA is not usable (CI).
 import assert from 'node:assert/strict';
 import { join, resolve } from 'node:path';
@@ -15,6 +17,8 @@ import { Engine, type EngineOptions } from '../../src/execution/engine.ts';
 import { loadModel, type LoadedModel } from '../../src/execution/load-model.ts';
 import type { SpeculativeOptions } from '../../src/execution/methods/speculative.ts';
 import type { EngineRequest } from '../../src/execution/sequence.ts';
+import { loadEagle3Dir } from '../../src/artifacts/eagle3.ts';
+import { Eagle3Head } from '../../src/models/eagle3.ts';
 import { runOf, sameRun, type Run } from '../helpers/speculation.ts';
 
 const probe = probeCuda();
@@ -94,4 +98,32 @@ describe('speculative decoding on CUDA (batch-invariant mode)', { skip: SKIP }, 
       }
     });
   }
+});
+
+describe('draft models and EAGLE-3 heads on CUDA (batch-invariant mode)', { skip: SKIP }, () => {
+  it('the demo with its draft model and with its EAGLE-3 head: plain decoding\'s tokens and logprobs, greedy and sampled, four at once', async (t) => {
+    const demo = await loadModel(backend, join(ROOT, 'models/demo'), { maxModelLen: 512 });
+    const draft = await loadModel(backend, join(ROOT, 'models/demo-draft'), { maxModelLen: 512 });
+    const head = await Eagle3Head.load(backend, loadEagle3Dir(join(ROOT, 'models/demo-eagle3'), demo.config), demo.model.weights.embed);
+    try {
+      const prompts = ['def fibonacci(n):', 'class Stack:', 'import os\nimport sys\n', 'def parse_args(argv=None):'].map((x) => demo.encode(x));
+      for (const sampled of [false, true]) {
+        const reqs = requests(prompts, sampled);
+        const plain = await runAll(demo, {}, reqs, false);
+        for (const [what, opts] of [
+          ['draft model', { speculative: { proposer: 'draft', numDraftTokens: 3 }, draftModel: draft }],
+          ['EAGLE-3 head', { speculative: { proposer: 'eagle3', numDraftTokens: 3 }, draftHead: head }],
+        ] as const) {
+          const got = await runAll(demo, opts as EngineOptions, reqs, true);
+          got.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `${what} ${sampled ? 'sampled' : 'greedy'} #${k}`));
+          t.diagnostic(`${what}, ${sampled ? 'sampled' : 'greedy'}: ${got.accepted} of ${got.drafted} drafted tokens accepted`);
+          assert.ok(got.drafted > 0 && got.accepted > 0, `${what}: drafts made and accepted`);
+        }
+      }
+    } finally {
+      head.dispose();
+      draft.model.dispose();
+      demo.model.dispose();
+    }
+  });
 });
