@@ -20,7 +20,7 @@
 //
 //   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--device cpu|cuda]
 //     [--repeats 3] [--output-tokens 256] [--num-draft-tokens adaptive|N] [--streams 1,4,16]
-//     [--proposer ngram|draft --draft-model DIR]
+//     [--proposer ngram|draft|eagle3 --draft-model DIR]
 //     [--tasks editing,free,sampled] [--csv bench/speculative.figures.csv --machine NAME]
 
 import os from 'node:os';
@@ -31,6 +31,7 @@ import { loadModel, type LoadedModel } from '../src/execution/load-model.ts';
 import { Engine, type Completion, type EngineOptions } from '../src/execution/engine.ts';
 import type { SpeculativeOptions } from '../src/execution/methods/speculative.ts';
 import { benchCommit } from './commit.ts';
+import { loadDrafter } from '../src/api/drafter.ts';
 
 const { values } = parseArgs({
   options: {
@@ -55,9 +56,9 @@ const depth = values['num-draft-tokens'] === 'adaptive' ? 'adaptive' : Number(va
 const streamCounts = values.streams!.split(',').map(Number);
 type Task = 'editing' | 'free' | 'sampled';
 const tasks = values.tasks!.split(',') as Task[];
-const proposer = values.proposer as 'ngram' | 'draft';
-if (proposer !== 'ngram' && proposer !== 'draft') throw new Error(`--proposer must be ngram or draft, got ${proposer}`);
-if ((proposer === 'draft') !== (values['draft-model'] !== undefined)) throw new Error('--proposer draft goes with --draft-model DIR');
+const proposer = values.proposer as 'ngram' | 'draft' | 'eagle3';
+if (proposer !== 'ngram' && proposer !== 'draft' && proposer !== 'eagle3') throw new Error(`--proposer must be ngram, draft or eagle3, got ${proposer}`);
+if ((proposer !== 'ngram') !== (values['draft-model'] !== undefined)) throw new Error('--proposer draft|eagle3 goes with --draft-model DIR');
 const speculative: SpeculativeOptions = { proposer, numDraftTokens: depth };
 
 const HEADERS = [
@@ -83,7 +84,7 @@ const device = parseDevice(values.device);
 const backend = await openBackend(device);
 const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
 const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
-const draftModel = values['draft-model'] ? await loadModel(backend, values['draft-model'], { maxModelLen: 2048 }) : undefined;
+const drafter = values['draft-model'] ? await loadDrafter(backend, values['draft-model'], m, proposer) : {};
 
 /** Each stream's prompt for `task`: the header, or header + the file the model writes from it + blank lines + header. */
 async function promptsFor(model: LoadedModel): Promise<Record<Task, number[][]>> {
@@ -136,7 +137,7 @@ const rows: { task: string; streams: number; plain: number; spec: number; ratio:
 for (const task of tasks) {
   for (const streams of streamCounts) {
     const plain = new Engine(m.model, m, base);
-    const spec = new Engine(m.model, m, { ...base, speculative, ...(draftModel ? { draftModel } : {}) });
+    const spec = new Engine(m.model, m, { ...base, speculative, ...drafter });
     await measure(plain, task, streams);
     await measure(spec, task, streams);
     const p: Measured[] = [], s: Measured[] = [];
@@ -187,12 +188,12 @@ if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'draft' ? ` --proposer draft --draft-model ${values['draft-model']}` : ''} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer} --draft-model ${values['draft-model']}`} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, ${proposer === 'draft' ? `draft model ${values['draft-model']}` : 'n-gram'} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
-    for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'draft' ? 'draft model' : 'n-gram', r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
+    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : `${proposer} ${values['draft-model']}`} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'ngram' ? 'n-gram' : proposer, r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
   }
