@@ -25,8 +25,11 @@ export function reportStartup(o: ResolvedServeOptions, { backend, engine, server
     `KV cache (${kvDtype}) for ${kv.kvTokens} tokens (${kv.bytesPerToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
     `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}`,
   );
+  const spMem = kv.speculation;
+  const drafter = spMem ? spMem.drafterBytes + spMem.drafterKvBytes : 0;
   o.log(`memory plan: weights ${mib(kv.weightsBytes)} + KV ${mib(kv.kvBytes)} + transient ${mib(kv.transientBytes)} + ` +
-    `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + kv.reserveBytes)}` +
+    `${drafter > 0 ? `drafter ${mib(drafter)} (weights ${mib(spMem!.drafterBytes)}, KV ${mib(spMem!.drafterKvBytes)}) + ` : ''}` +
+    `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + drafter + kv.reserveBytes)}` +
     `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${o.model} --ctx ${engine.maxModelLen} --batch ${o.maxBatch}` +
     `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
   o.log(`tool calls: ${server.model.toolFormat} format (${o.toolCallFormat ? o.nameOf('toolCallFormat') : 'detected from the chat template and vocabulary'})`);

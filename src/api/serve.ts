@@ -10,14 +10,17 @@
 // Invariant: when startServer rejects, everything it opened is closed again (backend, model,
 // engine, listener); a process that embeds it keeps running.
 
+import fs from 'node:fs';
 import os from 'node:os';
-import type { Backend, DType } from '../contracts/backend.ts';
+import path from 'node:path';
+import { dtypeBytes, type Backend, type DType } from '../contracts/backend.ts';
+import { STEP_DRAFT_TOKENS } from '../execution/scheduler.ts';
 import { openBackend } from '../execution/devices.ts';
 import { disposeDrafter, loadDrafter, type Drafter } from './drafter.ts';
 import { loadModel, type LoadedModel } from '../execution/load-model.ts';
 import { Engine, resolveKvDtype } from '../execution/engine.ts';
 import { warmUp } from '../execution/warmup.ts';
-import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan } from '../execution/fit/index.ts';
+import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan, type SpeculationMemory } from '../execution/fit/index.ts';
 import { modelFingerprint } from '../state/fingerprint.ts';
 import { LlmServer } from '../server/server.ts';
 import { resolveServeOptions, ServeOptionsError, type ResolvedServeOptions, type ServeOptions } from './serve-options.ts';
@@ -51,7 +54,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
     loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
     // the draft model's weights are in memory before the plan measures what is free
     if (o.draftModel !== undefined) draft = await loadDraft(backend, o.draftModel, loaded, o);
-    const kvPlan = await planKv(backend, loaded, kvDtype, o);
+    const kvPlan = await planKv(backend, loaded, kvDtype, o, o.speculative ? speculationMemory(backend, loaded, draft, o.draftModel) : undefined);
     engine = new Engine(loaded.model, loaded, {
       ...o.engineSettings,
       maxBatch: o.maxBatch, maxQueued: o.maxQueued, maxModelLen: loaded.maxContext, kvTokens: kvPlan.kvTokens, kvDtype,
@@ -101,6 +104,31 @@ async function loadDraft(backend: Backend, dir: string, target: LoadedModel, o: 
   }
 }
 
+/**
+ * What speculative decoding adds to the plan: a verify step's draft logit rows (Scheduler's
+ * STEP_DRAFT_TOKENS), and a drafter's weights (its weight files) and KV (every layer at the
+ * backend's activation dtype, as many tokens as the model's pools: methods/draft-model.ts, eagle3.ts).
+ */
+function speculationMemory(backend: Backend, target: LoadedModel, drafter: Drafter | undefined, dir: string | undefined): SpeculationMemory {
+  const act = dtypeBytes[backend.activationDtype];
+  let drafterBytes = 0, drafterKvBytesPerToken = 0;
+  if (drafter?.draftModel) {
+    const c = drafter.draftModel.config;
+    drafterBytes = weightFileBytes(dir!);
+    drafterKvBytesPerToken = c.numLayers * 2 * c.numKvHeads * c.headDim * act;
+  } else if (drafter?.draftHead) {
+    const c = drafter.draftHead.config.layer;
+    drafterBytes = weightFileBytes(dir!);
+    drafterKvBytesPerToken = 2 * c.numKvHeads * c.headDim * act;
+  }
+  return { extraLogitRows: STEP_DRAFT_TOKENS, vocabSize: target.config.vocabSize, drafterBytes, drafterKvBytesPerToken };
+}
+
+/** Bytes of a directory's safetensors files. */
+function weightFileBytes(dir: string): number {
+  return fs.readdirSync(dir).filter((f) => f.endsWith('.safetensors')).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
+}
+
 /** What only the opened backend can say: whether it has GPU memory to size, which KV dtypes it keeps. */
 function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {
   if (o.gpuMemoryUtilization !== undefined && backend.name !== 'cuda') {
@@ -116,13 +144,15 @@ function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {
 }
 
 /** The KV pool, sized from the memory plan `llmts fit` reports (execution/fit/serve-plan.ts). */
-async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: DType, o: ResolvedServeOptions): Promise<ServeKvPlan> {
+async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: DType, o: ResolvedServeOptions,
+  speculation?: SpeculationMemory): Promise<ServeKvPlan> {
   // the plan models the backend as it was opened: the same knobs set in code
   const planner = await FitPlanner.open(o.model, o.backendSettings);
   try {
     return await planServeKv(planner, {
       backend: backend.name, kvDtype, maxBatch: o.maxBatch, maxModelLen: loaded.maxContext,
       kvBudgetBytes: o.kvBudgetBytes, utilization: o.gpuMemoryUtilization, memory: machineMemory(backend, o),
+      ...(speculation ? { speculation } : {}),
     });
   } catch (err) {
     if (err instanceof KvBudgetError && o.kvBudgetBytes !== undefined)

@@ -454,3 +454,28 @@ test('CUDA batch-invariant mode: the transient memory counts every decode split\
   // the CPU plan is the same either way
   assert.equal((await invariant.transient(2048, 4, 512, 16, 'cpu')).bytes, (await plain.transient(2048, 4, 512, 16, 'cpu')).bytes);
 });
+
+test('the server plan with speculative decoding: the draft logit rows in the transient memory, the drafter\'s weights and KV beside the model\'s', async () => {
+  const p = await planner('gemma');
+  const base = { backend: 'cuda' as const, kvDtype: 'bf16' as const, maxBatch: 4, maxModelLen: 8192, memory: { totalBytes: 80 * 2 ** 30, freeBytes: 60 * 2 ** 30 } };
+  const plain = await planServeKv(p, base);
+  const speculation = { extraLogitRows: 64, vocabSize: 256_000, drafterBytes: 2 * 2 ** 30, drafterKvBytesPerToken: 8192 };
+  const spec = await planServeKv(p, { ...base, speculation });
+  assert.equal(spec.transientBytes - plain.transientBytes, 64 * 256_000 * 4, 'f32 logits of 64 draft rows');
+  assert.equal(spec.kvTokens, plain.kvTokens, 'room for every sequence either way');
+  assert.deepEqual(spec.speculation, { logitBytes: 64 * 256_000 * 4, drafterBytes: 2 * 2 ** 30, drafterKvBytes: spec.kvTokens * 8192 });
+  assert.equal(spec.kvBytes, plain.kvBytes, 'kvBytes is the model\'s own pools');
+  // a budget covers both KV caches: fewer tokens than without a drafter
+  const budget = { kvBudgetBytes: 2 * 2 ** 30 };
+  const [b0, b1] = await Promise.all([planServeKv(p, { ...base, ...budget }), planServeKv(p, { ...base, ...budget, speculation })]);
+  assert.ok(b1.kvTokens < b0.kvTokens, `${b1.kvTokens} < ${b0.kvTokens}`);
+  assert.ok(b1.kvBytes + b1.speculation!.drafterKvBytes <= 2 * 2 ** 30);
+  // a tight GPU: the drafter's weights come out of the usable memory
+  const fraction = plain.usableBytes! / (80 * 2 ** 30);
+  const smallTotal = Math.round((plain.weightsBytes + plain.transientBytes + plain.reserveBytes + plain.kvBytes / 2) / fraction);
+  const small = { ...base, memory: { totalBytes: smallTotal, freeBytes: smallTotal } };
+  const [t0, t1] = await Promise.all([planServeKv(p, small), planServeKv(p, { ...small, speculation })]);
+  assert.ok(t1.kvTokens < t0.kvTokens, `${t1.kvTokens} < ${t0.kvTokens}`);
+  const sp = t1.speculation!;
+  assert.ok(t1.weightsBytes + t1.kvBytes + t1.transientBytes + sp.drafterBytes + sp.drafterKvBytes + t1.reserveBytes <= t1.usableBytes!);
+});

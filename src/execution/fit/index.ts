@@ -5,4 +5,4 @@ export { GPUS, GPU_NAMES, MachineError, gpuMachine, customMachine, cpuMachine, m
 export type { Machine, MachineKind } from './machines.ts';
 export { DEFAULT_GPU_MEMORY_UTILIZATION } from './constants.ts';
 export { planServeKv, KvBudgetError } from './serve-plan.ts';
-export type { ServeKvPlan, ServeKvRequest } from './serve-plan.ts';
+export type { ServeKvPlan, ServeKvRequest, SpeculationMemory } from './serve-plan.ts';

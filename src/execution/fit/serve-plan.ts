@@ -6,6 +6,10 @@
 //   --gpu-memory-utilization F     (CUDA) device memory x F, minus weights, transient, reserve
 //   neither                        room for max-batch sequences of max-model-len, but no more than
 //                                  the usable memory (fit's rule) and what is free right now leave
+//
+// With speculative decoding the plan also holds what it adds: a verify step's extra logit rows
+// (f32, up to the draft tokens a step verifies), and a drafter's weights and its own KV (as many
+// tokens as the model's pools), counted per token beside the model's.
 
 import type { DType } from '../../contracts/backend.ts';
 import { DEFAULT_GPU_MEMORY_UTILIZATION, cpuSystemReserveBytes } from './constants.ts';
@@ -26,6 +30,19 @@ export interface ServeKvRequest {
   utilization?: number;
   /** memory of the machine: RAM (CPU) or device memory (CUDA), and what is free right now */
   memory: { totalBytes: number; freeBytes: number };
+  /** what speculative decoding adds (none without it) */
+  speculation?: SpeculationMemory;
+}
+
+/** Memory speculative decoding takes beside the model's. */
+export interface SpeculationMemory {
+  /** logit rows a step may take beyond one per sampled row (its draft tokens), f32 [rows, vocab] */
+  extraLogitRows: number;
+  vocabSize: number;
+  /** a drafter's weights, already loaded when the plan is made */
+  drafterBytes: number;
+  /** the drafter's KV per token of the model's pools */
+  drafterKvBytesPerToken: number;
 }
 
 export interface ServeKvPlan {
@@ -40,20 +57,26 @@ export interface ServeKvPlan {
   reserveBytes: number;
   /** usable memory by fit's rule (undefined with --kv-budget) */
   usableBytes?: number;
+  /** speculative decoding's share (ServeKvRequest.speculation): its transient logits, the drafter's weights and KV */
+  speculation?: { logitBytes: number; drafterBytes: number; drafterKvBytes: number };
   /** why the pool is the size it is */
   why: string;
 }
 
 export class KvBudgetError extends Error {}
 
-/** KV pools for a pool of `tokens` full-attention tokens (engine.ts sizing). */
-function poolsFor(planner: FitPlanner, tokens: number, r: Required<Omit<ServeKvRequest, 'kvBudgetBytes' | 'utilization'>>) {
+type Resolved = Required<Omit<ServeKvRequest, 'kvBudgetBytes' | 'utilization' | 'speculation'>> & Pick<ServeKvRequest, 'speculation'>;
+
+/** KV pools for a pool of `tokens` full-attention tokens (engine.ts sizing), with a drafter's KV beside them. */
+function poolsFor(planner: FitPlanner, tokens: number, r: Resolved) {
   const kind = r.backend === 'cuda' ? 'cuda' : 'cpu';
-  return planner.kvPools(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, r.kvDtype as KvDtype, kind, tokens);
+  const pools = planner.kvPools(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, r.kvDtype as KvDtype, kind, tokens);
+  const drafterKvBytes = tokens * (r.speculation?.drafterKvBytesPerToken ?? 0);
+  return { ...pools, bytes: pools.bytes + drafterKvBytes, drafterKvBytes };
 }
 
 /** Largest whole-block token count whose pools fit `budget` bytes (0 when not even one block). */
-function tokensForBudget(planner: FitPlanner, budget: number, r: Required<Omit<ServeKvRequest, 'kvBudgetBytes' | 'utilization'>>): number {
+function tokensForBudget(planner: FitPlanner, budget: number, r: Resolved): number {
   const bs = r.blockSize;
   if (poolsFor(planner, bs, r).bytes > budget) return 0;
   // all-sliding models stop growing at maxBatch x maxModelLen; full layers grow without bound
@@ -71,20 +94,27 @@ function tokensForBudget(planner: FitPlanner, budget: number, r: Required<Omit<S
 }
 
 export async function planServeKv(planner: FitPlanner, req: ServeKvRequest): Promise<ServeKvPlan> {
-  const r = {
+  const r: Resolved = {
     backend: req.backend, kvDtype: req.kvDtype, maxBatch: req.maxBatch, maxModelLen: req.maxModelLen,
-    chunk: req.chunk ?? DEFAULT_CHUNK, blockSize: req.blockSize ?? DEFAULT_BLOCK_SIZE, memory: req.memory,
+    chunk: req.chunk ?? DEFAULT_CHUNK, blockSize: req.blockSize ?? DEFAULT_BLOCK_SIZE, memory: req.memory, speculation: req.speculation,
   };
+  const sp = req.speculation;
   if (r.kvDtype !== 'f32' && r.kvDtype !== 'bf16' && r.kvDtype !== 'f16') throw new FitError(`KV dtype ${r.kvDtype} cannot be planned`);
   const kind = r.backend === 'cuda' ? 'cuda' : 'cpu';
   const bytesPerToken = planner.kvBytesPerToken(r.kvDtype);
   const weightsBytes = (await planner.weights(kind)).residentBytes;
-  const transient = await planner.transient(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, kind);
+  const planned = await planner.transient(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, kind);
+  const logitBytes = sp ? sp.extraLogitRows * sp.vocabSize * 4 : 0;
+  const transient = { bytes: planned.bytes + logitBytes };
+  const drafterBytes = sp?.drafterBytes ?? 0;
   const reserveBytes = planner.reserve(kind).reduce((a, x) => a + x.bytes, 0);
   const base = { bytesPerToken, weightsBytes, transientBytes: transient.bytes, reserveBytes };
   const finish = (tokens: number, why: string, usableBytes?: number): ServeKvPlan => {
     const pools = poolsFor(planner, tokens, r);
-    return { kvTokens: tokens, kvBytes: pools.bytes, groups: pools.groups, ...base, usableBytes, why };
+    return {
+      kvTokens: tokens, kvBytes: pools.bytes - pools.drafterKvBytes, groups: pools.groups, ...base, usableBytes, why,
+      ...(sp ? { speculation: { logitBytes, drafterBytes, drafterKvBytes: pools.drafterKvBytes } } : {}),
+    };
   };
 
   if (req.kvBudgetBytes !== undefined) {
@@ -110,8 +140,8 @@ export async function planServeKv(planner: FitPlanner, req: ServeKvRequest): Pro
     usable = r.memory.totalBytes - cpuSystemReserveBytes(r.memory.totalBytes);
     usableHow = 'RAM minus the OS reserve';
   }
-  // the weights are loaded by now: what is free must still take the steps' transient memory
-  const byPlan = usable - weightsBytes - transient.bytes - reserveBytes;
+  // the weights (and a drafter's) are loaded by now: what is free must still take the steps' transient memory
+  const byPlan = usable - weightsBytes - drafterBytes - transient.bytes - reserveBytes;
   const byFree = r.memory.freeBytes - transient.bytes;
   const budget = Math.min(want, byPlan, byFree);
   const tokens = budget >= want ? wantTokens : tokensForBudget(planner, budget, r);
