@@ -4,6 +4,7 @@
 // draft's KV is freed when its sequence ends; a draft model that cannot propose for the target is
 // refused with a clear error.
 import assert from 'node:assert/strict';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
 
@@ -116,6 +117,48 @@ test('a draft model that cannot propose for the target is refused', async () => 
     // same vocabulary size, different tokenizer
     const renamed = { ...t, dir: 'renamed', encode: (text: string) => t.encode(text).map((id) => (id + 1) % 512) };
     assert.throws(() => new Engine(t.model, t, { draftModel: renamed }), /tokenizes text differently/);
+  } finally {
+    await backend.close();
+  }
+});
+
+const FAMILIES = readdirSync(FIXTURES).filter((d) => existsSync(join(FIXTURES, d, 'config.json')) && existsSync(join(FIXTURES, d, 'reference.json')));
+
+test('every fixture family as the target, the qwen3 fixture drafting: 16 staggered requests mixing plain, n-gram and draft-model rows of different depths equal their plain runs alone', async () => {
+  const backend = await createCpuBackend();
+  try {
+    const draft = await loadModel(backend, join(FIXTURES, 'qwen3'), { maxModelLen: 512 });
+    let drafted = 0;
+    for (const name of FAMILIES) {
+      const m = await loadModel(backend, join(FIXTURES, name), { maxModelLen: 512 });
+      const cases = (JSON.parse(readFileSync(join(FIXTURES, name, 'reference.json'), 'utf8')) as { cases: { prompt_token_ids: number[] }[] }).cases;
+      const reqs: EngineRequest[] = Array.from({ length: 16 }, (_, k) => ({
+        promptIds: cases[k % cases.length]!.prompt_token_ids, maxTokens: 10 + ((k * 7) % 23), sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 2,
+      }));
+      const solo: Run[] = [];
+      const plainEngine = new Engine(m.model, m, { maxBatch: 8, maxModelLen: 512 });
+      for (const r of reqs) solo.push(await runOf(plainEngine, r));
+      await plainEngine.close(0);
+      const kinds: (SpeculativeOptions | false)[] = [false, DRAFT4, ADAPTIVE, { proposer: 'draft', numDraftTokens: 2 }, { proposer: 'ngram', ngramMin: 1 }];
+      const e = new Engine(m.model, m, { maxBatch: 8, tokenBudget: 24, maxModelLen: 512, draftModel: draft });
+      let produced = 0;
+      const jobs: Promise<Run>[] = [];
+      for (const [k, r] of reqs.entries()) {
+        jobs.push(runOf(e, { ...r, speculative: kinds[k % kinds.length]! }, undefined, () => produced++));
+        const target = produced + 3;
+        while (produced < target && e.stats.running + e.stats.waiting > 0) await new Promise((res) => setTimeout(res, 1));
+      }
+      const runs = await Promise.all(jobs);
+      runs.forEach((r, k) => sameRun(r, solo[k]!, `${name} request ${k}`));
+      assert.equal(e.draftModel!.usedBlocks, 0, `${name}: the draft KV is freed`);
+      if (!e.speculationOff) {
+        assert.ok(e.stats.speculation.draftTokens > 0, `${name}: drafts verified`);
+        drafted++;
+      }
+      await e.close(0);
+      m.model.dispose();
+    }
+    assert.ok(drafted >= FAMILIES.length - 3, `${drafted} of ${FAMILIES.length} families speculated`);
   } finally {
     await backend.close();
   }
