@@ -447,6 +447,8 @@ export class Engine {
           if (rows.length === 0) {
             if (!this.scheduler.hasWork) break;
             // everyone left is paused by a slow reader, or waiting for room: sleep until kicked
+            // (the next step's interval would hold the sleep)
+            this.lastStepDone = undefined;
             await new Promise<void>((resolve) => (this.wake = resolve));
             continue;
           }
@@ -478,6 +480,7 @@ export class Engine {
     } finally {
       inFlight?.step.release(); // only when an error escaped the loop
       this.looping = false;
+      this.lastStepDone = undefined; // an idle engine's next step is not one interval after this one
       if (!this.closed) this.prefix.onIdle(() => this.scheduler.hasWork); // close() flushes itself
     }
   }
@@ -514,7 +517,9 @@ export class Engine {
     if (!cur.pipelined && measured) this.prefix.policy.recordStep(cur.tokens, performance.now() - cur.launchedAt + cur.step.enqueueMs);
     this.steps++;
     if (cur.pipelined) this.pipelinedSteps++;
+    const knownBefore = cur.rows.reduce((n, r) => n + (r.sample ? r.seq.known : 0), 0);
     this.acceptor.postprocess(cur, result);
+    const emitted = cur.rows.reduce((n, r) => n + (r.sample ? r.seq.known : 0), 0) - knownBefore;
     if (hidden) {
       try {
         await this.draftHead!.afterStep(cur.rows, hidden);
@@ -528,6 +533,10 @@ export class Engine {
       this.drafts.recordStep(cur.tokens, cur.rows.length, done - cur.plannedAt);
     }
     if (measured && cur.pipelined && this.lastStepDone !== undefined) this.drafts.recordPipelined(cur.rows.length, done - this.lastStepDone);
+    // what steps with and without drafts emit in wall time, decode steps only (a prefill chunk's time buys no token)
+    if (measured && this.lastStepDone !== undefined && cur.rows.every((r) => r.sample)) {
+      this.drafts.recordEmitted(cur.rows.length, emitted, done - this.lastStepDone, cur.rows.some((r) => r.draft !== undefined && r.draft.tokens.length > 0));
+    }
     this.lastStepDone = done;
     return true;
   }

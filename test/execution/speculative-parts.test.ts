@@ -146,6 +146,31 @@ describe('DraftPlanner', () => {
     assert.ok(p.depths([ask(hot, 16)], [hot], 100)[0]! >= 4);
   });
 
+  it('what steps emit in wall time overrules the model: slower drafting stops at that batch size, but for a rare exploring decision', () => {
+    const p = measured(10, 0.1); // by the line, drafting a 0.9-acceptance row pays well
+    const r = row(0.9);
+    assert.ok(p.drafts(0.9, 8) && p.depths([ask(r, 8)], [r], 100)[0]! > 0);
+    // one row: steps with drafts emitted 0.1 tokens a ms, plain ones 0.3
+    for (let i = 0; i < 8; i++) {
+      p.recordEmitted(1, 2, 20, true);
+      p.recordEmitted(1, 1, 3.3, false);
+    }
+    const decisions = Array.from({ length: 64 }, () => p.drafts(0.9, 8));
+    const drafting = decisions.filter(Boolean).length;
+    assert.ok(drafting >= 1 && drafting <= 4, `${drafting} of 64 decisions drafted (exploring only)`);
+    // at another batch size nothing is measured yet: the line decides
+    const rows = [row(0.9), row(0.9)];
+    assert.ok(p.depths([ask(rows[0]!, 8)], rows, 100)[0]! > 0);
+    // once drafting emits more, it drafts every time
+    for (let i = 0; i < 40; i++) p.recordEmitted(1, 6, 10, true);
+    assert.ok(Array.from({ length: 16 }, () => p.drafts(0.9, 8)).every(Boolean));
+    // rows that always draft: a plain decision now and then until plain steps are measured
+    const q = measured(10, 0.1);
+    for (let i = 0; i < 8; i++) q.recordEmitted(1, 3, 10, true);
+    const plain = Array.from({ length: 32 }, () => q.drafts(0.9, 8)).filter((d) => !d).length;
+    assert.ok(plain >= 2 && plain <= 6, `${plain} of 32 decisions plain`);
+  });
+
   it('counts verify rows by accepted length', () => {
     const p = new DraftPlanner();
     p.recordVerify(4, 2);

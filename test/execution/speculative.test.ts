@@ -326,7 +326,8 @@ test('graph replay: plain decode steps replay their graph, verify steps run op b
 test('speculative options are checked where they are given: the engine default at construction, a request\'s at submit', async () => {
   const m = await loadModel(new ReplayingReference() as Backend, writeTinyLlama(), { maxModelLen: 64 });
   const bad: [unknown, RegExp][] = [
-    [{ proposer: 'eagle' }, /speculative.proposer must be 'ngram' or 'draft'/],
+    [{ proposer: 'eagle' }, /speculative.proposer must be 'ngram', 'draft' or 'eagle3', got "eagle"/],
+    [{ proposer: 'eagle3' }, /speculative.proposer 'eagle3' needs an EAGLE-3 head/],
     [{ proposer: 'draft' }, /speculative.proposer 'draft' needs a draft model/],
     [{ proposer: 'ngram', numDraftTokens: 0 }, /numDraftTokens must be 'adaptive' or an integer from 1 to 64, got 0/],
     [{ proposer: 'ngram', numDraftTokens: 2.5 }, /numDraftTokens/],

@@ -20,6 +20,14 @@
 // then it costs what the pipelined steps measured at that batch size (one step's interval, which
 // hides the host's work behind the device's), less than c. Drafting pays only when the step's
 // rate with the drafts beats that: otherwise the adaptive rows draft nothing.
+//
+// The line is a model; what it leaves out (a draft model's or head's own steps, a verify step's
+// host work, what leaving the pipeline costs on a device) shows in the tokens the steps emit. So
+// the planner also keeps, per batch size, the tokens emitted per millisecond of wall time (one
+// step's end to the next's) of steps with drafts and of steps without, and once both are measured
+// and drafting is the slower, adaptive rows stop drafting at that batch size, but for one decision
+// in EXPLORE_EVERY, which measures drafting again (the text may have turned repetitive); rows that
+// always draft take a plain step now and then until plain steps are measured too.
 
 import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
 
@@ -33,6 +41,14 @@ const FORGET = 0.97;
 const MIN_SLOPE_SHARE = 0.02;
 /** how far one pipelined step's interval moves the mean at its batch size */
 const PIPELINED_RATE = 0.1;
+/** how far one step moves the emitted-tokens rate of its batch size and kind */
+const EMITTED_RATE = 0.1;
+/** steps of a kind measured before its emitted rate is trusted */
+const EMITTED_MIN_STEPS = 4;
+/** when the measured rates say drafting is slower, one decision in this many drafts anyway */
+const EXPLORE_EVERY = 32;
+/** while plain steps are unmeasured at a batch size, one decision in this many is plain */
+const EXPLORE_PLAIN_EVERY = 8;
 
 /** A step's wall-clock cost as a line in its tokens, fitted to the steps measured. */
 export class StepCosts {
@@ -92,6 +108,11 @@ export interface SpeculationStats {
   acceptedLengths: number[];
 }
 
+interface Rate {
+  mean: number;
+  steps: number;
+}
+
 export class DraftPlanner implements DraftPlanning {
   readonly costs = new StepCosts();
   readonly stats: SpeculationStats = { draftTokens: 0, acceptedTokens: 0, verifies: 0, acceptedLengths: [] };
@@ -99,6 +120,9 @@ export class DraftPlanner implements DraftPlanning {
   private lastStep = { rows: 1, tokens: 1 };
   /** mean interval of pipelined plain steps, by their rows */
   private readonly pipelined = new Map<number, number>();
+  /** emitted tokens per ms of steps with drafts and without, by their sampling rows */
+  private readonly emitted = new Map<number, { drafted: Rate; plain: Rate }>();
+  private decisions = 0;
 
   depths(asks: readonly DraftAsk[], rows: readonly ScheduledRow[], budget: number): number[] {
     const depth = asks.map(() => 0);
@@ -119,7 +143,7 @@ export class DraftPlanner implements DraftPlanning {
       let g = a;
       for (let k = 0; k < ask.draft.tokens.length; k++, g *= a) gains.push({ i, g });
     });
-    if (gains.length === 0 || left <= 0) return depth;
+    if (gains.length === 0 || left <= 0 || !this.measuredPays(rows.filter((r) => r.sample).length)) return depth;
     gains.sort((x, y) => y.g - x.g); // stable: a row's gains stay in depth order
     const { a, b } = this.line();
     const sampling = rows.filter((r) => r.sample).length;
@@ -154,6 +178,7 @@ export class DraftPlanner implements DraftPlanning {
   drafts(acceptance: number, depth: number): boolean {
     const { a, b } = this.line();
     const rows = this.lastStep.rows;
+    if (!this.measuredPays(rows)) return false;
     const plain = rows / this.plainCost(rows, rows);
     let expected = rows;
     for (let k = 1, g = acceptance; k <= depth; k++, g *= acceptance) {
@@ -174,6 +199,33 @@ export class DraftPlanner implements DraftPlanning {
     if (!(ms > 0)) return;
     const old = this.pipelined.get(rows);
     this.pipelined.set(rows, old === undefined ? ms : old + PIPELINED_RATE * (ms - old));
+  }
+
+  /**
+   * A step's outcome in wall time: `emitted` tokens appended to its `rows` sampling rows, `ms` from
+   * the end of the step before it to its own end, `drafted` whether any row of it had a draft.
+   */
+  recordEmitted(rows: number, emitted: number, ms: number, drafted: boolean): void {
+    if (!(ms > 0) || rows <= 0) return;
+    let e = this.emitted.get(rows);
+    if (!e) this.emitted.set(rows, (e = { drafted: { mean: 0, steps: 0 }, plain: { mean: 0, steps: 0 } }));
+    const r = drafted ? e.drafted : e.plain;
+    const x = emitted / ms;
+    r.mean = r.steps === 0 ? x : r.mean + EMITTED_RATE * (x - r.mean);
+    r.steps++;
+  }
+
+  /**
+   * false when, at `rows` sampling rows, steps with drafts have emitted fewer tokens a millisecond
+   * than steps without (both measured), but for one call in EXPLORE_EVERY.
+   */
+  private measuredPays(rows: number): boolean {
+    const e = this.emitted.get(rows);
+    if (!e || e.drafted.steps < EMITTED_MIN_STEPS) return true;
+    // rows that always draft never measure plain steps: one decision in EXPLORE_PLAIN_EVERY is plain until they have
+    if (e.plain.steps < EMITTED_MIN_STEPS) return ++this.decisions % EXPLORE_PLAIN_EVERY !== 0;
+    if (e.drafted.mean >= e.plain.mean) return true;
+    return ++this.decisions % EXPLORE_EVERY === 0;
   }
 
   /** A verify row's outcome: `drafted` tokens, `accepted` of them. */
