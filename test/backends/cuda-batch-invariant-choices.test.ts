@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 
 import { resolveServeOptions } from '../../src/api/serve-options.ts';
 import { attBiMaxSplits, attBiSplits, planAttention } from '../../src/backends/cuda/attention.ts';
-import { attentionKernels } from '../../src/backends/cuda/attention-kernels.ts';
+import { ATT_DEC_MAX_RUN, attentionKernels } from '../../src/backends/cuda/attention-kernels.ts';
 import { fusedGemvMaxRows } from '../../src/backends/cuda/cuda-fused-ops.ts';
 import { CUDA_DEFAULTS, cudaSettingsFrom } from '../../src/backends/cuda/cuda-settings.ts';
 import { gemmPickRule, INVARIANT_PROBE_ROWS } from '../../src/backends/cuda/gemm-tuning.ts';
@@ -132,12 +132,12 @@ describe('batch-invariant attention plans (planAttention)', () => {
     qDtype: 'bf16', poolDtype: 'bf16' } as const;
   const att = CUDA_DEFAULTS.attention;
 
-  it('the same kernels for 1..256 rows and tokens: tensor-core decode, the matching prefill kernel past 4 tokens a row', () => {
+  it(`the same kernels for 1..256 rows and tokens: tensor-core decode, the matching prefill kernel past ${ATT_DEC_MAX_RUN} tokens a row`, () => {
     for (let rows = 1; rows <= 256; rows++) {
       for (const T of [rows, rows * 3, rows + 500]) {
         const p = planAttention({ ...shape, T, R: rows }, 132, att, true);
         assert.equal(p.decodeKernel, 'k_attn_decode_tc_d128');
-        assert.equal(p.prefillKernel, T > 4 ? 'k_attn_prefill_bi_d128' : undefined, `${rows} rows, ${T} tokens`);
+        assert.equal(p.prefillKernel, T > ATT_DEC_MAX_RUN ? 'k_attn_prefill_bi_d128' : undefined, `${rows} rows, ${T} tokens`);
         assert.ok(p.fusedCombine && !p.combine);
       }
       const decode = planAttention({ ...shape, T: rows, R: rows, oneTokenPerRow: true }, 132, att, true);
@@ -154,10 +154,10 @@ describe('batch-invariant attention plans (planAttention)', () => {
     assert.equal(attBiMaxSplits(256, 16, 1000, 512), 3, 'a window: one more than its length takes');
     for (const T of [1, 16, 200]) {
       const p = planAttention({ ...shape, T, R: T }, 132, att, true);
-      assert.equal(p.partRows, Math.min(T, 4 * T) * 8);
+      assert.equal(p.partRows, Math.min(T, ATT_DEC_MAX_RUN * T) * 8);
     }
     const mixed = planAttention({ ...shape, T: 3000, R: 20 }, 132, att, true);
-    assert.equal(mixed.partRows, 80 * 8, 'at most 4 decode tokens a row');
+    assert.equal(mixed.partRows, 20 * ATT_DEC_MAX_RUN * 8, `at most ${ATT_DEC_MAX_RUN} decode tokens a row`);
   });
 
   it('shapes the tensor-core pair does not take run the generic kernel for every token, whatever the rows', () => {
