@@ -2,6 +2,7 @@
 // streaming options, token limits, and the parameters this build refuses because it does not
 // implement them yet (refused with a 400, never silently ignored).
 
+import { resolveSpeculative, type SpeculativeOptions } from '../execution/methods/speculative.ts';
 import type { EngineRequest } from '../execution/sequence.ts';
 import { validatedLogitBias, validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
 import { HttpError, badRequest, notSupported } from './http-error.ts';
@@ -34,6 +35,8 @@ export interface GenerationParams {
   tokensAsIds?: boolean;
   /** response_format / guided_* / structured_outputs */
   constraint?: Constraint;
+  /** llmts's `speculative`: this request's speculative decoding, or false for none (default: the server's) */
+  speculative?: SpeculativeOptions | false;
 }
 
 /** `model` may be omitted (the one served model); otherwise it must be the served name. */
@@ -130,8 +133,40 @@ export function parseGenerationParams(f: Fields, model: Pick<ModelFacts, 'vocabS
     ignoreEos: f.boolean('ignore_eos') ?? false,
     topLogprobs,
     ...(f.boolean('return_tokens_as_token_ids') ? { tokensAsIds: true } : {}),
+    ...speculativeParam(f.raw('speculative')),
     constraint: parseConstraint(f, model.grammarLimits),
   };
+}
+
+/**
+ * `speculative`: false (no speculation for this request), or `{ "proposer": "ngram" | "draft" |
+ * "eagle3", "num_draft_tokens": N | "adaptive", "ngram_min": N, "ngram_max": N }` (each field
+ * optional; the proposer is "ngram" unless given). A proposer the server has no
+ * drafter for is refused at submit.
+ */
+function speculativeParam(raw: unknown): { speculative?: SpeculativeOptions | false } {
+  if (raw === undefined || raw === null) return {};
+  if (raw === false) return { speculative: false };
+  if (!isObject(raw)) throw badRequest('speculative must be false or an object ({"proposer", "num_draft_tokens", "ngram_min", "ngram_max"})', 'speculative');
+  const known = ['proposer', 'num_draft_tokens', 'ngram_min', 'ngram_max'];
+  const unknown = Object.keys(raw).filter((k) => !known.includes(k));
+  if (unknown.length > 0) throw badRequest(`speculative: unknown field ${JSON.stringify(unknown[0])} (known: ${known.join(', ')})`, 'speculative');
+  const r = raw as Record<string, unknown>;
+  if (r.proposer !== undefined && r.proposer !== 'ngram' && r.proposer !== 'draft' && r.proposer !== 'eagle3')
+    throw badRequest(`speculative.proposer must be "ngram", "draft" or "eagle3", got ${JSON.stringify(r.proposer)}`, 'speculative');
+  const o = {
+    proposer: (r.proposer ?? 'ngram') as 'ngram' | 'draft' | 'eagle3',
+    ...(r.num_draft_tokens !== undefined ? { numDraftTokens: r.num_draft_tokens as number | 'adaptive' } : {}),
+    ...(r.ngram_min !== undefined ? { ngramMin: r.ngram_min as number } : {}),
+    ...(r.ngram_max !== undefined ? { ngramMax: r.ngram_max as number } : {}),
+  };
+  try {
+    resolveSpeculative(o);
+  } catch (err) {
+    const msg = (err as Error).message.replace('numDraftTokens', 'num_draft_tokens').replace(/ngramMin/g, 'ngram_min').replace(/ngramMax/g, 'ngram_max');
+    throw badRequest(msg, 'speculative');
+  }
+  return { speculative: o };
 }
 
 /**
@@ -158,6 +193,7 @@ export function planSequences(prompts: readonly PromptIds[], p: GenerationParams
         stop: p.stop,
         ignoreEos: p.ignoreEos,
         topLogprobs: p.topLogprobs,
+        ...(p.speculative !== undefined ? { speculative: p.speculative } : {}),
         // one matcher per sequence, started when the engine creates it
         ...(grammar ? { grammar: { createMatcher: () => grammar.createMatcher() } } : {}),
       };

@@ -122,3 +122,28 @@ test('a server speculating with an EAGLE-3 head (--speculative eagle3 --draft-mo
   await assert.rejects(startServer({ ...base, speculative: { proposer: 'eagle3' } }), /speculative eagle3 needs draftModel/);
   await assert.rejects(startServer({ ...base, speculative: { proposer: 'eagle3' }, draftModel: LLAMA }), /draftModel .*is not an EAGLE-3 head/);
 });
+
+test('a request\'s own "speculative": false turns it off, an object turns it on or changes it; bad values are 400s naming it', async () => {
+  const body = { ...completion, n: 1 };
+  const off = await (await post(spec, '/v1/completions', { ...body, speculative: false })).json();
+  assert.equal(off.usage.speculation, undefined, 'speculative: false decodes plainly');
+  const a = await (await post(plain, '/v1/completions', body)).json();
+  const on = await (await post(plain, '/v1/completions', { ...body, speculative: { num_draft_tokens: 2, ngram_min: 1 } })).json();
+  assert.equal(on.choices[0].text, a.choices[0].text);
+  assert.ok(on.usage.speculation.draft_tokens > 0, JSON.stringify(on.usage));
+  const chat = await (await post(plain, '/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'abc abc abc abc' }], max_tokens: 12, temperature: 0, ignore_eos: true, speculative: { proposer: 'ngram', ngram_min: 1 } })).json();
+  assert.ok(chat.usage.speculation.draft_tokens >= 0);
+  for (const [value, message] of [
+    ['yes', /speculative must be false or an object/],
+    [{ proposer: 'medusa' }, /speculative.proposer must be "ngram", "draft" or "eagle3", got "medusa"/],
+    [{ num_draft_tokens: 0 }, /speculative.num_draft_tokens must be 'adaptive' or an integer from 1 to 64, got 0/],
+    [{ ngram_min: 4, ngram_max: 2 }, /speculative.ngram_min \(4\) must not be above speculative.ngram_max \(2\)/],
+    [{ depth: 3 }, /speculative: unknown field "depth"/],
+    [{ proposer: 'draft' }, /proposer 'draft' needs a draft model/],
+  ] as const) {
+    const res = await fetch(`${plain.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, speculative: value }) });
+    assert.equal(res.status, 400, JSON.stringify(value));
+    const err = (await res.json()).error;
+    assert.match(err.message, message);
+  }
+});
