@@ -65,6 +65,8 @@ test('POST /admin/cache/flush reports SSD write failures by errno code; /metrics
     const ac = new AbortController();
     const running = engine.complete(greedy(tokens(31, 70), 8000), { signal: ac.signal }).catch(() => undefined);
     await eventually('the sequence to run', async () => engine.stats.running, (n) => n === 1);
+    // and to have computed its prompt (a flush before its first step ends has nothing to write)
+    await eventually('its prompt computed', async () => engine.stats.steps, (n) => n >= 1);
     const f = await postJson(`${url}/admin/cache/flush`, {});
     ac.abort();
     await running;
