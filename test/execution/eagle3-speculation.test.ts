@@ -3,8 +3,8 @@
 // decode rows, so the output is plain decoding's bit for bit whatever the head drafts: greedy and
 // seeded sampling, alone and batched beside plain and n-gram rows, fixed and adaptive depth,
 // prompts served from the prefix cache. Drafts are checked to be made, accepted and rejected, the
-// head's KV to be freed when its sequences end, its rows never to be pipelined, and a head made
-// for another model to be refused.
+// head's KV to be freed when its sequences end, its rows never to be pipelined (but an adaptive
+// row that stopped drafting for good), and a head made for another model to be refused.
 import assert from 'node:assert/strict';
 import { join, resolve } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -57,7 +57,8 @@ test('greedy and seeded sampling: plain decoding\'s tokens and logprobs, alone a
       got.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `${what} ${how} #${k}`));
       assert.ok(got.headSteps > 0, `${what} ${how}: the head ran`);
       assert.equal(got.headBlocks, 0, `${what} ${how}: the head's KV is freed`);
-      assert.equal(got.stats.pipelinedSteps, 0, `${what} ${how}: rows the head reads are never pipelined`);
+      // rows the head reads are never pipelined; an adaptive row that stops drafting for good is plain, and may be
+      if (spec === EAGLE4) assert.equal(got.stats.pipelinedSteps, 0, `${what} ${how}: rows the head reads are never pipelined`);
       drafted += got.stats.speculation.draftTokens;
       accepted += got.stats.speculation.acceptedTokens;
     }
@@ -79,7 +80,8 @@ test('beside plain and n-gram rows in one batch, and from the prefix cache', asy
   for (const wave of [0, 1]) {
     const runs = await Promise.all(reqs.map((r) => runOf(e, r)));
     runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `wave ${wave} request ${k}`));
-    assert.ok(runs[0]!.speculation!.draftTokens > 0 && runs[3]!.speculation!.draftTokens > 0, `wave ${wave}: the head drafted`);
+    // the adaptive row may stop drafting for good once the engine has measured drafting slower (wave 1)
+    assert.ok(runs[0]!.speculation!.draftTokens > 0 && (wave === 1 || runs[3]!.speculation!.draftTokens > 0), `wave ${wave}: the head drafted`);
     assert.equal(runs[1]!.speculation, undefined);
     if (wave === 1) assert.ok(runs[0]!.cachedTokens > 0 && runs[3]!.cachedTokens > 0, 'the second wave\'s prompts came from the prefix cache');
   }

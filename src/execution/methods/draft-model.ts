@@ -41,6 +41,8 @@ export interface DeferredDrafting {
   /** draft tokens this row wants a round */
   readonly draftDepth: number;
   readonly proposer: Proposer;
+  /** the row stopped drafting for good (Speculative.gaveUp) */
+  readonly gaveUp?: boolean;
 }
 
 interface RowState {

@@ -44,6 +44,8 @@ export class Eagle3Runner {
   off?: string;
   /** head steps run (tests, logs) */
   steps = 0;
+  /** the rows whose hidden states the last step asked for, in order (afterStep reads them so) */
+  private requested = new Set<Sequence>();
 
   constructor(
     readonly head: Eagle3Head,
@@ -72,16 +74,20 @@ export class Eagle3Runner {
 
   private mine(seq: Sequence): DeferredDrafting | undefined {
     const m = seq.method as Partial<DeferredDrafting>;
-    return m.proposer instanceof Eagle3Proposer && m.proposer.runner === this && m.draftDepth !== undefined ? m as DeferredDrafting : undefined;
+    return m.proposer instanceof Eagle3Proposer && m.proposer.runner === this && m.draftDepth !== undefined && !m.gaveUp ? m as DeferredDrafting : undefined;
   }
 
   /** The hidden states a target step must hand out: every token of its rows that draft with this head. */
   hiddenRequest(rows: readonly ScheduledRow[]): HiddenRequest | undefined {
     if (this.off) return undefined;
     const tokens: number[] = [];
+    this.requested = new Set();
     let at = 0;
     for (const row of rows) {
-      if (this.mine(row.seq) && !row.seq.grammar) for (let j = 0; j < row.count; j++) tokens.push(at + j);
+      if (this.mine(row.seq) && !row.seq.grammar) {
+        for (let j = 0; j < row.count; j++) tokens.push(at + j);
+        this.requested.add(row.seq);
+      }
       at += row.count;
     }
     return tokens.length > 0 ? { layers: this.head.targetLayers, tokens } : undefined;
@@ -98,11 +104,15 @@ export class Eagle3Runner {
     const work: { seq: Sequence; st: RowState; start: number; kept: number; hiddenAt: number; depth: number; tokens: number[] }[] = [];
     let h = 0;
     for (const row of rows) {
-      const m = this.mine(row.seq);
-      if (!m || row.seq.grammar) continue;
+      if (!this.requested.has(row.seq)) continue;
       const hiddenAt = h;
       h += row.count;
       const seq = row.seq;
+      const m = this.mine(seq);
+      if (!m) {
+        this.forget(seq); // it stopped drafting for good in this step's postprocess: no head KV from now on
+        continue;
+      }
       if (seq.finished) {
         this.forget(seq);
         continue;

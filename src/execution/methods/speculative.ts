@@ -115,6 +115,12 @@ export class Speculative implements DecodingMethod {
   private last?: { at: number; draft: Draft | undefined };
   /** the row would draft for its next token: its next step waits for this one's (not pipelined) */
   private drafting = true;
+  /**
+   * An adaptive row whose proposer reads every step (an EAGLE-3 head) stops for good the first
+   * time drafting does not pay: from then on it is a plain row, pipelined, and its proposer no
+   * longer runs for it (its head could not catch up on the steps it would miss).
+   */
+  gaveUp = false;
 
   constructor(
     readonly proposer: Proposer,
@@ -142,7 +148,7 @@ export class Speculative implements DecodingMethod {
 
   propose(seq: Sequence, max: number): Draft | undefined {
     if (seq.grammar) return undefined;
-    if (this.proposer.deferred) return this.proposer.propose(seq, max);
+    if (this.proposer.deferred) return this.gaveUp ? undefined : this.proposer.propose(seq, max);
     const deepest = this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth;
     // accept() proposed for this position already, as deep as the method drafts
     const draft = this.last?.at === seq.known ? this.last.draft : this.proposer.propose(seq, deepest);
@@ -151,7 +157,7 @@ export class Speculative implements DecodingMethod {
   }
 
   pipelinable(_seq: Sequence, plain: boolean): boolean {
-    return plain && !this.drafting && !this.proposer.everyStep;
+    return plain && !this.drafting && (!this.proposer.everyStep || this.gaveUp);
   }
 
   verify(seq: Sequence, row: ScheduledRow, sources: readonly TokenSource[]): number {
@@ -211,7 +217,9 @@ export class Speculative implements DecodingMethod {
     this.drafting = false;
     if (seq.finished || seq.grammar) return;
     if (this.proposer.deferred) {
+      if (this.gaveUp) return;
       this.drafting = this.depth !== 'adaptive' || this.planner.drafts(this.rate, this.draftDepth);
+      if (!this.drafting && this.proposer.everyStep) this.gaveUp = true;
       return;
     }
     const next = this.propose(seq, Infinity);
