@@ -5,6 +5,8 @@
 // a small body and on a text worker for a large one (request-prep.ts), so both refuse with the
 // same 400s.
 
+import type { SpeculativeOptions } from '../execution/methods/speculative.ts';
+import { speculativeParam } from './openai-params.ts';
 import type { ChatMessage } from '../artifacts/chat-template.ts';
 import { validatedLogitBias, validateSamplingParams, type SamplingParamsInput } from '../sampling/index.ts';
 import { badRequest, notSupported } from './http-error.ts';
@@ -88,6 +90,8 @@ export interface MessagesRequest {
   constraint?: Constraint;
   /** template variables (`thinking` as enable_thinking) */
   variables?: Record<string, unknown>;
+  /** llmts's `speculative`, as on chat completions (openai-params.ts speculativeParam) */
+  speculative?: SpeculativeOptions | false;
 }
 
 /** `countTokens`: for /v1/messages/count_tokens, whose refusals of output_config.format name the schema */
@@ -153,7 +157,10 @@ export function parseMessagesRequest(body: JsonObject, model: ModelFacts, countT
     if (typeof s !== 'string') throw badRequest(`stop_sequences[${i}] must be a string, got ${kind(s)}`, 'stop_sequences');
     return s;
   });
-  return { messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false, tools, constraint, ...(variables ? { variables } : {}) };
+  return {
+    messages, prefill, maxTokens, sampling, stop, stream: f.boolean('stream') ?? false, tools, constraint, ...(variables ? { variables } : {}),
+    ...speculativeParam(f.raw('speculative')),
+  };
 }
 
 /** Anthropic's smallest thinking budget */

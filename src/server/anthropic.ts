@@ -84,6 +84,7 @@ export async function handleMessages(ctx: HandlerContext, prepared: PreparedMess
   try {
     const request: EngineRequest = {
       promptIds: idList(ids), maxTokens: Math.min(req.maxTokens, room), sampling: req.sampling, stop: req.stop,
+      ...(req.speculative !== undefined ? { speculative: req.speculative } : {}),
       ...(grammar ? { grammar: { createMatcher: () => grammar.createMatcher() } } : {}),
     };
     await respondMessages(ctx, req, request);

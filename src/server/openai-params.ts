@@ -144,7 +144,7 @@ export function parseGenerationParams(f: Fields, model: Pick<ModelFacts, 'vocabS
  * optional; the proposer is "ngram" unless given). A proposer the server has no
  * drafter for is refused at submit.
  */
-function speculativeParam(raw: unknown): { speculative?: SpeculativeOptions | false } {
+export function speculativeParam(raw: unknown): { speculative?: SpeculativeOptions | false } {
   if (raw === undefined || raw === null) return {};
   if (raw === false) return { speculative: false };
   if (!isObject(raw)) throw badRequest('speculative must be false or an object ({"proposer", "num_draft_tokens", "ngram_min", "ngram_max"})', 'speculative');

@@ -147,3 +147,16 @@ test('a request\'s own "speculative": false turns it off, an object turns it on 
     assert.match(err.message, message);
   }
 });
+
+test('Anthropic messages take the request\'s "speculative" too', async () => {
+  const msg = { model: 'm', max_tokens: 16, messages: [{ role: 'user', content: 'abc abc abc abc' }] };
+  const off = await (await post(spec, '/v1/messages', { ...msg, speculative: false })).json();
+  assert.equal(off.usage.speculation, undefined, JSON.stringify(off.usage));
+  const on = await (await post(plain, '/v1/messages', { ...msg, speculative: { ngram_min: 1, num_draft_tokens: 3 } })).json();
+  const base = await (await post(plain, '/v1/messages', msg)).json();
+  assert.deepEqual(on.content, base.content);
+  assert.ok(on.usage.speculation !== undefined, JSON.stringify(on.usage));
+  const bad = await fetch(`${plain.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...msg, speculative: { proposer: 'x' } }) });
+  assert.equal(bad.status, 400);
+  assert.match(JSON.stringify(await bad.json()), /speculative.proposer must be/);
+});
