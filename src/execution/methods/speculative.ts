@@ -98,6 +98,8 @@ export const ADAPTIVE_MAX_DRAFT = 16;
 export const ADAPTIVE_MAX_DEFERRED = 8;
 /** an adaptive row asks a deferred proposer for tokens while the last one is kept with at least this probability */
 const DEFERRED_MIN_GAIN = 0.3;
+/** draft tokens an adaptive row whose proposer reads every step has verified before it may stop for good */
+const GIVE_UP_AFTER_DRAFTS = 16;
 /** an adaptive row's acceptance before it has drafted */
 const ACCEPTANCE_PRIOR = 0.5;
 /** how far one observed draft token moves a row's acceptance */
@@ -117,8 +119,9 @@ export class Speculative implements DecodingMethod {
   private drafting = true;
   /**
    * An adaptive row whose proposer reads every step (an EAGLE-3 head) stops for good the first
-   * time drafting does not pay: from then on it is a plain row, pipelined, and its proposer no
-   * longer runs for it (its head could not catch up on the steps it would miss).
+   * time drafting does not pay once GIVE_UP_AFTER_DRAFTS of its drafts were judged: from then on
+   * it is a plain row, pipelined, and its proposer no longer runs for it (its head could not
+   * catch up on the steps it would miss).
    */
   gaveUp = false;
 
@@ -219,7 +222,11 @@ export class Speculative implements DecodingMethod {
     if (this.proposer.deferred) {
       if (this.gaveUp) return;
       this.drafting = this.depth !== 'adaptive' || this.planner.drafts(this.rate, this.draftDepth);
-      if (!this.drafting && this.proposer.everyStep) this.gaveUp = true;
+      // giving up is for good: only once the row's own drafts have been judged
+      if (!this.drafting && this.proposer.everyStep) {
+        if (this.counts.draftTokens >= GIVE_UP_AFTER_DRAFTS) this.gaveUp = true;
+        else this.drafting = true;
+      }
       return;
     }
     const next = this.propose(seq, Infinity);
