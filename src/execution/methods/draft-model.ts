@@ -17,10 +17,10 @@
 // plainly) rather than failing any request.
 
 import type { KvAccess } from '../../models/kv-access.ts';
-import { KvCache, type SequenceKv, type StepRow } from '../../state/kv-cache.ts';
+import { KvCache, type StepRow } from '../../state/kv-cache.ts';
 import type { LoadedModel } from '../load-model.ts';
 import type { Sequence } from '../sequence.ts';
-import type { Draft, Proposer } from './method.ts';
+import { DeferredDrafter, type DrafterRow } from './deferred-drafter.ts';
 
 export interface DraftModelOptions {
   /** rows drafting together at most (the target's maxBatch) */
@@ -36,21 +36,9 @@ export interface DraftModelOptions {
   graphWidth?: number;
 }
 
-/** What a draft model drafts for: the depth a row asks for (speculative.ts's Speculative). */
-export interface DeferredDrafting {
-  /** draft tokens this row wants a round */
-  readonly draftDepth: number;
-  readonly proposer: Proposer;
-  /** the row stopped drafting for good (Speculative.gaveUp) */
-  readonly gaveUp?: boolean;
-}
-
-interface RowState {
-  kv: SequenceKv;
-  /** positions of the draft's KV that hold the sequence's own tokens */
+interface RowState extends DrafterRow {
+  /** positions of the draft's KV that hold the sequence's own tokens (the last round's draft's KV is in too, but its last token's) */
   computed: number;
-  /** the last round's draft: tokens for positions at, at + 1, ... (their KV is in, but the last's) */
-  draft?: { at: number; tokens: number[] };
 }
 
 /** Checks that `draft` can propose for `target`: one vocabulary, one tokenizer. */
@@ -66,34 +54,15 @@ export function checkDraftModel(target: Pick<LoadedModel, 'config' | 'encode'>, 
   }
 }
 
-export class DraftModelRunner {
-  private readonly kv: KvCache;
-  private readonly rows = new Map<Sequence, RowState>();
-  /** why drafting stopped (a draft step failed), once it has */
-  off?: string;
-  /** draft-model steps run (tests, logs) */
-  steps = 0;
-
+export class DraftModelRunner extends DeferredDrafter<RowState> {
   constructor(
     readonly draft: LoadedModel,
     private readonly opts: DraftModelOptions,
   ) {
     const cfg = draft.config, bs = opts.blockSize;
-    this.kv = new KvCache(draft.model.backend, cfg.layers.map((l) => l.window), {
+    super(new KvCache(draft.model.backend, cfg.layers.map((l) => l.window), {
       numKvHeads: cfg.numKvHeads, headDim: cfg.headDim, blockSize: bs,
-    }, () => Math.max(1, Math.ceil(opts.kvTokens / bs)) + opts.maxBatch * 2);
-  }
-
-  /** The proposer of a sequence that drafts with this model: the draft prepare() made for its next position. */
-  proposer(): Proposer {
-    return new DraftModelProposer(this);
-  }
-
-  /** The draft made for `seq`'s next token (at most `max` tokens), if this round made one. */
-  draftFor(seq: Sequence, max: number): Draft | undefined {
-    const d = this.rows.get(seq)?.draft;
-    if (!d || d.at !== seq.known || max <= 0) return undefined;
-    return { tokens: d.tokens.slice(0, max) };
+    }, () => Math.max(1, Math.ceil(opts.kvTokens / bs)) + opts.maxBatch * 2), false);
   }
 
   /**
@@ -105,8 +74,8 @@ export class DraftModelRunner {
     if (this.off) return;
     const work: { seq: Sequence; st: RowState; n: number; depth: number; fed: number; tokens: number[] }[] = [];
     for (const seq of running) {
-      const m = seq.method as Partial<DeferredDrafting>;
-      if (!(m.proposer instanceof DraftModelProposer) || m.proposer.runner !== this || m.draftDepth === undefined) continue;
+      const m = this.drafting(seq);
+      if (!m) continue;
       if (seq.finished || seq.grammar || !seq.kv || seq.computed !== seq.known - 1) continue;
       const n = seq.known;
       let st = this.rows.get(seq);
@@ -157,9 +126,7 @@ export class DraftModelRunner {
         chain.forEach((w, i) => w.tokens.push(picked[i]!));
       }
     } catch (err) {
-      this.off = `a draft-model step failed: ${(err as Error).message}`;
-      console.error(`llmts: speculative drafts are off (${this.off}); rows decode plainly`);
-      for (const w of work) this.forget(w.seq);
+      this.turnOff('a draft-model step', err, work.map((w) => w.seq));
       return;
     }
     for (const w of work) {
@@ -168,23 +135,9 @@ export class DraftModelRunner {
     }
   }
 
-  /** blocks of the draft's KV that sequences hold (tests: 0 once every sequence is done) */
-  get usedBlocks(): number {
-    return this.kv.usedBlocks;
-  }
-
-  /** Frees the draft KV of `seq` (finished, or no longer drafting). */
-  forget(seq: Sequence): void {
-    const st = this.rows.get(seq);
-    if (!st) return;
-    this.kv.release(st.kv);
-    this.rows.delete(seq);
-  }
-
-  dispose(): void {
-    for (const seq of [...this.rows.keys()]) this.forget(seq);
-    this.draft.model.releaseGraphs(this.kv);
-    this.kv.dispose();
+  override dispose(): void {
+    this.draft.model.releaseGraphs(this.kv); // the chain steps' graphs replay into this KV's pools
+    super.dispose();
   }
 
   /** The positions after the last round's first drafted one whose token the target kept are computed already. */
@@ -219,16 +172,5 @@ export class DraftModelRunner {
       for (let v = 1; v < V; v++) if (res.logits[i * V + v]! > res.logits[i * V + best]!) best = v;
       return best;
     });
-  }
-}
-
-/** A sequence's view of the runner: whatever prepare() drafted for its next position. */
-class DraftModelProposer implements Proposer {
-  readonly deferred = true;
-
-  constructor(readonly runner: DraftModelRunner) {}
-
-  propose(seq: Sequence, max: number): Draft | undefined {
-    return this.runner.draftFor(seq, max);
   }
 }

@@ -17,11 +17,10 @@ import type { Tensor } from '../../contracts/backend.ts';
 import type { HiddenRequest } from '../../models/decoder.ts';
 import type { Eagle3Head, Eagle3Hidden, Eagle3PendingStep } from '../../models/eagle3.ts';
 import type { KvAccess } from '../../models/kv-access.ts';
-import { KvCache, type SequenceKv, type StepRow } from '../../state/kv-cache.ts';
+import { KvCache, type StepRow } from '../../state/kv-cache.ts';
 import type { ScheduledRow } from '../scheduler.ts';
 import type { Sequence } from '../sequence.ts';
-import type { DeferredDrafting } from './draft-model.ts';
-import type { Draft, Proposer } from './method.ts';
+import { DeferredDrafter, type DrafterRow } from './deferred-drafter.ts';
 
 export interface Eagle3RunnerOptions {
   maxBatch: number;
@@ -32,18 +31,7 @@ export interface Eagle3RunnerOptions {
   maxDepth: number;
 }
 
-interface RowState {
-  kv: SequenceKv;
-  draft?: { at: number; tokens: number[] };
-}
-
-export class Eagle3Runner {
-  private readonly kv: KvCache;
-  private readonly rows = new Map<Sequence, RowState>();
-  /** why drafting stopped (a head step failed), once it has */
-  off?: string;
-  /** head steps run (tests, logs) */
-  steps = 0;
+export class Eagle3Runner extends DeferredDrafter<DrafterRow> {
   /** the rows whose hidden states the last step asked for, in order (afterStep reads them so) */
   private requested = new Set<Sequence>();
 
@@ -52,29 +40,9 @@ export class Eagle3Runner {
     opts: Eagle3RunnerOptions,
   ) {
     const c = head.config.layer, bs = opts.blockSize;
-    const layerWindows = [0];
-    this.kv = new KvCache(head.backend, layerWindows, { numKvHeads: c.numKvHeads, headDim: c.headDim, blockSize: bs },
-      () => Math.max(1, Math.ceil(opts.kvTokens / bs)) + opts.maxBatch * (Math.ceil(opts.maxDepth / bs) + 1));
-  }
-
-  proposer(): Proposer {
-    return new Eagle3Proposer(this);
-  }
-
-  /** blocks of the head's KV that sequences hold (tests: 0 once every sequence is done) */
-  get usedBlocks(): number {
-    return this.kv.usedBlocks;
-  }
-
-  draftFor(seq: Sequence, max: number): Draft | undefined {
-    const d = this.rows.get(seq)?.draft;
-    if (!d || d.at !== seq.known || max <= 0) return undefined;
-    return { tokens: d.tokens.slice(0, max) };
-  }
-
-  private mine(seq: Sequence): DeferredDrafting | undefined {
-    const m = seq.method as Partial<DeferredDrafting>;
-    return m.proposer instanceof Eagle3Proposer && m.proposer.runner === this && m.draftDepth !== undefined && !m.gaveUp ? m as DeferredDrafting : undefined;
+    // one full-attention layer (Eagle3Head.layerWindows); the head reads every step of its rows
+    super(new KvCache(head.backend, [0], { numKvHeads: c.numKvHeads, headDim: c.headDim, blockSize: bs },
+      () => Math.max(1, Math.ceil(opts.kvTokens / bs)) + opts.maxBatch * (Math.ceil(opts.maxDepth / bs) + 1)), true);
   }
 
   /** The hidden states a target step must hand out: every token of its rows that draft with this head. */
@@ -84,7 +52,7 @@ export class Eagle3Runner {
     this.requested = new Set();
     let at = 0;
     for (const row of rows) {
-      if (this.mine(row.seq) && !row.seq.grammar) {
+      if (this.drafting(row.seq) && !row.seq.grammar) {
         for (let j = 0; j < row.count; j++) tokens.push(at + j);
         this.requested.add(row.seq);
       }
@@ -101,14 +69,14 @@ export class Eagle3Runner {
    */
   async afterStep(rows: readonly ScheduledRow[], hidden: readonly Tensor[]): Promise<void> {
     if (this.off) return;
-    const work: { seq: Sequence; st: RowState; start: number; kept: number; hiddenAt: number; depth: number; tokens: number[] }[] = [];
+    const work: { seq: Sequence; st: DrafterRow; start: number; kept: number; hiddenAt: number; depth: number; tokens: number[] }[] = [];
     let h = 0;
     for (const row of rows) {
       if (!this.requested.has(row.seq)) continue;
       const hiddenAt = h;
       h += row.count;
       const seq = row.seq;
-      const m = this.mine(seq);
+      const m = this.drafting(seq);
       if (!m) {
         this.forget(seq); // it stopped drafting for good in this step's postprocess: no head KV from now on
         continue;
@@ -177,9 +145,7 @@ export class Eagle3Runner {
         from = next.map((_, i) => i);
       }
     } catch (err) {
-      this.off = `an EAGLE-3 head step failed: ${(err as Error).message}`;
-      console.error(`llmts: speculative drafts are off (${this.off}); rows decode plainly`);
-      for (const w of work) this.forget(w.seq);
+      this.turnOff('an EAGLE-3 head step', err, work.map((w) => w.seq));
       return;
     } finally {
       for (const p of pending) p.release();
@@ -187,32 +153,8 @@ export class Eagle3Runner {
     for (const w of work) if (w.depth > 0) w.st.draft = { at: w.seq.known, tokens: w.tokens };
   }
 
-  forget(seq: Sequence): void {
-    const st = this.rows.get(seq);
-    if (!st) return;
-    this.kv.release(st.kv);
-    this.rows.delete(seq);
-  }
-
-  dispose(): void {
-    for (const seq of [...this.rows.keys()]) this.forget(seq);
-    this.kv.dispose();
-  }
-
   private launch(tokens: Int32Array, rows: StepRow[], logitTokens: number[], hidden: Eagle3Hidden): Eagle3PendingStep {
     this.steps++;
     return this.head.launch({ tokens, rows, logitTokens, hidden, argmaxOnly: true }, this.kv as KvAccess<StepRow>);
-  }
-}
-
-/** A sequence's view of the runner: the chain afterStep drafted for its next position. */
-class Eagle3Proposer implements Proposer {
-  readonly deferred = true;
-  readonly everyStep = true;
-
-  constructor(readonly runner: Eagle3Runner) {}
-
-  propose(seq: Sequence, max: number): Draft | undefined {
-    return this.runner.draftFor(seq, max);
   }
 }
