@@ -110,17 +110,10 @@ async function loadDraft(backend: Backend, dir: string, target: LoadedModel, o: 
  * backend's activation dtype, as many tokens as the model's pools: methods/draft-model.ts, eagle3.ts).
  */
 function speculationMemory(backend: Backend, target: LoadedModel, drafter: Drafter | undefined, dir: string | undefined): SpeculationMemory {
-  const act = dtypeBytes[backend.activationDtype];
-  let drafterBytes = 0, drafterKvBytesPerToken = 0;
-  if (drafter?.draftModel) {
-    const c = drafter.draftModel.config;
-    drafterBytes = weightFileBytes(dir!);
-    drafterKvBytesPerToken = c.numLayers * 2 * c.numKvHeads * c.headDim * act;
-  } else if (drafter?.draftHead) {
-    const c = drafter.draftHead.config.layer;
-    drafterBytes = weightFileBytes(dir!);
-    drafterKvBytesPerToken = 2 * c.numKvHeads * c.headDim * act;
-  }
+  // a head's decoder layer is a one-layer config (artifacts/eagle3.ts)
+  const c = drafter?.draftModel?.config ?? drafter?.draftHead?.config.layer;
+  const drafterBytes = c && dir !== undefined ? weightFileBytes(dir) : 0;
+  const drafterKvBytesPerToken = c ? c.numLayers * 2 * c.numKvHeads * c.headDim * dtypeBytes[backend.activationDtype] : 0;
   return { extraLogitRows: STEP_DRAFT_TOKENS, vocabSize: target.config.vocabSize, drafterBytes, drafterKvBytesPerToken };
 }
 
