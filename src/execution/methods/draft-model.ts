@@ -17,6 +17,7 @@
 // plainly) rather than failing any request.
 
 import type { KvAccess } from '../../models/kv-access.ts';
+import { argmax } from '../../sampling/index.ts';
 import { KvCache, type StepRow } from '../../state/kv-cache.ts';
 import type { LoadedModel } from '../load-model.ts';
 import type { Sequence } from '../sequence.ts';
@@ -167,10 +168,7 @@ export class DraftModelRunner extends DeferredDrafter<RowState> {
     }, this.kv as KvAccess<StepRow>, logitTokens.map(() => false));
     if (res.tokens) return Array.from(res.tokens.subarray(0, logitTokens.length));
     const V = this.draft.config.vocabSize;
-    return logitTokens.map((_, i) => {
-      let best = 0;
-      for (let v = 1; v < V; v++) if (res.logits[i * V + v]! > res.logits[i * V + best]!) best = v;
-      return best;
-    });
+    // a row of nothing but -Infinity / NaN drafts token 0 (the target judges it like any other)
+    return logitTokens.map((_, i) => Math.max(0, argmax(res.logits.subarray(i * V, (i + 1) * V))));
   }
 }
