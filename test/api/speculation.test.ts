@@ -6,7 +6,7 @@ import { resolve } from 'node:path';
 import { load } from '../../src/api/index.ts';
 
 test('load({ speculative }) speculates every request; a request may turn it off or choose its own', async () => {
-  const llm = await load({ model: resolve(import.meta.dirname, '../fixtures/llama'), device: 'cpu', speculative: { proposer: 'ngram', ngramMin: 1 } });
+  const llm = await load({ model: resolve(import.meta.dirname, '../fixtures/llama'), device: 'cpu', speculative: { proposer: 'ngram', ngramMin: 1, numDraftTokens: 4 } });
   try {
     const o = { prompt: 'the cat sat on the mat. the cat sat on the', maxTokens: 24, temperature: 0, ignoreEos: true };
     const spec = await llm.complete(o);
@@ -49,7 +49,7 @@ test('load({ draftModel: an EAGLE-3 head }): requests with proposer eagle3 draft
   try {
     const o = { prompt: 'class Stack:', maxTokens: 32, temperature: 0, ignoreEos: true };
     const plain = await llm.complete(o);
-    const drafted = await llm.complete({ ...o, speculative: { proposer: 'eagle3' } });
+    const drafted = await llm.complete({ ...o, speculative: { proposer: 'eagle3', numDraftTokens: 3 } });
     assert.deepEqual(drafted.tokenIds, plain.tokenIds);
     assert.ok(drafted.speculation!.draftTokens > 0, JSON.stringify(drafted.speculation));
     await assert.rejects(llm.complete({ ...o, speculative: { proposer: 'draft' } }), /proposer 'draft' needs a draft model/);

@@ -39,8 +39,10 @@ test('generate --json --speculative ngram: the tokens of a run without it, and "
     assert.deepEqual(x.token_ids, a.token_ids);
     assert.deepEqual(x.logprobs, a.logprobs);
     assert.deepEqual(Object.keys(x.speculation), ['draft_tokens', 'accepted_tokens']);
-    assert.ok(x.speculation.draft_tokens > 0 && x.speculation.accepted_tokens <= x.speculation.draft_tokens, JSON.stringify(x.speculation));
+    assert.ok(x.speculation.accepted_tokens <= x.speculation.draft_tokens, JSON.stringify(x.speculation));
   }
+  // the adaptive depth drafts what the measured step costs say pays (machine-dependent); a fixed one always drafts
+  assert.ok(f.speculation.draft_tokens > 0, JSON.stringify(f.speculation));
 });
 
 test('bad speculative flags are one-line errors that name the flag', async () => {
@@ -88,7 +90,7 @@ test('generate --json --speculative draft --draft-model: the tokens of a run wit
   const [plain, self, other] = await Promise.all([
     run(args),
     run([...args, '--speculative', 'draft', '--draft-model', LLAMA, '--num-draft-tokens', '4']),
-    run([...args, '--speculative', 'draft', '--draft-model', join(ROOT, 'test/fixtures/qwen3')]),
+    run([...args, '--speculative', 'draft', '--draft-model', join(ROOT, 'test/fixtures/qwen3'), '--num-draft-tokens', '2']),
   ]);
   for (const r of [plain, self, other]) assert.equal(r.code, 0, r.stderr);
   const [a, s, o] = [plain, self, other].map((r) => JSON.parse(r.stdout));

@@ -68,7 +68,8 @@ test('another model as the draft: lossless alone and batched, greedy and seeded 
     for (const [how, spec, together] of [['depth 4 alone', DRAFT4, false], ['depth 4 batched', DRAFT4, true], ['adaptive batched', ADAPTIVE, true]] as const) {
       const got = await runEngine(t, { speculative: spec, draftModel: d }, reqs, together);
       got.runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `${what} ${how} #${k}`));
-      assert.ok(got.stats.draftTokens > 0 && got.stats.draftSteps > 0, `${what} ${how}: drafts were made and verified`);
+      // an adaptive depth drafts what the measured step costs say pays, which depends on the machine
+      if (spec !== ADAPTIVE) assert.ok(got.stats.draftTokens > 0 && got.stats.draftSteps > 0, `${what} ${how}: drafts were made and verified`);
       assert.equal(got.stats.draftBlocks, 0, `${what} ${how}: the draft KV is freed`);
     }
   }

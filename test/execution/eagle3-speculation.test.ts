@@ -80,8 +80,8 @@ test('beside plain and n-gram rows in one batch, and from the prefix cache', asy
   for (const wave of [0, 1]) {
     const runs = await Promise.all(reqs.map((r) => runOf(e, r)));
     runs.forEach((r, k) => sameRun(r, plain.runs[k]!, `wave ${wave} request ${k}`));
-    // the adaptive row may stop drafting for good once the engine has measured drafting slower (wave 1)
-    assert.ok(runs[0]!.speculation!.draftTokens > 0 && (wave === 1 || runs[3]!.speculation!.draftTokens > 0), `wave ${wave}: the head drafted`);
+    // (the adaptive row drafts what the measured step costs say pays, which depends on the machine)
+    assert.ok(runs[0]!.speculation!.draftTokens > 0, `wave ${wave}: the head drafted`);
     assert.equal(runs[1]!.speculation, undefined);
     if (wave === 1) assert.ok(runs[0]!.cachedTokens > 0 && runs[3]!.cachedTokens > 0, 'the second wave\'s prompts came from the prefix cache');
   }
