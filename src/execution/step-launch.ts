@@ -120,8 +120,10 @@ export class StepLauncher {
       // a pipelined row's token is not on the host yet (the device supplies it)
       for (let p = row.start; p < row.start + row.count - drafts.length; p++) tokens.push(ahead ? 0 : row.seq.tokenAt(p));
       if (!row.sample) continue;
-      // a draft drawn with its distributions is judged by rejection sampling, on the host's logits
-      const pick = row.draft?.probs && !isGreedy(row.seq.sampler.params) ? 'logits' : this.pickOf(row.seq);
+      // a draft drawn with its distributions is judged by rejection sampling, on the host's logits;
+      // a grammar row's masks after its drafts are known only as verify accepts them, on the host
+      const onHost = row.draft && (row.seq.grammar || (row.draft.probs && !isGreedy(row.seq.sampler.params)));
+      const pick = onHost ? 'logits' : this.pickOf(row.seq);
       logitTokens.push(tokens.length - 1);
       picks.push(pick);
       for (const t of drafts) {

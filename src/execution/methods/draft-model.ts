@@ -68,7 +68,7 @@ export class DraftModelRunner extends DeferredDrafter<RowState> {
 
   /**
    * Drafts for every running sequence that drafts with this model and computes its next token in
-   * the coming step (its prompt done, no grammar), and frees what finished sequences held.
+   * the coming step (its prompt done), and frees what finished sequences held.
    */
   async prepare(running: readonly Sequence[]): Promise<void> {
     this.sweep(running);
@@ -77,7 +77,7 @@ export class DraftModelRunner extends DeferredDrafter<RowState> {
     for (const seq of running) {
       const m = this.drafting(seq);
       if (!m) continue;
-      if (seq.finished || seq.grammar || !seq.kv || seq.computed !== seq.known - 1) continue;
+      if (seq.finished || !seq.kv || seq.computed !== seq.known - 1) continue;
       const n = seq.known;
       let st = this.rows.get(seq);
       if (st?.draft?.at === n) continue; // drafted for this position already

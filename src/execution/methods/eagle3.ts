@@ -52,7 +52,7 @@ export class Eagle3Runner extends DeferredDrafter<DrafterRow> {
     this.requested = new Set();
     let at = 0;
     for (const row of rows) {
-      if (this.drafting(row.seq) && !row.seq.grammar) {
+      if (this.drafting(row.seq)) {
         for (let j = 0; j < row.count; j++) tokens.push(at + j);
         this.requested.add(row.seq);
       }

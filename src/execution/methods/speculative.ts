@@ -15,9 +15,17 @@
 //   sampling proper, on the host: a seed then reproduces a run only where the drafts do;
 // - logprobs are the target's at each position taken.
 // Stop strings, EOS and max_tokens inside the run end the row where they would one token at a
-// time (appendTokens). Rows with a grammar do not draft (their jump-forward already appends what
-// the grammar forces); nor do rows of models whose rope depends on the sequence length (the
+// time (appendTokens). Rows of models whose rope depends on the sequence length do not draft (the
 // engine gives them the autoregressive method).
+//
+// A row with a grammar drafts too, and is verified as it would decode: at each position the
+// target's token is taken under the grammar's mask of the state after the tokens before it (the
+// matcher accepts each token taken, in order), so a draft token the grammar refuses is never
+// kept; a grammar that allows only a stop token there ends the row, and where the plain path
+// would append forced text (jump-forward) after a kept draft token, the run ends at that token and
+// the forced tokens follow it as they would. Such a row's positions all take host logits (the
+// masks after the drafts are not known before the step). A draft is cut before its first token
+// when the mask is in already and refuses it.
 //
 // Depth: a fixed number of draft tokens, or adaptive (draft-depth.ts), from the row's recent
 // acceptance per draft token. After each plain token the row asks its proposer what it would
@@ -113,6 +121,10 @@ export class Speculative implements DecodingMethod {
   private rate = ACCEPTANCE_PRIOR;
   /** the tokens verify took, for accept */
   private pending?: RunToken[];
+  /** verify's run ended where the grammar allows only a stop token: accept ends the row after it */
+  private stopAfterRun = false;
+  /** verify's run ended at a kept draft token the grammar forces text after (its KV is not kept) */
+  private forcedAfterRun = false;
   /** the proposal last made, and the position its first token is for (a plain row checks that token) */
   private last?: { at: number; draft: Draft | undefined };
   /** the row would draft for its next token: its next step waits for this one's (not pipelined) */
@@ -150,12 +162,16 @@ export class Speculative implements DecodingMethod {
   }
 
   propose(seq: Sequence, max: number): Draft | undefined {
-    if (seq.grammar) return undefined;
-    if (this.proposer.deferred) return this.gaveUp ? undefined : this.proposer.propose(seq, max);
-    const deepest = this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth;
-    // accept() proposed for this position already, as deep as the method drafts
-    const draft = this.last?.at === seq.known ? this.last.draft : this.proposer.propose(seq, deepest);
-    this.last = { at: seq.known, draft };
+    let draft: Draft | undefined;
+    if (this.proposer.deferred) draft = this.gaveUp ? undefined : this.proposer.propose(seq, max);
+    else {
+      const deepest = this.depth === 'adaptive' ? ADAPTIVE_MAX_DRAFT : this.depth;
+      // accept() proposed for this position already, as deep as the method drafts
+      draft = this.last?.at === seq.known ? this.last.draft : this.proposer.propose(seq, deepest);
+      this.last = { at: seq.known, draft };
+    }
+    // a first token the grammar refuses would be rejected at once: the row is a plain one
+    if (draft && seq.grammar && draft.tokens.length > 0 && seq.grammar.allowsNow(draft.tokens[0]!) === false) return undefined;
     return draft && draft.tokens.length > max ? trimDraft(draft, max) : draft;
   }
 
@@ -165,14 +181,22 @@ export class Speculative implements DecodingMethod {
 
   verify(seq: Sequence, row: ScheduledRow, sources: readonly TokenSource[]): number {
     this.pending = undefined;
+    this.stopAfterRun = this.forcedAfterRun = false;
     const draft = row.draft;
     if (!draft) return row.count;
     const d = draft.tokens.length;
     const run: RunToken[] = [];
     let accepted = 0;
+    let rejected = false;
+    const grammar = seq.grammar;
     const length = seq.history.outputLength;
     try {
       for (let j = 0; j <= d; j++) {
+        // a complete grammar that allows nothing but a stop token: the row ends here (accept)
+        if (grammar?.onlyStopAllowed()) {
+          this.stopAfterRun = true;
+          break;
+        }
         const src = sources[j]!;
         const x = draft.tokens[j];
         const q = draft.probs?.[j];
@@ -180,9 +204,20 @@ export class Speculative implements DecodingMethod {
           ? this.rejectionStep(seq, src.logits, x, q)
           : takeToken(seq, src);
         run.push(token);
-        if (token.id !== x) break; // rejected here, or the bonus token after the whole draft
+        grammar?.accept(token.id);
+        if (token.id !== x) {
+          rejected = x !== undefined;
+          break; // rejected here, or the bonus token after the whole draft
+        }
         seq.history.push(x); // the penalties at the next position count it
         accepted++;
+        // the plain path appends the text the grammar forces after this token without sampling:
+        // the run ends with it (its KV is computed again with the forced tokens, as a chunk)
+        if (grammar && j < d && seq.request.topLogprobs === undefined && grammar.forcedTokens(seq.maxTokensTotal - seq.known - run.length).length > 0) {
+          accepted--;
+          this.forcedAfterRun = true;
+          break;
+        }
       }
     } finally {
       seq.history.truncate(length);
@@ -195,19 +230,24 @@ export class Speculative implements DecodingMethod {
     }
     if (unused.length > 0) seq.uniformsBack.unshift(...unused);
     this.pending = run;
+    // a run the grammar ended keeps every token it took: the draft tokens among them were accepted
+    const kept = this.forcedAfterRun ? accepted + 1 : accepted;
     this.counts.draftTokens += d;
-    this.counts.acceptedTokens += accepted;
-    this.planner.recordVerify(d, accepted);
-    for (let j = 0; j < accepted; j++) this.observe(true);
-    if (accepted < d) this.observe(false);
+    this.counts.acceptedTokens += kept;
+    this.planner.recordVerify(d, kept);
+    for (let j = 0; j < kept; j++) this.observe(true);
+    if (rejected) this.observe(false);
     return row.count - d + accepted;
   }
 
   accept(seq: Sequence, row: ScheduledRow, sources: readonly TokenSource[], finish: FinishFn): void {
     const run = this.pending;
+    const stop = this.stopAfterRun;
     this.pending = undefined;
+    this.stopAfterRun = this.forcedAfterRun = false;
     if (run) {
       appendTokens(seq, run, finish);
+      if (stop && !seq.finished) finish(seq, 'stop');
       return;
     }
     // a plain row: its token is what the proposer's guess for this position is judged against
@@ -218,6 +258,7 @@ export class Speculative implements DecodingMethod {
     // what it would draft next, now that its token is in: nothing (or nothing that pays) lets its
     // next step pipeline; a pipelined row is not scheduled, so it proposes (and guesses) here
     this.drafting = false;
+    // (a row with a grammar is never pipelined: it proposes at schedule time, with its mask in)
     if (seq.finished || seq.grammar) return;
     if (this.proposer.deferred) {
       if (this.gaveUp) return;
@@ -245,7 +286,7 @@ export class Speculative implements DecodingMethod {
   /** Draft token `x`, drawn from `q`, judged against the target's logits by rejection sampling. */
   private rejectionStep(seq: Sequence, logits: Float32Array, x: number, q: Float32Array): RunToken {
     const params = seq.sampler.params;
-    const p = samplingDistribution(processLogits(logits, params, seq.history), params);
+    const p = samplingDistribution(processLogits(logits, params, seq.history, seq.grammar?.mask()), params);
     const { id } = verifyDraftToken(p, x, q, { nextFloat64: () => seq.sampler.nextUniform() });
     const k = seq.request.topLogprobs;
     if (k === undefined) return { id };

@@ -169,6 +169,16 @@ export class RowGrammar {
    * the row at its next call (a GrammarRowError).
    */
   jumpForward(maxTokens: number): number[] {
+    const out = this.forcedTokens(maxTokens);
+    if (out.length > 0) this.send(out);
+    return out;
+  }
+
+  /**
+   * The tokens jumpForward(maxTokens) would append now, without accepting them (a speculative
+   * row ends its run of drafts where the plain path would append forced tokens instead).
+   */
+  forcedTokens(maxTokens: number): number[] {
     if (!this.jumpForwardEnabled || maxTokens <= 0 || this.utf8State !== 0) return [];
     this.answer(S_STATUS);
     if ((this.slot.words[S_FLAGS]! & F_TERMINATED) !== 0) return [];
@@ -177,9 +187,21 @@ export class RowGrammar {
     const ids = this.vocab.encode(text);
     // the tokens must spell exactly the forced bytes (no prepended space, no special token)
     if (ids.length < 2 || !this.utf8.spells(ids, text)) return [];
-    const out = ids.slice(0, Math.min(ids.length - 1, maxTokens));
-    this.send(out);
-    return out;
+    return ids.slice(0, Math.min(ids.length - 1, maxTokens));
+  }
+
+  /**
+   * Whether the current state allows token `id`, when its mask is already in (undefined when the
+   * host has not answered yet: asking would wait for it). The UTF-8 guard is not applied: a
+   * speculative row uses it to cut a draft early, and the verify's masks decide.
+   */
+  allowsNow(id: number): boolean | undefined {
+    if (this.disposed || this.error) return undefined;
+    const w = this.slot.words;
+    if (Atomics.load(w, S_MASK) < this.sent || (w[S_FLAGS]! & (F_FAILED | F_REJECTED | F_TERMINATED)) !== 0) return undefined;
+    const raw = this.slot.mask;
+    const word = id >>> 5;
+    return Number.isInteger(id) && id >= 0 && word < raw.length && ((raw[word]! >>> (id & 31)) & 1) === 1;
   }
 
   dispose(): void {
