@@ -20,7 +20,7 @@ import { disposeDrafter, loadDrafter, type Drafter } from './drafter.ts';
 import { loadModel, type LoadedModel } from '../execution/load-model.ts';
 import { Engine, resolveKvDtype } from '../execution/engine.ts';
 import { warmUp } from '../execution/warmup.ts';
-import { FitPlanner, planServeKv, KvBudgetError, type ServeKvPlan, type SpeculationMemory } from '../execution/fit/index.ts';
+import { FitPlanner, planServeKv, KvBudgetError, safetensorsBytes, type ServeKvPlan, type SpeculationMemory } from '../execution/fit/index.ts';
 import { modelFingerprint } from '../state/fingerprint.ts';
 import { LlmServer } from '../server/server.ts';
 import { resolveServeOptions, ServeOptionsError, type ResolvedServeOptions, type ServeOptions } from './serve-options.ts';
@@ -112,15 +112,11 @@ async function loadDraft(backend: Backend, dir: string, target: LoadedModel, o: 
 function speculationMemory(backend: Backend, target: LoadedModel, drafter: Drafter | undefined, dir: string | undefined): SpeculationMemory {
   // a head's decoder layer is a one-layer config (artifacts/eagle3.ts)
   const c = drafter?.draftModel?.config ?? drafter?.draftHead?.config.layer;
-  const drafterBytes = c && dir !== undefined ? weightFileBytes(dir) : 0;
+  const drafterBytes = c && dir !== undefined ? safetensorsBytes(dir) : 0;
   const drafterKvBytesPerToken = c ? c.numLayers * 2 * c.numKvHeads * c.headDim * dtypeBytes[backend.activationDtype] : 0;
   return { extraLogitRows: STEP_DRAFT_TOKENS, vocabSize: target.config.vocabSize, drafterBytes, drafterKvBytesPerToken };
 }
 
-/** Bytes of a directory's safetensors files. */
-function weightFileBytes(dir: string): number {
-  return fs.readdirSync(dir).filter((f) => f.endsWith('.safetensors')).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
-}
 
 /** What only the opened backend can say: whether it has GPU memory to size, which KV dtypes it keeps. */
 function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {

@@ -6,8 +6,9 @@ import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeF
 import { UsageError } from './errors.ts';
 import {
   FitPlanner, FitError, DEFAULT_CHUNK, GPU_NAMES, GPUS, MachineError, gpuMachine, customMachine, cpuMachine,
-  DEFAULT_GPU_MEMORY_UTILIZATION, type FitPlan, type KvDtype, type Machine,
+  DEFAULT_GPU_MEMORY_UTILIZATION, planDrafter, type DrafterPlan, type FitPlan, type KvDtype, type Machine,
 } from '../execution/fit/index.ts';
+import { ArtifactError } from '../artifacts/errors.ts';
 
 const OPTIONS: Options = {
   model: { type: 'string' },
@@ -22,6 +23,7 @@ const OPTIONS: Options = {
   batch: { type: 'string' },
   chunk: { type: 'string' },
   'gpu-memory-utilization': { type: 'string' },
+  'draft-model': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 };
 
@@ -41,6 +43,8 @@ Memory plan and decode speed estimate, from config.json and safetensors headers 
   --batch N                   sequences resident together (default 1)
   --chunk N                   tokens per engine step (default ${DEFAULT_CHUNK}, the engine's)
   --gpu-memory-utilization F  fraction of GPU memory the engine may use (default ${DEFAULT_GPU_MEMORY_UTILIZATION})
+  --draft-model DIR           plan a speculative drafter beside it (a draft model or an EAGLE-3
+                              head, as serve's --draft-model): its weights, KV and draft logits
   --json                      print one JSON object
 
 GPUs: ${GPU_NAMES.join(', ')}`;
@@ -69,10 +73,27 @@ export async function runFit(argv: string[]): Promise<void> {
     if (err instanceof FitError) throw new UsageError(err.message);
     throw err;
   }
+  const draftDir = stringFlag(v, 'draft-model');
+  const drafters = new Map<'cpu' | 'cuda', DrafterPlan>();
+  const drafterFor = async (kind: 'cpu' | 'cuda'): Promise<DrafterPlan | undefined> => {
+    if (draftDir === undefined) return undefined;
+    let d = drafters.get(kind);
+    if (!d) {
+      try {
+        d = await planDrafter(draftDir, planner, kind);
+      } catch (err) {
+        if (err instanceof FitError || err instanceof ArtifactError) throw new UsageError(`--draft-model ${draftDir}: ${err.message}`);
+        throw err;
+      }
+      drafters.set(kind, d);
+    }
+    return d;
+  };
   const plans: FitPlan[] = [];
   for (const m of machines) {
+    const speculation = await drafterFor(m.kind === 'cpu' ? 'cpu' : 'cuda');
     try {
-      plans.push(await planner.plan(m, { ctx, batch, chunk, kvDtype, utilization }));
+      plans.push(await planner.plan(m, { ctx, batch, chunk, kvDtype, utilization, speculation }));
     } catch (err) {
       if (err instanceof FitError) throw new UsageError(err.message);
       throw err;
@@ -156,6 +177,9 @@ function planText(p: FitPlan): string {
     row('KV cache', formatBytes(p.kvBytes), `${formatBytes(p.kvBytesPerToken)}/token: ${kvKinds}`),
     row('transient', formatBytes(p.transientBytes), `steps of up to ${p.transient.stepTokens} tokens, ${p.transient.sampledRows} sampled row(s); the largest alone ${formatBytes(p.transient.largestStepBytes)}` +
       `${p.transient.graphBytes ? `; decode graphs ${formatBytes(p.transient.graphBytes)}` : ''}`),
+    ...(p.speculation ? [row('drafter', formatBytes(p.speculation.drafterBytes + p.speculation.drafterKvBytes),
+      `${drafterName(p)} weights ${formatBytes(p.speculation.drafterBytes)}, KV ${formatBytes(p.speculation.drafterKvBytesPerToken)}/token ` +
+      `${formatBytes(p.speculation.drafterKvBytes)}; draft logits ${formatBytes(p.speculation.logitBytes)} in transient`)] : []),
     row('reserve', formatBytes(p.reserveBytes), p.reserve.map((r) => `${r.name} ${formatBytes(r.bytes)}${r.measured ? '' : ' (not yet measured)'}`).join('; ')),
     row('total', formatBytes(p.totalBytes)),
     row('usable', formatBytes(p.usableBytes), p.machine.kind === 'gpu' ? `${formatBytes(p.machine.memoryBytes)} x utilization` : 'RAM minus the OS reserve'),
@@ -168,6 +192,11 @@ function planText(p: FitPlan): string {
   ];
   if (p.unmeasured.length) lines.push('', `not yet measured (provisional values): ${p.unmeasured.join(', ')}`);
   return `${lines.join('\n')}\n`;
+}
+
+function drafterName(p: FitPlan): string {
+  const d = p.speculation?.drafter;
+  return d ? `${d.kind} (${d.layers} layer${d.layers === 1 ? '' : 's'}):` : 'drafter:';
 }
 
 function skuTable(plans: FitPlan[]): string {

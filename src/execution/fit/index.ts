@@ -6,3 +6,4 @@ export type { Machine, MachineKind } from './machines.ts';
 export { DEFAULT_GPU_MEMORY_UTILIZATION } from './constants.ts';
 export { planServeKv, KvBudgetError } from './serve-plan.ts';
 export type { ServeKvPlan, ServeKvRequest, SpeculationMemory } from './serve-plan.ts';
+export { planDrafter, safetensorsBytes, type DrafterPlan, type DrafterInfo } from './drafter.ts';

@@ -15,6 +15,8 @@
 //            step, logits of the sampled rows, op scratch, and on the CPU the pool's cached
 //            blocks (see allocator.ts), plus block tables, which grow with the context; on CUDA
 //            also the decode graphs captured per batch bucket (what each capture holds).
+// drafter    with speculative decoding (fit/drafter.ts): a drafter's weights and KV, and its
+//            draft logit rows in the transient memory.
 // reserve    the runtime: measured RSS of the process on the CPU; on CUDA the context, module and
 //            cuBLASLt handle, the cuBLASLt workspace and what appears outside the pool while
 //            running (constants.ts, measured by bench/fit-cuda.ts).
@@ -45,6 +47,8 @@ import { moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
 import { type CpuSettings, cpuSettingsFrom } from '../../backends/cpu/cpu-settings.ts';
 import { type CudaSettings, cudaSettingsFrom, type CudaSettingsOverrides } from '../../backends/cuda/cuda-settings.ts';
 import { batchInvariantPartialBytes } from '../../backends/cuda/attention.ts';
+import type { SpeculationMemory } from './serve-plan.ts';
+import type { DrafterInfo } from './drafter.ts';
 
 /** Knobs of the backends the plan is for, set in code (the rest from the environment, as the backends read them). */
 export interface PlannerSettings {
@@ -74,7 +78,11 @@ export interface FitRequest {
   blockSize?: number;
   /** GPU only: fraction of device memory the engine may use (default 0.9) */
   utilization?: number;
+  /** what a speculative drafter adds (fit/drafter.ts planDrafter; none without one) */
+  speculation?: SpeculationMemory & { drafter?: DrafterInfo };
 }
+
+type ResolvedFitRequest = Required<Omit<FitRequest, 'speculation'>> & Pick<FitRequest, 'speculation'>;
 
 export interface WeightsReport {
   /** elements of every tensor the model loads (tied embeddings once) */
@@ -175,6 +183,11 @@ export interface FitPlan {
     efficiency: number;
     overheadMs: number;
   };
+  /**
+   * A speculative drafter's share, in the totals above: its draft logit rows (in transientBytes),
+   * its weights and its KV (as many tokens as kvTokens)
+   */
+  speculation?: { drafter?: DrafterInfo; logitBytes: number; drafterBytes: number; drafterKvBytes: number; drafterKvBytesPerToken: number };
   /** constants used by this plan that are not measured yet (CUDA) */
   unmeasured: string[];
 }
@@ -699,14 +712,22 @@ export class FitPlanner {
   }
 
   /** Everything but the search: memory at ctx on a machine. */
-  private async totals(machine: Machine, ctx: number, r: Required<FitRequest>) {
+  private async totals(machine: Machine, ctx: number, r: ResolvedFitRequest) {
     const kind: BackendKind = machine.kind === 'cpu' ? 'cpu' : 'cuda';
     const w = await this.weights(kind);
     const kv = this.kvPools(ctx, r.batch, r.chunk, r.blockSize, r.kvDtype, kind);
-    const transient = await this.transient(ctx, r.batch, r.chunk, r.blockSize, kind);
+    const planned = await this.transient(ctx, r.batch, r.chunk, r.blockSize, kind);
+    const sp = r.speculation;
+    const speculation = sp && {
+      ...(sp.drafter ? { drafter: sp.drafter } : {}),
+      logitBytes: sp.extraLogitRows * sp.vocabSize * 4, drafterBytes: sp.drafterBytes,
+      drafterKvBytes: kv.kvTokens * sp.drafterKvBytesPerToken, drafterKvBytesPerToken: sp.drafterKvBytesPerToken,
+    };
+    const transient = speculation ? { ...planned, bytes: planned.bytes + speculation.logitBytes } : planned;
     const reserve = this.reserve(kind);
     const reserveBytes = reserve.reduce((a, x) => a + x.bytes, 0);
-    return { kind, w, kv, transient, reserve, reserveBytes, total: w.residentBytes + kv.bytes + transient.bytes + reserveBytes };
+    const drafter = speculation ? speculation.drafterBytes + speculation.drafterKvBytes : 0;
+    return { kind, w, kv, transient, reserve, reserveBytes, speculation, total: w.residentBytes + kv.bytes + transient.bytes + reserveBytes + drafter };
   }
 
   usableBytes(machine: Machine, utilization: number): { bytes: number; how: string } {
@@ -722,14 +743,15 @@ export class FitPlanner {
     return (await this.totals(machine, req.ctx, this.resolve(machine, req))).total;
   }
 
-  resolve(machine: Machine, req: FitRequest): Required<FitRequest> {
-    const r: Required<FitRequest> = {
+  resolve(machine: Machine, req: FitRequest): ResolvedFitRequest {
+    const r: ResolvedFitRequest = {
       ctx: req.ctx,
       batch: req.batch ?? 1,
       chunk: req.chunk ?? DEFAULT_CHUNK,
       kvDtype: req.kvDtype ?? (machine.kind === 'cpu' ? 'f32' : 'bf16'),
       blockSize: req.blockSize ?? DEFAULT_BLOCK_SIZE,
       utilization: req.utilization ?? K.DEFAULT_GPU_MEMORY_UTILIZATION,
+      speculation: req.speculation,
     };
     const posInt = (name: string, v: number) => {
       if (!Number.isSafeInteger(v) || v < 1) throw new FitError(`${name} must be a positive integer, got ${v}`);
@@ -744,7 +766,7 @@ export class FitPlanner {
   }
 
   /** Largest ctx in [1, hi] whose total fits `usable` (0 when none does); total is monotone in ctx. */
-  async maxContext(machine: Machine, r: Required<FitRequest>, usable: number, hi: number): Promise<number> {
+  async maxContext(machine: Machine, r: ResolvedFitRequest, usable: number, hi: number): Promise<number> {
     const fits = async (c: number) => (await this.totals(machine, c, r)).total <= usable;
     if (!(await fits(1))) return 0;
     if (await fits(hi)) return hi;
@@ -808,6 +830,7 @@ export class FitPlanner {
         efficiency: decode.efficiency,
         overheadMs: decode.overheadMs,
       },
+      ...(t.speculation ? { speculation: t.speculation } : {}),
       unmeasured,
     };
   }
