@@ -8,7 +8,11 @@
 //   prompt is header + file + blank lines + header, the output what the model writes next;
 // - free generation: the prompt is the header alone, greedy;
 // - sampled: the same prompts at temperature 1 (seed = the stream's index), where drafts are
-//   rarely right and the adaptive depth has to turn drafting off.
+//   rarely right and the adaptive depth has to turn drafting off;
+// - json: editing under a JSON schema (structured output, jump-forward on): the file is what the
+//   demo writes from the header as a JSON object {"source": "..."} (at least 1,000 characters, so
+//   it does not close the string at once), and the output, constrained
+//   by the same schema, is what it writes after header + that document + blank lines + header.
 // Every stream has its own header (16 of them), greedy decoding but for `sampled`, 256 output tokens, the prefix
 // cache off (each repeat computes its prompt). The two engines run alternately, the order flipping
 // every repeat, after one warm-up each; figures are medians of the repeats. Prints the load
@@ -21,7 +25,7 @@
 //   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--device cpu|cuda]
 //     [--repeats 3] [--output-tokens 256] [--num-draft-tokens adaptive|N] [--streams 1,4,16]
 //     [--proposer ngram|draft|eagle3 --draft-model DIR]
-//     [--tasks editing,free,sampled] [--csv bench/speculative.figures.csv --machine NAME]
+//     [--tasks editing,free,sampled,json] [--csv bench/speculative.figures.csv --machine NAME]
 
 import os from 'node:os';
 import { writeFileSync } from 'node:fs';
@@ -32,6 +36,8 @@ import { Engine, type Completion, type EngineOptions } from '../src/execution/en
 import type { SpeculativeOptions } from '../src/execution/methods/speculative.ts';
 import { benchCommit } from './commit.ts';
 import { loadDrafter } from '../src/api/drafter.ts';
+import { GrammarCompiler, grammarVocabFrom } from '../src/sampling/grammar/index.ts';
+import type { EngineRequest } from '../src/execution/sequence.ts';
 
 const { values } = parseArgs({
   options: {
@@ -54,7 +60,7 @@ const outputTokens = Number(values['output-tokens']);
 const fileTokens = Number(values['file-tokens']);
 const depth = values['num-draft-tokens'] === 'adaptive' ? 'adaptive' : Number(values['num-draft-tokens']);
 const streamCounts = values.streams!.split(',').map(Number);
-type Task = 'editing' | 'free' | 'sampled';
+type Task = 'editing' | 'free' | 'sampled' | 'json';
 const tasks = values.tasks!.split(',') as Task[];
 const proposer = values.proposer as 'ngram' | 'draft' | 'eagle3';
 if (proposer !== 'ngram' && proposer !== 'draft' && proposer !== 'eagle3') throw new Error(`--proposer must be ngram, draft or eagle3, got ${proposer}`);
@@ -85,18 +91,27 @@ const backend = await openBackend(device);
 const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
 const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
 const drafter = values['draft-model'] ? await loadDrafter(backend, values['draft-model'], m, proposer) : {};
+const SOURCE_SCHEMA = { type: 'object', properties: { source: { type: 'string', minLength: 1000 } }, required: ['source'], additionalProperties: false };
+const compiler = new GrammarCompiler(grammarVocabFrom(m.tokenizer, m.config.vocabSize, m.eosIds));
+const sourceGrammar = await compiler.compile({ type: 'json_schema', schema: SOURCE_SCHEMA });
+/** A request's output constraint in the json task: the schema, jump-forward on (as the server sets it). */
+const constrained = (): Pick<EngineRequest, 'grammar'> => ({ grammar: { createMatcher: () => sourceGrammar.createMatcher({ jumpForward: true }) } });
 
 /** Each stream's prompt for `task`: the header, or header + the file the model writes from it + blank lines + header. */
 async function promptsFor(model: LoadedModel): Promise<Record<Task, number[][]>> {
   const e = new Engine(model.model, model, base);
   const headers = HEADERS.map((h) => model.encode(h));
   const files = await Promise.all(headers.map((h) => e.complete({ promptIds: h, maxTokens: fileTokens, sampling: { temperature: 0 }, ignoreEos: true })));
+  const docs = tasks.includes('json')
+    ? await Promise.all(headers.map((h) => e.complete({ promptIds: h, maxTokens: fileTokens, sampling: { temperature: 0 }, ignoreEos: true, ...constrained() })))
+    : [];
   await e.close(0);
   const sep = model.encode('\n\n\n');
   return {
     free: headers,
     sampled: headers,
     editing: headers.map((h, k) => [...h, ...files[k]!.tokenIds, ...sep, ...h]),
+    json: docs.map((d, k) => [...headers[k]!, ...d.tokenIds, ...sep, ...headers[k]!]),
   };
 }
 
@@ -117,7 +132,10 @@ async function measure(engine: Engine, task: Task, streams: number): Promise<Mea
   const before = engine.stats;
   const t0 = performance.now();
   const done: Completion[] = await Promise.all(prompts[task].slice(0, streams).map((p, k) =>
-    engine.complete({ promptIds: p, maxTokens: outputTokens, sampling: task === 'sampled' ? { temperature: 1, seed: k } : { temperature: 0 }, ignoreEos: true })));
+    engine.complete({
+      promptIds: p, maxTokens: outputTokens, sampling: task === 'sampled' ? { temperature: 1, seed: k } : { temperature: 0 }, ignoreEos: true,
+      ...(task === 'json' ? constrained() : {}),
+    })));
   const ms = performance.now() - t0;
   const tokens = done.reduce((n, c) => n + c.tokenIds.length, 0);
   return {
@@ -182,17 +200,19 @@ for (const task of tasks) {
   }
 }
 if (m.model.graphsOff) console.log(`decode graphs were off: ${m.model.graphsOff}`);
+sourceGrammar.release();
+await compiler.close();
 await backend.close();
 
 if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer} --draft-model ${values['draft-model']}`} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}`;
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer} --draft-model ${values['draft-model']}`} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}${values.tasks === 'editing,free,sampled' ? '' : ` --tasks ${values.tasks}`}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : `${proposer} ${values['draft-model']}`} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : r.task === 'json' ? 'greedy JSON-schema-constrained (at most)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : `${proposer} ${values['draft-model']}`} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
     for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'ngram' ? 'n-gram' : proposer, r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
