@@ -24,7 +24,13 @@
 //
 //   OMP_NUM_THREADS=2 node --import tsx bench/speculative.ts [--model models/demo] [--device cpu|cuda]
 //     [--repeats 3] [--output-tokens 256] [--num-draft-tokens adaptive|N] [--streams 1,4,16]
-//     [--proposer ngram|draft|eagle3 --draft-model DIR]
+//     [--proposer ngram|oracle|draft|eagle3 --draft-model DIR]
+//
+// --proposer oracle drafts, for each stream, what plain decoding wrote for its prompt in its
+// warm-up run: every draft is right (but where a verify chunk rounds differently from a decode
+// row on a GPU), so the ratio is the most any proposer gains at that depth on that device and
+// model: what a verify step costs against the decode steps it replaces. A random-weight model,
+// whose own text never repeats, has no other way to show that.
 //     [--tasks editing,free,sampled,json] [--csv bench/speculative.figures.csv --machine NAME]
 
 import os from 'node:os';
@@ -37,7 +43,8 @@ import type { SpeculativeOptions } from '../src/execution/methods/speculative.ts
 import { benchCommit } from './commit.ts';
 import { loadDrafter } from '../src/api/drafter.ts';
 import { GrammarCompiler, grammarVocabFrom } from '../src/sampling/grammar/index.ts';
-import type { EngineRequest } from '../src/execution/sequence.ts';
+import type { EngineRequest, Sequence } from '../src/execution/sequence.ts';
+import type { Draft, Proposer } from '../src/execution/methods/method.ts';
 
 const { values } = parseArgs({
   options: {
@@ -62,10 +69,22 @@ const depth = values['num-draft-tokens'] === 'adaptive' ? 'adaptive' : Number(va
 const streamCounts = values.streams!.split(',').map(Number);
 type Task = 'editing' | 'free' | 'sampled' | 'json';
 const tasks = values.tasks!.split(',') as Task[];
-const proposer = values.proposer as 'ngram' | 'draft' | 'eagle3';
-if (proposer !== 'ngram' && proposer !== 'draft' && proposer !== 'eagle3') throw new Error(`--proposer must be ngram, draft or eagle3, got ${proposer}`);
-if ((proposer !== 'ngram') !== (values['draft-model'] !== undefined)) throw new Error('--proposer draft|eagle3 goes with --draft-model DIR');
-const speculative: SpeculativeOptions = { proposer, numDraftTokens: depth };
+const proposer = values.proposer as 'ngram' | 'oracle' | 'draft' | 'eagle3';
+if (!['ngram', 'oracle', 'draft', 'eagle3'].includes(proposer)) throw new Error(`--proposer must be ngram, oracle, draft or eagle3, got ${proposer}`);
+const modelProposer = proposer === 'draft' || proposer === 'eagle3';
+if (modelProposer !== (values['draft-model'] !== undefined)) throw new Error('--proposer draft|eagle3 goes with --draft-model DIR');
+
+/** --proposer oracle: prompt (its tokens, joined) -> the tokens plain decoding wrote after it */
+const plainOutputs = new Map<string, readonly number[]>();
+class OracleProposer implements Proposer {
+  propose(seq: Sequence, max: number): Draft | undefined {
+    const out = plainOutputs.get(seq.prompt.join(','));
+    const at = seq.known - seq.prompt.length;
+    const tokens = out?.slice(at, at + max) ?? [];
+    return tokens.length ? { tokens } : undefined;
+  }
+}
+const speculative: SpeculativeOptions = { proposer: proposer === 'oracle' ? () => new OracleProposer() : proposer, numDraftTokens: depth };
 
 const HEADERS = [
   'import os\nimport sys\n\n\ndef main(argv):',
@@ -90,7 +109,7 @@ const device = parseDevice(values.device);
 const backend = await openBackend(device);
 const m = await loadModel(backend, values.model!, { maxModelLen: 2048 });
 const base: EngineOptions = { maxBatch: 16, maxModelLen: 2048, prefixCache: { promptCacheBytes: 0 } };
-const drafter = values['draft-model'] ? await loadDrafter(backend, values['draft-model'], m, proposer) : {};
+const drafter = modelProposer ? await loadDrafter(backend, values['draft-model']!, m, proposer) : {};
 const SOURCE_SCHEMA = { type: 'object', properties: { source: { type: 'string', minLength: 1000 } }, required: ['source'], additionalProperties: false };
 const compiler = new GrammarCompiler(grammarVocabFrom(m.tokenizer, m.config.vocabSize, m.eosIds));
 const sourceGrammar = await compiler.compile({ type: 'json_schema', schema: SOURCE_SCHEMA });
@@ -156,7 +175,8 @@ for (const task of tasks) {
   for (const streams of streamCounts) {
     const plain = new Engine(m.model, m, base);
     const spec = new Engine(m.model, m, { ...base, speculative, ...drafter });
-    await measure(plain, task, streams);
+    const warm = await measure(plain, task, streams);
+    prompts[task].slice(0, streams).forEach((p, k) => plainOutputs.set(p.join(','), warm.outputs[k]!));
     await measure(spec, task, streams);
     const p: Measured[] = [], s: Measured[] = [];
     for (let r = 0; r < repeats; r++) {
@@ -208,11 +228,11 @@ if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer} --draft-model ${values['draft-model']}`} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}${values.tasks === 'editing,free,sampled' ? '' : ` --tasks ${values.tasks}`}`;
+  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer}`}${modelProposer ? ` --draft-model ${values['draft-model']}` : ''} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}${values.tasks === 'editing,free,sampled' ? '' : ` --tasks ${values.tasks}`}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : r.task === 'json' ? 'greedy JSON-schema-constrained (at most)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : `${proposer} ${values['draft-model']}`} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : r.task === 'json' ? 'greedy JSON-schema-constrained (at most)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : modelProposer ? `${proposer} ${values['draft-model']}` : 'oracle (plain output) drafts'} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
     for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'ngram' ? 'n-gram' : proposer, r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
