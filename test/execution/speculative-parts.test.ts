@@ -146,29 +146,47 @@ describe('DraftPlanner', () => {
     assert.ok(p.depths([ask(hot, 16)], [hot], 100)[0]! >= 4);
   });
 
-  it('what steps emit in wall time overrules the model: slower drafting stops at that batch size, but for a rare exploring decision', () => {
+  /**
+   * `steps` decode steps of one row: each asks whether a 0.9-acceptance row drafts (twice: every
+   * row of a step asks, and the answer is the step's), then records what it emitted in wall time
+   * (drafted: `drafted` tokens a ms; plain: `plain`). The decisions as a string, D drafted, P plain.
+   */
+  const decide = (p: DraftPlanner, steps: number, drafted: number, plain: number): string => {
+    let out = '';
+    for (let i = 0; i < steps; i++) {
+      const d = p.drafts(0.9, 8);
+      assert.equal(p.drafts(0.9, 8), d, `step ${i}: a second row of the step gets the same answer`);
+      p.recordEmitted(1, 2 * (d ? drafted : plain), 2, d);
+      out += d ? 'D' : 'P';
+    }
+    return out;
+  };
+  /** the string's runs, as [letter, length] */
+  const runs = (s: string) => (s.match(/D+|P+/g) ?? []).map((x) => `${x[0]}${x.length}`).join(' ');
+
+  it('what steps emit in wall time overrules the model: slower drafting stops there for stretches of steps that double', () => {
     const p = measured(10, 0.1); // by the line, drafting a 0.9-acceptance row pays well
     const r = row(0.9);
     assert.ok(p.drafts(0.9, 8) && p.depths([ask(r, 8)], [r], 100)[0]! > 0);
-    // one row: steps with drafts emitted 0.1 tokens a ms, plain ones 0.3
-    for (let i = 0; i < 8; i++) {
-      p.recordEmitted(1, 2, 20, true);
-      p.recordEmitted(1, 1, 3.3, false);
-    }
-    const decisions = Array.from({ length: 64 }, () => p.drafts(0.9, 8));
-    const drafting = decisions.filter(Boolean).length;
-    assert.ok(drafting >= 1 && drafting <= 4, `${drafting} of 64 decisions drafted (exploring only)`);
+    // drafting measured (4 steps), then 6 plain steps measure plain decoding; drafting is the
+    // slower, so 32 plain steps follow (38 in all), then drafting is measured afresh, and again
+    // slower: 64 plain steps, then 128, ...
+    assert.equal(runs(decide(p, 300, 0.1, 0.3)), 'D4 P38 D4 P64 D4 P128 D4 P54');
     // at another batch size nothing is measured yet: the line decides
     const rows = [row(0.9), row(0.9)];
     assert.ok(p.depths([ask(rows[0]!, 8)], rows, 100)[0]! > 0);
-    // once drafting emits more, it drafts every time
-    for (let i = 0; i < 40; i++) p.recordEmitted(1, 6, 10, true);
-    assert.ok(Array.from({ length: 16 }, () => p.drafts(0.9, 8)).every(Boolean));
-    // rows that always draft: a plain decision now and then until plain steps are measured
+    // drafting that emits more drafts on, once plain decoding is measured
     const q = measured(10, 0.1);
-    for (let i = 0; i < 8; i++) q.recordEmitted(1, 3, 10, true);
-    const plain = Array.from({ length: 32 }, () => q.drafts(0.9, 8)).filter((d) => !d).length;
-    assert.ok(plain >= 2 && plain <= 6, `${plain} of 32 decisions plain`);
+    assert.equal(runs(decide(q, 100, 0.6, 0.3)), 'D4 P6 D90');
+    // the text turns repetitive: once the stretch ends, drafting is measured faster, and stays on
+    const t = measured(10, 0.1);
+    assert.equal(runs(decide(t, 50, 0.1, 0.3) + decide(t, 80, 0.6, 0.3)), 'D4 P38 D4 P64 D20');
+    // plain decoding at its best is its pipelined interval: plain steps that emitted 0.2 tokens a
+    // ms run to their end, 0.4 pipelined (one row every 2.5 ms), beat drafting's 0.3
+    const u = measured(10, 0.1);
+    for (let i = 0; i < 20; i++) u.recordPipelined(1, 2.5);
+    assert.ok(u.drafts(0.9, 8), 'by the line, drafting still pays against the pipelined step');
+    assert.equal(runs(decide(u, 50, 0.3, 0.2)), 'D4 P38 D4 P4');
   });
 
   it('counts verify rows by accepted length', () => {

@@ -24,10 +24,14 @@
 // The line is a model; what it leaves out (a draft model's or head's own steps, a verify step's
 // host work, what leaving the pipeline costs on a device) shows in the tokens the steps emit. So
 // the planner also keeps, per batch size, the tokens emitted per millisecond of wall time (one
-// step's end to the next's) of steps with drafts and of steps without, and once both are measured
-// and drafting is the slower, adaptive rows stop drafting at that batch size, but for one decision
-// in EXPLORE_EVERY, which measures drafting again (the text may have turned repetitive); rows that
-// always draft take a plain step now and then until plain steps are measured too.
+// step's end to the next's) of steps with drafts and of steps without. Once drafting is measured
+// at a batch size and plain decoding is not, its rows take PLAIN_PROBE_STEPS plain steps in a
+// row, which pipeline, so plain decoding is measured at its best (the pipelined interval). Once
+// both are measured and drafting is the slower, adaptive rows decode plainly there for a stretch
+// of steps, then drafting is measured afresh (the text may have turned repetitive); each stretch
+// that ends in drafting measured slower again is twice as long as the one before, so exploring
+// costs a share of the steps that shrinks the longer drafting does not pay. The stretches count
+// decode steps, not decisions: a step asks once per row.
 
 import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
 
@@ -45,10 +49,12 @@ const PIPELINED_RATE = 0.1;
 const EMITTED_RATE = 0.1;
 /** steps of a kind measured before its emitted rate is trusted */
 const EMITTED_MIN_STEPS = 4;
-/** when the measured rates say drafting is slower, one decision in this many drafts anyway */
-const EXPLORE_EVERY = 32;
-/** while plain steps are unmeasured at a batch size, one decision in this many is plain */
-const EXPLORE_PLAIN_EVERY = 8;
+/** plain steps in a row a batch size takes while its plain decoding is unmeasured (the first drains the pipeline) */
+const PLAIN_PROBE_STEPS = 6;
+/** the first plain stretch, in decode steps, after drafting measured slower; doubled each time it is again */
+const EXPLORE_FIRST_STEPS = 32;
+/** the longest plain stretch between two measurements of drafting */
+const EXPLORE_MAX_STEPS = 1024;
 
 /** A step's wall-clock cost as a line in its tokens, fitted to the steps measured. */
 export class StepCosts {
@@ -113,6 +119,16 @@ interface Rate {
   steps: number;
 }
 
+/** One batch size's measured rates and where its exploring stands. */
+interface BatchRates {
+  drafted: Rate;
+  plain: Rate;
+  /** adaptive rows decode plainly at this batch size until the decode-step clock reaches this */
+  plainUntil: number;
+  /** the next plain stretch's length, in decode steps */
+  stretch: number;
+}
+
 export class DraftPlanner implements DraftPlanning {
   readonly costs = new StepCosts();
   readonly stats: SpeculationStats = { draftTokens: 0, acceptedTokens: 0, verifies: 0, acceptedLengths: [] };
@@ -121,8 +137,9 @@ export class DraftPlanner implements DraftPlanning {
   /** mean interval of pipelined plain steps, by their rows */
   private readonly pipelined = new Map<number, number>();
   /** emitted tokens per ms of steps with drafts and without, by their sampling rows */
-  private readonly emitted = new Map<number, { drafted: Rate; plain: Rate }>();
-  private decisions = 0;
+  private readonly emitted = new Map<number, BatchRates>();
+  /** decode steps recorded (recordEmitted): the clock of the plain stretches */
+  private clock = 0;
 
   depths(asks: readonly DraftAsk[], rows: readonly ScheduledRow[], budget: number): number[] {
     const depth = asks.map(() => 0);
@@ -207,8 +224,12 @@ export class DraftPlanner implements DraftPlanning {
    */
   recordEmitted(rows: number, emitted: number, ms: number, drafted: boolean): void {
     if (!(ms > 0) || rows <= 0) return;
+    this.clock++;
     let e = this.emitted.get(rows);
-    if (!e) this.emitted.set(rows, (e = { drafted: { mean: 0, steps: 0 }, plain: { mean: 0, steps: 0 } }));
+    if (!e) {
+      e = { drafted: { mean: 0, steps: 0 }, plain: { mean: 0, steps: 0 }, plainUntil: 0, stretch: EXPLORE_FIRST_STEPS };
+      this.emitted.set(rows, e);
+    }
     const r = drafted ? e.drafted : e.plain;
     const x = emitted / ms;
     r.mean = r.steps === 0 ? x : r.mean + EMITTED_RATE * (x - r.mean);
@@ -216,16 +237,30 @@ export class DraftPlanner implements DraftPlanning {
   }
 
   /**
-   * false when, at `rows` sampling rows, steps with drafts have emitted fewer tokens a millisecond
-   * than steps without (both measured), but for one call in EXPLORE_EVERY.
+   * false while, at `rows` sampling rows, adaptive rows decode plainly: plain decoding is being
+   * measured, or drafting was measured slower than it and the stretch that follows has not ended.
+   * Deciding is idempotent within a step: every row of it asks.
    */
   private measuredPays(rows: number): boolean {
     const e = this.emitted.get(rows);
-    if (!e || e.drafted.steps < EMITTED_MIN_STEPS) return true;
-    // rows that always draft never measure plain steps: one decision in EXPLORE_PLAIN_EVERY is plain until they have
-    if (e.plain.steps < EMITTED_MIN_STEPS) return ++this.decisions % EXPLORE_PLAIN_EVERY !== 0;
-    if (e.drafted.mean >= e.plain.mean) return true;
-    return ++this.decisions % EXPLORE_EVERY === 0;
+    if (!e) return true;
+    if (this.clock < e.plainUntil) return false;
+    if (e.drafted.steps < EMITTED_MIN_STEPS) return true;
+    if (e.plain.steps < EMITTED_MIN_STEPS) {
+      e.plainUntil = this.clock + PLAIN_PROBE_STEPS;
+      return false;
+    }
+    // plain decoding at its best: pipelined where its steps were
+    const interval = this.pipelined.get(rows);
+    const plain = Math.max(e.plain.mean, interval === undefined ? 0 : rows / interval);
+    if (e.drafted.mean >= plain) {
+      e.stretch = EXPLORE_FIRST_STEPS;
+      return true;
+    }
+    e.plainUntil = this.clock + e.stretch;
+    e.stretch = Math.min(2 * e.stretch, EXPLORE_MAX_STEPS);
+    e.drafted = { mean: 0, steps: 0 }; // measured afresh when the stretch ends
+    return false;
   }
 
   /** A verify row's outcome: `drafted` tokens, `accepted` of them. */
