@@ -172,9 +172,14 @@ describe('DraftPlanner', () => {
     // slower, so 32 plain steps follow (38 in all), then drafting is measured afresh, and again
     // slower: 64 plain steps, then 128, ...
     assert.equal(runs(decide(p, 300, 0.1, 0.3)), 'D4 P38 D4 P64 D4 P128 D4 P54');
-    // at another batch size nothing is measured yet: the line decides
+    // a batch size met for the first time starts in the nearest one's stretch (rows finishing one
+    // by one do not explore drafting again at each size) ...
     const rows = [row(0.9), row(0.9)];
-    assert.ok(p.depths([ask(rows[0]!, 8)], rows, 100)[0]! > 0);
+    assert.equal(p.depths([ask(rows[0]!, 8)], rows, 100)[0], 0);
+    // ... and, outside a stretch, the line decides until it is measured
+    const fresh = measured(10, 0.1);
+    assert.equal(runs(decide(fresh, 20, 0.6, 0.3)), 'D4 P6 D10');
+    assert.ok(fresh.depths([ask(rows[0]!, 8)], rows, 100)[0]! > 0);
     // drafting that emits more drafts on, once plain decoding is measured
     const q = measured(10, 0.1);
     assert.equal(runs(decide(q, 100, 0.6, 0.3)), 'D4 P6 D90');

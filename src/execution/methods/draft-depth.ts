@@ -31,7 +31,8 @@
 // of steps, then drafting is measured afresh (the text may have turned repetitive); each stretch
 // that ends in drafting measured slower again is twice as long as the one before, so exploring
 // costs a share of the steps that shrinks the longer drafting does not pay. The stretches count
-// decode steps, not decisions: a step asks once per row.
+// decode steps, not decisions: a step asks once per row. A batch size met for the first time
+// starts in the stretch of the nearest one measured.
 
 import type { DraftAsk, DraftPlanning, ScheduledRow } from '../scheduler.ts';
 
@@ -225,11 +226,7 @@ export class DraftPlanner implements DraftPlanning {
   recordEmitted(rows: number, emitted: number, ms: number, drafted: boolean): void {
     if (!(ms > 0) || rows <= 0) return;
     this.clock++;
-    let e = this.emitted.get(rows);
-    if (!e) {
-      e = { drafted: { mean: 0, steps: 0 }, plain: { mean: 0, steps: 0 }, plainUntil: 0, stretch: EXPLORE_FIRST_STEPS };
-      this.emitted.set(rows, e);
-    }
+    const e = this.ratesAt(rows);
     const r = drafted ? e.drafted : e.plain;
     const x = emitted / ms;
     r.mean = r.steps === 0 ? x : r.mean + EMITTED_RATE * (x - r.mean);
@@ -242,8 +239,7 @@ export class DraftPlanner implements DraftPlanning {
    * Deciding is idempotent within a step: every row of it asks.
    */
   private measuredPays(rows: number): boolean {
-    const e = this.emitted.get(rows);
-    if (!e) return true;
+    const e = this.ratesAt(rows);
     if (this.clock < e.plainUntil) return false;
     if (e.drafted.steps < EMITTED_MIN_STEPS) return true;
     if (e.plain.steps < EMITTED_MIN_STEPS) {
@@ -261,6 +257,22 @@ export class DraftPlanner implements DraftPlanning {
     e.stretch = Math.min(2 * e.stretch, EXPLORE_MAX_STEPS);
     e.drafted = { mean: 0, steps: 0 }; // measured afresh when the stretch ends
     return false;
+  }
+
+  /**
+   * The rates at `rows` sampling rows. A batch size seen for the first time (rows finishing one by
+   * one at the end of a batch make one after another) starts where the nearest measured one
+   * stands: in its plain stretch, if it is in one, so that drafting found slower at 16 rows is not
+   * explored again at 15, 14, ... Its rates are its own (a step's cost need not scale with rows).
+   */
+  private ratesAt(rows: number): BatchRates {
+    let e = this.emitted.get(rows);
+    if (e) return e;
+    let near: BatchRates | undefined, gap = Infinity;
+    for (const [r, x] of this.emitted) if (Math.abs(r - rows) < gap) [near, gap] = [x, Math.abs(r - rows)];
+    e = { drafted: { mean: 0, steps: 0 }, plain: { mean: 0, steps: 0 }, plainUntil: near?.plainUntil ?? 0, stretch: near?.stretch ?? EXPLORE_FIRST_STEPS };
+    this.emitted.set(rows, e);
+    return e;
   }
 
   /** A verify row's outcome: `drafted` tokens, `accepted` of them. */
