@@ -228,11 +228,12 @@ if (values.csv) {
   const machine = values.machine ?? `${os.cpus()[0]?.model ?? 'cpu'}, ${os.cpus().length} cores`;
   const commit = benchCommit();
   const date = new Date().toISOString().slice(0, 10);
-  const command = `OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${proposer === 'ngram' ? '' : ` --proposer ${proposer}`}${modelProposer ? ` --draft-model ${values['draft-model']}` : ''} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}${values.tasks === 'editing,free,sampled' ? '' : ` --tasks ${values.tasks}`}`;
+  const invariant = process.env.LLMTS_CUDA_BATCH_INVARIANT === 'on' ? 'LLMTS_CUDA_BATCH_INVARIANT=on ' : '';
+  const command = `${invariant}OMP_NUM_THREADS=${process.env.OMP_NUM_THREADS ?? os.cpus().length} node --import tsx bench/speculative.ts --device ${values.device}${values.model === 'models/demo' ? '' : ` --model ${values.model}`}${values.streams === '1,4,16' ? '' : ` --streams ${values.streams}`}${proposer === 'ngram' ? '' : ` --proposer ${proposer}`}${modelProposer ? ` --draft-model ${values['draft-model']}` : ''} --repeats ${repeats} --output-tokens ${outputTokens} --num-draft-tokens ${values['num-draft-tokens']}${values.tasks === 'editing,free,sampled' ? '' : ` --tasks ${values.tasks}`}`;
   const q = (s: string) => `"${s.replace(/"/g, '""')}"`;
   const lines = ['what,configuration,machine,commit,date,value,unit,command'];
   for (const r of rows) {
-    const conf = `${values.model}, ${values.device}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : r.task === 'json' ? 'greedy JSON-schema-constrained (at most)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : modelProposer ? `${proposer} ${values['draft-model']}` : 'oracle (plain output) drafts'} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
+    const conf = `${values.model}, ${values.device}${invariant ? ' (batch-invariant)' : ''}, ${r.task}, ${r.streams} streams, ${outputTokens} ${r.task === 'sampled' ? 'sampled (temperature 1)' : r.task === 'json' ? 'greedy JSON-schema-constrained (at most)' : 'greedy'} tokens each, ${proposer === 'ngram' ? 'n-gram' : modelProposer ? `${proposer} ${values['draft-model']}` : 'oracle (plain output) drafts'} ${depth} (accepted ${(r.acceptance * 100).toFixed(1)}% of ${r.drafted.toFixed(0)} drafts a run); load ${r.load}; medians of ${repeats}`;
     for (const [what, v, unit] of [['plain', r.plain, 'tok/s'], [proposer === 'ngram' ? 'n-gram' : proposer, r.spec, 'tok/s'], ['ratio', r.ratio, 'x']] as const) {
       lines.push([what, q(conf), q(machine), commit, date, unit === 'x' ? v.toFixed(3) : v.toFixed(1), unit, q(command)].join(','));
     }
