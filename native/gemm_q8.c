@@ -1,5 +1,5 @@
-// Matmuls of quantized panel weights (DT_Q8_0_P16, DT_Q4_0_P16; quant_pack.c has the layout and
-// the arithmetic) with AVX512-VNNI: per group of 4 k, one vpdpbusd adds 16 rows x 4 byte products
+// Matmuls of quantized panel weights (DT_Q8_0_P16, DT_Q4_0_P16, DT_Q4_K_P16; quant_pack.c has the
+// layout and the arithmetic) with AVX512-VNNI: per group of 4 k, one vpdpbusd adds 16 rows x 4 byte products
 // of a panel into 16 int32 lanes, x's 4 bytes broadcast. A block's 8 groups sum exactly; then its
 // int32 sums become f32, times d_x * d_w, into one f32 accumulator per output, blocks in order.
 //
@@ -8,7 +8,9 @@
 // rounding intrinsics, which the compiler never fuses into an FMA (avx512f implies FMA, and GCC
 // contracts a plain multiply and add), so the portable kernel computes the same bits.
 //
-// Tiles: decode of one row takes 8 panels (Q4_0: 6) at once, enough independent vpdpbusd chains to
+// Q4_K runs Q4_0's nibble loop from zero (no offset) and subtracts each block's min term after it.
+//
+// Tiles: decode of one row takes 8 panels (Q4_0, Q4_K: 6) at once, enough independent vpdpbusd chains to
 // cover their latency while the panels stream from memory; two rows 4 panels; from three rows on,
 // 4 x rows by 3 panels (Q4_0: 2, its unpacked nibbles take registers). Work items are a tile's
 // panels by up to 64 x rows (all rows at decode), so each panel group streams from memory once per
@@ -59,7 +61,8 @@ static inline int32_t load4(const int8_t *p) {
   return v;
 }
 
-// acc[i][v] = y of x row xr[i] by the 16 rows of panel wp[v], over all KB blocks.
+// acc[i][v] = y of x row xr[i] by the 16 rows of panel wp[v], over all KB blocks. Q4: 0 Q8_0, 1 Q4_0,
+// 2 Q4_K (cr then holds each block's sum of x's values, for the mins).
 static inline __attribute__((always_inline)) void qtile(const int MR, const int NV, const int Q4,
                                                         const int8_t *const *xr, const float *const *dr,
                                                         const int32_t *const *cr, const uint8_t *const *wp,
@@ -73,7 +76,7 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
   for (int64_t b = 0; b < KB; b++) {
     __m512i ia[QMR][QNV];
     for (int i = 0; i < MR; i++) {
-      const __m512i c0 = _mm512_set1_epi32(cr[i][b]);
+      const __m512i c0 = Q4 == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(cr[i][b]);
       for (int v = 0; v < NV; v++) ia[i][v] = c0;
     }
     if (Q4) {
@@ -104,6 +107,27 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       }
     }
     __m512 dw[QNV];
+    if (Q4 == 2) {
+      // d * sc and dmin * mn, exact; acc = (acc + i_b (d_x d_w)) - s_b (d_x m_w)
+      __m512 mw[QNV];
+      for (int v = 0; v < NV; v++) {
+        const uint8_t *ks = wp[v] + KB * 256;
+        const uint16_t *kd = (const uint16_t *)(ks + KB * 32) + (b / 8) * 16;
+        const __m512 scv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ks + b * 16))));
+        const __m512 mnv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ks + KB * 16 + b * 16))));
+        dw[v] = _mm512_mul_round_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd)), scv, RN);
+        mw[v] = _mm512_mul_round_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + (KB / 8) * 16))), mnv, RN);
+      }
+      for (int i = 0; i < MR; i++) {
+        const __m512 dx = _mm512_set1_ps(dr[i][b]), sx = _mm512_set1_ps((float)cr[i][b]);
+        for (int v = 0; v < NV; v++) {
+          const __m512 s = _mm512_mul_round_ps(dx, dw[v], RN), t = _mm512_mul_round_ps(dx, mw[v], RN);
+          const __m512 a = _mm512_add_round_ps(acc[i][v], _mm512_mul_round_ps(_mm512_cvtepi32_ps(ia[i][v]), s, RN), RN);
+          acc[i][v] = _mm512_sub_round_ps(a, _mm512_mul_round_ps(sx, t, RN), RN);
+        }
+      }
+      continue;
+    }
     for (int v = 0; v < NV; v++) dw[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc[v] + b * 16)));
     for (int i = 0; i < MR; i++) {
       const __m512 dx = _mm512_set1_ps(dr[i][b]);
@@ -158,7 +182,14 @@ static inline __attribute__((always_inline)) void qrun(const int MR, const int N
 
 // One tile of mr rows (1..4) by the item's nv panels (nv fixed per call by M, see gemm_quant_vnni).
 static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int64_t p0, int64_t np) {
-  if (q4) {
+  if (q4 == 2) {
+    if (nv == 6) QRUN(1, 6, 2);
+    else if (nv == 4) QRUN(2, 4, 2);
+    else if (mr == 1) QRUN(1, 2, 2);
+    else if (mr == 2) QRUN(2, 2, 2);
+    else if (mr == 3) QRUN(3, 2, 2);
+    else QRUN(4, 2, 2);
+  } else if (q4) {
     if (nv == 6) QRUN(1, 6, 1);
     else if (nv == 4) QRUN(2, 4, 1);
     else if (mr == 1) QRUN(1, 2, 1);
@@ -178,7 +209,7 @@ static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int6
 
 void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
                      int64_t K) {
-  const int q4 = dt == DT_Q4_0_P16;
+  const int q4 = dt == DT_Q4_K_P16 ? 2 : dt == DT_Q4_0_P16;
   const int64_t KB = K / 32, P = (N + 15) / 16;
   int8_t *xq = aligned_alloc(64, ((size_t)(M * K) + 63) / 64 * 64);
   float *xd = malloc((size_t)(M * KB) * sizeof(float) + 64);
@@ -192,7 +223,8 @@ void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, f
 #pragma omp parallel if (parallel)
   {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < XT; t++) quant_x_rows_avx512(x, xq, xd, xc, q4 ? 8 : 128, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
+    for (int64_t t = 0; t < XT; t++)
+      quant_x_rows_avx512(x, xq, xd, xc, q4 == 2 ? -1 : q4 ? 8 : 128, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t pt = 0; pt < PT; pt++)
       for (int64_t mt = 0; mt < MT; mt++) {

@@ -66,7 +66,7 @@ void gemm(const float *x, const void *w, int wdtype, const float *bias, float *y
       for (int64_t j = 0; j < N; j++) y[m * N + j] = bias ? bias[j] : 0.0f;
     return;
   }
-  if (wdtype == DT_Q8_0_P16 || wdtype == DT_Q4_0_P16) { // quant_pack.c: one kernel for every M too
+  if (dt_quant(wdtype)) { // quant_pack.c: one kernel for every M too
     gemm_quant(x, w, wdtype, bias, y, M, N, K);
     return;
   }

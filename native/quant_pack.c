@@ -1,6 +1,6 @@
-// Q8_0 and Q4_0 matmul weights kept quantized (DT_Q8_0_P16, DT_Q4_0_P16): the CPU backend's layout
-// for a GGUF file's Q8_0 / Q4_0 matrices, made once at load (llm_op_pack_quant) from the file's
-// ggml blocks, and the arithmetic every kernel of it computes.
+// Q8_0, Q4_0 and Q4_K matmul weights kept quantized (DT_Q8_0_P16, DT_Q4_0_P16, DT_Q4_K_P16): the CPU
+// backend's layout for a GGUF file's Q8_0 / Q4_0 / Q4_K matrices, made once at load
+// (llm_op_pack_quant) from the file's ggml blocks, and the arithmetic every kernel of it computes.
 //
 // Why: decode streams every weight once a token, so its speed is the weights' bytes; Q8_0 holds
 // 34 bytes per 32 weights and Q4_0 18, against bf16's 64. The integer dot products (AVX512-VNNI
@@ -18,6 +18,13 @@
 //   unpacking costs two ands and a shift a vector, in registers): block b is 4 vectors of 64
 //   bytes; byte (j, l, t) holds row 16p + l's 4-bit value (weight + 8) at k = 32 b + 8 j + t in its
 //   low nibble and at k = 32 b + 8 j + 4 + t in its high nibble.
+// Q4_K (K a multiple of 256, KS = K / 256 super-blocks): quants as Q4_0's (4-bit values 0..15, no
+//   offset: Q4_K subtracts a min instead), then in place of the f16 scales
+//     sc    KB x 16 bytes: row 16p + l's 6-bit sub-block scale of block b at [b][l]
+//     mn    KB x 16 bytes: its 6-bit sub-block min
+//     d     KS x 16 f16: the super-block's scale, dmin KS x 16 f16: its min's scale (the file's values).
+//   296 bytes a panel block of 32 k against the file's 288 (144 per 256 weights, 16 rows): the
+//   weight is w = (d * sc) * q - (dmin * mn), both products exact in f32 (11 x 6 significant bits).
 //
 // Why unsigned weights: vpdpbusd multiplies unsigned bytes by signed ones. The weights take the
 // unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are), and the
@@ -35,6 +42,9 @@
 //   y[m][n] = the f32 sum over blocks b in order: acc = acc + float(i_b) * (d_x * d_w), where i_b is
 //   the exact int32 dot of the block's quantized values (|i_b| < 2^24, so float(i_b) is exact), the
 //   products and the sum each rounded to f32 (never fused), then y = acc + bias[n].
+//   Q4_K: d_w = d * sc and m_w = dmin * mn (exact), i_b the dot of x's values with the 4-bit q, s_b
+//   the sum of x's values in the block; acc = (acc + float(i_b) * (d_x * d_w)) - float(s_b) * (d_x * m_w),
+//   each product and sum rounded to f32, in that order.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,9 +52,54 @@
 #include "llm.h"
 #include "simd.h"
 
-enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18 };
+enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144 };
 
 static int quant_q4(int dt) { return dt == DT_Q4_0_P16; }
+
+// Q4_K sub-block j's (0..7) 6-bit scale and min from the 12 scale bytes at s (ggml's get_scale_min_k4).
+static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    *mn = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// Q4_K panel p from the ggml blocks (row n's super-block s at raw + (n KS + s) * 144).
+static void pack_panel_q4k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p) {
+  const int64_t KS = KB / 8;
+  uint8_t *sc = dst + KB * 256, *mn = sc + KB * 16;
+  uint16_t *d = (uint16_t *)(mn + KB * 16), *dmin = d + KS * 16;
+  for (int64_t l = 0; l < 16; l++) {
+    const int64_t n = p * 16 + l;
+    for (int64_t s = 0; s < KS; s++) {
+      if (n >= N) {
+        d[s * 16 + l] = dmin[s * 16 + l] = 0;
+        for (int64_t b = s * 8; b < s * 8 + 8; b++) {
+          sc[b * 16 + l] = mn[b * 16 + l] = 0;
+          for (int j = 0; j < 4; j++) memset(dst + b * 256 + j * 64 + l * 4, 0, 4);
+        }
+        continue;
+      }
+      const uint8_t *src = raw + (n * KS + s) * Q4K_BLOCK_BYTES;
+      memcpy(&d[s * 16 + l], src, 2);
+      memcpy(&dmin[s * 16 + l], src + 2, 2);
+      for (int jb = 0; jb < 8; jb++) {
+        const int64_t b = s * 8 + jb;
+        q4k_scale_min(src + 4, jb, &sc[b * 16 + l], &mn[b * 16 + l]);
+        // ggml: sub-block jb's element e is nibble (jb & 1) of qs[32 (jb >> 1) + e]
+        const uint8_t *qs = src + 16 + 32 * (jb >> 1);
+        const int shift = (jb & 1) * 4;
+        uint8_t *q = dst + b * 256;
+        for (int j = 0; j < 4; j++)
+          for (int t = 0; t < 4; t++)
+            q[j * 64 + l * 4 + t] = (uint8_t)(((qs[8 * j + t] >> shift) & 0xF) | (((qs[8 * j + 4 + t] >> shift) & 0xF) << 4));
+      }
+    }
+  }
+}
 
 // Packs panel p from the ggml blocks (row n's block b at raw + (n KB + b) * block bytes).
 static void pack_panel(uint8_t *dst, const uint8_t *raw, int dt, int64_t N, int64_t KB, int64_t p) {
@@ -88,11 +143,15 @@ static int exec_pack_quant(const llm_cmd *c) {
   uint8_t *dst = PTR(c->i[1]);
   const int64_t N = c->i[2], K = c->i[3];
   const int dt = (int)c->i[4];
-  if (dt != DT_Q8_0_P16 && dt != DT_Q4_0_P16) return llm_fail("packQuant: dtype code %d is not a quantized panel type", dt);
-  if (K <= 0 || K % 32 != 0) return llm_fail("packQuant: K = %lld is not a positive multiple of 32", (long long)K);
+  if (!dt_quant(dt)) return llm_fail("packQuant: dtype code %d is not a quantized panel type", dt);
+  const int64_t kmul = dt == DT_Q4_K_P16 ? 256 : 32;
+  if (K <= 0 || K % kmul != 0) return llm_fail("packQuant: K = %lld is not a positive multiple of %lld", (long long)K, (long long)kmul);
   const int64_t P = (N + 15) / 16, KB = K / 32, pb = (int64_t)quant_p16_bytes(16, K, dt);
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < P; p++) pack_panel(dst + p * pb, raw, dt, N, KB, p);
+  for (int64_t p = 0; p < P; p++) {
+    if (dt == DT_Q4_K_P16) pack_panel_q4k(dst + p * pb, raw, N, KB, p);
+    else pack_panel(dst + p * pb, raw, dt, N, KB, p);
+  }
   return 0;
 }
 
@@ -107,6 +166,24 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
   const int q4 = quant_q4(dt);
   const int64_t KB = K / 32, qb = q4 ? 256 : 512, l = n % 16;
   const uint8_t *panel = (const uint8_t *)w + (n / 16) * (int64_t)quant_p16_bytes(16, K, dt);
+  if (dt == DT_Q4_K_P16) { // (d * sc) * q - dmin * mn, rounded as gguf dequantizes: the product, then the difference
+    const uint8_t *sc = panel + KB * 256, *mn = sc + KB * 16;
+    const uint16_t *d = (const uint16_t *)(mn + KB * 16), *dmin = d + (KB / 8) * 16;
+    for (int64_t b = 0; b < KB; b++) {
+      const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 16 + l];
+      const float mw = f16_to_f32(dmin[(b / 8) * 16 + l]) * (float)mn[b * 16 + l];
+      const uint8_t *q = panel + b * 256;
+      float *o = dst + b * 32;
+      for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+          const uint8_t u = q[j * 64 + l * 4 + t];
+          const float lo = (float)(u & 0xF) * dw, hi = (float)(u >> 4) * dw;
+          o[8 * j + t] = lo - mw;
+          o[8 * j + 4 + t] = hi - mw;
+        }
+    }
+    return;
+  }
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
   for (int64_t b = 0; b < KB; b++) {
     const float d = f16_to_f32(scales[b * 16 + l]);
@@ -160,18 +237,21 @@ void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, i
 
 // y rows [m0, m1) x panel p. Compiled for AVX2 (no FMA: nothing can fuse the f32 multiply and add)
 // or the baseline; the int dots vectorise, the f32 steps run lane by lane as the VNNI kernel's do.
+// q4: 1 for Q4_0, 2 for Q4_K (xc then holds each block's plain sum of x's values).
 __attribute__((target_clones("avx2", "default"))) static void
 quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int q4,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
   const int64_t KB = K / 32, qb = q4 ? 256 : 512;
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
+  const uint8_t *ksc = panel + KB * 256, *kmn = ksc + KB * 16;
+  const uint16_t *kd = (const uint16_t *)(kmn + KB * 16), *kdmin = kd + (KB / 8) * 16;
   for (int64_t m = m0; m < m1; m++) {
     float acc[16] = {0};
     for (int64_t b = 0; b < KB; b++) {
       const int8_t *xb = xq + m * K + b * 32;
       const uint8_t *q = panel + b * qb;
       int32_t is[16];
-      for (int l = 0; l < 16; l++) is[l] = xc[m * KB + b];
+      for (int l = 0; l < 16; l++) is[l] = q4 == 2 ? 0 : xc[m * KB + b];
       if (q4) {
         for (int j = 0; j < 4; j++)
           for (int l = 0; l < 16; l++)
@@ -185,6 +265,18 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
             for (int t = 0; t < 4; t++) is[l] += (int32_t)q[g * 64 + l * 4 + t] * xb[4 * g + t];
       }
       const float dx = xd[m * KB + b];
+      if (q4 == 2) {
+        const float sum = (float)xc[m * KB + b];
+        for (int l = 0; l < 16; l++) {
+          const float dw = f16_to_f32(kd[(b / 8) * 16 + l]) * (float)ksc[b * 16 + l];
+          const float mw = f16_to_f32(kdmin[(b / 8) * 16 + l]) * (float)kmn[b * 16 + l];
+          const float s = dx * dw, t = dx * mw;
+          const float f = (float)is[l] * s, g = sum * t;
+          const float a = acc[l] + f;
+          acc[l] = a - g;
+        }
+        continue;
+      }
       for (int l = 0; l < 16; l++) {
         const float s = dx * f16_to_f32(scales[b * 16 + l]);
         const float f = (float)is[l] * s;
@@ -198,11 +290,11 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
 static void gemm_quant_portable(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M,
                                 int64_t N, int64_t K) {
   const int64_t KB = K / 32, P = (N + 15) / 16, pb = (int64_t)quant_p16_bytes(16, K, dt);
-  const int q4 = quant_q4(dt);
+  const int q4 = dt == DT_Q4_K_P16 ? 2 : quant_q4(dt);
   int8_t *xq = malloc((size_t)(M * K) + 64);
   float *xd = malloc((size_t)(M * KB) * sizeof(float) + 64);
   int32_t *xc = malloc((size_t)(M * KB) * sizeof(int32_t) + 64);
-  quant_x_rows_portable(x, xq, xd, xc, q4 ? 8 : 128, 0, M, K);
+  quant_x_rows_portable(x, xq, xd, xc, q4 == 2 ? -1 : q4 ? 8 : 128, 0, M, K);
   const int64_t MC = 16, T = (M + MC - 1) / MC;
   const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (parallel)

@@ -65,7 +65,7 @@ static int exec_embedding(const llm_cmd *c) {
   PARALLEL_RANGE(T, 8, {
     for (int64_t t = i0; t < i1; t++) {
       if (dt == DT_BF16_P16) p16_row_to_f32(y + t * D, table, ids[t], D);
-      else if (dt == DT_Q8_0_P16 || dt == DT_Q4_0_P16) quant_row_to_f32(y + t * D, table, dt, ids[t], D);
+      else if (dt_quant(dt)) quant_row_to_f32(y + t * D, table, dt, ids[t], D);
       else cvt_to_f32(y + t * D, table + (size_t)ids[t] * row_bytes, dt, (size_t)D);
       if (s != 1.0f) scale_row(y + t * D, D, s);
     }

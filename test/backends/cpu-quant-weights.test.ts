@@ -1,7 +1,8 @@
-// GGUF Q8_0 / Q4_0 matmul weights kept quantized on the CPU backend (native/quant_pack.c,
+// GGUF Q8_0 / Q4_0 / Q4_K matmul weights kept quantized on the CPU backend (native/quant_pack.c,
 // gemm_q8.c; LLMTS_CPU_QUANT_WEIGHTS): read back and embedding rows are the exact dequantized
 // values; a matmul is bit for bit a TypeScript model of the kernels' arithmetic (x quantized per
-// block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order)
+// block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order;
+// Q4_K then subtracts the block's sum of x times d_x * m_w)
 // on every ISA, one thread or the team; each row is the same whatever M is; the result is within a
 // bound derived from x's rounding of the f32 matmul of the dequantized weights; other ops refuse
 // the tensor by name.
@@ -18,7 +19,11 @@ import { GGML_TYPE_BY_NAME } from '../../src/artifacts/gguf/ggml-types.ts';
 import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng } from './helpers.ts';
 
 const fr = Math.fround;
-const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18 };
+const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144 };
+/** weights a ggml block holds */
+const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256 };
+/** a panel's bytes per block of 32 k (native/llm.h quant_p16_bytes) */
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296 };
 
 let quant: CpuBackend;
 let plain: CpuBackend;
@@ -32,23 +37,52 @@ after(async () => {
   await plain.close();
 });
 
-/** Random ggml blocks of w[N][K]: scales of either sign (f16), every quant value possible (Q8_0's -128 too). */
+/**
+ * Random ggml blocks of w[N][K]: scales of either sign (f16), every quant value possible (Q8_0's
+ * -128 too); Q4_K: d and dmin so, and any 12 bytes of 6-bit scales and mins.
+ */
 function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number): Uint8Array {
-  const nb = (N * K) / 32, bb = BLOCK_BYTES[type];
+  const nb = (N * K) / BLOCK_SIZE[type], bb = BLOCK_BYTES[type];
   const raw = new Uint8Array(nb * bb);
-  const scales = encodeHalf(Float32Array.from({ length: nb }, () => (r() < 0.5 ? -1 : 1) * (0.002 + 0.02 * r())), 'f16');
+  const scaled = type === 'Q4_K' ? 2 : 1; // f16s at the block's start: Q4_K's d and dmin (a tenth as large: 6-bit factors)
+  const size = type === 'Q4_K' ? 0.0003 : 0.02;
+  const scales = encodeHalf(Float32Array.from({ length: nb * scaled }, () => (r() < 0.5 ? -1 : 1) * (size / 10 + size * r())), 'f16');
   for (let b = 0; b < nb; b++) {
-    raw[b * bb] = scales[b]! & 0xff;
-    raw[b * bb + 1] = scales[b]! >> 8;
-    for (let j = 2; j < bb; j++) raw[b * bb + j] = (r() * 256) | 0;
+    for (let s = 0; s < scaled; s++) {
+      raw[b * bb + 2 * s] = scales[b * scaled + s]! & 0xff;
+      raw[b * bb + 2 * s + 1] = scales[b * scaled + s]! >> 8;
+    }
+    for (let j = 2 * scaled; j < bb; j++) raw[b * bb + j] = (r() * 256) | 0;
   }
   return raw;
 }
 
-/** The weights' integer values [N][K] and block scales [N][K/32], as ggml defines the blocks. */
-function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number): { q: Int32Array; d: Float32Array } {
+/** Q4_K sub-block j's 6-bit scale and min from the 12 bytes at s (ggml's get_scale_min_k4). */
+function q4kScaleMin(b: Uint8Array, s: number, j: number): [number, number] {
+  if (j < 4) return [b[s + j]! & 63, b[s + j + 4]! & 63];
+  return [(b[s + j + 4]! & 0xf) | ((b[s + j - 4]! >> 6) << 4), (b[s + j + 4]! >> 4) | ((b[s + j]! >> 6) << 4)];
+}
+
+/**
+ * The weights' integer values [N][K] and per block of 32 their scale d [N][K/32] (and Q4_K's min m:
+ * w = d q - m), as ggml defines the blocks.
+ */
+function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number): { q: Int32Array; d: Float32Array; m?: Float32Array } {
   const KB = K / 32, bb = BLOCK_BYTES[type];
   const q = new Int32Array(N * K), d = new Float32Array(N * KB);
+  if (type === 'Q4_K') {
+    const m = new Float32Array(N * KB);
+    for (let sb = 0; sb < (N * K) / 256; sb++) {
+      const o = sb * bb, dd = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!, dmin = F16_TO_F32[raw[o + 2]! | (raw[o + 3]! << 8)]!;
+      for (let j = 0; j < 8; j++) {
+        const [sc, mn] = q4kScaleMin(raw, o + 4, j);
+        d[sb * 8 + j] = fr(dd * sc);
+        m[sb * 8 + j] = fr(dmin * mn);
+        for (let l = 0; l < 32; l++) q[sb * 256 + j * 32 + l] = (raw[o + 16 + 32 * (j >> 1) + l]! >> ((j & 1) * 4)) & 0xf;
+      }
+    }
+    return { q, d, m };
+  }
   for (let blk = 0; blk < N * KB; blk++) {
     const o = blk * bb;
     d[blk] = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!;
@@ -81,17 +115,25 @@ function quantizeX(x: Float32Array, M: number, K: number): { q: Int32Array; d: F
   return { q, d };
 }
 
-/** The kernels' arithmetic: per block, the exact int dot, times fround(d_x * d_w), added in f32, blocks in order; then + bias. */
-function modelMatmul(x: Float32Array, M: number, K: number, w: { q: Int32Array; d: Float32Array }, N: number,
+/**
+ * The kernels' arithmetic: per block, the exact int dot, times fround(d_x * d_w), added in f32
+ * (Q4_K: then the block's sum of x's values times fround(d_x * m_w) subtracted), blocks in order;
+ * then + bias.
+ */
+function modelMatmul(x: Float32Array, M: number, K: number, w: { q: Int32Array; d: Float32Array; m?: Float32Array }, N: number,
   bias?: Float32Array): Float32Array {
   const KB = K / 32, xq = quantizeX(x, M, K), y = new Float32Array(M * N);
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let acc = 0;
       for (let b = 0; b < KB; b++) {
-        let dot = 0;
-        for (let j = 0; j < 32; j++) dot += xq.q[m * K + b * 32 + j]! * w.q[n * K + b * 32 + j]!;
+        let dot = 0, sum = 0;
+        for (let j = 0; j < 32; j++) {
+          dot += xq.q[m * K + b * 32 + j]! * w.q[n * K + b * 32 + j]!;
+          sum += xq.q[m * K + b * 32 + j]!;
+        }
         acc = fr(acc + fr(dot * fr(xq.d[m * KB + b]! * w.d[n * KB + b]!)));
+        if (w.m) acc = fr(acc - fr(sum * fr(xq.d[m * KB + b]! * w.m[n * KB + b]!)));
       }
       y[m * N + n] = bias ? fr(acc + bias[n]!) : acc;
     }
@@ -117,29 +159,32 @@ function firstDiff(a: Float32Array, b: Float32Array): string | undefined {
   return undefined;
 }
 
-const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0'];
-// odd N (partial panels of 16), K a multiple of 32 from one block up
-const SHAPES: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
+const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K'];
+// odd N (partial panels of 16), K a multiple of 32 (Q4_K: 256) from one block up
+const SHAPES_32: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
+const SHAPES_256: [number, number][] = [[1, 256], [17, 256], [33, 512], [130, 1024]];
+const shapesOf = (type: QuantizedType) => (BLOCK_SIZE[type] === 256 ? SHAPES_256 : SHAPES_32);
 
-describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
+describe('GGUF Q8_0 / Q4_0 / Q4_K weights kept quantized', () => {
   it('load quantized only when kept, and read back the exact dequantized values', async () => {
     const r = rng(21);
     for (const type of TYPES) {
-      for (const [N, K] of SHAPES) {
+      for (const [N, K] of shapesOf(type)) {
         const src = source(type, randomBlocks(r, type, N, K), N, K);
         const q = (await quant.loadWeight(src, 'keep', 'matmul')) as CpuTensor;
         const p = (await plain.loadWeight(src, 'keep', 'matmul')) as CpuTensor;
         assert.equal(q.layout, type.toLowerCase(), `${src.name}`);
         assert.equal(p.layout, 'rows');
         assert.deepEqual(q.shape, [N, K]);
-        // panels of 16 rows: 16 x 34 (Q8_0: 512 quant bytes, 32 of scales) or 16 x 18 bytes a block
-        assert.equal(q.bytes, Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : 288), `${src.name} bytes`);
+        // panels of 16 rows: 16 x 34 (Q8_0: 512 quant bytes, 32 of scales), 16 x 18 (Q4_0) or 16 x 18.5 (Q4_K) bytes a block of 32
+        assert.equal(q.bytes, Math.ceil(N / 16) * (K / 32) * PANEL_BLOCK_BYTES[type], `${src.name} bytes`);
         assert.equal(firstDiff((await quant.read(q)) as Float32Array, (await plain.read(p)) as Float32Array), undefined, src.name);
         quant.free(q);
         plain.free(p);
       }
       // not for matmul, or as f32: the dequantized values
-      const src = source(type, randomBlocks(r, type, 4, 64), 4, 64);
+      const k = BLOCK_SIZE[type] * 2;
+      const src = source(type, randomBlocks(r, type, 4, k), 4, k);
       for (const t of [await quant.loadWeight(src, 'keep'), await quant.loadWeight(src, 'f32', 'matmul')]) {
         assert.equal((t as CpuTensor).layout, 'rows');
         quant.free(t);
@@ -156,7 +201,7 @@ describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
   it('embedding rows are the exact dequantized rows', async () => {
     const r = rng(23);
     for (const type of TYPES) {
-      const [V, D] = [37, 96];
+      const [V, D] = [37, BLOCK_SIZE[type] === 256 ? 512 : 96];
       const src = source(type, randomBlocks(r, type, V, D), V, D);
       const q = await quant.loadWeight(src, 'keep', 'matmul');
       const p = await plain.loadWeight(src, 'keep', 'matmul');
@@ -174,7 +219,7 @@ describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
     const lib = loadNativeLib();
     const kernels = new Set<string>();
     for (const type of TYPES) {
-      for (const [N, K] of SHAPES) {
+      for (const [N, K] of shapesOf(type)) {
         const raw = randomBlocks(r, type, N, K);
         const w = weightInts(type, raw, N, K);
         const t = await quant.loadWeight(source(type, raw, N, K), 'keep', 'matmul');
@@ -212,13 +257,15 @@ describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
   it('matmul: within the bound of x\'s rounding of the f32 matmul of the dequantized weights', async () => {
     // x's rounding moves each element by at most d_x / 2 = max|x in its block| / 254, so an output
     // moves by at most sum over blocks of that times sum |w| of the block; the f32 sums add at most
-    // K * 2^-23 * sum |x w| beside (a generous bound on their rounding).
+    // K * 2^-23 * sum |x w| beside (a generous bound on their rounding; Q4_K's terms are d q and m
+    // apart, so its magnitude is sum |x| (|d q| + |m|)).
     const r = rng(25);
     for (const type of TYPES) {
-      for (const [N, K] of [[33, 96], [130, 1024]] as [number, number][]) {
+      for (const [N, K] of (BLOCK_SIZE[type] === 256 ? [[33, 256], [130, 1024]] : [[33, 96], [130, 1024]]) as [number, number][]) {
         const raw = randomBlocks(r, type, N, K);
         const src = source(type, raw, N, K);
         const wv = new Float32Array(src.decode!('f32').buffer);
+        const wi = type === 'Q4_K' ? weightInts(type, raw, N, K) : undefined;
         const t = await quant.loadWeight(src, 'keep', 'matmul');
         const M = 7, x = randomF32(r, M * K, 3);
         const y = (await quant.read(quant.matmul(quant.upload(x, [M, K]), t))) as Float32Array;
@@ -231,7 +278,8 @@ describe('GGUF Q8_0 / Q4_0 weights kept quantized', () => {
               for (let j = 0; j < 32; j++) {
                 const k = b * 32 + j;
                 exact += x[m * K + k]! * wv[n * K + k]!;
-                mag += Math.abs(x[m * K + k]! * wv[n * K + k]!);
+                const blk = n * (K / 32) + b;
+                mag += Math.abs(x[m * K + k]!) * (wi ? Math.abs(wi.d[blk]! * wi.q[n * K + k]!) + Math.abs(wi.m![blk]!) : Math.abs(wv[n * K + k]!));
                 amax = Math.max(amax, Math.abs(x[m * K + k]!));
                 wabs += Math.abs(wv[n * K + k]!);
               }

@@ -15,7 +15,7 @@ import { type CpuLayout, CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
 import {
-  ACT_CODE, DT_BF16_P16, DT_CODE, DT_Q4_0_P16, DT_Q8_0_P16, ISA_AVX512_BF16, loadNativeLib, type NativeLib,
+  ACT_CODE, DT_BF16_P16, DT_CODE, DT_Q4_0_P16, DT_Q4_K_P16, DT_Q8_0_P16, ISA_AVX512_BF16, loadNativeLib, type NativeLib,
 } from './native-lib.ts';
 import { fromPanels, panelsOnlyWhereRead } from './weight-panels.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
@@ -29,14 +29,16 @@ const WEIGHT = CPU_DTYPES.weight;
 const KV = CPU_DTYPES.kv;
 /** uploads up to this size are staged through the queue; larger ones get a fresh block */
 const STAGED_UPLOAD_MAX = 1 << 20;
-/** ggml types kept quantized: their panel layout, its native dtype code and the ggml block's bytes */
-const QUANTIZED: Record<QuantizedType, { layout: CpuLayout; code: number; blockBytes: number }> = {
-  Q8_0: { layout: 'q8_0', code: DT_Q8_0_P16, blockBytes: 34 },
-  Q4_0: { layout: 'q4_0', code: DT_Q4_0_P16, blockBytes: 18 },
+/** ggml types kept quantized: their panel layout, its native dtype code, the ggml block's bytes and weights */
+const QUANTIZED: Record<QuantizedType, { layout: CpuLayout; code: number; blockBytes: number; blockSize: number }> = {
+  Q8_0: { layout: 'q8_0', code: DT_Q8_0_P16, blockBytes: 34, blockSize: 32 },
+  Q4_0: { layout: 'q4_0', code: DT_Q4_0_P16, blockBytes: 18, blockSize: 32 },
+  Q4_K: { layout: 'q4_k', code: DT_Q4_K_P16, blockBytes: 144, blockSize: 256 },
 };
+const QUANT_LAYOUT_CODE: Partial<Record<CpuLayout, number>> = Object.fromEntries(Object.values(QUANTIZED).map((q) => [q.layout, q.code]));
 /** the native dtype code an op passes for a weight of `t`'s layout */
 const weightCode = (t: CpuTensor): number =>
-  t.layout === 'p16' ? DT_BF16_P16 : t.layout === 'q8_0' ? DT_Q8_0_P16 : t.layout === 'q4_0' ? DT_Q4_0_P16 : DT_CODE[t.dtype];
+  t.layout === 'p16' ? DT_BF16_P16 : QUANT_LAYOUT_CODE[t.layout] ?? DT_CODE[t.dtype];
 
 let nextBackendId = 1;
 
@@ -145,10 +147,11 @@ export class CpuBackend implements Backend {
       (mode === 'on' || this.lib.isa() === ISA_AVX512_BF16);
   }
 
-  /** GGUF Q8_0 / Q4_0 matrices stay quantized (CpuSettings.quantWeights) */
+  /** GGUF Q8_0 / Q4_0 / Q4_K matrices stay quantized (CpuSettings.quantWeights) */
   private keepsQuantized(src: WeightSource): boolean {
-    return this.settings.quantWeights && src.quantized !== undefined && src.shape.length === 2 && src.shape[0]! > 0 &&
-      src.shape[1]! > 0 && src.shape[1]! % 32 === 0;
+    const q = src.quantized && QUANTIZED[src.quantized.type];
+    return this.settings.quantWeights && q !== undefined && src.shape.length === 2 && src.shape[0]! > 0 &&
+      src.shape[1]! > 0 && src.shape[1]! % q.blockSize === 0;
   }
 
   /** `src`'s ggml blocks, copied in and packed into quantized panels of 16 rows (native/quant_pack.c) */
@@ -165,7 +168,7 @@ export class CpuBackend implements Backend {
     } catch (e) {
       throw new Error(`loading weight ${src.name} ([${N}, ${K}]) from ${src.path}: ${(e as Error).message}`);
     }
-    const rawBytes = (N * K / 32) * q.blockBytes;
+    const rawBytes = (N * K / q.blockSize) * q.blockBytes;
     if (raw.length !== rawBytes) {
       throw opError(op, `${src.name}: ${raw.length} bytes of ${src.quantized!.type} blocks for [${N}, ${K}], want ${rawBytes}`);
     }
@@ -233,7 +236,7 @@ export class CpuBackend implements Backend {
   async read(t: Tensor): Promise<Float32Array | Int32Array> {
     this.assertOpen('read');
     const x = this.arg('read', 't', t, ANY);
-    if (x.layout === 'q8_0' || x.layout === 'q4_0') return this.readQuantized(x);
+    if (QUANT_LAYOUT_CODE[x.layout] !== undefined) return this.readQuantized(x);
     const n = numel(x.shape);
     // Copy through a private block in queue order: later ops (even ones enqueued while we wait)
     // cannot change what is read.

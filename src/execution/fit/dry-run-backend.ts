@@ -11,8 +11,8 @@
 
 import os from 'node:os';
 import type {
-  Activation, AttentionParams, Backend, CapturedGraph, DType, FusedOps, MoeRouting, PagedKv, QkvHeads, QkNorm, StepLayout, Tensor,
-  WeightSource,
+  Activation, AttentionParams, Backend, CapturedGraph, DType, FusedOps, MoeRouting, PagedKv, QkvHeads, QkNorm, QuantizedType,
+  StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
@@ -102,15 +102,18 @@ export interface DryRunOptions {
   /** the CUDA backend's settings it mirrors (the tuner's on/off, the MoE grouping); default from the environment */
   cuda?: CudaSettings;
   /**
-   * CPU: GGUF Q8_0 / Q4_0 matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
+   * CPU: GGUF Q8_0 / Q4_0 / Q4_K matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
    * native/quant_pack.c), and take those panels' bytes; default false
    */
   quantWeights?: boolean;
 }
 
-/** native/llm.h quant_p16_bytes: rows rounded up to panels of 16, 16 x 34 (Q8_0) or 16 x 18 (Q4_0) bytes a block of 32 */
-export function quantPanelBytes(type: 'Q8_0' | 'Q4_0', N: number, K: number): number {
-  return Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : 288);
+/**
+ * native/llm.h quant_p16_bytes: rows rounded up to panels of 16; a panel's block of 32 k takes 16 x 34
+ * bytes (Q8_0), 16 x 18 (Q4_0) or 16 x 18.5 (Q4_K: nibbles, a scale and a min byte, its super-block's two f16s)
+ */
+export function quantPanelBytes(type: QuantizedType, N: number, K: number): number {
+  return Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : type === 'Q4_0' ? 288 : 296);
 }
 
 export interface CudaTuning {
@@ -252,7 +255,7 @@ export class DryRunBackend implements Backend {
     // pack are a fresh block given back at once)
     const [N, K] = src.shape;
     if (this.quantWeights && use === 'matmul' && as === 'keep' && src.quantized && src.shape.length === 2 && N! > 0 &&
-      K! > 0 && K! % 32 === 0) {
+      K! > 0 && K! % (src.quantized.type === 'Q4_K' ? 256 : 32) === 0) {
       return this.make(src.shape, src.dtype, false, true, { bytes: numel(src.shape) * dtypeBytes[src.dtype], dtype: src.dtype },
         { name: src.quantized.type, bytes: quantPanelBytes(src.quantized.type, N!, K!) });
     }
