@@ -1,4 +1,4 @@
-// Matmuls of quantized panel weights (DT_Q8_0_P16, DT_Q4_0_P16, DT_Q4_K_P16; quant_pack.c has the
+// Matmuls of quantized panel weights (DT_Q8_0_P16 .. DT_Q6_K_P16; quant_pack.c has the
 // layout and the arithmetic) with AVX512-VNNI: per group of 4 k, one vpdpbusd adds 16 rows x 4 byte products
 // of a panel into 16 int32 lanes, x's 4 bytes broadcast. A block's 8 groups sum exactly; then its
 // int32 sums become f32, times d_x * d_w, into one f32 accumulator per output, blocks in order.
@@ -9,10 +9,12 @@
 // contracts a plain multiply and add), so the portable kernel computes the same bits.
 //
 // Q4_K runs Q4_0's nibble loop from zero (no offset) and subtracts each block's min term after it.
+// Q6_K ors each nibble vector with its 2-bit high parts (two shifts and masks) and folds each half of
+// the block into the f32 sum with the half's scale.
 //
-// Tiles: decode of one row takes 8 panels (Q4_0, Q4_K: 6) at once, enough independent vpdpbusd chains to
+// Tiles: decode of one row takes 8 panels (Q4_0, Q4_K: 6; Q6_K: 4) at once, enough independent vpdpbusd chains to
 // cover their latency while the panels stream from memory; two rows 4 panels; from three rows on,
-// 4 x rows by 3 panels (Q4_0: 2, its unpacked nibbles take registers). Work items are a tile's
+// 4 x rows by 3 panels (the nibble kinds: 2, their unpacked nibbles take registers; Q6_K from two rows on). Work items are a tile's
 // panels by up to 64 x rows (all rows at decode), so each panel group streams from memory once per
 // item and stays in L2 while the row tiles pass.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,prefer-vector-width=512")
@@ -29,8 +31,8 @@
 
 // As quant_x_rows_portable (quant_pack.c), 16 lanes at a time: the same IEEE divisions, the same
 // rounding (nearest, ties to even) and clamp, so the same bytes.
-static void quant_x_rows_avx512(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int64_t m0, int64_t m1,
-                                int64_t K) {
+static void quant_x_rows_avx512(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int sums, int64_t m0,
+                                int64_t m1, int64_t K) {
   const int64_t KB = K / 32;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
@@ -51,7 +53,12 @@ static void quant_x_rows_avx512(const float *x, int8_t *xq, float *xd, int32_t *
       _mm_storeu_si128((__m128i *)(xq + m * K + b * 32), _mm512_cvtepi32_epi8(qa));
       _mm_storeu_si128((__m128i *)(xq + m * K + b * 32 + 16), _mm512_cvtepi32_epi8(qc));
       xd[m * KB + b] = d;
-      xc[m * KB + b] = -c_off * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+      if (sums == 2) {
+        xc[(m * KB + b) * 2] = -c_off * _mm512_reduce_add_epi32(qa);
+        xc[(m * KB + b) * 2 + 1] = -c_off * _mm512_reduce_add_epi32(qc);
+      } else {
+        xc[m * KB + b] = -c_off * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+      }
     }
 }
 
@@ -61,20 +68,74 @@ static inline int32_t load4(const int8_t *p) {
   return v;
 }
 
-// acc[i][v] = y of x row xr[i] by the 16 rows of panel wp[v], over all KB blocks. Q4: 0 Q8_0, 1 Q4_0,
-// 2 Q4_K (cr then holds each block's sum of x's values, for the mins).
+// acc[i][v] = y of x row xr[i] by the 16 rows of panel wp[v], over all KB blocks. Q4: the kind (QK_*,
+// llm.h; cr then holds what quant_x_offset / quant_x_sums say for it).
 static inline __attribute__((always_inline)) void qtile(const int MR, const int NV, const int Q4,
                                                         const int8_t *const *xr, const float *const *dr,
                                                         const int32_t *const *cr, const uint8_t *const *wp,
                                                         int64_t KB, __m512 acc[QMR][QNV]) {
-  const int64_t qb = Q4 ? 256 : 512;
+  const int64_t qb = Q4 == QK_Q8_0 ? 512 : Q4 == QK_Q6_K ? 384 : 256;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const uint16_t *sc[QNV];
-  for (int v = 0; v < NV; v++) sc[v] = (const uint16_t *)(wp[v] + KB * qb);
+  for (int v = 0; v < NV; v++) sc[v] = (const uint16_t *)(wp[v] + KB * qb); // Q8_0, Q4_0
   for (int i = 0; i < MR; i++)
     for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
   for (int64_t b = 0; b < KB; b++) {
     __m512i ia[QMR][QNV];
+    if (Q4 == QK_Q6_K) {
+      const __m512i m30 = _mm512_set1_epi8(0x30);
+      __m512i h0[QNV], h1[QNV];
+      for (int v = 0; v < NV; v++) {
+        h0[v] = _mm512_loadu_si512(wp[v] + b * 384 + 256);
+        h1[v] = _mm512_loadu_si512(wp[v] + b * 384 + 320);
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < MR; i++) {
+          const __m512i c0 = _mm512_set1_epi32(cr[i][2 * b + h]);
+          for (int v = 0; v < NV; v++) ia[i][v] = c0;
+        }
+#pragma GCC unroll 2
+        for (int j = 2 * h; j < 2 * h + 2; j++) {
+          __m512i lq[QNV], hq[QNV];
+          for (int v = 0; v < NV; v++) {
+            const __m512i r = _mm512_loadu_si512(wp[v] + b * 384 + j * 64);
+            // bits 2j, 2j + 1 of each high-part byte moved to bits 4, 5 (16-bit shifts: the mask
+            // drops what crosses from the neighbouring byte)
+            __m512i u0, u1;
+            if (j == 0) u0 = _mm512_slli_epi16(h0[v], 4), u1 = _mm512_slli_epi16(h1[v], 4);
+            else if (j == 1) u0 = _mm512_slli_epi16(h0[v], 2), u1 = _mm512_slli_epi16(h1[v], 2);
+            else if (j == 2) u0 = h0[v], u1 = h1[v];
+            else u0 = _mm512_srli_epi16(h0[v], 2), u1 = _mm512_srli_epi16(h1[v], 2);
+            lq[v] = _mm512_or_si512(_mm512_and_si512(r, nib), _mm512_and_si512(u0, m30));
+            hq[v] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(r, 4), nib), _mm512_and_si512(u1, m30));
+          }
+          for (int i = 0; i < MR; i++) {
+            const __m512i xa = _mm512_set1_epi32(load4(xr[i] + b * 32 + 8 * j));
+            const __m512i xb = _mm512_set1_epi32(load4(xr[i] + b * 32 + 8 * j + 4));
+            for (int v = 0; v < NV; v++) {
+              ia[i][v] = _mm512_dpbusd_epi32(ia[i][v], lq[v], xa);
+              ia[i][v] = _mm512_dpbusd_epi32(ia[i][v], hq[v], xb);
+            }
+          }
+        }
+        __m512 dw[QNV];
+        for (int v = 0; v < NV; v++) {
+          const int8_t *ks = (const int8_t *)(wp[v] + KB * 384) + b * 32 + h * 16;
+          const uint16_t *kd = (const uint16_t *)(wp[v] + KB * 384 + KB * 32) + (b / 8) * 16;
+          const __m512 scv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)ks)));
+          dw[v] = _mm512_mul_round_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd)), scv, RN);
+        }
+        for (int i = 0; i < MR; i++) {
+          const __m512 dx = _mm512_set1_ps(dr[i][b]);
+          for (int v = 0; v < NV; v++) {
+            const __m512 s = _mm512_mul_round_ps(dx, dw[v], RN);
+            acc[i][v] = _mm512_add_round_ps(acc[i][v], _mm512_mul_round_ps(_mm512_cvtepi32_ps(ia[i][v]), s, RN), RN);
+          }
+        }
+      }
+      continue;
+    }
     for (int i = 0; i < MR; i++) {
       const __m512i c0 = Q4 == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(cr[i][b]);
       for (int v = 0; v < NV; v++) ia[i][v] = c0;
@@ -161,7 +222,7 @@ static inline __attribute__((always_inline)) void qrun(const int MR, const int N
     const int64_t m = m0 + (i < mr ? i : 0);
     xr[i] = c->xq + m * c->K;
     dr[i] = c->xd + m * c->KB;
-    cr[i] = c->xc + m * c->KB;
+    cr[i] = c->xc + m * c->KB * quant_x_sums(Q4);
   }
   for (int v = 0; v < NV; v++) wp[v] = c->w + (p0 + (v < np ? v : 0)) * c->pb;
   __m512 acc[QMR][QNV];
@@ -182,7 +243,13 @@ static inline __attribute__((always_inline)) void qrun(const int MR, const int N
 
 // One tile of mr rows (1..4) by the item's nv panels (nv fixed per call by M, see gemm_quant_vnni).
 static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int64_t p0, int64_t np) {
-  if (q4 == 2) {
+  if (q4 == QK_Q6_K) {
+    if (nv == 4) QRUN(1, 4, 3);
+    else if (mr == 1) QRUN(1, 2, 3);
+    else if (mr == 2) QRUN(2, 2, 3);
+    else if (mr == 3) QRUN(3, 2, 3);
+    else QRUN(4, 2, 3);
+  } else if (q4 == 2) {
     if (nv == 6) QRUN(1, 6, 2);
     else if (nv == 4) QRUN(2, 4, 2);
     else if (mr == 1) QRUN(1, 2, 2);
@@ -209,14 +276,14 @@ static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int6
 
 void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
                      int64_t K) {
-  const int q4 = dt == DT_Q4_K_P16 ? 2 : dt == DT_Q4_0_P16;
+  const int q4 = quant_kind(dt), sums = quant_x_sums(q4);
   const int64_t KB = K / 32, P = (N + 15) / 16;
   int8_t *xq = aligned_alloc(64, ((size_t)(M * K) + 63) / 64 * 64);
   float *xd = malloc((size_t)(M * KB) * sizeof(float) + 64);
-  int32_t *xc = malloc((size_t)(M * KB) * sizeof(int32_t) + 64);
+  int32_t *xc = malloc((size_t)(M * KB * sums) * sizeof(int32_t) + 64);
   const qctx c = {xq, xd, xc, w, bias, y, M, N, K, KB, P, (int64_t)quant_p16_bytes(16, K, dt)};
-  // the tile's panels, by M alone (1 row: 8 or 6; 2 rows: 4; more: 3 or 2); rows 4 at a time
-  const int nv = M == 1 ? (q4 ? 6 : 8) : M == 2 ? 4 : (q4 ? 2 : 3);
+  // the tile's panels, by M alone (1 row: 8, 6 or 4; 2 rows: 4 or 2; more: 3 or 2); rows 4 at a time
+  const int nv = q4 == QK_Q6_K ? (M == 1 ? 4 : 2) : M == 1 ? (q4 ? 6 : 8) : M == 2 ? 4 : (q4 ? 2 : 3);
   const int64_t mc = M <= ROWS_MAX_M ? M : QMC;
   const int64_t PT = (P + nv - 1) / nv, MT = (M + mc - 1) / mc, XT = (M + 15) / 16;
   const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
@@ -224,7 +291,7 @@ void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, f
   {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < XT; t++)
-      quant_x_rows_avx512(x, xq, xd, xc, q4 == 2 ? -1 : q4 ? 8 : 128, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
+      quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t pt = 0; pt < PT; pt++)
       for (int64_t mt = 0; mt < MT; mt++) {

@@ -13,9 +13,12 @@
 
 // Element types; the numbers are part of the FFI (src/backends/cpu/native-lib.ts mirrors them).
 // DT_BF16_P16: bf16 matmul weights in 16-row panels of k pairs (weight_pack.c), only as a
-// matmul's w or an embedding table. DT_Q8_0_P16 / DT_Q4_0_P16 / DT_Q4_K_P16: GGUF Q8_0 / Q4_0 / Q4_K
-// matmul weights kept quantized in 16-row panels (quant_pack.c), in the same two roles.
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4, DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6, DT_Q4_K_P16 = 7 };
+// matmul's w or an embedding table. DT_Q8_0_P16 / DT_Q4_0_P16 / DT_Q4_K_P16 / DT_Q6_K_P16: GGUF Q8_0 /
+// Q4_0 / Q4_K / Q6_K matmul weights kept quantized in 16-row panels (quant_pack.c), in the same two roles.
+enum {
+  DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4,
+  DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6, DT_Q4_K_P16 = 7, DT_Q6_K_P16 = 8
+};
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
@@ -57,11 +60,26 @@ void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, floa
 
 // ---- quantized weights in panels (quant_pack.c, gemm_q8.c) -------------------------------------
 
-static inline int dt_quant(int dt) { return dt == DT_Q8_0_P16 || dt == DT_Q4_0_P16 || dt == DT_Q4_K_P16; }
-// Bytes of w[N][K] (K a multiple of 32; of 256 for Q4_K) as DT_Q8_0_P16 (544 a panel block of 32 k),
-// DT_Q4_0_P16 (288) or DT_Q4_K_P16 (296).
+static inline int dt_quant(int dt) { return dt >= DT_Q8_0_P16 && dt <= DT_Q6_K_P16; }
+// The kernels' variant of a quantized panel dtype: QK_Q8_0, QK_Q4_0 (nibbles, offset 8), QK_Q4_K
+// (nibbles, a min per block), QK_Q6_K (nibbles and 2-bit high parts, a scale per 16 k, offset 32).
+enum { QK_Q8_0 = 0, QK_Q4_0 = 1, QK_Q4_K = 2, QK_Q6_K = 3 };
+static inline int quant_kind(int dt) { return dt - DT_Q8_0_P16; }
+// Weights a ggml block of dt holds (K must be a multiple): 32, or 256 for the K-quants.
+static inline int64_t quant_k_multiple(int dt) { return dt == DT_Q4_K_P16 || dt == DT_Q6_K_P16 ? 256 : 32; }
+// Bytes of w[N][K] (K a multiple of quant_k_multiple) per panel block of 32 k: DT_Q8_0_P16 544,
+// DT_Q4_0_P16 288, DT_Q4_K_P16 296, DT_Q6_K_P16 420.
 static inline size_t quant_p16_bytes(int64_t N, int64_t K, int dt) {
-  return (size_t)((N + 15) / 16) * (size_t)(K / 32) * (dt == DT_Q4_0_P16 ? 288 : dt == DT_Q4_K_P16 ? 296 : 544);
+  static const int per_block[] = {544, 288, 296, 420};
+  return (size_t)((N + 15) / 16) * (size_t)(K / 32) * (size_t)per_block[quant_kind(dt)];
+}
+// x's per-block integer terms a kind needs: xc holds quant_x_sums(kind) int32 per block of 32 (Q6_K:
+// one per 16 k), each -c_off times the sum of those q, c_off = quant_x_offset(kind) (the weights'
+// unsigned offset; Q4_K's -1 gives the plain sum, for its mins).
+static inline int quant_x_sums(int kind) { return kind == QK_Q6_K ? 2 : 1; }
+static inline int quant_x_offset(int kind) {
+  static const int off[] = {128, 8, -1, 32};
+  return off[kind];
 }
 // dst[0..K) = row n of a quantized panel matrix, dequantized (exact: f16 scale x small integer).
 void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K);
@@ -70,10 +88,10 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K);
 void gemm_quant(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N, int64_t K);
 void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
                      int64_t K);
-// x rows [m0, m1) quantized: xq [M][K] int8, xd [M][K/32] scales, xc [M][K/32] = -c_off * (sum of the block's q)
-// (Q4_K passes c_off = -1: the plain sum, for its mins).
-void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int64_t m0, int64_t m1,
-                           int64_t K);
+// x rows [m0, m1) quantized: xq [M][K] int8, xd [M][K/32] scales, xc [M][K/32 * sums] as quant_x_sums
+// says (sums 1 or 2: per block of 32 or per 16 k).
+void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int sums, int64_t m0,
+                           int64_t m1, int64_t K);
 
 // ---- command queue -----------------------------------------------------------------------------
 

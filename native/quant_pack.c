@@ -1,5 +1,5 @@
-// Q8_0, Q4_0 and Q4_K matmul weights kept quantized (DT_Q8_0_P16, DT_Q4_0_P16, DT_Q4_K_P16): the CPU
-// backend's layout for a GGUF file's Q8_0 / Q4_0 / Q4_K matrices, made once at load
+// Q8_0, Q4_0, Q4_K and Q6_K matmul weights kept quantized (DT_Q8_0_P16 .. DT_Q6_K_P16): the CPU
+// backend's layout for a GGUF file's Q8_0 / Q4_0 / Q4_K / Q6_K matrices, made once at load
 // (llm_op_pack_quant) from the file's ggml blocks, and the arithmetic every kernel of it computes.
 //
 // Why: decode streams every weight once a token, so its speed is the weights' bytes; Q8_0 holds
@@ -25,9 +25,17 @@
 //     d     KS x 16 f16: the super-block's scale, dmin KS x 16 f16: its min's scale (the file's values).
 //   296 bytes a panel block of 32 k against the file's 288 (144 per 256 weights, 16 rows): the
 //   weight is w = (d * sc) * q - (dmin * mn), both products exact in f32 (11 x 6 significant bits).
+// Q6_K (K a multiple of 256): a block of 32 k holds two of the file's sub-blocks of 16, each with its
+//   own int8 scale; the 6-bit values q (0..63, weight + 32) split in two:
+//     lo    256 bytes: q & 15 as Q4_0's nibbles (byte (j, l, t): k = 32 b + 8 j + t low, + 4 high)
+//     hi    128 bytes: 2 vectors of 64; vector h's byte (l, t) holds in bits 2j, 2j + 1 the q >> 4 of
+//           row 16p + l at k = 32 b + 8 j + 4 h + t (j = 0..3)
+//   (384 bytes a block), then sc KB x 2 x 16 int8 (row 16p + l's scale of the block's half h at
+//   [b][h][l]) and d KS x 16 f16: 420 bytes a panel block against the file's 420 (210 per 256
+//   weights). w = (d * sc) * (q - 32), d * sc exact in f32 (11 x 8 bits).
 //
 // Why unsigned weights: vpdpbusd multiplies unsigned bytes by signed ones. The weights take the
-// unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are), and the
+// unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are, 32 for Q6_K), and the
 // activations stay signed; then sum_k (w + C) x = sum_k w x + C sum_k x, and C sum_k x is one
 // integer per activation row and block, computed when x is quantized and started from (-C sum x)
 // in the accumulator: no extra weight bytes and no extra instruction. llama.cpp's alternative
@@ -45,6 +53,8 @@
 //   Q4_K: d_w = d * sc and m_w = dmin * mn (exact), i_b the dot of x's values with the 4-bit q, s_b
 //   the sum of x's values in the block; acc = (acc + float(i_b) * (d_x * d_w)) - float(s_b) * (d_x * m_w),
 //   each product and sum rounded to f32, in that order.
+//   Q6_K: the block's two halves of 16 k in turn, acc = acc + float(i_h) * (d_x * d_w_h), i_h the dot
+//   over the half (started from -32 times the half's sum of x's values, so it is that of q - 32).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +62,7 @@
 #include "llm.h"
 #include "simd.h"
 
-enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144 };
+enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOCK_BYTES = 210 };
 
 static int quant_q4(int dt) { return dt == DT_Q4_0_P16; }
 
@@ -101,6 +111,47 @@ static void pack_panel_q4k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t 
   }
 }
 
+// Q6_K panel p from the ggml blocks (row n's super-block s at raw + (n KS + s) * 210).
+static void pack_panel_q6k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p) {
+  const int64_t KS = KB / 8;
+  int8_t *sc = (int8_t *)(dst + KB * 384);
+  uint16_t *d = (uint16_t *)(dst + KB * 384 + KB * 32);
+  for (int64_t l = 0; l < 16; l++) {
+    const int64_t n = p * 16 + l;
+    for (int64_t s = 0; s < KS; s++) {
+      const uint8_t *src = n < N ? raw + (n * KS + s) * Q6K_BLOCK_BYTES : NULL;
+      if (src) memcpy(&d[s * 16 + l], src + 208, 2);
+      else d[s * 16 + l] = 0;
+      for (int jb = 0; jb < 8; jb++) {
+        const int64_t b = s * 8 + jb;
+        uint8_t q[32]; // the block's 6-bit values, k order (rows past N: 32, a zero weight)
+        for (int e = 0; e < 32; e++) {
+          if (!src) {
+            q[e] = 32;
+            continue;
+          }
+          // ggml: element x (0..255) is nibble (x >> 6) & 1 of ql[64 (x >> 7) + (x & 63)] with bits
+          // 2 ((x >> 5) & 3) of qh[32 (x >> 7) + (x & 31)] above it
+          const int x = jb * 32 + e, h = x >> 7;
+          const int lo = (src[64 * h + (x & 63)] >> (((x >> 6) & 1) * 4)) & 0xF;
+          const int hi = (src[128 + 32 * h + (x & 31)] >> (((x >> 5) & 3) * 2)) & 3;
+          q[e] = (uint8_t)(lo | (hi << 4));
+        }
+        for (int h = 0; h < 2; h++) sc[b * 32 + h * 16 + l] = src ? (int8_t)src[192 + 2 * jb + h] : 0;
+        uint8_t *o = dst + b * 384;
+        for (int t = 0; t < 4; t++) {
+          uint8_t hv[2] = {0, 0};
+          for (int j = 0; j < 4; j++) {
+            o[j * 64 + l * 4 + t] = (uint8_t)((q[8 * j + t] & 0xF) | ((q[8 * j + 4 + t] & 0xF) << 4));
+            for (int h = 0; h < 2; h++) hv[h] |= (uint8_t)((q[8 * j + 4 * h + t] >> 4) << (2 * j));
+          }
+          for (int h = 0; h < 2; h++) o[256 + h * 64 + l * 4 + t] = hv[h];
+        }
+      }
+    }
+  }
+}
+
 // Packs panel p from the ggml blocks (row n's block b at raw + (n KB + b) * block bytes).
 static void pack_panel(uint8_t *dst, const uint8_t *raw, int dt, int64_t N, int64_t KB, int64_t p) {
   const int q4 = quant_q4(dt);
@@ -137,19 +188,20 @@ static void pack_panel(uint8_t *dst, const uint8_t *raw, int dt, int64_t N, int6
   }
 }
 
-// i: [src (ggml blocks of w[N][K]), dst (quant_p16_bytes), N, K, dtype (DT_Q8_0_P16 / DT_Q4_0_P16)]
+// i: [src (ggml blocks of w[N][K]), dst (quant_p16_bytes), N, K, dtype (a quantized panel dtype)]
 static int exec_pack_quant(const llm_cmd *c) {
   const uint8_t *raw = PTR(c->i[0]);
   uint8_t *dst = PTR(c->i[1]);
   const int64_t N = c->i[2], K = c->i[3];
   const int dt = (int)c->i[4];
   if (!dt_quant(dt)) return llm_fail("packQuant: dtype code %d is not a quantized panel type", dt);
-  const int64_t kmul = dt == DT_Q4_K_P16 ? 256 : 32;
+  const int64_t kmul = quant_k_multiple(dt);
   if (K <= 0 || K % kmul != 0) return llm_fail("packQuant: K = %lld is not a positive multiple of %lld", (long long)K, (long long)kmul);
   const int64_t P = (N + 15) / 16, KB = K / 32, pb = (int64_t)quant_p16_bytes(16, K, dt);
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < P; p++) {
     if (dt == DT_Q4_K_P16) pack_panel_q4k(dst + p * pb, raw, N, KB, p);
+    else if (dt == DT_Q6_K_P16) pack_panel_q6k(dst + p * pb, raw, N, KB, p);
     else pack_panel(dst + p * pb, raw, dt, N, KB, p);
   }
   return 0;
@@ -184,6 +236,25 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
     }
     return;
   }
+  if (dt == DT_Q6_K_P16) { // (d * sc) * (q - 32), exact
+    const int8_t *sc = (const int8_t *)(panel + KB * 384);
+    const uint16_t *d = (const uint16_t *)(panel + KB * 384 + KB * 32);
+    for (int64_t b = 0; b < KB; b++) {
+      const uint8_t *q = panel + b * 384;
+      float *o = dst + b * 32;
+      for (int j = 0; j < 4; j++) {
+        const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 32 + (j >> 1) * 16 + l];
+        for (int t = 0; t < 4; t++) {
+          const uint8_t u = q[j * 64 + l * 4 + t];
+          const int lo = (u & 0xF) | (((q[256 + l * 4 + t] >> (2 * j)) & 3) << 4);
+          const int hi = (u >> 4) | (((q[256 + 64 + l * 4 + t] >> (2 * j)) & 3) << 4);
+          o[8 * j + t] = (float)(lo - 32) * dw;
+          o[8 * j + 4 + t] = (float)(hi - 32) * dw;
+        }
+      }
+    }
+    return;
+  }
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
   for (int64_t b = 0; b < KB; b++) {
     const float d = f16_to_f32(scales[b * 16 + l]);
@@ -205,8 +276,8 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
 
 // ---- activations -------------------------------------------------------------------------------
 
-void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int64_t m0, int64_t m1,
-                           int64_t K) {
+void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, int c_off, int sums, int64_t m0,
+                           int64_t m1, int64_t K) {
   const int64_t KB = K / 32;
   for (int64_t m = m0; m < m1; m++)
     for (int64_t b = 0; b < KB; b++) {
@@ -217,7 +288,7 @@ void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, i
         amax = a > amax ? a : amax;
       }
       const float d = amax / 127.0f;
-      int32_t sum = 0;
+      int32_t sum[2] = {0, 0};
       for (int j = 0; j < 32; j++) {
         int32_t q = 0;
         if (d > 0.0f) {
@@ -226,10 +297,15 @@ void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, i
           q = (int32_t)r;
         }
         xq[m * K + b * 32 + j] = (int8_t)q;
-        sum += q;
+        sum[j >> 4] += q;
       }
       xd[m * KB + b] = d;
-      xc[m * KB + b] = -c_off * sum;
+      if (sums == 2) {
+        xc[(m * KB + b) * 2] = -c_off * sum[0];
+        xc[(m * KB + b) * 2 + 1] = -c_off * sum[1];
+      } else {
+        xc[m * KB + b] = -c_off * (sum[0] + sum[1]);
+      }
     }
 }
 
@@ -237,22 +313,46 @@ void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, i
 
 // y rows [m0, m1) x panel p. Compiled for AVX2 (no FMA: nothing can fuse the f32 multiply and add)
 // or the baseline; the int dots vectorise, the f32 steps run lane by lane as the VNNI kernel's do.
-// q4: 1 for Q4_0, 2 for Q4_K (xc then holds each block's plain sum of x's values).
+// kind: QK_* (llm.h); xc holds what quant_x_offset / quant_x_sums say for it.
 __attribute__((target_clones("avx2", "default"))) static void
-quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int q4,
+quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int kind,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
-  const int64_t KB = K / 32, qb = q4 ? 256 : 512;
+  const int64_t KB = K / 32, qb = kind == QK_Q8_0 ? 512 : kind == QK_Q6_K ? 384 : 256;
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
   const uint8_t *ksc = panel + KB * 256, *kmn = ksc + KB * 16;
   const uint16_t *kd = (const uint16_t *)(kmn + KB * 16), *kdmin = kd + (KB / 8) * 16;
+  const int8_t *q6sc = (const int8_t *)(panel + KB * 384);
+  const uint16_t *q6d = (const uint16_t *)(panel + KB * 384 + KB * 32);
   for (int64_t m = m0; m < m1; m++) {
     float acc[16] = {0};
     for (int64_t b = 0; b < KB; b++) {
       const int8_t *xb = xq + m * K + b * 32;
       const uint8_t *q = panel + b * qb;
+      const float dx = xd[m * KB + b];
+      if (kind == QK_Q6_K) {
+        for (int h = 0; h < 2; h++) {
+          int32_t is[16];
+          for (int l = 0; l < 16; l++) is[l] = xc[(m * KB + b) * 2 + h];
+          for (int j = 2 * h; j < 2 * h + 2; j++)
+            for (int l = 0; l < 16; l++)
+              for (int t = 0; t < 4; t++) {
+                const uint8_t u = q[j * 64 + l * 4 + t];
+                const int lo = (u & 0xF) | (((q[256 + l * 4 + t] >> (2 * j)) & 3) << 4);
+                const int hi = (u >> 4) | (((q[256 + 64 + l * 4 + t] >> (2 * j)) & 3) << 4);
+                is[l] += lo * xb[8 * j + t] + hi * xb[8 * j + 4 + t];
+              }
+          for (int l = 0; l < 16; l++) {
+            const float dw = f16_to_f32(q6d[(b / 8) * 16 + l]) * (float)q6sc[b * 32 + h * 16 + l];
+            const float s = dx * dw;
+            const float f = (float)is[l] * s;
+            acc[l] = acc[l] + f;
+          }
+        }
+        continue;
+      }
       int32_t is[16];
-      for (int l = 0; l < 16; l++) is[l] = q4 == 2 ? 0 : xc[m * KB + b];
-      if (q4) {
+      for (int l = 0; l < 16; l++) is[l] = kind == QK_Q4_K ? 0 : xc[m * KB + b];
+      if (kind != QK_Q8_0) {
         for (int j = 0; j < 4; j++)
           for (int l = 0; l < 16; l++)
             for (int t = 0; t < 4; t++) {
@@ -264,8 +364,7 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
           for (int l = 0; l < 16; l++)
             for (int t = 0; t < 4; t++) is[l] += (int32_t)q[g * 64 + l * 4 + t] * xb[4 * g + t];
       }
-      const float dx = xd[m * KB + b];
-      if (q4 == 2) {
+      if (kind == QK_Q4_K) {
         const float sum = (float)xc[m * KB + b];
         for (int l = 0; l < 16; l++) {
           const float dw = f16_to_f32(kd[(b / 8) * 16 + l]) * (float)ksc[b * 16 + l];
@@ -290,17 +389,17 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
 static void gemm_quant_portable(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M,
                                 int64_t N, int64_t K) {
   const int64_t KB = K / 32, P = (N + 15) / 16, pb = (int64_t)quant_p16_bytes(16, K, dt);
-  const int q4 = dt == DT_Q4_K_P16 ? 2 : quant_q4(dt);
+  const int kind = quant_kind(dt), sums = quant_x_sums(kind);
   int8_t *xq = malloc((size_t)(M * K) + 64);
   float *xd = malloc((size_t)(M * KB) * sizeof(float) + 64);
-  int32_t *xc = malloc((size_t)(M * KB) * sizeof(int32_t) + 64);
-  quant_x_rows_portable(x, xq, xd, xc, q4 == 2 ? -1 : q4 ? 8 : 128, 0, M, K);
+  int32_t *xc = malloc((size_t)(M * KB * sums) * sizeof(int32_t) + 64);
+  quant_x_rows_portable(x, xq, xd, xc, quant_x_offset(kind), sums, 0, M, K);
   const int64_t MC = 16, T = (M + MC - 1) / MC;
   const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
 #pragma omp parallel for schedule(dynamic, 1) collapse(2) if (parallel)
   for (int64_t p = 0; p < P; p++)
     for (int64_t t = 0; t < T; t++)
-      quant_panel_portable(xq, xd, xc, (const uint8_t *)w + p * pb, q4, bias, y, N, K, t * MC,
+      quant_panel_portable(xq, xd, xc, (const uint8_t *)w + p * pb, kind, bias, y, N, K, t * MC,
                            (t + 1) * MC < M ? (t + 1) * MC : M, p);
   free(xq);
   free(xd);

@@ -1,8 +1,8 @@
-// GGUF Q8_0 / Q4_0 / Q4_K matmul weights kept quantized on the CPU backend (native/quant_pack.c,
+// GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matmul weights kept quantized on the CPU backend (native/quant_pack.c,
 // gemm_q8.c; LLMTS_CPU_QUANT_WEIGHTS): read back and embedding rows are the exact dequantized
 // values; a matmul is bit for bit a TypeScript model of the kernels' arithmetic (x quantized per
 // block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order;
-// Q4_K then subtracts the block's sum of x times d_x * m_w)
+// Q4_K then subtracts the block's sum of x times d_x * m_w; Q6_K sums each half of 16 with its own scale)
 // on every ISA, one thread or the team; each row is the same whatever M is; the result is within a
 // bound derived from x's rounding of the f32 matmul of the dequantized weights; other ops refuse
 // the tensor by name.
@@ -19,11 +19,11 @@ import { GGML_TYPE_BY_NAME } from '../../src/artifacts/gguf/ggml-types.ts';
 import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng } from './helpers.ts';
 
 const fr = Math.fround;
-const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144 };
+const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210 };
 /** weights a ggml block holds */
-const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256 };
+const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256 };
 /** a panel's bytes per block of 32 k (native/llm.h quant_p16_bytes) */
-const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296 };
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420 };
 
 let quant: CpuBackend;
 let plain: CpuBackend;
@@ -39,11 +39,21 @@ after(async () => {
 
 /**
  * Random ggml blocks of w[N][K]: scales of either sign (f16), every quant value possible (Q8_0's
- * -128 too); Q4_K: d and dmin so, and any 12 bytes of 6-bit scales and mins.
+ * -128 too); Q4_K: d and dmin so, and any 12 bytes of 6-bit scales and mins; Q6_K: d so (at the
+ * block's end) and any int8 scales.
  */
 function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number): Uint8Array {
   const nb = (N * K) / BLOCK_SIZE[type], bb = BLOCK_BYTES[type];
   const raw = new Uint8Array(nb * bb);
+  if (type === 'Q6_K') {
+    const d = encodeHalf(Float32Array.from({ length: nb }, () => (r() < 0.5 ? -1 : 1) * (0.00002 + 0.0002 * r())), 'f16');
+    for (let b = 0; b < nb; b++) {
+      for (let j = 0; j < 208; j++) raw[b * bb + j] = (r() * 256) | 0;
+      raw[b * bb + 208] = d[b]! & 0xff;
+      raw[b * bb + 209] = d[b]! >> 8;
+    }
+    return raw;
+  }
   const scaled = type === 'Q4_K' ? 2 : 1; // f16s at the block's start: Q4_K's d and dmin (a tenth as large: 6-bit factors)
   const size = type === 'Q4_K' ? 0.0003 : 0.02;
   const scales = encodeHalf(Float32Array.from({ length: nb * scaled }, () => (r() < 0.5 ? -1 : 1) * (size / 10 + size * r())), 'f16');
@@ -63,13 +73,27 @@ function q4kScaleMin(b: Uint8Array, s: number, j: number): [number, number] {
   return [(b[s + j + 4]! & 0xf) | ((b[s + j - 4]! >> 6) << 4), (b[s + j + 4]! >> 4) | ((b[s + j]! >> 6) << 4)];
 }
 
-/**
- * The weights' integer values [N][K] and per block of 32 their scale d [N][K/32] (and Q4_K's min m:
- * w = d q - m), as ggml defines the blocks.
- */
-function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number): { q: Int32Array; d: Float32Array; m?: Float32Array } {
+/** a matrix's integer weights [N][K], with a scale d per `sub` k (and Q4_K's min m: w = d q - m) */
+interface WeightInts { q: Int32Array; d: Float32Array; sub: 16 | 32; m?: Float32Array }
+
+/** The weights' integer values and scales as ggml defines the blocks (Q6_K: a scale per 16 k, q - 32). */
+function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number): WeightInts {
   const KB = K / 32, bb = BLOCK_BYTES[type];
   const q = new Int32Array(N * K), d = new Float32Array(N * KB);
+  if (type === 'Q6_K') {
+    const d16 = new Float32Array(N * KB * 2);
+    for (let sb = 0; sb < (N * K) / 256; sb++) {
+      const o = sb * bb, dd = F16_TO_F32[raw[o + 208]! | (raw[o + 209]! << 8)]!;
+      for (let g = 0; g < 16; g++) d16[sb * 16 + g] = fr(dd * ((raw[o + 192 + g]! << 24) >> 24));
+      for (let e = 0; e < 256; e++) {
+        const h = e >> 7;
+        const lo = (raw[o + 64 * h + (e & 63)]! >> (((e >> 6) & 1) * 4)) & 0xf;
+        const hi = (raw[o + 128 + 32 * h + (e & 31)]! >> (((e >> 5) & 3) * 2)) & 3;
+        q[sb * 256 + e] = (lo | (hi << 4)) - 32;
+      }
+    }
+    return { q, d: d16, sub: 16 };
+  }
   if (type === 'Q4_K') {
     const m = new Float32Array(N * KB);
     for (let sb = 0; sb < (N * K) / 256; sb++) {
@@ -81,7 +105,7 @@ function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number):
         for (let l = 0; l < 32; l++) q[sb * 256 + j * 32 + l] = (raw[o + 16 + 32 * (j >> 1) + l]! >> ((j & 1) * 4)) & 0xf;
       }
     }
-    return { q, d, m };
+    return { q, d, m, sub: 32 };
   }
   for (let blk = 0; blk < N * KB; blk++) {
     const o = blk * bb;
@@ -91,7 +115,7 @@ function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number):
         : (j < 16 ? raw[o + 2 + j]! & 0xf : raw[o + 2 + j - 16]! >> 4) - 8;
     }
   }
-  return { q, d };
+  return { q, d, sub: 32 };
 }
 
 /** Round to nearest, ties to even (what the kernels' conversions do). */
@@ -116,24 +140,25 @@ function quantizeX(x: Float32Array, M: number, K: number): { q: Int32Array; d: F
 }
 
 /**
- * The kernels' arithmetic: per block, the exact int dot, times fround(d_x * d_w), added in f32
- * (Q4_K: then the block's sum of x's values times fround(d_x * m_w) subtracted), blocks in order;
- * then + bias.
+ * The kernels' arithmetic: per block of 32 (Q6_K: per half of 16 in turn), the exact int dot, times
+ * fround(d_x * d_w), added in f32 (Q4_K: then the block's sum of x's values times fround(d_x * m_w)
+ * subtracted), blocks in order; then + bias.
  */
-function modelMatmul(x: Float32Array, M: number, K: number, w: { q: Int32Array; d: Float32Array; m?: Float32Array }, N: number,
-  bias?: Float32Array): Float32Array {
-  const KB = K / 32, xq = quantizeX(x, M, K), y = new Float32Array(M * N);
+function modelMatmul(x: Float32Array, M: number, K: number, w: WeightInts, N: number, bias?: Float32Array): Float32Array {
+  const KB = K / 32, xq = quantizeX(x, M, K), y = new Float32Array(M * N), per = K / w.sub;
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let acc = 0;
       for (let b = 0; b < KB; b++) {
-        let dot = 0, sum = 0;
-        for (let j = 0; j < 32; j++) {
-          dot += xq.q[m * K + b * 32 + j]! * w.q[n * K + b * 32 + j]!;
-          sum += xq.q[m * K + b * 32 + j]!;
+        for (let g = b * (32 / w.sub); g < (b + 1) * (32 / w.sub); g++) {
+          let dot = 0, sum = 0;
+          for (let k = g * w.sub; k < (g + 1) * w.sub; k++) {
+            dot += xq.q[m * K + k]! * w.q[n * K + k]!;
+            sum += xq.q[m * K + k]!;
+          }
+          acc = fr(acc + fr(dot * fr(xq.d[m * KB + b]! * w.d[n * per + g]!)));
+          if (w.m) acc = fr(acc - fr(sum * fr(xq.d[m * KB + b]! * w.m[n * per + g]!)));
         }
-        acc = fr(acc + fr(dot * fr(xq.d[m * KB + b]! * w.d[n * KB + b]!)));
-        if (w.m) acc = fr(acc - fr(sum * fr(xq.d[m * KB + b]! * w.m[n * KB + b]!)));
       }
       y[m * N + n] = bias ? fr(acc + bias[n]!) : acc;
     }
@@ -159,13 +184,13 @@ function firstDiff(a: Float32Array, b: Float32Array): string | undefined {
   return undefined;
 }
 
-const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K'];
-// odd N (partial panels of 16), K a multiple of 32 (Q4_K: 256) from one block up
+const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K'];
+// odd N (partial panels of 16), K a multiple of 32 (the K-quants: 256) from one block up
 const SHAPES_32: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
 const SHAPES_256: [number, number][] = [[1, 256], [17, 256], [33, 512], [130, 1024]];
 const shapesOf = (type: QuantizedType) => (BLOCK_SIZE[type] === 256 ? SHAPES_256 : SHAPES_32);
 
-describe('GGUF Q8_0 / Q4_0 / Q4_K weights kept quantized', () => {
+describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K weights kept quantized', () => {
   it('load quantized only when kept, and read back the exact dequantized values', async () => {
     const r = rng(21);
     for (const type of TYPES) {
@@ -176,7 +201,7 @@ describe('GGUF Q8_0 / Q4_0 / Q4_K weights kept quantized', () => {
         assert.equal(q.layout, type.toLowerCase(), `${src.name}`);
         assert.equal(p.layout, 'rows');
         assert.deepEqual(q.shape, [N, K]);
-        // panels of 16 rows: 16 x 34 (Q8_0: 512 quant bytes, 32 of scales), 16 x 18 (Q4_0) or 16 x 18.5 (Q4_K) bytes a block of 32
+        // panels of 16 rows: 16 x 34 (Q8_0: 512 quant bytes, 32 of scales), 16 x 18 (Q4_0), 16 x 18.5 (Q4_K) or 16 x 26.25 (Q6_K) bytes a block of 32
         assert.equal(q.bytes, Math.ceil(N / 16) * (K / 32) * PANEL_BLOCK_BYTES[type], `${src.name} bytes`);
         assert.equal(firstDiff((await quant.read(q)) as Float32Array, (await plain.read(p)) as Float32Array), undefined, src.name);
         quant.free(q);

@@ -4,7 +4,7 @@
 // tensors load dequantized into f32 (the reference's own values, so the f32 tolerance of every
 // fixture applies) and into bf16 (a rounding of every weight to 8 bits of mantissa: the tolerance
 // of the bf16 path, as for CUDA's bf16 activations), with LLMTS_CPU_QUANT_WEIGHTS off; and, the
-// default, Q8_0 / Q4_0 matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
+// default, Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
 // per block of 32 for the integer dot products; the rest dequantized into bf16), tolerance per
 // ggml type.
 
@@ -21,8 +21,10 @@ import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
 const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
 /** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
 const TOLERANCE = { f32: 0.05, bf16: 0.1 } as const;
-/** the same with Q8_0 / Q4_0 matrices kept quantized, by the fixture's ggml type ('mixed': kquant's Q8_0 embedding) */
+/** the same with Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized, by the fixture's ggml type ('mixed': kquant's) */
 const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, mixed: 0.1 };
+/** the layouts a fixture's kept matrices must show, by its ggml type */
+const KEPT_LAYOUTS: Record<string, string[]> = { Q8_0: ['q8_0'], Q4_0: ['q4_0'], mixed: ['q8_0', 'q4_k', 'q6_k'] };
 
 interface Reference {
   name: string;
@@ -49,16 +51,18 @@ test('a GGUF fixture per family and every loadable ggml type', () => {
 for (const dtype of ['f32', 'bf16', 'quantized'] as const) {
   for (const ref of refs) {
     if (dtype === 'quantized' && !(ref.ggml_type in QUANT_TOLERANCE)) continue;
-    const what = dtype === 'quantized' ? 'Q8_0 / Q4_0 kept quantized' : `dequantized to ${dtype}`;
+    const what = dtype === 'quantized' ? `${KEPT_LAYOUTS[ref.ggml_type]!.join(' / ')} kept quantized` : `dequantized to ${dtype}`;
     const tolerance = dtype === 'quantized' ? QUANT_TOLERANCE[ref.ggml_type]! : TOLERANCE[dtype];
     test(`${ref.name} (${ref.ggml_type}, ${what}): matches transformers (${ref.method}) alone and batched`, async (t) => {
       const backend = await createCpuBackend({ settings: { quantWeights: dtype === 'quantized' } });
       try {
         const m = await loadModel(backend, join(DIR, ref.gguf), { maxModelLen: 512, quantizedDtype: dtype === 'quantized' ? 'bf16' : dtype });
         if (dtype === 'quantized') {
-          const layouts = new Set([m.model.weights.embed, ...m.model.weights.layers.flatMap((l) => Object.values(l.attn))]
+          const layouts = new Set([m.model.weights.embed, ...m.model.weights.layers.flatMap((l) => [...Object.values(l.attn), ...Object.values(l.mlp)])]
             .map((w) => (w as { layout?: string } | undefined)?.layout));
-          assert.ok(layouts.has('q8_0') || layouts.has('q4_0'), `no weight kept quantized (layouts: ${[...layouts].join(', ')})`);
+          for (const want of KEPT_LAYOUTS[ref.ggml_type]!) {
+            assert.ok(layouts.has(want), `no ${want} weight kept quantized (layouts: ${[...layouts].join(', ')})`);
+          }
         }
         const request = (c: Reference['cases'][number]) => ({
           promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,

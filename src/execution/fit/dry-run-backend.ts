@@ -102,7 +102,7 @@ export interface DryRunOptions {
   /** the CUDA backend's settings it mirrors (the tuner's on/off, the MoE grouping); default from the environment */
   cuda?: CudaSettings;
   /**
-   * CPU: GGUF Q8_0 / Q4_0 / Q4_K matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
+   * CPU: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
    * native/quant_pack.c), and take those panels' bytes; default false
    */
   quantWeights?: boolean;
@@ -110,10 +110,15 @@ export interface DryRunOptions {
 
 /**
  * native/llm.h quant_p16_bytes: rows rounded up to panels of 16; a panel's block of 32 k takes 16 x 34
- * bytes (Q8_0), 16 x 18 (Q4_0) or 16 x 18.5 (Q4_K: nibbles, a scale and a min byte, its super-block's two f16s)
+ * bytes (Q8_0), 16 x 18 (Q4_0), 16 x 18.5 (Q4_K: nibbles, a scale and a min byte, its super-block's two
+ * f16s) or 16 x 26.25 (Q6_K: nibbles, 2-bit high parts, two int8 scales, its super-block's f16)
  */
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420 };
+/** weights a ggml block of the type holds: the matrix's K must be a multiple */
+export const QUANT_BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256 };
+
 export function quantPanelBytes(type: QuantizedType, N: number, K: number): number {
-  return Math.ceil(N / 16) * (K / 32) * (type === 'Q8_0' ? 544 : type === 'Q4_0' ? 288 : 296);
+  return Math.ceil(N / 16) * (K / 32) * PANEL_BLOCK_BYTES[type];
 }
 
 export interface CudaTuning {
@@ -255,7 +260,7 @@ export class DryRunBackend implements Backend {
     // pack are a fresh block given back at once)
     const [N, K] = src.shape;
     if (this.quantWeights && use === 'matmul' && as === 'keep' && src.quantized && src.shape.length === 2 && N! > 0 &&
-      K! > 0 && K! % (src.quantized.type === 'Q4_K' ? 256 : 32) === 0) {
+      K! > 0 && K! % QUANT_BLOCK_SIZE[src.quantized.type] === 0) {
       return this.make(src.shape, src.dtype, false, true, { bytes: numel(src.shape) * dtypeBytes[src.dtype], dtype: src.dtype },
         { name: src.quantized.type, bytes: quantPanelBytes(src.quantized.type, N!, K!) });
     }
