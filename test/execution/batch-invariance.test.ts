@@ -3,7 +3,7 @@
 // by how many rows share a step (the matmul's decode and prefill paths, the bf16 dot products), a
 // reduction order that depends on the row count, or a prompt's own prefill computed differently
 // when the token budget splits it into other chunks (attention over cached keys vs the chunk's own).
-// The GGUF cases keep their Q8_0 / Q4_0 matrices quantized (LLMTS_CPU_QUANT_WEIGHTS, on by default),
+// The GGUF cases keep their Q8_0 / Q4_0 (and K-quant) matrices quantized (LLMTS_CPU_QUANT_WEIGHTS, on by default),
 // so every matmul quantizes its activations per row block: a row's bytes must not depend on the others.
 
 import { describe, before, after } from 'node:test';
