@@ -74,7 +74,7 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
                                                         const int8_t *const *xr, const float *const *dr,
                                                         const int32_t *const *cr, const uint8_t *const *wp,
                                                         int64_t KB, __m512 acc[QMR][QNV]) {
-  const int64_t qb = Q4 == QK_Q8_0 ? 512 : Q4 == QK_Q6_K ? 384 : 256;
+  const int64_t qb = quant_quants_bytes(Q4);
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const uint16_t *sc[QNV];
   for (int v = 0; v < NV; v++) sc[v] = (const uint16_t *)(wp[v] + KB * qb); // Q8_0, Q4_0

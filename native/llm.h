@@ -65,6 +65,9 @@ static inline int dt_quant(int dt) { return dt >= DT_Q8_0_P16 && dt <= DT_Q6_K_P
 // (nibbles, a min per block), QK_Q6_K (nibbles and 2-bit high parts, a scale per 16 k, offset 32).
 enum { QK_Q8_0 = 0, QK_Q4_0 = 1, QK_Q4_K = 2, QK_Q6_K = 3 };
 static inline int quant_kind(int dt) { return dt - DT_Q8_0_P16; }
+// Bytes of a panel block's quants (16 rows x 32 k), ahead of the KB blocks' scales: Q8_0 512 (a byte
+// a weight), the nibble kinds 256, Q6_K 384 (nibbles, then the 2-bit high parts).
+static inline int64_t quant_quants_bytes(int kind) { return kind == QK_Q8_0 ? 512 : kind == QK_Q6_K ? 384 : 256; }
 // Weights a ggml block of dt holds (K must be a multiple): 32, or 256 for the K-quants.
 static inline int64_t quant_k_multiple(int dt) { return dt == DT_Q4_K_P16 || dt == DT_Q6_K_P16 ? 256 : 32; }
 // Bytes of w[N][K] (K a multiple of quant_k_multiple) per panel block of 32 k: DT_Q8_0_P16 544,

@@ -66,6 +66,12 @@ enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOC
 
 static int quant_q4(int dt) { return dt == DT_Q4_0_P16; }
 
+// Q6_K panel block q's 6-bit value of row l at k = 8 j + 4 hh + t (hh 0: the low nibble's k, 1: the high's).
+static inline int q6k_value(const uint8_t *q, int j, int hh, int l, int t) {
+  const uint8_t u = q[j * 64 + l * 4 + t];
+  return ((hh ? u >> 4 : u) & 0xF) | (((q[256 + hh * 64 + l * 4 + t] >> (2 * j)) & 3) << 4);
+}
+
 // Q4_K sub-block j's (0..7) 6-bit scale and min from the 12 scale bytes at s (ggml's get_scale_min_k4).
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
   if (j < 4) {
@@ -245,11 +251,8 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
       for (int j = 0; j < 4; j++) {
         const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 32 + (j >> 1) * 16 + l];
         for (int t = 0; t < 4; t++) {
-          const uint8_t u = q[j * 64 + l * 4 + t];
-          const int lo = (u & 0xF) | (((q[256 + l * 4 + t] >> (2 * j)) & 3) << 4);
-          const int hi = (u >> 4) | (((q[256 + 64 + l * 4 + t] >> (2 * j)) & 3) << 4);
-          o[8 * j + t] = (float)(lo - 32) * dw;
-          o[8 * j + 4 + t] = (float)(hi - 32) * dw;
+          o[8 * j + t] = (float)(q6k_value(q, j, 0, l, t) - 32) * dw;
+          o[8 * j + 4 + t] = (float)(q6k_value(q, j, 1, l, t) - 32) * dw;
         }
       }
     }
@@ -317,7 +320,7 @@ void quant_x_rows_portable(const float *x, int8_t *xq, float *xd, int32_t *xc, i
 __attribute__((target_clones("avx2", "default"))) static void
 quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int kind,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
-  const int64_t KB = K / 32, qb = kind == QK_Q8_0 ? 512 : kind == QK_Q6_K ? 384 : 256;
+  const int64_t KB = K / 32, qb = quant_quants_bytes(kind);
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
   const uint8_t *ksc = panel + KB * 256, *kmn = ksc + KB * 16;
   const uint16_t *kd = (const uint16_t *)(kmn + KB * 16), *kdmin = kd + (KB / 8) * 16;
@@ -335,12 +338,8 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
           for (int l = 0; l < 16; l++) is[l] = xc[(m * KB + b) * 2 + h];
           for (int j = 2 * h; j < 2 * h + 2; j++)
             for (int l = 0; l < 16; l++)
-              for (int t = 0; t < 4; t++) {
-                const uint8_t u = q[j * 64 + l * 4 + t];
-                const int lo = (u & 0xF) | (((q[256 + l * 4 + t] >> (2 * j)) & 3) << 4);
-                const int hi = (u >> 4) | (((q[256 + 64 + l * 4 + t] >> (2 * j)) & 3) << 4);
-                is[l] += lo * xb[8 * j + t] + hi * xb[8 * j + 4 + t];
-              }
+              for (int t = 0; t < 4; t++)
+                is[l] += q6k_value(q, j, 0, l, t) * xb[8 * j + t] + q6k_value(q, j, 1, l, t) * xb[8 * j + 4 + t];
           for (int l = 0; l < 16; l++) {
             const float dw = f16_to_f32(q6d[(b / 8) * 16 + l]) * (float)q6sc[b * 32 + h * 16 + l];
             const float s = dx * dw;

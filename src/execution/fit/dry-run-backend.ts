@@ -15,6 +15,7 @@ import type {
   StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
+import { GGML_TYPE_BY_NAME } from '../../artifacts/gguf/ggml-types.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import * as shapes from '../../backends/common/op-shapes.ts';
 import { checkDtypeRank, FLOATS, type OpChecks } from '../../backends/common/op-shapes.ts';
@@ -114,8 +115,6 @@ export interface DryRunOptions {
  * f16s) or 16 x 26.25 (Q6_K: nibbles, 2-bit high parts, two int8 scales, its super-block's f16)
  */
 const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420 };
-/** weights a ggml block of the type holds: the matrix's K must be a multiple */
-export const QUANT_BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256 };
 
 export function quantPanelBytes(type: QuantizedType, N: number, K: number): number {
   return Math.ceil(N / 16) * (K / 32) * PANEL_BLOCK_BYTES[type];
@@ -260,7 +259,7 @@ export class DryRunBackend implements Backend {
     // pack are a fresh block given back at once)
     const [N, K] = src.shape;
     if (this.quantWeights && use === 'matmul' && as === 'keep' && src.quantized && src.shape.length === 2 && N! > 0 &&
-      K! > 0 && K! % QUANT_BLOCK_SIZE[src.quantized.type] === 0) {
+      K! > 0 && K! % GGML_TYPE_BY_NAME.get(src.quantized.type)!.blockSize === 0) {
       return this.make(src.shape, src.dtype, false, true, { bytes: numel(src.shape) * dtypeBytes[src.dtype], dtype: src.dtype },
         { name: src.quantized.type, bytes: quantPanelBytes(src.quantized.type, N!, K!) });
     }
