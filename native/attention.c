@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "fastmath.h"
+#include "kv_format.h"
 #include "llm.h"
 #include "simd.h"
 
@@ -41,8 +42,8 @@ static int64_t attn_qb(int64_t D, int64_t G) {
 
 typedef struct {
   const float *q;              // [T, H, D]
-  const void *kpool, *vpool;   // [NB, BS, KVH, D], f32 or bf16 (kv_dt)
-  int kv_dt;                   // DT_F32 or DT_BF16: bf16 rows are widened chunk by chunk (value_rows, transpose_keys)
+  const void *kpool, *vpool;   // [NB, BS, KVH, D] rows of kv_dt (kv_format.h)
+  int kv_dt;                   // DT_F32, DT_BF16, DT_KV_INT8 or DT_KV_FP8: all but f32 widened chunk by chunk (value_rows, transpose_keys)
   const int32_t *row, *pos;    // [T]
   const int32_t *tables;       // [R, MBR]
   float *out;                  // [T, H, D]
@@ -124,6 +125,8 @@ static int exec_attention(const llm_cmd *c) {
       .KVH = c->i[9], .D = c->i[10], .NB = c->i[11], .BS = c->i[12], .R = c->i[13], .MBR = c->i[14],
       .window = c->i[15], .kv_dt = (int)c->i[16], .scale = (float)c->f[0], .softcap = (float)c->f[1],
   };
+  if (a.kv_dt != DT_F32 && a.kv_dt != DT_BF16 && !dt_kv8(a.kv_dt))
+    return llm_fail("attention: pool dtype %d is not a KV dtype", a.kv_dt);
   if (validate(&a)) return -1;
   // work items: (block, kv head), a block being up to qb consecutive tokens of one row (a
   // prefill chunk's tokens share each gathered chunk of keys) or a lone token (decode)
@@ -140,7 +143,7 @@ static int exec_attention(const llm_cmd *c) {
       const int64_t p = a.pos[u], n = p < 0 ? 0 : p + 1 - attn_start(&a, p);
       span = n > span ? n : span;
     }
-    kvBytes += (size_t)span * (size_t)(a.KVH * a.D) * 2 * dtype_size(a.kv_dt);
+    kvBytes += (size_t)span * (size_t)a.KVH * 2 * kv_row_bytes(a.kv_dt, a.D);
   }
   block[nblocks] = a.T;
   const int64_t items = nblocks * a.KVH;
@@ -148,7 +151,7 @@ static int exec_attention(const llm_cmd *c) {
   // attend: ATTN_SC chunks' keys transposed (D x SK) and the G heads' scores (G x SK), 2G of
   // running max/sum; attend_block: Q transposed (D x RP), keys transposed (D x CHUNK), scores
   // (CHUNK x RP), 5 RP of max, sum, factor and key bounds (RP: qb G rows rounded up to the widest
-  // vector). Then a chunk's value rows widened to f32 when the pools hold bf16 (value_rows).
+  // vector). Then a chunk's value rows widened to f32 when the pools hold another dtype (value_rows).
   const int64_t RP = (qb * G + 15) / 16 * 16, SK = ATTN_SC * CHUNK;
   const int64_t attendFloats = a.D * SK + G * SK + 2 * G;
   const int64_t blockFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP;

@@ -23,13 +23,13 @@
 // (read, then masked).
 SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t n,
                                int64_t first, const char **ksrc, const char **vsrc) {
-  const int64_t D = a->D, eb = a->kv_dt == DT_F32 ? 4 : 2;
+  const int64_t rb = (int64_t)kv_row_bytes(a->kv_dt, a->D);
   for (int64_t jj = 0; jj < n; jj++) {
     const int64_t j = j0 + jj < first ? first : j0 + jj;
     const int64_t off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
-    ksrc[jj] = (const char *)a->kpool + off * D * eb;
-    vsrc[jj] = (const char *)a->vpool + off * D * eb;
-    for (int64_t b = 0; b < D * eb; b += 64) {
+    ksrc[jj] = (const char *)a->kpool + off * rb;
+    vsrc[jj] = (const char *)a->vpool + off * rb;
+    for (int64_t b = 0; b < rb; b += 64) {
       __builtin_prefetch(ksrc[jj] + b);
       __builtin_prefetch(vsrc[jj] + b);
     }
@@ -41,26 +41,59 @@ SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t
   }
 }
 
+// VW one-byte values of a DT_KV_INT8 / DT_KV_FP8 row from element d, widened (fp8: to its value
+// / 2^8, e4m3_as_f16_bits) and multiplied by the row's factor s (kv8_scale): kv_elem's values.
+SIMD_INLINE VF FN(load_kv8)(const uint8_t *q, int dt, float s) {
+#if VEC_AVX512
+  const __m128i b = _mm_loadu_si128((const __m128i *)q);
+  if (dt == DT_KV_INT8) return (VF)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)) * FN(vsplat)(s);
+  const __m256i w = _mm256_cvtepu8_epi16(b);
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7));
+  return (VF)_mm512_cvtph_ps(h) * FN(vsplat)(s);
+#elif VEC_AVX2
+  const __m128i b = _mm_loadl_epi64((const __m128i *)q);
+  if (dt == DT_KV_INT8) return (VF)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)) * FN(vsplat)(s);
+  const __m128i w = _mm_cvtepu8_epi16(b);
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7));
+  return (VF)_mm256_cvtph_ps(h) * FN(vsplat)(s);
+#else
+  VF v;
+  for (int i = 0; i < VW; i++) v[i] = dt == DT_KV_INT8 ? (float)(int8_t)q[i] : f16_to_f32(e4m3_as_f16_bits(q[i]));
+  return v * FN(vsplat)(s);
+#endif
+}
+
+// VW elements of a pool row of dtype dt from element d, as f32 (kv_format.h).
+SIMD_INLINE VF FN(load_kv)(const char *row, int dt, int64_t D, int64_t d) {
+  if (dt == DT_F32) return FN(vload)((const float *)row + d);
+  if (dt == DT_BF16) return FN(load_w)(row, DT_BF16, d);
+  return FN(load_kv8)((const uint8_t *)row + d, dt, kv8_scale(row, dt, D));
+}
+
 // The chunk's value rows as f32: in place (f32 pools), or widened into vbuf (CHUNK D floats,
-// L1-resident) from a bf16 pool, so the kernels read f32 either way while memory traffic halves.
+// L1-resident) from a bf16, int8 or fp8 pool, so the kernels read f32 either way while memory
+// traffic shrinks.
 SIMD_INLINE void FN(value_rows)(const attn_args *a, const char *const *vsrc, int64_t n, const float **vrow, float *vbuf) {
   const int64_t D = a->D;
-  if (a->kv_dt == DT_F32) {
+  const int dt = a->kv_dt;
+  if (dt == DT_F32) {
     for (int64_t jj = 0; jj < n; jj++) vrow[jj] = (const float *)vsrc[jj];
     return;
   }
   for (int64_t jj = 0; jj < n; jj++) {
     float *vd = vbuf + jj * D;
     int64_t d = 0;
-    for (; d + VW <= D; d += VW) FN(vstore)(vd + d, FN(load_w)(vsrc[jj], DT_BF16, d));
-    for (; d < D; d++) vd[d] = bf16_to_f32(((const uint16_t *)vsrc[jj])[d]);
+    for (; d + VW <= D; d += VW) FN(vstore)(vd + d, FN(load_kv)(vsrc[jj], dt, D, d));
+    for (; d < D; d++) vd[d] = kv_elem(vsrc[jj], dt, D, d);
     vrow[jj] = vd;
   }
 }
 
 // kt[d ldk + jj] = key jj's element d as f32, for d < D, jj < CHUNK: the chunk's keys transposed
-// (and widened from bf16), VW x VW tiles in registers (transpose, vec_isa.h), the last D % VW
-// elements one by one.
+// (and widened from bf16, int8 or fp8), VW x VW tiles in registers (transpose, vec_isa.h), the
+// last D % VW elements one by one.
 SIMD_INLINE void FN(transpose_keys)(const attn_args *a, const char *const *ksrc, float *kt, int64_t ldk) {
   const int64_t D = a->D;
   const int dt = a->kv_dt;
@@ -69,14 +102,14 @@ SIMD_INLINE void FN(transpose_keys)(const attn_args *a, const char *const *ksrc,
     for (int j0 = 0; j0 < CHUNK; j0 += VW) {
       VF v[VW];
 #pragma GCC unroll 16
-      for (int i = 0; i < VW; i++) v[i] = dt == DT_F32 ? FN(vload)((const float *)ksrc[j0 + i] + d0) : FN(load_w)(ksrc[j0 + i], DT_BF16, d0);
+      for (int i = 0; i < VW; i++) v[i] = FN(load_kv)(ksrc[j0 + i], dt, D, d0);
       FN(transpose)(v);
 #pragma GCC unroll 16
       for (int i = 0; i < VW; i++) FN(vstore)(kt + (d0 + i) * ldk + j0, v[i]); // v[i]: element d0 + i
     }
   }
   for (; d0 < D; d0++)
-    for (int jj = 0; jj < CHUNK; jj++) kt[d0 * ldk + jj] = load_elem(ksrc[jj], dt, d0);
+    for (int jj = 0; jj < CHUNK; jj++) kt[d0 * ldk + jj] = kv_elem(ksrc[jj], dt, D, d0);
 }
 
 // Prefill rows per PV register block and keys per scores register block: AVX-512's 32 registers

@@ -15,9 +15,11 @@
 // DT_BF16_P16: bf16 matmul weights in 16-row panels of k pairs (weight_pack.c), only as a
 // matmul's w or an embedding table. DT_Q8_0_P16 / DT_Q4_0_P16 / DT_Q4_K_P16 / DT_Q6_K_P16: GGUF Q8_0 /
 // Q4_0 / Q4_K / Q6_K matmul weights kept quantized in 16-row panels (quant_pack.c), in the same two roles.
+// DT_KV_INT8 / DT_KV_FP8: KV pools of one-byte values with an f32 scale per row (kv_format.h).
 enum {
   DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4,
-  DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6, DT_Q4_K_P16 = 7, DT_Q6_K_P16 = 8
+  DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6, DT_Q4_K_P16 = 7, DT_Q6_K_P16 = 8,
+  DT_KV_INT8 = 9, DT_KV_FP8 = 10
 };
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };

@@ -7,6 +7,7 @@
 //       -o build/kernel-bench && OMP_WAIT_POLICY=passive build/kernel-bench
 //   build/kernel-bench panels [N K]...   # bf16 weights row-major against panels (DT_BF16_P16)
 //   OMP_NUM_THREADS=1 build/kernel-bench quant [N K]...   # bf16 panels against Q8_0 / Q4_0 / Q4_K / Q6_K panels
+//   build/kernel-bench attention   # the attention cases only (decode with f32, bf16, int8 and fp8 pools)
 //
 // Note: weights of 32-235 MB fit a large L3 (300 MB on the Xeon measured): read "% of stream"
 // as cache-resident there.
@@ -21,6 +22,7 @@ int llm_set_isa(int);
 void llm_op_matmul(int64_t,int64_t,int64_t,int64_t,int,int,int,int);
 void llm_op_add(int64_t,int64_t,int64_t,int64_t,double);
 void llm_op_pack_bf16_p16(int64_t,int64_t,int64_t,int64_t); int64_t llm_p16_bytes(int64_t,int64_t);
+void llm_op_write_kv(int64_t kp,int64_t vp,int64_t k,int64_t v,int64_t slots,int64_t T,int64_t rf,int64_t ns,int64_t dt,int64_t D);
 void llm_op_attention(int64_t q,int64_t kp,int64_t vp,int64_t row,int64_t pos,int64_t tab,int64_t out,int64_t T,int64_t H,int64_t KVH,int64_t D,int64_t NB,int64_t BS,int64_t R,int64_t MBR,int64_t window,int64_t kv_dt,double scale,double softcap);
 static double now(){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
 static void sync_(){ llm_wait(llm_fence()); }
@@ -119,9 +121,12 @@ int main(int argc,char**argv){
   if (argc > 1 && strcmp(argv[1], "panels") == 0) return panels_ab(argc, argv);
   if (argc > 1 && strcmp(argv[1], "quant") == 0) return quant_ab(argc, argv);
   printf("threads %d, isa %d\n", omp_get_max_threads(), llm_set_isa(-1));
+  const int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
+  double t0;
+  if (!attention_only) {
   size_t n=32u<<20; float*a=rnd(n),*c=rnd(n),*o=rnd(n);
   llm_op_add((intptr_t)a,(intptr_t)c,(intptr_t)o,n,1); sync_();
-  double t0=now(); for(int r=0;r<5;r++) llm_op_add((intptr_t)a,(intptr_t)c,(intptr_t)o,n,1); sync_();
+  t0=now(); for(int r=0;r<5;r++) llm_op_add((intptr_t)a,(intptr_t)c,(intptr_t)o,n,1); sync_();
   double ceil_=12.0*n/((now()-t0)/5)/1e9; printf("stream add: %.1f GB/s\n", ceil_);
   int shapes[][2]={{4096,4096},{14336,4096}};
   for(int s=0;s<2;s++){ int N=shapes[s][0],K=shapes[s][1];
@@ -140,21 +145,31 @@ int main(int argc,char**argv){
       free(w);
     }
   }
+  }
   // attention: decode at 4k context and a 512-token prefill (H=32, KVH=8, D=128), and a 1k-token
   // prefill at the demo model's shape (H=6, KVH=2, D=64); BS=16
   int BS=16;
-  // case 3: case 0's decode with bf16 pools (kdt 2: rows widened chunk by chunk, half the KV bytes)
-  for(int cse=0;cse<4;cse++){ int T = cse==2?1024:(cse==1?512:1), ctx = cse==2?1024:(cse==1?512:4096); int NB=ctx/BS;
-    int H = cse==2?6:32, KVH = cse==2?2:8, D = cse==2?64:128, kdt = cse==3?2:0;
+  // cases 3, 4, 5: case 0's decode with bf16, int8 and fp8 pools (kdt 2, 9, 10: rows widened chunk
+  // by chunk; half the KV bytes, and D + 4 bytes a row)
+  for(int cse=0;cse<6;cse++){ int T = cse==2?1024:(cse==1?512:1), ctx = cse==2?1024:(cse==1?512:4096); int NB=ctx/BS;
+    int H = cse==2?6:32, KVH = cse==2?2:8, D = cse==2?64:128, kdt = cse==3?2:cse==4?9:cse==5?10:0;
     float*kp=rnd((size_t)NB*BS*KVH*D),*vp=rnd((size_t)NB*BS*KVH*D),*q=rnd((size_t)T*H*D),*out=rnd((size_t)T*H*D);
-    if(kdt){ uint16_t*k16=(uint16_t*)kp,*v16=(uint16_t*)vp; for(size_t e=0;e<(size_t)NB*BS*KVH*D;e++){ uint32_t u; memcpy(&u,kp+e,4); k16[e]=u>>16; memcpy(&u,vp+e,4); v16[e]=u>>16; } }
+    if(kdt==2){ uint16_t*k16=(uint16_t*)kp,*v16=(uint16_t*)vp; for(size_t e=0;e<(size_t)NB*BS*KVH*D;e++){ uint32_t u; memcpy(&u,kp+e,4); k16[e]=u>>16; memcpy(&u,vp+e,4); v16[e]=u>>16; } }
+    if(kdt>=9){ // the pools written by writeKv from the f32 rows
+      int n=NB*BS; int32_t*sl=(int32_t*)(intptr_t)llm_alloc((size_t)n*4); for(int i=0;i<n;i++) sl[i]=i;
+      float*k8=(float*)(intptr_t)llm_alloc((size_t)n*KVH*(D+4)),*v8=(float*)(intptr_t)llm_alloc((size_t)n*KVH*(D+4));
+      llm_op_write_kv((intptr_t)k8,(intptr_t)v8,(intptr_t)kp,(intptr_t)vp,(intptr_t)sl,n,KVH*D,n,kdt,D); sync_();
+      kp=k8; vp=v8;
+    }
     int32_t*row=(int32_t*)(intptr_t)llm_alloc(T*4),*pos=(int32_t*)(intptr_t)llm_alloc(T*4),*tab=(int32_t*)(intptr_t)llm_alloc(NB*4);
-    for(int t=0;t<T;t++){row[t]=0;pos[t]=(cse==0||cse==3)?ctx-1:t;} for(int b=0;b<NB;b++)tab[b]=b;
+    for(int t=0;t<T;t++){row[t]=0;pos[t]=(cse==0||cse>=3)?ctx-1:t;} for(int b=0;b<NB;b++)tab[b]=b;
     llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,kdt,0.088,0); sync_();
-    int reps=(cse==0||cse==3)?50:3; t0=now();
+    int reps=(cse==0||cse>=3)?50:3; t0=now();
     for(int r=0;r<reps;r++) llm_op_attention((intptr_t)q,(intptr_t)kp,(intptr_t)vp,(intptr_t)row,(intptr_t)pos,(intptr_t)tab,(intptr_t)out,T,H,KVH,D,NB,BS,1,NB,0,kdt,0.088,0);
-    sync_(); double ms=(now()-t0)/reps*1e3; const int dec = cse==0||cse==3; double keys = dec? (double)ctx : (double)T*(T+1)/2;
-    printf("attention H=%d KVH=%d D=%d T=%d ctx=%d KV %s: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", H, KVH, D, T, ctx, kdt?"bf16":"f32", ms, 4*keys*H*D/(ms*1e6), dec?(double)ctx*KVH*D*(kdt?4:8)/(ms*1e6):0);
+    sync_(); double ms=(now()-t0)/reps*1e3; const int dec = cse==0||cse>=3; double keys = dec? (double)ctx : (double)T*(T+1)/2;
+    const double rowb = kdt==2 ? 2.0*D : kdt>=9 ? D+4.0 : 4.0*D;
+    printf("attention H=%d KVH=%d D=%d T=%d ctx=%d KV %s: %.3f ms, %.1f GFLOP/s, KV read %.1f GB/s\n", H, KVH, D, T, ctx,
+           kdt==2?"bf16":kdt==9?"int8":kdt==10?"fp8":"f32", ms, 4*keys*H*D/(ms*1e6), dec?(double)ctx*KVH*2*rowb/(ms*1e6):0);
   }
   return 0;
 }

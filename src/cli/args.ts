@@ -57,10 +57,13 @@ export function parseSize(raw: string, flag: string): number {
   return Math.round(Number(m[1]) * unit);
 }
 
-/** --kv-dtype f32|bf16|f16: what the KV cache holds (undefined: the backend's default) */
-export function kvDtypeFlag(v: Values): 'f32' | 'bf16' | 'f16' | undefined {
+const KV_DTYPE_NAMES = ['f32', 'bf16', 'f16', 'int8', 'fp8'] as const;
+type KvDtypeName = (typeof KV_DTYPE_NAMES)[number];
+
+/** --kv-dtype f32|bf16|f16|int8|fp8: what the KV cache holds (undefined: the backend's default) */
+export function kvDtypeFlag(v: Values): KvDtypeName | undefined {
   const raw = stringFlag(v, 'kv-dtype');
   if (raw === undefined) return undefined;
-  if (raw !== 'f32' && raw !== 'bf16' && raw !== 'f16') throw new UsageError(`--kv-dtype must be one of f32, bf16, f16, got "${raw}"`);
-  return raw;
+  if (!(KV_DTYPE_NAMES as readonly string[]).includes(raw)) throw new UsageError(`--kv-dtype must be one of ${KV_DTYPE_NAMES.join(', ')}, got "${raw}"`);
+  return raw as KvDtypeName;
 }

@@ -39,7 +39,8 @@ Memory plan and decode speed estimate, from config.json and safetensors headers 
   --device cpu|cuda           what --memory describes (default cuda); without --gpu/--memory,
                               cpu (the default) plans for this machine's CPU
   --skus                      plan for every GPU in the table and this CPU
-  --kv-dtype f32|bf16|f16     KV cache dtype (default: f32 on the CPU backend, bf16 on CUDA)
+  --kv-dtype DTYPE            KV cache dtype: f32, bf16, f16, or int8 / fp8 (CPU only) (default:
+                              f32 on the CPU backend, bf16 on CUDA)
   --batch N                   sequences resident together (default 1)
   --chunk N                   tokens per engine step (default ${DEFAULT_CHUNK}, the engine's)
   --gpu-memory-utilization F  fraction of GPU memory the engine may use (default ${DEFAULT_GPU_MEMORY_UTILIZATION})

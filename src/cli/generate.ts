@@ -50,8 +50,9 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --ignore-eos             keep generating past end-of-sequence tokens
   --top-logprobs K         report the chosen token's logprob and the K best (0..20)
   --max-model-len N        context limit (default: the model's max_position_embeddings)
-  --kv-dtype f32|bf16      what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
-                           CUDA; the CPU backend also keeps bf16: half the bytes a decode step reads)
+  --kv-dtype DTYPE         what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
+                           CUDA); the CPU backend also keeps bf16 (half the bytes a decode step
+                           reads) and int8 / fp8 with a scale per token and head (about a quarter)
   --device auto|cpu|cuda   (default auto)
   --batch-invariant        CUDA: results that do not depend on other rows of a step (the server's
                            mode, for comparing; default: $LLMTS_CUDA_BATCH_INVARIANT, off)

@@ -57,9 +57,10 @@ const HELP = `usage: llmts serve --model DIR [options]
   --kv-budget SIZE            memory for the KV cache, e.g. 512M, 4G (default: room for
                               max-batch sequences of max-model-len tokens, as far as the
                               memory plan of "llmts fit" allows)
-  --kv-dtype f32|bf16         what the KV cache holds (default: the backend's, f32 on the CPU, bf16
-                              on CUDA; the CPU backend also keeps bf16: half the bytes a decode
-                              step reads, twice the tokens in the same memory)
+  --kv-dtype DTYPE            what the KV cache holds (default: the backend's, f32 on the CPU, bf16
+                              on CUDA); the CPU backend also keeps bf16 (half the bytes a decode
+                              step reads, twice the tokens in the same memory) and int8 / fp8 with
+                              a scale per token and head (about a quarter of f32's bytes)
   --gpu-memory-utilization F  CUDA: fraction of device memory for weights, KV cache and
                               activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)

@@ -13,9 +13,35 @@
 
 import type { DeviceSampleRow } from './device-sampling.ts';
 
-export type DType = 'f32' | 'f16' | 'bf16' | 'i32';
+/**
+ * Element types. 'int8' and 'fp8' (e4m3) are KV pool dtypes only: every row along the last
+ * dimension (one token's keys or values of one kv head) is its one-byte values followed by the
+ * row's f32 scale (native/kv_format.h), so it takes rowBytes, not numel * dtypeBytes.
+ */
+export type DType = 'f32' | 'f16' | 'bf16' | 'i32' | 'int8' | 'fp8';
 
-export const dtypeBytes: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, i32: 4 };
+/** the float dtypes of checkpoint tensors */
+export type FloatDType = 'f32' | 'f16' | 'bf16';
+
+/** bytes of one element (a row-scaled dtype's rows add their scale: rowBytes) */
+export const dtypeBytes: Record<DType, number> = { f32: 4, f16: 2, bf16: 2, i32: 4, int8: 1, fp8: 1 };
+
+/** whether each row of a tensor of this dtype carries an f32 scale after its elements */
+export function isRowScaled(dtype: DType): boolean {
+  return dtype === 'int8' || dtype === 'fp8';
+}
+
+/** bytes of one row of `lastDim` elements */
+export function rowBytes(dtype: DType, lastDim: number): number {
+  return lastDim * dtypeBytes[dtype] + (isRowScaled(dtype) ? 4 : 0);
+}
+
+/** bytes of a tensor of this shape and dtype */
+export function tensorBytes(shape: readonly number[], dtype: DType): number {
+  if (!isRowScaled(dtype)) return numel(shape) * dtypeBytes[dtype];
+  if (shape.length === 0) throw new Error(`a ${dtype} tensor needs a last dimension to scale its rows by`);
+  return numel(shape.slice(0, -1)) * rowBytes(dtype, shape[shape.length - 1]!);
+}
 
 /** elements of a tensor of this shape (1 for a scalar) */
 export function numel(shape: readonly number[]): number {
@@ -35,7 +61,7 @@ export interface WeightSource {
   path: string;
   /** absolute byte offset of the first element in the file */
   offset: number;
-  dtype: Exclude<DType, 'i32'>;
+  dtype: FloatDType;
   shape: number[];
   /** human-readable name for error messages, e.g. "model.layers.0.self_attn.q_proj.weight" */
   name: string;

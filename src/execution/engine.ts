@@ -84,7 +84,7 @@ export interface EngineOptions extends Partial<EngineSettings> {
 export function resolveKvDtype(backend: Backend, requested?: DType): DType {
   const kvDtype = requested ?? backend.activationDtype;
   const kept = backend.kvDtypes ?? [backend.activationDtype];
-  if (!kept.includes(kvDtype)) throw new Error(`the ${backend.name} backend keeps its KV cache in ${kept.join(' or ')}, not ${kvDtype}`);
+  if (!kept.includes(kvDtype)) throw new Error(`the ${backend.name} backend keeps its KV cache in ${kept.length > 1 ? `${kept.slice(0, -1).join(', ')} or ${kept.at(-1)}` : kept[0]}, not ${kvDtype}`);
   return kvDtype;
 }
 

@@ -5,11 +5,11 @@
 // model weights and KV layout: exactly when K/V content can be shared. Only full blocks are hashed.
 
 import { createHash } from 'node:crypto';
-import { dtypeBytes, type DType } from '../contracts/backend.ts';
+import { rowBytes, type DType } from '../contracts/backend.ts';
 
 /** How KV content is laid out: two caches agree on content only when these agree. */
 export interface KvScheme {
-  /** element type of the KV pools ('f32' on the CPU backends) */
+  /** element type of the KV pools ('f32' on the CPU backends by default; int8 / fp8 rows carry a scale: rowBytes) */
   dtype: DType;
   blockSize: number;
   numLayers: number;
@@ -19,7 +19,7 @@ export interface KvScheme {
 
 /** Bytes one logical block takes across every layer, K and V. */
 export function kvBlockBytes(s: KvScheme): number {
-  return s.numLayers * 2 * s.blockSize * s.numKvHeads * s.headDim * dtypeBytes[s.dtype];
+  return s.numLayers * 2 * s.blockSize * s.numKvHeads * rowBytes(s.dtype, s.headDim);
 }
 
 /** What the KV of a token sequence depends on besides its token ids. */

@@ -23,7 +23,7 @@ import type { Backend, DType, HostStepLayout, PagedKv, StepLayout, Tensor } from
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { BlockPool } from './block-pool.ts';
 import { chainHashes, kvBlockBytes, type KvScheme } from './block-hash.ts';
-import { dtypeBytes } from '../contracts/backend.ts';
+import { rowBytes } from '../contracts/backend.ts';
 import type { KvAccess } from '../models/decoder.ts';
 
 export interface KvGroupSpec {
@@ -201,7 +201,7 @@ export class KvCache implements KvAccess<StepRow> {
   /** Bytes one logical block takes in group g's layers (K and V): the unit of GroupBlocks. */
   groupBlockBytes(g: number): number {
     const { blockSize, numKvHeads, headDim } = this.shape;
-    return this.groups[g].spec.layers.length * 2 * blockSize * numKvHeads * headDim * dtypeBytes[this.dtype];
+    return this.groups[g].spec.layers.length * 2 * blockSize * numKvHeads * rowBytes(this.dtype, headDim);
   }
 
   kvOfLayer(layer: number): PagedKv {

@@ -1,8 +1,8 @@
 // The CPU kernels give a row the same bits whatever else shares the call: a matmul row equals
 // itself in a matmul of any other number of rows (the decode and prefill kernels, the bf16 dot
 // products, every ISA, one thread or the team), and an attention token equals itself computed
-// alone, in a block of its row's tokens, or in a chunk split elsewhere (windows, soft-caps, f32
-// and bf16 pools). test/execution/batch-invariance.test.ts checks the same end to end.
+// alone, in a block of its row's tokens, or in a chunk split elsewhere (windows, soft-caps; f32,
+// bf16, int8 and fp8 pools). test/execution/batch-invariance.test.ts checks the same end to end.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 
@@ -11,6 +11,7 @@ import { encodeHalf } from '../../src/backends/common/half.ts';
 import { createCpuBackend, type CpuBackend } from '../../src/backends/cpu/index.ts';
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng, WeightDir } from './helpers.ts';
+import { quantizeRows } from './kv-quant-model.ts';
 
 let cpu: CpuBackend;
 let files: WeightDir;
@@ -74,11 +75,12 @@ describe('attention tokens do not depend on how their row is split into blocks',
   const q = randomF32(r, L * H * D, 2);
   const other = randomF32(r, 5 * H * D, 2); // a second row's decode tokens sharing the steps
 
-  async function pools(dtype: 'f32' | 'bf16') {
+  async function pools(dtype: 'f32' | 'bf16' | 'int8' | 'fp8') {
     if (dtype === 'f32') return { k: cpu.upload(kp, [NB, BS, KVH, D]), v: cpu.upload(vp, [NB, BS, KVH, D]) };
-    const kv = { k: cpu.zeros([NB, BS, KVH, D], 'bf16'), v: cpu.zeros([NB, BS, KVH, D], 'bf16') };
-    cpu.writeBlocks(kv.k, [...Array(NB).keys()], new Uint8Array(encodeHalf(kp, 'bf16').buffer));
-    cpu.writeBlocks(kv.v, [...Array(NB).keys()], new Uint8Array(encodeHalf(vp, 'bf16').buffer));
+    const kv = { k: cpu.zeros([NB, BS, KVH, D], dtype), v: cpu.zeros([NB, BS, KVH, D], dtype) };
+    const bytes = (x: Float32Array) => (dtype === 'bf16' ? new Uint8Array(encodeHalf(x, 'bf16').buffer) : quantizeRows(x, D, dtype));
+    cpu.writeBlocks(kv.k, [...Array(NB).keys()], bytes(kp));
+    cpu.writeBlocks(kv.v, [...Array(NB).keys()], bytes(vp));
     return kv;
   }
 
@@ -99,7 +101,7 @@ describe('attention tokens do not depend on how their row is split into blocks',
     return out.subarray(extra * H * D);
   }
 
-  for (const dtype of ['f32', 'bf16'] as const) {
+  for (const dtype of ['f32', 'bf16', 'int8', 'fp8'] as const) {
     for (const params of [{ scale: 0.16, window: 0, softcap: 0 }, { scale: 0.3, window: 21, softcap: 4 }, { scale: 0.2, window: 7, softcap: 0 }]) {
       it(`${dtype} pools, window ${params.window}, softcap ${params.softcap}: whole, token by token and in other chunks, every ISA`, async () => {
         await forEachIsa(async (isa) => {

@@ -314,7 +314,7 @@ describe('bf16 KV pools (half the bytes a decode step reads)', () => {
       });
     });
   }
-  it('pools of two dtypes, or f16 pools, throw naming both', () => {
+  it('pools of two dtypes, or f16 pools, throw naming them', () => {
     const layout: StepLayout = {
       tokenRow: cpu.upload(new Int32Array([0]), [1]), tokenPos: cpu.upload(new Int32Array([0]), [1]),
       slots: cpu.upload(new Int32Array([0]), [1]), blockTables: cpu.upload(new Int32Array([0]), [1, 1]), blockSize: 4,
@@ -323,7 +323,7 @@ describe('bf16 KV pools (half the bytes a decode step reads)', () => {
     assert.throws(() => cpu.writeKv({ k: cpu.zeros([1, 4, 2, 4], 'bf16'), v: cpu.zeros([1, 4, 2, 4], 'f32') }, x, x, layout),
       /kv\.k bf16\[1, 4, 2, 4\] and kv\.v f32\[1, 4, 2, 4\] differ/);
     assert.throws(() => cpu.writeKv({ k: cpu.zeros([1, 4, 2, 4], 'f16'), v: cpu.zeros([1, 4, 2, 4], 'f16') }, x, x, layout),
-      /kv\.k must be f32 or bf16/);
+      /kv\.k must be f32, bf16, int8 or fp8/);
   });
 });
 

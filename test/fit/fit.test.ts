@@ -104,6 +104,12 @@ test('KV bytes per token by hand; full layers grow with the context', async () =
   const odd = await p.plan(CPU, { ctx: 1000, batch: 3, kvDtype: 'bf16' });
   assert.equal(odd.kvTokens, 3 * 1008);
   assert.equal(odd.kvBytes, 3 * 1008 * 131072);
+  // int8 / fp8 (CPU): a byte an element and each token's head row its f32 scale
+  for (const dt of ['int8', 'fp8'] as const) {
+    assert.equal(p.kvBytesPerToken(dt), 32 * 2 * 8 * (128 + 4));
+    const q = await p.plan(CPU, { ctx: 1000, batch: 3, kvDtype: dt });
+    assert.equal(q.kvBytes, 3 * 1008 * 32 * 2 * 8 * 132, dt);
+  }
 });
 
 test('sliding layers saturate at their window (Gemma-2-9B: 21 sliding + 21 full layers)', async () => {
@@ -251,7 +257,8 @@ test('unreadable or inconsistent inputs: clear errors naming the field, tensor o
   await assert.rejects(FitPlanner.open(path.join(dir, 'nope')), /does not exist/);
   const p = await FitPlanner.open(writeCheckpoint(tempModelDir(), base, tensorsFor(base)));
   await assert.rejects(p.plan(H200, { ctx: 0 }), /ctx must be a positive integer, got 0/);
-  await assert.rejects(p.plan(H200, { ctx: 10, kvDtype: 'int8' as 'f32' }), /KV dtype must be one of f32, bf16, f16, got "int8"/);
+  await assert.rejects(p.plan(H200, { ctx: 10, kvDtype: 'q4' as 'f32' }), /KV dtype must be one of f32, bf16, f16, int8, fp8, got "q4"/);
+  await assert.rejects(p.plan(H200, { ctx: 10, kvDtype: 'int8' }), /KV dtype int8 is kept by the CPU backend only/);
   await assert.rejects(p.plan(H200, { ctx: 10, utilization: 1.5 }), /utilization must be in \(0, 1\], got 1\.5/);
 });
 
@@ -271,7 +278,7 @@ test('llmts fit flags: bad values are refused with what is accepted', async () =
     [['--model', dir, '--ctx', '8', '--device', 'tpu'], /--device must be cpu or cuda, got "tpu"/],
     [['--model', dir, '--ctx', '8', '--gpu', 'h100', '--memory', '80G', '--bandwidth', '3000'], /either --gpu NAME or --memory SIZE --bandwidth GBps, not both/],
     [['--model', dir, '--ctx', '8', '--skus', '--gpu', 'h100'], /--skus plans for every machine/],
-    [['--model', dir, '--ctx', '8', '--kv-dtype', 'int8'], /--kv-dtype must be one of f32, bf16, f16, got "int8"/],
+    [['--model', dir, '--ctx', '8', '--kv-dtype', 'q4'], /--kv-dtype must be one of f32, bf16, f16, int8, fp8, got "q4"/],
     [['--model', dir, '--ctx', '8', '--batch', '0'], /--batch must be >= 1/],
     [['--model', dir, '--ctx', '8', '--gpu-memory-utilization', '1.2', '--gpu', 'h100'], /--gpu-memory-utilization must be in \(0, 1\]/],
     [['--model', dir, '--ctx', '8', '--bogus'], /Unknown option '--bogus'/],

@@ -72,30 +72,35 @@ for (const name of dirs) {
   });
 }
 
-// A bf16 KV cache (the CPU backend's --kv-dtype bf16): keys and values rounded to bf16 as they are
-// written, everything else f32; every family still within the closeness rule, each case alone.
-test('every family with a bf16 KV cache matches transformers', async (t) => {
-  const backend = await createCpuBackend();
-  try {
-    for (const name of dirs) {
-      const dir = join(FIXTURES, name);
-      const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
-      const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-      let worst = 0;
-      for (const [k, c] of ref.cases.entries()) {
-        const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, kvDtype: 'bf16' });
-        const out = await e.complete({ promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 },
-          ignoreEos: true, topLogprobs: 5 });
-        await e.close(0);
-        const artifact = KNOWN_REFERENCE_ARTIFACTS[name]?.[k];
-        const n = artifact ? artifact.steps : c.steps.length;
-        const r = compareToReference(out.logprobs!.slice(0, n), c.steps.slice(0, n), TOLERANCE);
-        worst = Math.max(worst, r.maxLogprobDiff);
-        assert.ok(r.ok, `${name} case ${k}: ${r.problem}`);
+// Lossy KV caches (the CPU backend's --kv-dtype bf16, int8, fp8): keys and values rounded as they
+// are written (native/kv.c), everything else f32; every family within the closeness rule, each case
+// alone, at a tolerance per dtype: bf16 the rule's own, int8 (per-row scales, steps of 1/127 of a
+// row's largest magnitude) and fp8 e4m3 (3 mantissa bits: steps of up to 1/16 of a value) wider.
+const KV_TOLERANCE = { bf16: TOLERANCE, int8: 0.1, fp8: 0.4 } as const;
+for (const [kvDtype, tolerance] of Object.entries(KV_TOLERANCE) as [keyof typeof KV_TOLERANCE, number][]) {
+  test(`every family with a ${kvDtype} KV cache matches transformers (tolerance ${tolerance})`, async (t) => {
+    const backend = await createCpuBackend();
+    try {
+      for (const name of dirs) {
+        const dir = join(FIXTURES, name);
+        const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as Reference;
+        const m = await loadModel(backend, dir, { maxModelLen: 4096 });
+        let worst = 0;
+        for (const [k, c] of ref.cases.entries()) {
+          const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext, kvDtype });
+          const out = await e.complete({ promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 },
+            ignoreEos: true, topLogprobs: 5 });
+          await e.close(0);
+          const artifact = KNOWN_REFERENCE_ARTIFACTS[name]?.[k];
+          const n = artifact ? artifact.steps : c.steps.length;
+          const r = compareToReference(out.logprobs!.slice(0, n), c.steps.slice(0, n), tolerance);
+          worst = Math.max(worst, r.maxLogprobDiff);
+          assert.ok(r.ok, `${name} case ${k}: ${r.problem}`);
+        }
+        t.diagnostic(`${name}: max |Δ logprob| ${worst.toExponential(2)}`);
       }
-      t.diagnostic(`${name}: max |Δ logprob| ${worst.toExponential(2)}`);
+    } finally {
+      await backend.close();
     }
-  } finally {
-    await backend.close();
-  }
-});
+  });
+}

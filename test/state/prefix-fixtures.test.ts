@@ -30,8 +30,8 @@ function engine(m: LoadedModel, opts: EngineOptions = {}): Engine {
 }
 
 /** the closeness rule (test/helpers/closeness.ts) for one case's steps */
-function check(label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number]): void {
-  const r = compareToReference(steps!, c.steps, TOLERANCE);
+function check(label: string, steps: StepRecord[] | undefined, c: Reference['cases'][number], tolerance = TOLERANCE): void {
+  const r = compareToReference(steps!, c.steps, tolerance);
   assert.ok(r.ok, `${label}: ${r.problem}`);
 }
 
@@ -80,31 +80,37 @@ for (const name of ['llama', 'llama_yarn', 'qwen3_moe', 'olmo2', 'granite']) {
   }));
 }
 
-// A bf16 KV cache: its blocks go to the SSD tier as bf16 and come back into bf16 pools; an engine
-// whose cache holds f32 has another layout (the namespace names the dtype) and restores none of them.
-test('llama with a bf16 KV cache: cached and SSD-restored prefixes match transformers; an f32 engine restores none', () =>
-  withFixture('llama', async ({ ref, m, prefixCache }) => {
-    const e = engine(m, { prefixCache, kvDtype: 'bf16' });
-    for (const [k, c] of ref.cases.entries()) {
-      check(`case ${k} cold`, (await e.complete(request(c))).logprobs, c);
-      const warm = await e.complete(request(c));
-      assert.ok(warm.cachedTokens > 0, `case ${k} reused nothing`);
-      check(`case ${k} warm`, warm.logprobs, c);
-    }
-    await e.close();
-    const f32 = engine(m, { prefixCache });
-    await Promise.all(ref.cases.map((c) => f32.complete(request(c))));
-    assert.equal(f32.stats.prefixCache.ssdHits, 0, 'an f32 cache restores no bf16 blocks');
-    await f32.close(0);
-    const e2 = engine(m, { prefixCache, kvDtype: 'bf16' });
-    const restored = await Promise.all(ref.cases.map((c) => e2.complete(request(c))));
-    restored.forEach((r, k) => {
-      assert.ok(r.cachedTokens > 0, `case ${k} restored nothing`);
-      check(`case ${k} restored`, r.logprobs, ref.cases[k]!);
-    });
-    assert.ok(e2.stats.prefixCache.ssdHits >= 1);
-    await e2.close();
-  }));
+// Lossy KV caches: their blocks go to the SSD tier as they are (bf16, or int8 / fp8 values with
+// their row scales) and come back into pools of that dtype, giving the cold run's logprobs bit for
+// bit; an engine whose cache holds another dtype has another layout (the namespace names the
+// dtype) and restores none of them. Tolerances as test/models/fixtures.test.ts states them.
+for (const [kvDtype, other, tolerance] of [['bf16', 'f32', TOLERANCE], ['int8', 'bf16', 0.1], ['fp8', 'int8', 0.4]] as const) {
+  test(`llama with a ${kvDtype} KV cache: cached and SSD-restored prefixes match transformers; a ${other} engine restores none`, () =>
+    withFixture('llama', async ({ ref, m, prefixCache }) => {
+      const e = engine(m, { prefixCache, kvDtype });
+      const cold: StepRecord[][] = [];
+      for (const [k, c] of ref.cases.entries()) {
+        cold.push((await e.complete(request(c))).logprobs!);
+        check(`case ${k} cold`, cold[k], c, tolerance);
+        const warm = await e.complete(request(c));
+        assert.ok(warm.cachedTokens > 0, `case ${k} reused nothing`);
+        assert.deepEqual(warm.logprobs, cold[k], `case ${k}: warm equals cold`);
+      }
+      await e.close();
+      const another = engine(m, { prefixCache, kvDtype: other });
+      await Promise.all(ref.cases.map((c) => another.complete(request(c))));
+      assert.equal(another.stats.prefixCache.ssdHits, 0, `a ${other} cache restores no ${kvDtype} blocks`);
+      await another.close(0);
+      const e2 = engine(m, { prefixCache, kvDtype });
+      const restored = await Promise.all(ref.cases.map((c) => e2.complete(request(c))));
+      restored.forEach((r, k) => {
+        assert.ok(r.cachedTokens > 0, `case ${k} restored nothing`);
+        assert.deepEqual(r.logprobs, cold[k], `case ${k}: restored equals cold`);
+      });
+      assert.ok(e2.stats.prefixCache.ssdHits >= 1);
+      await e2.close();
+    }));
+}
 
 // Sliding-window families (window 8 in every fixture): the RAM tier shares the blocks the window
 // still reaches; the SSD tier stores every full-attention block and the sliding groups' windows

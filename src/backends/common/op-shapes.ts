@@ -12,12 +12,14 @@
 // they agree. What only one backend can take (a kernel's head-dim limit, a grid's size) stays in
 // that backend, after the rule.
 import type { Activation, AttentionParams, DType, MoeRouting, PagedKv, StepLayout, Tensor } from '../../contracts/backend.ts';
-import { numel } from '../../contracts/backend.ts';
+import { isRowScaled, numel } from '../../contracts/backend.ts';
 
 export const F32: readonly DType[] = ['f32'];
 export const I32: readonly DType[] = ['i32'];
 export const FLOATS: readonly DType[] = ['f32', 'f16', 'bf16'];
 export const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
+/** ANY and the row-scaled KV pool dtypes: what free and the KV block copies take */
+export const ANY_STORED: readonly DType[] = [...ANY, 'int8', 'fp8'];
 /** the activations every backend implements (contracts/backend.ts Activation) */
 const ACTIVATIONS: readonly string[] = ['silu', 'gelu_tanh', 'gelu'] satisfies readonly Activation[];
 
@@ -60,9 +62,14 @@ export function sameShape(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === b[i]);
 }
 
+/** "a", "a or b", "a, b or c" */
+export function oneOf(names: readonly string[]): string {
+  return names.length < 2 ? names.join('') : `${names.slice(0, -1).join(', ')} or ${names[names.length - 1]}`;
+}
+
 /** The dtype and rank part of OpChecks.arg, for every backend. */
 export function checkDtypeRank(e: OpErrors, op: string, name: string, t: Tensor, dtypes: readonly DType[], rank?: number): void {
-  if (!dtypes.includes(t.dtype)) throw e.error(op, `${name} must be ${dtypes.join(' or ')}, got ${describe(t)}`);
+  if (!dtypes.includes(t.dtype)) throw e.error(op, `${name} must be ${oneOf(dtypes)}, got ${describe(t)}`);
   if (rank !== undefined && t.shape.length !== rank) throw e.error(op, `${name} must have rank ${rank}, got ${describe(t)}`);
 }
 
@@ -109,10 +116,14 @@ export function upload<X extends Tensor>(c: OpChecks<X>, data: Float32Array | In
   return data instanceof Int32Array ? 'i32' : 'f32';
 }
 
+/** zeros: a known dtype; a row-scaled one (contracts/backend.ts) only as one of the backend's KV pool dtypes */
 export function zeros<X extends Tensor>(c: OpChecks<X>, shape: readonly number[], dtype: DType): void {
   c.open('zeros');
   checkShape(c, 'zeros', shape);
-  if (!ANY.includes(dtype)) throw c.error('zeros', `unknown dtype ${dtype}`);
+  if (isRowScaled(dtype)) {
+    if (!c.dtypes.kv.includes(dtype)) throw c.error('zeros', `${dtype} tensors are KV pools, which this backend keeps in ${oneOf(c.dtypes.kv)}`);
+    if (shape.length === 0) throw c.error('zeros', `a ${dtype} tensor needs a last dimension to scale its rows by`);
+  } else if (!ANY.includes(dtype)) throw c.error('zeros', `unknown dtype ${dtype}`);
 }
 
 /** reshape: a view of as many elements; returns the viewed tensor (a view needs no open backend). */

@@ -6,7 +6,7 @@
 import type {
   Activation, AttentionParams, Backend, DType, MoeRouting, PagedKv, QuantizedType, StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
-import { dtypeBytes } from '../../contracts/backend.ts';
+import { dtypeBytes, tensorBytes } from '../../contracts/backend.ts';
 import { type DeviceSampleRow, packSampleRows, sampleResultWidth } from '../../contracts/device-sampling.ts';
 import { decodeHalf } from '../common/half.ts';
 import { ScopeStack } from '../common/scopes.ts';
@@ -20,7 +20,7 @@ import {
 import { fromPanels, panelsOnlyWhereRead } from './weight-panels.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 import * as shapes from '../common/op-shapes.ts';
-import { ANY } from '../common/op-shapes.ts';
+import { ANY, ANY_STORED } from '../common/op-shapes.ts';
 import { checkShape, CPU_DTYPES, describe, opChecks, opError, sameShape, tensorArg, weightRows } from './validate.ts';
 import { readInto } from './weight-io.ts';
 
@@ -75,7 +75,7 @@ export class CpuBackend implements Backend {
 
   /** A new owning tensor. `scoped`: adopt into the innermost scope; `fresh`: never a reused block. */
   private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false): CpuTensor {
-    const bytes = numel(shape) * dtypeBytes[dtype];
+    const bytes = tensorBytes(shape, dtype);
     const { addr, cls } = this.pool.alloc(bytes, fresh);
     const t = new CpuTensor(Object.freeze([...shape]), dtype, addr, bytes, null, cls, this.id);
     if (scoped) this.scopes.adopt(t);
@@ -290,14 +290,14 @@ export class CpuBackend implements Backend {
 
   /** Checks a pool and block list; returns [rows of the pool, bytes per block]. */
   private blockArgs(op: string, pool: Tensor, blocks: readonly number[]): { p: CpuTensor; rows: number; rowBytes: number } {
-    const p = this.arg(op, 'pool', pool, ANY);
+    const p = this.arg(op, 'pool', pool, ANY_STORED);
     if (p.shape.length === 0) throw opError(op, 'the pool must have at least one dimension');
     const rows = p.shape[0]!;
     if (!Array.isArray(blocks) && !ArrayBuffer.isView(blocks)) throw opError(op, 'blocks must be an array of block indices');
     for (const b of blocks) {
       if (!Number.isInteger(b) || b < 0 || b >= rows) throw opError(op, `block ${b} is outside [0, ${rows}) of pool ${describe(p)}`);
     }
-    return { p, rows, rowBytes: numel(p.shape.slice(1)) * dtypeBytes[p.dtype] };
+    return { p, rows, rowBytes: p.bytes / rows };
   }
 
   async readBlocks(pool: Tensor, blocks: readonly number[]): Promise<Uint8Array> {
@@ -344,7 +344,7 @@ export class CpuBackend implements Backend {
   }
 
   free(t: Tensor): void {
-    const x = this.arg('free', 't', t, ANY);
+    const x = this.arg('free', 't', t, ANY_STORED);
     if (x.isView) return; // views free nothing
     this.release(x);
   }
@@ -433,7 +433,7 @@ export class CpuBackend implements Backend {
 
   writeKv(kv: PagedKv, k: Tensor, v: Tensor, layout: StepLayout): void {
     const { kPool, vPool, NB, BS, KVH, D, k: kk, v: vv, slots, T } = shapes.writeKv(this.checks, kv, k, v, layout);
-    this.lib.opWriteKv(kPool.addr, vPool.addr, kk.addr, vv.addr, slots.addr, T, KVH * D, NB * BS, DT_CODE[kPool.dtype]);
+    this.lib.opWriteKv(kPool.addr, vPool.addr, kk.addr, vv.addr, slots.addr, T, KVH * D, NB * BS, DT_CODE[kPool.dtype], D);
   }
 
   attention(q: Tensor, kv: PagedKv, layout: StepLayout, params: AttentionParams): Tensor {

@@ -9,8 +9,8 @@ import koffi from 'koffi';
 import type { DType } from '../../contracts/backend.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 
-/** dtype codes of native/llm.h */
-export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
+/** dtype codes of native/llm.h (int8 and fp8: DT_KV_INT8 / DT_KV_FP8, the row-scaled KV pools of native/kv_format.h) */
+export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3, int8: 9, fp8: 10 };
 /** native/llm.h's DT_BF16_P16: bf16 weights in 16-row panels of k pairs (native/weight_pack.c) */
 export const DT_BF16_P16 = 4;
 /** native/llm.h's DT_Q8_0_P16 .. DT_Q6_K_P16: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K weights kept quantized in 16-row panels (native/quant_pack.c) */
@@ -72,9 +72,9 @@ export interface NativeLib {
   opGlu(gate: Addr, up: Addr, out: Addr, n: number, act: number): void;
   opRope(x: Addr, pos: Addr, invFreq: Addr, out: Addr, T: number, H: number, D: number, half: number, invStride: number,
     attentionScaling: number): void;
-  /** poolDtype: DT_CODE of the pools (f32 or bf16; bf16 rounds to nearest even) */
+  /** poolDtype: DT_CODE of the pools (f32, bf16, int8 or fp8: native/kv.c states each one's rounding); rowFloats = kvHeads * headDim */
   opWriteKv(kpool: Addr, vpool: Addr, k: Addr, v: Addr, slots: Addr, T: number, rowFloats: number,
-    numSlots: number, poolDtype: number): void;
+    numSlots: number, poolDtype: number, headDim: number): void;
   opAttention(q: Addr, kpool: Addr, vpool: Addr, row: Addr, pos: Addr, tables: Addr, out: Addr, T: number,
     H: number, KVH: number, D: number, NB: number, BS: number, R: number, MBR: number, window: number,
     poolDtype: number, scale: number, softcap: number): void;
@@ -177,7 +177,7 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
     opSoftcap: f(`void llm_op_softcap(${i64}, ${i64}, ${i64}, double)`),
     opGlu: f(`void llm_op_glu(${i64}, ${i64}, ${i64}, ${i64}, int)`),
     opRope: f(`void llm_op_rope(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64}, double)`),
-    opWriteKv: f(`void llm_op_write_kv(${Array(9).fill(i64).join(', ')})`),
+    opWriteKv: f(`void llm_op_write_kv(${Array(10).fill(i64).join(', ')})`),
     opAttention: f(`void llm_op_attention(${Array(17).fill(i64).join(', ')}, double, double)`),
     opGatherRows: f(`void llm_op_gather_rows(${i64}, ${i64}, ${i64}, ${i64}, ${i64}, ${i64})`),
     opArgmax: f(`void llm_op_argmax(${i64}, ${i64}, ${i64}, ${i64})`),

@@ -1,8 +1,11 @@
 // The CUDA backend's tensor: a shape and dtype over a device address.
 import type { DType, Tensor } from '../../contracts/backend.ts';
 
-/** dtype codes shared with the kernels (DT_* in kernels.ts) */
-export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3 };
+/**
+ * dtype codes shared with the kernels (DT_* in kernels.ts); the row-scaled KV dtypes have none
+ * (-1): the CUDA backend keeps no such pools, and resolveKvDtype refuses them before any op
+ */
+export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3, int8: -1, fp8: -1 };
 export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;
 
 export class CudaTensor implements Tensor {

@@ -14,7 +14,7 @@ import type {
   Activation, AttentionParams, Backend, CapturedGraph, DType, FusedOps, MoeRouting, PagedKv, QkvHeads, QkNorm, QuantizedType,
   StepLayout, Tensor, WeightSource,
 } from '../../contracts/backend.ts';
-import { dtypeBytes, numel } from '../../contracts/backend.ts';
+import { dtypeBytes, numel, tensorBytes } from '../../contracts/backend.ts';
 import { GGML_TYPE_BY_NAME } from '../../artifacts/gguf/ggml-types.ts';
 import { ScopeStack } from '../../backends/common/scopes.ts';
 import * as shapes from '../../backends/common/op-shapes.ts';
@@ -64,7 +64,7 @@ export class DryTensor implements Tensor {
     return this.base ?? this;
   }
   get bytes(): number {
-    return this.layout?.bytes ?? numel(this.shape) * dtypeBytes[this.dtype];
+    return this.layout?.bytes ?? tensorBytes(this.shape, this.dtype);
   }
 }
 
@@ -162,7 +162,7 @@ export class DryRunBackend implements Backend {
    * and the real backend's business, so every float role takes every float dtype.
    */
   private readonly checks: OpChecks<DryTensor> = {
-    dtypes: { act: FLOATS, weight: FLOATS, param: FLOATS, kv: FLOATS, logits: FLOATS },
+    dtypes: { act: FLOATS, weight: FLOATS, param: FLOATS, kv: [...FLOATS, 'int8', 'fp8'], logits: FLOATS },
     error: (op, message) => new Error(`${this.name} backend (dry run) ${op}: ${message}`),
     open: () => {}, // it has nothing to close
     arg: (op, name, t, dtypes, rank) => {
@@ -218,7 +218,7 @@ export class DryRunBackend implements Backend {
 
   private make(shape: readonly number[], dtype: DType, scoped: boolean, fresh = false, source?: DryTensor['source'],
     layout?: DryTensor['layout']): DryTensor {
-    const bytes = layout?.bytes ?? numel(shape) * dtypeBytes[dtype];
+    const bytes = layout?.bytes ?? tensorBytes(shape, dtype);
     const at = this.current;
     const t = new DryTensor(Object.freeze([...shape]), dtype, at.alloc(Math.max(bytes, 0), fresh), null, source, at, layout);
     if (scoped) this.scopes.adopt(t);

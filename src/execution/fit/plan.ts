@@ -27,7 +27,7 @@
 import path from 'node:path';
 import fs from 'node:fs';
 import type { Backend, DType, Tensor } from '../../contracts/backend.ts';
-import { dtypeBytes, hasFusedOps, numel } from '../../contracts/backend.ts';
+import { dtypeBytes, hasFusedOps, numel, rowBytes } from '../../contracts/backend.ts';
 import type { ModelConfig } from '../../contracts/model-config.ts';
 import { loadModelDir } from '../../artifacts/model-dir.ts';
 import { ArtifactError } from '../../artifacts/errors.ts';
@@ -61,8 +61,10 @@ import { DEFAULT_TOKEN_BUDGET } from '../engine.ts';
 export const DEFAULT_BLOCK_SIZE = 16;
 export const DEFAULT_CHUNK = DEFAULT_TOKEN_BUDGET;
 
-export type KvDtype = 'f32' | 'bf16' | 'f16';
-export const KV_DTYPES: readonly KvDtype[] = ['f32', 'bf16', 'f16'];
+export type KvDtype = 'f32' | 'bf16' | 'f16' | 'int8' | 'fp8';
+export const KV_DTYPES: readonly KvDtype[] = ['f32', 'bf16', 'f16', 'int8', 'fp8'];
+/** the KV dtypes only the CPU backend keeps (one byte an element and an f32 scale a row) */
+const CPU_ONLY_KV: readonly KvDtype[] = ['int8', 'fp8'];
 
 export class FitError extends Error {}
 
@@ -537,14 +539,14 @@ export class FitPlanner {
   kvPools(ctx: number, batch: number, chunk: number, blockSize: number, kvDtype: KvDtype, kind: BackendKind,
     kvTokens = batch * ceilDiv(ctx, blockSize) * blockSize): { kvTokens: number; bytes: number; groups: KvGroupReport[] } {
     const cfg = this.config;
-    const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+    const perLayerToken = 2 * cfg.numKvHeads * rowBytes(kvDtype, cfg.headDim);
     const alloc = allocatedBytes(kind);
     const groups = kvGroupsOf(cfg.layers.map((l) => l.window)).map((spec): KvGroupReport => {
       const fullBlocks = Math.max(1, ceilDiv(kvTokens, blockSize));
       const poolBlocks = spec.window === 0
         ? fullBlocks
         : Math.min(fullBlocks, batch * blocksPerSequence(spec.window, ctx, blockSize, chunk));
-      const poolBytes = poolBlocks * blockSize * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+      const poolBytes = poolBlocks * blockSize * cfg.numKvHeads * rowBytes(kvDtype, cfg.headDim);
       return {
         attention: spec.window === 0 ? 'full' : 'sliding',
         window: spec.window,
@@ -561,7 +563,7 @@ export class FitPlanner {
 
   /** KV bytes per token across all layers (before any window saturates). */
   kvBytesPerToken(kvDtype: KvDtype): number {
-    return this.config.numLayers * 2 * this.config.numKvHeads * this.config.headDim * dtypeBytes[kvDtype];
+    return this.config.numLayers * 2 * this.config.numKvHeads * rowBytes(kvDtype, this.config.headDim);
   }
 
   /**
@@ -675,7 +677,7 @@ export class FitPlanner {
     const cpu = machine.kind === 'cpu';
     await this.weights(cpu ? 'cpu' : 'cuda');
     const cfg = this.config;
-    const perLayerToken = 2 * cfg.numKvHeads * cfg.headDim * dtypeBytes[kvDtype];
+    const perLayerToken = 2 * cfg.numKvHeads * rowBytes(kvDtype, cfg.headDim);
     // each layer's keys (a sliding layer at most its window); q.k and p.v: 2 multiply-adds per
     // head dim, per key, per query head
     const attention = cfg.layers.map((l) => {
@@ -761,6 +763,7 @@ export class FitPlanner {
     posInt('chunk', r.chunk);
     posInt('block size', r.blockSize);
     if (!KV_DTYPES.includes(r.kvDtype)) throw new FitError(`KV dtype must be one of ${KV_DTYPES.join(', ')}, got "${r.kvDtype}"`);
+    if (machine.kind !== 'cpu' && CPU_ONLY_KV.includes(r.kvDtype)) throw new FitError(`KV dtype ${r.kvDtype} is kept by the CPU backend only`);
     if (!(r.utilization > 0 && r.utilization <= 1)) throw new FitError(`GPU memory utilization must be in (0, 1], got ${r.utilization}`);
     return r;
   }

@@ -13,7 +13,7 @@
 
 import type { DType } from '../../contracts/backend.ts';
 import { DEFAULT_GPU_MEMORY_UTILIZATION, cpuSystemReserveBytes } from './constants.ts';
-import { DEFAULT_BLOCK_SIZE, DEFAULT_CHUNK, FitError, type FitPlanner, type KvDtype, type KvGroupReport } from './plan.ts';
+import { DEFAULT_BLOCK_SIZE, DEFAULT_CHUNK, FitError, KV_DTYPES, type FitPlanner, type KvDtype, type KvGroupReport } from './plan.ts';
 
 export interface ServeKvRequest {
   /** the backend the server runs ('reference' plans as the CPU) */
@@ -99,9 +99,10 @@ export async function planServeKv(planner: FitPlanner, req: ServeKvRequest): Pro
     chunk: req.chunk ?? DEFAULT_CHUNK, blockSize: req.blockSize ?? DEFAULT_BLOCK_SIZE, memory: req.memory, speculation: req.speculation,
   };
   const sp = req.speculation;
-  if (r.kvDtype !== 'f32' && r.kvDtype !== 'bf16' && r.kvDtype !== 'f16') throw new FitError(`KV dtype ${r.kvDtype} cannot be planned`);
+  const kvDtype = r.kvDtype as KvDtype;
+  if (!KV_DTYPES.includes(kvDtype)) throw new FitError(`KV dtype ${r.kvDtype} cannot be planned`);
   const kind = r.backend === 'cuda' ? 'cuda' : 'cpu';
-  const bytesPerToken = planner.kvBytesPerToken(r.kvDtype);
+  const bytesPerToken = planner.kvBytesPerToken(kvDtype);
   const weightsBytes = (await planner.weights(kind)).residentBytes;
   const planned = await planner.transient(r.maxModelLen, r.maxBatch, r.chunk, r.blockSize, kind);
   const logitBytes = sp ? sp.extraLogitRows * sp.vocabSize * 4 : 0;
