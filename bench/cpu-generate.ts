@@ -3,7 +3,7 @@
 // copy bandwidth measured in the same run.
 //
 //   node --import tsx bench/cpu-generate.ts --model models/demo [--prompt-tokens 512] [--decode-tokens 128]
-//     [--kv-dtype f32|bf16] [--json out.json]
+//     [--kv-dtype f32|bf16|int8|fp8] [--json out.json]
 
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -11,7 +11,7 @@ import os from 'node:os';
 import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import { Engine } from '../src/execution/engine.ts';
-import { dtypeBytes } from '../src/contracts/backend.ts';
+import { dtypeBytes, type DType } from '../src/contracts/backend.ts';
 import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
@@ -53,7 +53,7 @@ const weightBytes = m.model.weights.layers.reduce((sum, l) => {
 
 const prompt = Array.from({ length: promptTokens }, (_, k) => (k * 7919 + 13) % Math.min(cfg.vocabSize, 5000));
 // prefix cache off: every repeat uses the same prompt, and prefill must be measured cold
-const kvDtype = values['kv-dtype'] as 'f32' | 'bf16';
+const kvDtype = values['kv-dtype'] as DType;
 const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: 512, prefixCache: { promptCacheBytes: 0 }, kvDtype });
 const prefill: number[] = [], decode: number[] = [];
 for (let r = 0; r <= repeats; r++) {

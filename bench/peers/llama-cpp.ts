@@ -14,7 +14,7 @@
 //   pip install gguf numpy
 //   node --import tsx bench/peers/llama-cpp.ts [--model models/demo] [--prompt-tokens 512]
 //        [--decode-tokens 128] [--repeats 7] [--threads 2] [--gguf PATH] [--outtype bf16|f16|f32]
-//        [--llama-kv f16|f32] [--kv-dtype f32|bf16 (llmts's KV cache)] [--peers spin,passive,uv4] [--quiet-below 0.25] [--json out.json]
+//        [--llama-kv f16|f32] [--kv-dtype f32|bf16|int8|fp8 (llmts's KV cache)] [--peers spin,passive,uv4] [--quiet-below 0.25] [--json out.json]
 //
 // Other work on a shared machine skews single runs badly (llama.cpp's 2-thread decode drops 10-100x
 // when another process wants a core). Each run therefore records how many cores other processes
@@ -45,6 +45,7 @@ import os from 'node:os';
 import path from 'node:path';
 
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
+import type { DType } from '../../src/contracts/backend.ts';
 
 const originalEnv = { ...process.env };
 const { values } = parseArgs({
@@ -211,7 +212,7 @@ async function main() {
   const m = await loadModel(backend, modelDir);
   // every repeat prefills (the same prompt would hit the prefix cache)
   const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch, prefixCache: { promptCacheBytes: 0 },
-    kvDtype: values['kv-dtype'] as 'f32' | 'bf16' });
+    kvDtype: values['kv-dtype'] as DType });
   const runOurs = async (promptIds: number[], n: number): Promise<Run> => {
     const out: number[] = [];
     const t0 = performance.now();
