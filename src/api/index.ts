@@ -12,6 +12,7 @@
 // compiled (cached by content; checked and trial-compiled on a worker thread) before the request
 // is queued; an invalid one rejects with GrammarSpecError carrying xgrammar's message.
 
+import type { OnlineQuantization } from '../artifacts/online-quant.ts';
 import type { Backend } from '../contracts/backend.ts';
 import type { ModelConfig } from '../contracts/model-config.ts';
 import { type BackendSettings, openBackend, parseDevice } from '../execution/devices.ts';
@@ -59,6 +60,8 @@ export interface LoadOptions extends Omit<EngineOptions, 'draftModel'> {
   backendSettings?: BackendSettings;
   /** called with non-fatal notes (e.g. a context limit past what the model was built for) */
   onWarning?: (message: string) => void;
+  /** CPU: quantize a safetensors checkpoint's matrices as they load ('q8_0' | 'q4_0'; README, "Quantizing at load") */
+  quantization?: OnlineQuantization;
 }
 
 export interface GenerateOptions extends SamplingParamsInput {
@@ -136,8 +139,8 @@ export class Llm {
   static async load(opts: LoadOptions): Promise<Llm> {
     const backend = await openBackend(parseDevice(opts.device), opts.backendSettings);
     try {
-      const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning });
-      const { draftModel: draftDir, ...engineOpts } = opts;
+      const loaded = await loadModel(backend, opts.model, { maxModelLen: opts.maxModelLen, onWarning: opts.onWarning, quantization: opts.quantization });
+      const { draftModel: draftDir, quantization: _q, ...engineOpts } = opts;
       const proposer = typeof opts.speculative?.proposer === 'string' ? opts.speculative.proposer : undefined;
       const drafter = draftDir === undefined ? {} : await loadDrafter(backend, draftDir, loaded, proposer, opts.onWarning);
       return new Llm(backend, loaded, new Engine(loaded.model, loaded, { ...engineOpts, maxModelLen: loaded.maxContext, ...drafter }));

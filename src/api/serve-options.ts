@@ -6,6 +6,7 @@
 // Messages name the options as ServeOptions spells them, or as `optionNames` does (the CLI:
 // its flags), so one check speaks to both callers.
 
+import { ONLINE_QUANTIZATIONS, type OnlineQuantization } from '../artifacts/online-quant.ts';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { DType } from '../contracts/backend.ts';
@@ -38,6 +39,8 @@ export interface ServeOptions {
   kvBudgetBytes?: number;
   /** what the KV cache holds (default: the backend's activation dtype) */
   kvDtype?: DType;
+  /** CPU: quantize a safetensors checkpoint's matrices as they load ('q8_0' | 'q4_0') */
+  quantization?: OnlineQuantization;
   /** CUDA: fraction of device memory for weights, KV cache and activations (default 0.9) */
   gpuMemoryUtilization?: number;
   /** default auto: CUDA where it is usable, else the CPU */
@@ -212,6 +215,8 @@ export function resolveServeOptions(o: ServeOptions): ResolvedServeOptions {
     fail('draftModel', `${nameOf('speculative')} ${o.speculative!.proposer as string} needs ${nameOf('draftModel')}`);
   if (o.draftModel !== undefined && !drafts)
     fail('draftModel', `${nameOf('draftModel')} needs ${nameOf('speculative')} draft or eagle3`);
+  if (o.quantization !== undefined && !ONLINE_QUANTIZATIONS.includes(o.quantization))
+    fail('quantization', `${nameOf('quantization')} must be one of ${ONLINE_QUANTIZATIONS.join(', ')}, got ${JSON.stringify(o.quantization)}`);
   if (o.batchInvariant !== undefined && typeof o.batchInvariant !== 'boolean')
     fail('batchInvariant', `${nameOf('batchInvariant')} must be true or false, got ${JSON.stringify(o.batchInvariant)}`);
   const { optionNames: _names, ...given } = o;

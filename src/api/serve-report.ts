@@ -21,7 +21,7 @@ export interface StartupFacts {
 export function reportStartup(o: ResolvedServeOptions, { backend, engine, server, kvDtype, kvPlan: kv }: StartupFacts): void {
   const cap = server.model.contextLen;
   o.log(
-    `model "${o.servedModelName}" from ${o.model} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
+    `model "${o.servedModelName}" from ${o.model}${o.quantization ? ` (matrices quantized to ${o.quantization} as they loaded)` : ''} on the ${backend.name} backend; context ${engine.maxModelLen} tokens; ` +
     `KV cache (${kvDtype}) for ${kv.kvTokens} tokens (${kv.bytesPerToken} bytes/token, ${mib(kv.kvBytes)}; ${kv.why})` +
     `${cap < engine.maxModelLen ? `; one sequence is limited to ${cap} tokens by the KV budget` : ''}`,
   );
@@ -31,7 +31,7 @@ export function reportStartup(o: ResolvedServeOptions, { backend, engine, server
     `${drafter > 0 ? `drafter ${mib(drafter)} (weights ${mib(spMem!.drafterBytes)}, KV ${mib(spMem!.drafterKvBytes)}) + ` : ''}` +
     `reserve ${mib(kv.reserveBytes)} = ${mib(kv.weightsBytes + kv.kvBytes + kv.transientBytes + drafter + kv.reserveBytes)}` +
     `${kv.usableBytes !== undefined ? ` of ${mib(kv.usableBytes)} usable` : ''} (llmts fit --model ${o.model} --ctx ${engine.maxModelLen} --batch ${o.maxBatch}` +
-    `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''})`);
+    `${kvDtype !== backend.activationDtype ? ` --kv-dtype ${kvDtype}` : ''}${o.quantization ? ` --quantization ${o.quantization}` : ''})`);
   o.log(`tool calls: ${server.model.toolFormat} format (${o.toolCallFormat ? o.nameOf('toolCallFormat') : 'detected from the chat template and vocabulary'})`);
   const sp = engine.speculative;
   if (sp) {

@@ -51,7 +51,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
   let engine: Engine | undefined;
   try {
     const kvDtype = checkBackend(backend, o);
-    loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen });
+    loaded = await loadModel(backend, o.model, { maxModelLen: o.maxModelLen, quantization: o.quantization });
     // the draft model's weights are in memory before the plan measures what is free
     if (o.draftModel !== undefined) draft = await loadDraft(backend, o.draftModel, loaded, o);
     const kvPlan = await planKv(backend, loaded, kvDtype, o, o.speculative ? speculationMemory(backend, loaded, draft, o.draftModel) : undefined);
@@ -64,7 +64,7 @@ export async function startServer(options: ServeOptions): Promise<ServerHandle> 
         promptCacheBytes: o.promptCacheBytes,
         tokenizerFingerprint: loaded.tokenizer.fingerprint,
         // the SSD tier outlives the process: its files must name the exact weights
-        ...(o.cacheDir !== undefined ? { modelFingerprint: modelFingerprint(o.model), ssd: { dir: o.cacheDir, maxBytes: o.cacheDirBytes, log: o.log } } : {}),
+        ...(o.cacheDir !== undefined ? { modelFingerprint: modelFingerprint(o.model, o.quantization), ssd: { dir: o.cacheDir, maxBytes: o.cacheDirBytes, log: o.log } } : {}),
       },
     });
     const server = new LlmServer({
@@ -136,7 +136,7 @@ function checkBackend(backend: Backend, o: ResolvedServeOptions): DType {
 async function planKv(backend: Backend, loaded: LoadedModel, kvDtype: DType, o: ResolvedServeOptions,
   speculation?: SpeculationMemory): Promise<ServeKvPlan> {
   // the plan models the backend as it was opened: the same knobs set in code
-  const planner = await FitPlanner.open(o.model, o.backendSettings);
+  const planner = await FitPlanner.open(o.model, { ...o.backendSettings, quantization: o.quantization });
   try {
     return await planServeKv(planner, {
       backend: backend.name, kvDtype, maxBatch: o.maxBatch, maxModelLen: loaded.maxContext,

@@ -11,6 +11,7 @@ import { normalizeConfig } from './config.ts';
 import { ArtifactError } from './errors.ts';
 import { readGenerationConfig, type GenerationConfig } from './generation-config.ts';
 import { expectObject, readJsonFile } from './json-file.ts';
+import { QuantizingWeightIndex, type OnlineQuantization } from './online-quant.ts';
 import { openWeights, type WeightIndex } from './safetensors.ts';
 import { TextTokenizer, TOKENIZER_FILE } from './tokenizer.ts';
 import { isGgufModelPath, loadGgufModel } from './gguf/model.ts';
@@ -36,22 +37,31 @@ export interface LoadModelDirOptions {
   tokenizer?: boolean;
   /** GGUF: what quantized tensors dequantize into (default bf16) */
   quantizedDtype?: 'bf16' | 'f32';
+  /** a safetensors checkpoint: quantize its matrices as they load (online-quant.ts) */
+  quantization?: OnlineQuantization;
 }
 
-export function loadModelDir(dir: string, opts?: { tokenizer?: true; quantizedDtype?: 'bf16' | 'f32' }): ModelDir;
+export function loadModelDir(dir: string, opts?: { tokenizer?: true; quantizedDtype?: 'bf16' | 'f32'; quantization?: OnlineQuantization }): ModelDir;
 export function loadModelDir(dir: string, opts: LoadModelDirOptions): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer };
 export function loadModelDir(
   dir: string, opts: LoadModelDirOptions = {},
 ): Omit<ModelDir, 'tokenizer'> & { tokenizer?: TextTokenizer } {
   // a .gguf file, an Ollama blob, or a directory of GGUF files (no config.json): src/artifacts/gguf/
-  if (isGgufModelPath(dir)) return loadGgufModel(dir, opts);
+  if (isGgufModelPath(dir)) {
+    if (opts.quantization) {
+      throw new ArtifactError(`${dir} is a GGUF model, whose tensors keep the types they were quantized to: --quantization ` +
+        `${opts.quantization} applies to safetensors checkpoints`, dir);
+    }
+    return loadGgufModel(dir, opts);
+  }
   if (!fs.existsSync(dir)) throw new ArtifactError(`model directory ${dir} does not exist`, dir);
   if (!fs.statSync(dir).isDirectory()) throw new ArtifactError(`model path ${dir} is not a directory`, dir);
 
   const configFile = path.join(dir, CONFIG_FILE);
   const rawConfig = expectObject(readJsonFile(configFile, 'model config'), 'model config', configFile);
   const generationConfig = readGenerationConfig(dir);
-  const weights = openWeights(dir);
+  const files = openWeights(dir);
+  const weights = opts.quantization ? new QuantizingWeightIndex(files, opts.quantization) : files;
   const config = normalizeConfig(rawConfig, {
     file: configFile,
     generationEosIds: generationConfig?.eosTokenIds,

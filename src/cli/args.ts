@@ -1,6 +1,7 @@
 // Flag parsing helpers on top of node:util parseArgs: typed numeric flags with range checks
 // and messages that name the flag.
 
+import { ONLINE_QUANTIZATIONS, type OnlineQuantization } from '../artifacts/online-quant.ts';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from './errors.ts';
 
@@ -66,4 +67,12 @@ export function kvDtypeFlag(v: Values): KvDtypeName | undefined {
   if (raw === undefined) return undefined;
   if (!(KV_DTYPE_NAMES as readonly string[]).includes(raw)) throw new UsageError(`--kv-dtype must be one of ${KV_DTYPE_NAMES.join(', ')}, got "${raw}"`);
   return raw as KvDtypeName;
+}
+
+/** --quantization q8_0|q4_0: quantize a safetensors checkpoint's matrices as they load (undefined: as stored) */
+export function quantizationFlag(v: Values): OnlineQuantization | undefined {
+  const raw = stringFlag(v, 'quantization');
+  if (raw === undefined) return undefined;
+  if (!(ONLINE_QUANTIZATIONS as readonly string[]).includes(raw)) throw new UsageError(`--quantization must be one of ${ONLINE_QUANTIZATIONS.join(', ')}, got "${raw}"`);
+  return raw as OnlineQuantization;
 }

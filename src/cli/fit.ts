@@ -2,7 +2,7 @@
 // does, and how fast will decode be (README.md, `llmts fit`). Reads config.json and safetensors
 // headers only; no weight data, no tokenizer parsing.
 
-import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, quantizationFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
 import {
   FitPlanner, FitError, DEFAULT_CHUNK, GPU_NAMES, GPUS, MachineError, gpuMachine, customMachine, cpuMachine,
@@ -20,6 +20,7 @@ const OPTIONS: Options = {
   device: { type: 'string' },
   skus: { type: 'boolean' },
   'kv-dtype': { type: 'string' },
+  quantization: { type: 'string' },
   batch: { type: 'string' },
   chunk: { type: 'string' },
   'gpu-memory-utilization': { type: 'string' },
@@ -39,6 +40,8 @@ Memory plan and decode speed estimate, from config.json and safetensors headers 
   --device cpu|cuda           what --memory describes (default cuda); without --gpu/--memory,
                               cpu (the default) plans for this machine's CPU
   --skus                      plan for every GPU in the table and this CPU
+  --quantization q8_0|q4_0    the matrices quantized as they load (CPU; serve's flag): planned at
+                              those blocks' bytes
   --kv-dtype DTYPE            KV cache dtype: f32, bf16, f16, or int8 / fp8 (CPU only) (default:
                               f32 on the CPU backend, bf16 on CUDA)
   --batch N                   sequences resident together (default 1)
@@ -66,10 +69,12 @@ export async function runFit(argv: string[]): Promise<void> {
     throw new UsageError(`--gpu-memory-utilization must be in (0, 1], got ${utilization}`);
   const kvDtype: KvDtype | undefined = kvDtypeFlag(v);
   const machines = resolveMachines(v);
+  const quantization = quantizationFlag(v);
+  if (quantization && machines.some((m) => m.kind !== 'cpu')) throw new UsageError(`--quantization ${quantization} is for the CPU backend: plan it without a GPU`);
 
   let planner: FitPlanner;
   try {
-    planner = await FitPlanner.open(dir);
+    planner = await FitPlanner.open(dir, { quantization });
   } catch (err) {
     if (err instanceof FitError) throw new UsageError(err.message);
     throw err;

@@ -2,7 +2,7 @@
 // text to stdout, or prints exactly one JSON object with --json.
 
 import { performance } from 'node:perf_hooks';
-import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, type Options } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, listFlag, kvDtypeFlag, quantizationFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
 import { draftModelFlag, SPECULATIVE_OPTIONS, speculationJson, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
 import type { SpeculationCounts } from '../execution/methods/method.ts';
@@ -29,6 +29,7 @@ const OPTIONS: Options = {
   'top-logprobs': { type: 'string' },
   'max-model-len': { type: 'string' },
   'kv-dtype': { type: 'string' },
+  quantization: { type: 'string' },
   device: { type: 'string' },
   'batch-invariant': { type: 'boolean' },
   json: { type: 'boolean' },
@@ -53,6 +54,8 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --kv-dtype DTYPE         what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
                            CUDA); the CPU backend also keeps bf16 (half the bytes a decode step
                            reads) and int8 / fp8 with a scale per token and head (about a quarter)
+  --quantization q8_0|q4_0 CPU: quantize a safetensors checkpoint's matrices as they load, kept
+                           quantized as a GGUF's of that type (default: as stored)
   --device auto|cpu|cuda   (default auto)
   --batch-invariant        CUDA: results that do not depend on other rows of a step (the server's
                            mode, for comparing; default: $LLMTS_CUDA_BATCH_INVARIANT, off)
@@ -104,13 +107,14 @@ export async function runGenerate(argv: string[]): Promise<void> {
   };
   const device = parseDevice(stringFlag(v, 'device'));
   const kvDtype = kvDtypeFlag(v);
+  const quantization = quantizationFlag(v);
   const speculative = speculativeFlags(v);
   const draftModel = draftModelFlag(v);
 
   const t0 = performance.now();
   // One request through the same engine the server uses (a lone row is just a batch of one).
   const llm = await load({
-    model: dir, device, maxBatch: 1, maxModelLen, kvDtype, speculative, ...(draftModel !== undefined ? { draftModel } : {}),
+    model: dir, device, maxBatch: 1, maxModelLen, kvDtype, speculative, quantization, ...(draftModel !== undefined ? { draftModel } : {}),
     backendSettings: v['batch-invariant'] ? { cuda: { batchInvariant: true } } : undefined,
     onWarning: (w) => process.stderr.write(`llmts: warning: ${w}\n`),
   });

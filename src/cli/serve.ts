@@ -4,7 +4,7 @@
 // accepting, let running requests finish within the grace period, exit 0 (a second signal exits
 // at once).
 
-import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, type Options, type Values } from './args.ts';
+import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, quantizationFlag, type Options, type Values } from './args.ts';
 import { UsageError } from './errors.ts';
 import { draftModelFlag, SPECULATIVE_OPTIONS, speculativeFlags, speculativeHelp } from './speculative-flags.ts';
 import { parseDevice } from '../execution/devices.ts';
@@ -22,6 +22,7 @@ const OPTIONS: Options = {
   'max-model-len': { type: 'string' },
   'kv-budget': { type: 'string' },
   'kv-dtype': { type: 'string' },
+  quantization: { type: 'string' },
   device: { type: 'string' },
   'max-body': { type: 'string' },
   'header-timeout': { type: 'string' },
@@ -61,6 +62,8 @@ const HELP = `usage: llmts serve --model DIR [options]
                               on CUDA); the CPU backend also keeps bf16 (half the bytes a decode
                               step reads, twice the tokens in the same memory) and int8 / fp8 with
                               a scale per token and head (about a quarter of f32's bytes)
+  --quantization q8_0|q4_0    CPU: quantize a safetensors checkpoint's matrices as they load,
+                              kept quantized as a GGUF's of that type (default: as stored)
   --gpu-memory-utilization F  CUDA: fraction of device memory for weights, KV cache and
                               activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)
@@ -133,7 +136,7 @@ function secondsFlag(v: Values, name: string): number | undefined {
 const FLAG_OF: Record<ServeOptionName, string> = {
   model: '--model', host: '--host', port: '--port', servedModelName: '--served-model-name', apiKey: '--api-key',
   maxBatch: '--max-batch', maxQueued: '--max-queued', maxModelLen: '--max-model-len', kvBudgetBytes: '--kv-budget',
-  kvDtype: '--kv-dtype', gpuMemoryUtilization: '--gpu-memory-utilization', device: '--device', maxBodyBytes: '--max-body',
+  kvDtype: '--kv-dtype', quantization: '--quantization', gpuMemoryUtilization: '--gpu-memory-utilization', device: '--device', maxBodyBytes: '--max-body',
   headersTimeoutMs: '--header-timeout', bodyTimeoutMs: '--body-timeout',
   shutdownGraceMs: '--shutdown-grace', promptCacheBytes: '--prompt-cache', cacheDir: '--cache-dir',
   cacheDirBytes: '--cache-dir-size', toolCallFormat: '--tool-call-format', warmup: '--warmup',
@@ -169,6 +172,7 @@ export function serveOptionsOf(argv: string[]): ServeOptions {
     maxModelLen: numberFlag(v, 'max-model-len', { integer: true }),
     kvBudgetBytes: sizeFlag(v, 'kv-budget'),
     kvDtype: kvDtypeFlag(v),
+    quantization: quantizationFlag(v),
     gpuMemoryUtilization: numberFlag(v, 'gpu-memory-utilization'),
     maxBodyBytes: sizeFlag(v, 'max-body'),
     headersTimeoutMs: secondsFlag(v, 'header-timeout'),

@@ -2,6 +2,7 @@
 // template, weights index) -> weights on the device -> the decoder graph, plus the text helpers
 // the CLI and server need.
 
+import { ONLINE_QUANTIZATIONS, type OnlineQuantization } from '../artifacts/online-quant.ts';
 import type { Backend } from '../contracts/backend.ts';
 import { loadModelDir } from '../artifacts/model-dir.ts';
 import { loadModelWeights, MissingWeightError } from '../models/weights.ts';
@@ -44,10 +45,22 @@ export interface LoadOptions {
   onProgress?: (done: number, total: number) => void;
   /** GGUF: what quantized tensors dequantize into at load (default bf16) */
   quantizedDtype?: 'bf16' | 'f32';
+  /**
+   * a safetensors checkpoint's matrices quantized as they load (src/artifacts/online-quant.ts);
+   * the CPU backend keeps them quantized, as a GGUF's of that type
+   */
+  quantization?: OnlineQuantization;
 }
 
 export async function loadModel(backend: Backend, dir: string, opts: LoadOptions = {}): Promise<LoadedModel> {
-  const art = loadModelDir(dir, { quantizedDtype: opts.quantizedDtype });
+  if (opts.quantization !== undefined && !ONLINE_QUANTIZATIONS.includes(opts.quantization)) {
+    throw new ArtifactError(`quantization must be one of ${ONLINE_QUANTIZATIONS.join(', ')}, got ${JSON.stringify(opts.quantization)}`, dir);
+  }
+  if (opts.quantization && backend.name !== 'cpu') {
+    throw new ArtifactError(`--quantization ${opts.quantization} is for the CPU backend (the ${backend.name} backend has no ` +
+      `kernels for ${opts.quantization} weights)`, dir);
+  }
+  const art = loadModelDir(dir, { quantizedDtype: opts.quantizedDtype, quantization: opts.quantization });
   const cfg = art.config;
   const progress =
     opts.onProgress ??

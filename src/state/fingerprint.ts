@@ -3,6 +3,7 @@
 // header (tensor names, dtypes, shapes and offsets) and a sample of its weight data: 64 evenly
 // spaced 4 KiB pieces (two fine-tunes of one base share config and headers, never their data).
 // Reading all the weights would take seconds for a large model; the sample takes milliseconds.
+// Weights quantized as they load (`--quantization`) are other weights: the method is hashed too.
 
 import { createHash } from 'node:crypto';
 import { closeSync, openSync, readFileSync, readSync, readdirSync, statSync } from 'node:fs';
@@ -12,9 +13,10 @@ const MAX_HEADER = 100 << 20;
 const SAMPLES = 64;
 const SAMPLE_BYTES = 4096;
 
-export function modelFingerprint(dir: string): string {
+export function modelFingerprint(dir: string, quantization?: string): string {
   const h = createHash('sha256');
   h.update('config.json\0').update(readFileSync(join(dir, 'config.json')));
+  if (quantization !== undefined) h.update(`\0quantization\0${quantization}\0`);
   for (const name of readdirSync(dir).filter((f) => f.endsWith('.safetensors')).sort()) {
     const path = join(dir, name);
     const size = statSync(path).size;

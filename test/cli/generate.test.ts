@@ -154,6 +154,7 @@ test('bad models and bad input get one clear line and a non-zero exit', async (t
     assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'q8', ...p]), /--kv-dtype must be one of f32, bf16, f16, int8, fp8, got "q8"/);
     assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'f16', '--device', 'cpu', ...p]),
       /the cpu backend keeps its KV cache in f32, bf16, int8 or fp8, not f16/);
+    assertOneLineError(await run(['generate', '--model', QWEN3, '--quantization', 'q2', ...p]), /--quantization must be one of q8_0, q4_0, got "q2"/);
   });
   await t.test('--device cuda without CUDA', async () =>
     assertOneLineError(await run(['generate', '--model', QWEN3, '--device', 'cuda', ...p]), /cuda/i));

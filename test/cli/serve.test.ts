@@ -20,7 +20,7 @@ test('serve flags become ServeOptions in their units', () => {
   assert.equal(optionNames?.kvBudgetBytes, '--kv-budget');
   assert.deepEqual(rest, {
     model: 'm', host: '::1', port: 0, servedModelName: 'x', apiKey: 'k', maxBatch: 4, maxQueued: 0, maxModelLen: 64,
-    kvBudgetBytes: 16384, kvDtype: 'bf16', gpuMemoryUtilization: undefined, maxBodyBytes: 2 ** 20, shutdownGraceMs: 2500,
+    kvBudgetBytes: 16384, kvDtype: 'bf16', quantization: undefined, gpuMemoryUtilization: undefined, maxBodyBytes: 2 ** 20, shutdownGraceMs: 2500,
     headersTimeoutMs: 30_000, bodyTimeoutMs: 500, grammarCacheBytes: 8 * 2 ** 20, batchInvariant: true,
     device: 'cpu', promptCacheBytes: 0, cacheDir: undefined, cacheDirBytes: 2 ** 30, toolCallFormat: 'llama3_json', warmup: false,
   });

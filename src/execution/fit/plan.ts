@@ -24,6 +24,7 @@
 // total is non-decreasing in ctx (every term is), so the largest safe context is found by
 // bisection.
 
+import type { OnlineQuantization } from '../../artifacts/online-quant.ts';
 import path from 'node:path';
 import fs from 'node:fs';
 import type { Backend, DType, Tensor } from '../../contracts/backend.ts';
@@ -54,6 +55,8 @@ import type { DrafterInfo } from './drafter.ts';
 export interface PlannerSettings {
   cpu?: Partial<CpuSettings>;
   cuda?: CudaSettingsOverrides;
+  /** the checkpoint's matrices quantized as they load (`--quantization`): planned at those blocks' bytes */
+  quantization?: OnlineQuantization;
 }
 import { DEFAULT_TOKEN_BUDGET } from '../engine.ts';
 
@@ -320,7 +323,7 @@ export class FitPlanner {
    * backends created with `settings`.
    */
   static async open(dir: string, settings: PlannerSettings = {}): Promise<FitPlanner> {
-    const art = loadModelDir(dir, { tokenizer: false });
+    const art = loadModelDir(dir, { tokenizer: false, quantization: settings.quantization });
     let tokenizerFileBytes = art.tokenizerBytes ?? 0;
     try {
       if (art.tokenizerBytes === undefined) tokenizerFileBytes = fs.statSync(path.join(dir, TOKENIZER_FILE)).size;

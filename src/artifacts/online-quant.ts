@@ -1,0 +1,130 @@
+// Quantizing a float checkpoint's matrices at load (`--quantization q8_0|q4_0`, as vLLM's
+// `--quantization`): every 2-D weight whose rows are whole blocks of 32 becomes ggml blocks of
+// that type, computed on the host as llama.cpp's reference quantizers compute them (gguf-py's
+// `gguf.quants.quantize` states them in numpy, float32 throughout; each operation here rounds to
+// f32 where numpy does):
+//   Q8_0  d = max|x| / 127, q = x * (1 / d) rounded half away from zero (0 when d = 0), d as f16;
+//   Q4_0  m = the x of largest magnitude (the first), d = m / -8, q = trunc(x * (1 / d) + 8.5)
+//         clamped to [0, 15], d as f16; nibbles: elements 0..15 low, 16..31 high.
+// The CPU backend keeps such matrices quantized exactly as it keeps a GGUF's (WeightSource.quantized);
+// every other use of the tensor (a backend or path that does not keep it) reads the blocks'
+// dequantized values, so the model computes with the same weights either way.
+
+import { closeSync, openSync, readSync } from 'node:fs';
+
+import { decodeHalf, encodeHalf, f32ToF16 } from '../backends/common/half.ts';
+import { dtypeBytes, numel, type FloatDType, type QuantizedType, type WeightSource } from '../contracts/backend.ts';
+import { ArtifactError } from './errors.ts';
+import { dequantize } from './gguf/dequant.ts';
+import { GGML_TYPE_BY_NAME } from './gguf/ggml-types.ts';
+import { WeightIndex } from './safetensors.ts';
+
+/** what `--quantization` accepts */
+export const ONLINE_QUANTIZATIONS = ['q8_0', 'q4_0'] as const;
+export type OnlineQuantization = (typeof ONLINE_QUANTIZATIONS)[number];
+
+const TYPE_OF: Record<OnlineQuantization, QuantizedType> = { q8_0: 'Q8_0', q4_0: 'Q4_0' };
+const BLOCK = 32;
+const fr = Math.fround;
+
+/** numpy's np_roundf (gguf-py): half away from zero */
+function roundAway(x: number): number {
+  const a = Math.abs(x), f = Math.floor(a);
+  return Math.sign(x) * (f + Math.floor(2 * (a - f)));
+}
+
+/** x (a multiple of 32 values) as Q8_0 blocks: 2 bytes of f16 d, 32 int8 */
+export function quantizeQ8_0(x: Float32Array): Uint8Array {
+  const out = new Uint8Array((x.length / BLOCK) * 34);
+  for (let b = 0, o = 0; b < x.length; b += BLOCK, o += 34) {
+    let amax = 0;
+    for (let j = 0; j < BLOCK; j++) amax = Math.max(amax, Math.abs(x[b + j]!));
+    const d = fr(amax / 127), id = d === 0 ? 0 : fr(1 / d);
+    const h = f32ToF16(d);
+    out[o] = h & 0xff;
+    out[o + 1] = h >> 8;
+    for (let j = 0; j < BLOCK; j++) out[o + 2 + j] = roundAway(fr(x[b + j]! * id)) & 0xff;
+  }
+  return out;
+}
+
+/** x (a multiple of 32 values) as Q4_0 blocks: 2 bytes of f16 d, 16 bytes of nibbles */
+export function quantizeQ4_0(x: Float32Array): Uint8Array {
+  const out = new Uint8Array((x.length / BLOCK) * 18);
+  const q = new Uint8Array(BLOCK);
+  for (let b = 0, o = 0; b < x.length; b += BLOCK, o += 18) {
+    let m = 0, best = -1;
+    for (let j = 0; j < BLOCK; j++) {
+      const a = Math.abs(x[b + j]!);
+      if (a > best) {
+        best = a;
+        m = x[b + j]!;
+      }
+    }
+    const d = fr(m / -8), id = d === 0 ? 0 : fr(1 / d);
+    for (let j = 0; j < BLOCK; j++) q[j] = Math.min(15, Math.trunc(fr(fr(x[b + j]! * id) + 8.5)));
+    const h = f32ToF16(d);
+    out[o] = h & 0xff;
+    out[o + 1] = h >> 8;
+    for (let j = 0; j < 16; j++) out[o + 2 + j] = q[j]! | (q[j + 16]! << 4);
+  }
+  return out;
+}
+
+/** `x` as blocks of `type` */
+export function quantizeBlocks(type: QuantizedType, x: Float32Array): Uint8Array {
+  if (x.length % BLOCK !== 0) throw new Error(`${type}: ${x.length} values are not whole blocks of ${BLOCK}`);
+  if (type === 'Q8_0') return quantizeQ8_0(x);
+  if (type === 'Q4_0') return quantizeQ4_0(x);
+  throw new Error(`no quantizer for ${type}`);
+}
+
+/** A float source's values as f32 (its file bytes, or what its decode computes). */
+function readValues(src: WeightSource): Float32Array {
+  if (src.decode) {
+    const b = src.decode('f32');
+    return new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
+  }
+  const bytes = new Uint8Array(numel(src.shape) * dtypeBytes[src.dtype]);
+  const fd = openSync(src.path, 'r');
+  try {
+    if (readSync(fd, bytes, 0, bytes.length, src.offset) !== bytes.length) {
+      throw new ArtifactError(`${src.path}: tensor ${src.name} is truncated`, src.path);
+    }
+  } finally {
+    closeSync(fd);
+  }
+  if (src.dtype === 'f32') return new Float32Array(bytes.buffer);
+  return decodeHalf(new Uint16Array(bytes.buffer), src.dtype);
+}
+
+/** The values of `type` blocks, in `want`'s bytes. */
+function blockValues(type: QuantizedType, blocks: Uint8Array, n: number, want: FloatDType): Uint8Array {
+  const f = new Float32Array(n);
+  dequantize(GGML_TYPE_BY_NAME.get(type)!, blocks, f);
+  if (want === 'f32') return new Uint8Array(f.buffer);
+  return new Uint8Array(encodeHalf(f, want).buffer);
+}
+
+/**
+ * A checkpoint's weights with its matrices quantized to `quantization` as they load: every 2-D
+ * tensor with whole blocks of 32 per row carries the blocks (WeightSource.quantized) and their
+ * values (decode); vectors and other shapes load as they are.
+ */
+export class QuantizingWeightIndex extends WeightIndex {
+  readonly type: QuantizedType;
+
+  constructor(private readonly base: WeightIndex, readonly quantization: OnlineQuantization) {
+    super(base.source, base.files, new Map(base.names().map((n) => [n, base.entry(n)])));
+    this.type = TYPE_OF[quantization];
+  }
+
+  override get(name: string): WeightSource {
+    const src = this.base.get(name);
+    const [N, K] = src.shape;
+    if (src.shape.length !== 2 || !N || !K || K % BLOCK !== 0) return src;
+    const type = this.type;
+    const blocks = () => quantizeBlocks(type, readValues(src));
+    return { ...src, decode: (want) => blockValues(type, blocks(), N * K, want), quantized: { type, blocks } };
+  }
+}
