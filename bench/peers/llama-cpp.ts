@@ -207,9 +207,11 @@ async function main() {
   const { createCpuBackend } = await import('../../src/backends/cpu/cpu-backend.ts');
   const { loadModel } = await import('../../src/execution/load-model.ts');
   const { Engine } = await import('../../src/execution/engine.ts');
-  const { dtypeBytes } = await import('../../src/contracts/backend.ts');
   const backend = await createCpuBackend();
-  const m = await loadModel(backend, modelDir);
+  // the same GGUF file as llama.cpp (its Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized), and a
+  // context of what the runs need: the model's whole context would size a KV cache of gigabytes
+  const maxModelLen = Math.max(4096, promptTokens + decodeTokens + 64);
+  const m = await loadModel(backend, gguf, { maxModelLen });
   // every repeat prefills (the same prompt would hit the prefix cache)
   const engine = new Engine(m.model, m, { maxBatch: 1, tokenBudget: batch, prefixCache: { promptCacheBytes: 0 },
     kvDtype: values['kv-dtype'] as DType });
@@ -224,11 +226,11 @@ async function main() {
     }
     return { out, t0, tFirst, t1: performance.now() };
   };
-  // bytes a decode step reads (as bench/cpu-generate.ts): every matrix once, one embedding row aside
-  const numel = (t: { shape: readonly number[] }) => t.shape.reduce((x, y) => x * y, 1);
-  const weightBytes = m.model.weights.layers.reduce((sum, l) =>
-    sum + [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down].reduce((a, t) => a + numel(t) * dtypeBytes[t.dtype], 0), 0)
-    + numel(m.model.weights.lmHead) * dtypeBytes[m.model.weights.lmHead.dtype];
+  // bytes a decode step reads (as bench/cpu-quant.ts): every matrix once as the backend holds it
+  // (bf16 panels or quantized blocks), one embedding row aside
+  const matrices = new Set([...m.model.weights.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]),
+    m.model.weights.lmHead]);
+  const weightBytes = [...matrices].reduce((a, t) => a + (t as unknown as { bytes: number }).bytes, 0);
   const weightDtypes = [...new Set(m.model.weights.layers.flatMap((l) => [l.attn.q.dtype, l.mlp.down.dtype]))].join('/');
   // ISA_AVX512_BF16 (native/llm.h): prefill matmuls of bf16 weights round x to bf16 (LLMTS_CPU_BF16_DOT)
   const bf16Dot = weightDtypes.includes('bf16') && loadNativeLib().setIsa(-1) === 3;
@@ -238,8 +240,8 @@ async function main() {
   const refPath = path.join(modelDir, 'sample_reference.json');
   const ref = JSON.parse(readFileSync(refPath, 'utf8')) as { prompt_text: string; prompt_token_ids: number[]; generated_token_ids: number[] };
   const nRef = ref.generated_token_ids.length;
-  const cli = JSON.parse(execFileSync('bin/llmts', ['generate', '--model', modelDir, '--prompt', ref.prompt_text,
-    '--max-tokens', String(nRef), '--json', '--temperature', '0'], { encoding: 'utf8', env: { ...process.env } })) as { prompt_token_ids: number[]; token_ids: number[] };
+  const cli = JSON.parse(execFileSync('bin/llmts', ['generate', '--model', gguf, '--prompt', ref.prompt_text,
+    '--max-tokens', String(nRef), '--json', '--temperature', '0', '--max-model-len', String(maxModelLen)], { encoding: 'utf8', env: { ...process.env } })) as { prompt_token_ids: number[]; token_ids: number[] };
   const peerGreedy = await peers[0].call<number[]>({ cmd: 'greedy', promptIds: ref.prompt_token_ids, n: nRef });
   const peerPromptIds = await peers[0].call<number[]>({ cmd: 'tokenize', text: ref.prompt_text });
   const same = (a: number[], b: number[]) => a.length === b.length && prefixLen(a, b) === a.length;
