@@ -125,7 +125,7 @@ static int exec_attention(const llm_cmd *c) {
       .KVH = c->i[9], .D = c->i[10], .NB = c->i[11], .BS = c->i[12], .R = c->i[13], .MBR = c->i[14],
       .window = c->i[15], .kv_dt = (int)c->i[16], .scale = (float)c->f[0], .softcap = (float)c->f[1],
   };
-  if (a.kv_dt != DT_F32 && a.kv_dt != DT_BF16 && !dt_kv8(a.kv_dt))
+  if (!dt_kv(a.kv_dt))
     return llm_fail("attention: pool dtype %d is not a KV dtype", a.kv_dt);
   if (validate(&a)) return -1;
   // work items: (block, kv head), a block being up to qb consecutive tokens of one row (a

@@ -74,7 +74,7 @@ static int exec_write_kv(const llm_cmd *c) {
   const int32_t *slots = PTR(c->i[4]);
   const int64_t T = c->i[5], rf = c->i[6], ns = c->i[7], D = c->i[9];
   const int dt = (int)c->i[8];
-  if (dt != DT_F32 && dt != DT_BF16 && !dt_kv8(dt)) return llm_fail("writeKv: pool dtype %d is not a KV dtype", dt);
+  if (!dt_kv(dt)) return llm_fail("writeKv: pool dtype %d is not a KV dtype", dt);
   if (D <= 0 || rf % D != 0) return llm_fail("writeKv: row of %lld floats is not whole heads of %lld", (long long)rf, (long long)D);
   for (int64_t t = 0; t < T; t++)
     if (slots[t] < -1 || slots[t] >= ns)

@@ -14,6 +14,8 @@
 #include "simd.h"
 
 static inline int dt_kv8(int dt) { return dt == DT_KV_INT8 || dt == DT_KV_FP8; }
+// Whether the KV pools may hold dt.
+static inline int dt_kv(int dt) { return dt == DT_F32 || dt == DT_BF16 || dt_kv8(dt); }
 
 // Bytes of one pool row of D elements.
 static inline size_t kv_row_bytes(int dt, int64_t D) {

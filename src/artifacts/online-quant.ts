@@ -10,13 +10,14 @@
 // every other use of the tensor (a backend or path that does not keep it) reads the blocks'
 // dequantized values, so the model computes with the same weights either way.
 
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, openSync } from 'node:fs';
 
 import { decodeHalf, encodeHalf, f32ToF16 } from '../backends/common/half.ts';
 import { dtypeBytes, numel, type FloatDType, type QuantizedType, type WeightSource } from '../contracts/backend.ts';
 import { ArtifactError } from './errors.ts';
 import { dequantize } from './gguf/dequant.ts';
 import { GGML_TYPE_BY_NAME } from './gguf/ggml-types.ts';
+import { readExactly } from './safetensors-header.ts';
 import { WeightIndex } from './safetensors.ts';
 
 /** what `--quantization` accepts */
@@ -85,17 +86,18 @@ function readValues(src: WeightSource): Float32Array {
     const b = src.decode('f32');
     return new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
   }
-  const bytes = new Uint8Array(numel(src.shape) * dtypeBytes[src.dtype]);
+  const n = numel(src.shape);
   const fd = openSync(src.path, 'r');
+  let bytes: Buffer;
   try {
-    if (readSync(fd, bytes, 0, bytes.length, src.offset) !== bytes.length) {
-      throw new ArtifactError(`${src.path}: tensor ${src.name} is truncated`, src.path);
-    }
+    bytes = readExactly(fd, src.offset, n * dtypeBytes[src.dtype]);
+  } catch (e) {
+    throw new ArtifactError(`${src.path}: tensor ${src.name}: ${(e as Error).message}`, src.path);
   } finally {
     closeSync(fd);
   }
-  if (src.dtype === 'f32') return new Float32Array(bytes.buffer);
-  return decodeHalf(new Uint16Array(bytes.buffer), src.dtype);
+  if (src.dtype === 'f32') return new Float32Array(bytes.buffer, bytes.byteOffset, n);
+  return decodeHalf(new Uint16Array(bytes.buffer, bytes.byteOffset, n), src.dtype);
 }
 
 /** The values of `type` blocks, in `want`'s bytes. */

@@ -131,7 +131,8 @@ function checkNoOverlap(entries: TensorEntry[], fail: (m: string) => Error): voi
   }
 }
 
-function readExactly(fd: number, position: number, length: number): Buffer {
+/** `length` bytes of `fd` from `position` (throws on a short read) */
+export function readExactly(fd: number, position: number, length: number): Buffer {
   const buf = Buffer.alloc(length);
   let done = 0;
   while (done < length) {

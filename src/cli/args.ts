@@ -2,6 +2,7 @@
 // and messages that name the flag.
 
 import { ONLINE_QUANTIZATIONS, type OnlineQuantization } from '../artifacts/online-quant.ts';
+import { KV_DTYPES, type KvDtype } from '../execution/fit/plan.ts';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from './errors.ts';
 
@@ -58,15 +59,12 @@ export function parseSize(raw: string, flag: string): number {
   return Math.round(Number(m[1]) * unit);
 }
 
-const KV_DTYPE_NAMES = ['f32', 'bf16', 'f16', 'int8', 'fp8'] as const;
-type KvDtypeName = (typeof KV_DTYPE_NAMES)[number];
-
 /** --kv-dtype f32|bf16|f16|int8|fp8: what the KV cache holds (undefined: the backend's default) */
-export function kvDtypeFlag(v: Values): KvDtypeName | undefined {
+export function kvDtypeFlag(v: Values): KvDtype | undefined {
   const raw = stringFlag(v, 'kv-dtype');
   if (raw === undefined) return undefined;
-  if (!(KV_DTYPE_NAMES as readonly string[]).includes(raw)) throw new UsageError(`--kv-dtype must be one of ${KV_DTYPE_NAMES.join(', ')}, got "${raw}"`);
-  return raw as KvDtypeName;
+  if (!(KV_DTYPES as readonly string[]).includes(raw)) throw new UsageError(`--kv-dtype must be one of ${KV_DTYPES.join(', ')}, got "${raw}"`);
+  return raw as KvDtype;
 }
 
 /** --quantization q8_0|q4_0: quantize a safetensors checkpoint's matrices as they load (undefined: as stored) */

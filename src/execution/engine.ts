@@ -11,6 +11,7 @@
 
 import type { DecoderModel, StepResult } from '../models/decoder.ts';
 import type { Backend, DType } from '../contracts/backend.ts';
+import { oneOf } from '../backends/common/op-shapes.ts';
 import { derivedContextLength } from '../artifacts/context-length.ts';
 import { KvCache, blocksPerSequence } from '../state/kv-cache.ts';
 import type { SpillResult } from '../state/ssd-tier.ts';
@@ -84,7 +85,7 @@ export interface EngineOptions extends Partial<EngineSettings> {
 export function resolveKvDtype(backend: Backend, requested?: DType): DType {
   const kvDtype = requested ?? backend.activationDtype;
   const kept = backend.kvDtypes ?? [backend.activationDtype];
-  if (!kept.includes(kvDtype)) throw new Error(`the ${backend.name} backend keeps its KV cache in ${kept.length > 1 ? `${kept.slice(0, -1).join(', ')} or ${kept.at(-1)}` : kept[0]}, not ${kvDtype}`);
+  if (!kept.includes(kvDtype)) throw new Error(`the ${backend.name} backend keeps its KV cache in ${oneOf(kept)}, not ${kvDtype}`);
   return kvDtype;
 }
 
