@@ -162,7 +162,7 @@ static int exec_attention(const llm_cmd *c) {
 #pragma omp parallel if (kvBytes >= llm_gemv_parallel_min_bytes())
   {
     float *scratch = malloc((size_t)(scratchFloats + vbufFloats) * sizeof(float)), *vbuf = scratch + scratchFloats;
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t it = 0; it < items; it++) {
       const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
       if (nq == 1) {

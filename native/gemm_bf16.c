@@ -177,7 +177,7 @@ void gemm_packed_bf16dot(const float *x, const uint16_t *w, const float *bias, f
 #pragma omp for schedule(static)
     for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, K);
     __m512 *cbuf = aligned_alloc(64, (size_t)((MB / TILE_M) * (NB / TILE_N) * TILE_M * TILE_N) * sizeof(__m512));
-#pragma omp for schedule(dynamic, 1) collapse(2)
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t ni = 0; ni < nni; ni++)
       for (int64_t mi = 0; mi < nmi; mi++)
         prefill_item(xb, (const uint32_t *)w, K2, M, N, mi * MB, (mi + 1) * MB < M ? (mi + 1) * MB : M, ni * NB,
@@ -369,7 +369,7 @@ void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, floa
 #pragma omp for schedule(static)
     for (int64_t mi = 0; mi < nmi; mi++) pack_rows_bf16(xb, x, mi * mrows, (mi + 1) * mrows < M ? (mi + 1) * mrows : M, K);
     __m512 *cbuf = aligned_alloc(64, (size_t)((PMB / PM) * PM * PV) * sizeof(__m512));
-#pragma omp for schedule(dynamic, 1) collapse(2)
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t qi = 0; qi < tv_all; qi++)
       for (int64_t mi = 0; mi < nmi; mi++)
         p16_prefill_item(xb, w, K2, N, mi * mrows, (mi + 1) * mrows < M ? (mi + 1) * mrows : M, qi * PV,

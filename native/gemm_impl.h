@@ -138,7 +138,7 @@ static void FN(gemm_packed)(const float *x, const void *w, int dt, const float *
   {
     float *wf = aligned_alloc(64, (size_t)(NB * KC) * sizeof(float)); // [NB][KC] f32 weight block
     float *ct = aligned_alloc(64, (size_t)(NB * ldc) * sizeof(float)); // [NB][MP*PW] y^T block
-#pragma omp for schedule(dynamic, 1) collapse(2)
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t bi = 0; bi < nbi; bi++) {
       for (int64_t mi = 0; mi < nmi; mi++) {
         const int64_t j0 = bi * NB, nb = N - j0 < NB ? N - j0 : NB;

@@ -287,12 +287,17 @@ void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, f
   const int64_t mc = M <= ROWS_MAX_M ? M : QMC;
   const int64_t PT = (P + nv - 1) / nv, MT = (M + mc - 1) / mc, XT = (M + 15) / 16;
   const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
+  // one tile of x rows (decode) is quantized here: inside the team it would cost a barrier, which
+  // with sleeping threads is a wake-up, more than the rows take
+  if (XT == 1) quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, 0, M, K);
 #pragma omp parallel if (parallel)
   {
+    if (XT > 1) {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < XT; t++)
-      quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
-#pragma omp for schedule(dynamic, 1) collapse(2)
+      for (int64_t t = 0; t < XT; t++)
+        quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
+    }
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t pt = 0; pt < PT; pt++)
       for (int64_t mt = 0; mt < MT; mt++) {
         const int64_t p0 = pt * nv, np = P - p0 < nv ? P - p0 : nv;

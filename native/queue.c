@@ -24,6 +24,9 @@ static size_t cap, head, count; // head = index of the oldest pending command
 static uint64_t enqueued, completed;
 static int worker_idle, stopping, started;
 static int waiters; // threads blocked in llm_wait
+// the lowest fence a blocked llm_wait waits for: the worker wakes waiters only when `completed`
+// reaches it (waking them after every op cost a context switch an op on the cores the op needs)
+static uint64_t wake_at = UINT64_MAX;
 static pthread_t worker;
 
 static uint64_t err_seq;         // sequence number of the first unreported error; 0 = none
@@ -63,7 +66,10 @@ static void *worker_main(void *arg) {
       err_seq = completed;
       snprintf(err_msg, sizeof err_msg, "%s", cur_msg[0] ? cur_msg : "unknown native op error");
     }
-    if (waiters) pthread_cond_broadcast(&done_cv);
+    if (waiters && completed >= wake_at) {
+      wake_at = UINT64_MAX; // each waiter still short of its fence lowers it again
+      pthread_cond_broadcast(&done_cv);
+    }
   }
   pthread_mutex_unlock(&mu);
   return NULL;
@@ -117,7 +123,10 @@ LLM_EXPORT int64_t llm_fence(void) {
 LLM_EXPORT int64_t llm_wait(int64_t fence) {
   pthread_mutex_lock(&mu);
   waiters++;
-  while (completed < (uint64_t)fence) pthread_cond_wait(&done_cv, &mu);
+  while (completed < (uint64_t)fence) {
+    if ((uint64_t)fence < wake_at) wake_at = (uint64_t)fence;
+    pthread_cond_wait(&done_cv, &mu);
+  }
   waiters--;
   int64_t rc = 0;
   if (err_seq != 0 && err_seq <= (uint64_t)fence) {
