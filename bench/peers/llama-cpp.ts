@@ -14,7 +14,8 @@
 //   pip install gguf numpy
 //   node --import tsx bench/peers/llama-cpp.ts [--model models/demo] [--prompt-tokens 512]
 //        [--decode-tokens 128] [--repeats 7] [--threads 2] [--gguf PATH] [--outtype bf16|f16|f32]
-//        [--llama-kv f16|f32] [--kv-dtype f32|bf16|int8|fp8 (llmts's KV cache)] [--peers spin,passive,uv4] [--quiet-below 0.25] [--json out.json]
+//        [--llama-kv f16|f32] [--kv-dtype f32|bf16|int8|fp8 (llmts's KV cache)] [--peers spin,spin1000,passive,uv4]
+//        [--quiet-below 0.25] [--json out.json]
 //
 // Other work on a shared machine skews single runs badly (llama.cpp's 2-thread decode drops 10-100x
 // when another process wants a core). Each run therefore records how many cores other processes
@@ -24,12 +25,13 @@
 //
 // Each engine runs in its own process: llmts here, llama.cpp in forked workers. Both link the
 // system libgomp, and one process would share one OpenMP runtime (and its wait policy) between
-// them. --peers picks the llama.cpp workers (default spin,passive):
-//   passive  UV_THREADPOOL_SIZE=1, OMP_WAIT_POLICY=passive: the OpenMP setting llmts's loader uses
-//            for itself (idle threads sleep), so both sides share a threading runtime setup.
-//   spin     UV_THREADPOOL_SIZE=1, libgomp's default wait policy (threads spin before sleeping):
-//            llama.cpp's out-of-the-box threading. On a busy 2-core machine a spinning barrier
-//            waits for a descheduled partner, and decode collapses.
+// them. --peers picks the llama.cpp workers (default spin,spin1000):
+//   spin     UV_THREADPOOL_SIZE=1, libgomp's default wait policy (threads spin up to 300,000 times
+//            before sleeping): llama.cpp's out-of-the-box threading. On a busy 2-core machine a
+//            spinning barrier waits for a descheduled partner, and decode collapses.
+//   spin1000 UV_THREADPOOL_SIZE=1, GOMP_SPINCOUNT=1000: the OpenMP setting llmts's loader uses for
+//            itself (src/backends/cpu/native-lib.ts), so both sides share a threading runtime setup.
+//   passive  UV_THREADPOOL_SIZE=1, OMP_WAIT_POLICY=passive (idle threads sleep at once).
 //   uv4      node's default libuv pool of 4, default wait policy: what a plain node-llama-cpp user
 //            gets. Its decodes hop between libuv threads and libgomp keeps one thread team per
 //            calling thread, so idle teams spin on the cores the next decode needs (measured here,
@@ -59,7 +61,7 @@ const { values } = parseArgs({
     threads: { type: 'string', default: String(os.availableParallelism()) },
     'llama-kv': { type: 'string', default: 'f16' },
     'kv-dtype': { type: 'string', default: 'f32' },
-    peers: { type: 'string', default: 'spin,passive' },
+    peers: { type: 'string', default: 'spin,spin1000' },
     'quiet-below': { type: 'string', default: '0.25' },
     json: { type: 'string' },
     worker: { type: 'boolean', default: false }, // internal: this process is a llama.cpp worker
@@ -130,6 +132,7 @@ if (values.worker) {
           nodeLlamaCpp: await nlc.getModuleVersion(), llamaCppRelease: llama.llamaCppRelease?.release, build: llama.buildType,
           gpu: llama.gpu, threads: ctx.currentThreads, flashAttention: ctx.flashAttention, cpuFeatures: String(llama.systemInfo ?? '').trim(),
           uvThreadpoolSize: process.env.UV_THREADPOOL_SIZE ?? 'default (4)', ompWaitPolicy: process.env.OMP_WAIT_POLICY ?? 'libgomp default',
+          gompSpinCount: process.env.GOMP_SPINCOUNT ?? 'libgomp default',
         } });
       } else if (req.cmd === 'greedy') {
         process.send!({ ok: (await greedy(req.promptIds, req.n)).out });
@@ -179,11 +182,11 @@ async function main() {
     private proc: ChildProcess;
     private pending: { resolve: (v: any) => void; reject: (e: Error) => void } | null = null;
     info: any;
-    constructor(readonly name: string, uvPool: string | undefined, ompWait: string | undefined) {
+    constructor(readonly name: string, uvPool: string | undefined, ompWait: string | undefined, spinCount: string | undefined) {
       const env = { ...originalEnv };
       if (uvPool === undefined) delete env.UV_THREADPOOL_SIZE; else env.UV_THREADPOOL_SIZE = uvPool;
       if (ompWait === undefined) delete env.OMP_WAIT_POLICY; else env.OMP_WAIT_POLICY = ompWait;
-      delete env.GOMP_SPINCOUNT;
+      if (spinCount === undefined) delete env.GOMP_SPINCOUNT; else env.GOMP_SPINCOUNT = spinCount;
       this.proc = fork(fileURLToPath(import.meta.url), ['--worker'], { env, execArgv: ['--import', 'tsx'], stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
       this.proc.on('message', (m: any) => { const p = this.pending!; this.pending = null; if ('err' in m) p.reject(new Error(`${name}: ${m.err}`)); else p.resolve(m.ok); });
       this.proc.on('exit', (code) => { if (this.pending) this.pending.reject(new Error(`${name} worker exited (${code})`)); });
@@ -193,9 +196,12 @@ async function main() {
     }
     close() { this.proc.disconnect(); }
   }
-  const kinds: Record<string, [string | undefined, string | undefined]> = { passive: ['1', 'passive'], spin: ['1', undefined], uv4: [undefined, undefined] };
+  // [UV_THREADPOOL_SIZE, OMP_WAIT_POLICY, GOMP_SPINCOUNT]; undefined: unset
+  const kinds: Record<string, [string | undefined, string | undefined, string | undefined]> = {
+    spin: ['1', undefined, undefined], spin1000: ['1', undefined, '1000'], passive: ['1', 'passive', undefined], uv4: [undefined, undefined, undefined],
+  };
   const peerNames = values.peers!.split(',');
-  for (const n of peerNames) if (!(n in kinds)) { console.error(`--peers: unknown ${n} (passive, spin, uv4)`); process.exit(2); }
+  for (const n of peerNames) if (!(n in kinds)) { console.error(`--peers: unknown ${n} (${Object.keys(kinds).join(', ')})`); process.exit(2); }
   const peers = peerNames.map((n) => new Worker(`llama.cpp ${n}`, ...kinds[n]));
   for (const p of peers) p.info = await p.call({ cmd: 'init', gguf, threads, kv: kvType });
 
@@ -231,7 +237,12 @@ async function main() {
   const matrices = new Set([...m.model.weights.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]),
     m.model.weights.lmHead]);
   const weightBytes = [...matrices].reduce((a, t) => a + (t as unknown as { bytes: number }).bytes, 0);
-  const weightDtypes = [...new Set(m.model.weights.layers.flatMap((l) => [l.attn.q.dtype, l.mlp.down.dtype]))].join('/');
+  // how the backend holds the matrices: 'rows' / 'p16' (bf16 or f32 values), or a quantized panel
+  // layout ('q8_0', 'q4_0', 'q4_k', 'q6_k': the file's blocks, native/quant_pack.c)
+  const layoutOf = (t: unknown) => { const c = t as { layout: string; dtype: string }; return c.layout === 'rows' || c.layout === 'p16' ? c.dtype : c.layout.toUpperCase(); };
+  const weightKinds = [...new Set([...matrices].map(layoutOf))];
+  const weightDtypes = weightKinds.join('/');
+  const quantized = weightKinds.filter((k) => /^Q/.test(k));
   // ISA_AVX512_BF16 (native/llm.h): prefill matmuls of bf16 weights round x to bf16 (LLMTS_CPU_BF16_DOT)
   const bf16Dot = weightDtypes.includes('bf16') && loadNativeLib().setIsa(-1) === 3;
 
@@ -303,6 +314,10 @@ async function main() {
       }
     });
   }
+  const { measureCopyBandwidth } = await import('../../src/execution/fit/machines.ts');
+  // the machine's copy bandwidth (bytes read + written, one thread: the fit planner's measure),
+  // before and after the runs: the ceiling the decode GB/s are read against
+  const copy0 = measureCopyBandwidth();
   const load0 = os.loadavg();
   for (let r = 0; r <= repeats; r++) {
     warm = r > 0;
@@ -310,6 +325,7 @@ async function main() {
     for (let i = 0; i < contenders.length; i++) await contenders[(i + r) % contenders.length]();
   }
   const load1 = os.loadavg();
+  const copyGBps = Math.max(copy0, measureCopyBandwidth());
 
   const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
   const median = (xs: number[]) => { const s = sorted(xs); const h = s.length >> 1; return xs.length === 0 ? NaN : s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2; };
@@ -337,19 +353,26 @@ async function main() {
     if (execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { encoding: 'utf8' }).trim()) commit += ' + uncommitted changes';
   } catch {}
   const info = peers[0].info;
-  const peerPrecision = `${values.outtype} matrices (${values.outtype === 'f32' ? 'f32 activations' : `activations rounded to ${values.outtype} for the dot products`}), ` +
-    `f32 norms and accumulation, ${kvType} KV cache`;
+  const peerPrecision = quantized.length > 0
+    ? `the file's ${weightDtypes} matrices, activations quantized per block (Q8_0 / Q8_K) for integer dot products, f32 norms and accumulation, ${kvType} KV cache`
+    : `${weightDtypes} matrices (${weightDtypes === 'f32' ? 'f32 activations' : `activations rounded to ${weightDtypes} for the dot products`}), ` +
+      `f32 norms and accumulation, ${kvType} KV cache`;
+  const ourPrecision = quantized.length > 0
+    ? `${weightDtypes} matrices (${quantized.join('/')} kept as the file's blocks), activations quantized per block of 32 to int8 ` +
+      `for integer dot products (native/TUNING.md), f32 accumulation, ${values['kv-dtype']} KV cache`
+    : bf16Dot
+      ? `${weightDtypes} weights; prefill matmuls round activations to bf16 for the CPU's AVX512-BF16 dot products, decode ` +
+        `widens the weights to f32 in registers (f32 activations); f32 accumulation, ${values['kv-dtype']} KV cache`
+      : `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, ${values['kv-dtype']} KV cache`;
+  const openmpOf = (e: { OMP_WAIT_POLICY?: string; GOMP_SPINCOUNT?: string }) =>
+    `OMP_WAIT_POLICY ${e.OMP_WAIT_POLICY ?? 'unset'}, GOMP_SPINCOUNT ${e.GOMP_SPINCOUNT ?? 'unset'}`;
   const result = {
     machine: `${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, ${os.type()} ${os.release()}`,
-    loadAvg: { before: load0, after: load1 }, quietBelowCores: quietBelow,
+    loadAvg: { before: load0, after: load1 }, quietBelowCores: quietBelow, copyBandwidthGBps: copyGBps,
     commit, node: process.version, model: modelDir, gguf, promptTokens, decodeTokens, repeats, batch, weightBytesPerDecodeStep: weightBytes,
-    llmts: { threads, openmp: `OMP_NUM_THREADS=${threads}, OMP_WAIT_POLICY=${process.env.OMP_WAIT_POLICY}`,
-      precision: bf16Dot
-        ? `${weightDtypes} weights; prefill matmuls round activations to bf16 for the CPU's AVX512-BF16 dot products, decode ` +
-          `widens the weights to f32 in registers (f32 activations); f32 accumulation, ${values['kv-dtype']} KV cache`
-        : `${weightDtypes} weights widened to f32 in registers, f32 activations and accumulation, ${values['kv-dtype']} KV cache` },
-    llamaCpp: { ...info, uvThreadpoolSize: undefined, ompWaitPolicy: undefined, precision: peerPrecision,
-      workers: peers.map((p) => ({ name: p.name, uvThreadpoolSize: p.info.uvThreadpoolSize, ompWaitPolicy: p.info.ompWaitPolicy })) },
+    llmts: { threads, openmp: `OMP_NUM_THREADS ${threads}, ${openmpOf(process.env)}`, precision: ourPrecision },
+    llamaCpp: { ...info, uvThreadpoolSize: undefined, ompWaitPolicy: undefined, gompSpinCount: undefined, precision: peerPrecision,
+      workers: peers.map((p) => ({ name: p.name, uvThreadpoolSize: p.info.uvThreadpoolSize, ompWaitPolicy: p.info.ompWaitPolicy, gompSpinCount: p.info.gompSpinCount })) },
     correctness, tokPerS, ratioLlmtsOver: ratios,
   };
 
@@ -359,7 +382,7 @@ async function main() {
   console.log(`commit    ${commit}   node ${process.version}   node-llama-cpp ${info.nodeLlamaCpp} (llama.cpp ${info.llamaCppRelease}, ${info.build}, gpu=${info.gpu})`);
   console.log(`model     ${modelDir} -> ${gguf}`);
   console.log(`threads   llmts ${threads} (${result.llmts.openmp})   llama.cpp ${info.threads} (flash attention ${info.flashAttention}; ` +
-    peers.map((p) => `${p.name}: UV_THREADPOOL_SIZE ${p.info.uvThreadpoolSize}, OMP_WAIT_POLICY ${p.info.ompWaitPolicy}`).join('; ') + ')');
+    peers.map((p) => `${p.name}: UV_THREADPOOL_SIZE ${p.info.uvThreadpoolSize}, OMP_WAIT_POLICY ${p.info.ompWaitPolicy}, GOMP_SPINCOUNT ${p.info.gompSpinCount}`).join('; ') + ')');
   console.log(`llmts     ${result.llmts.precision}`);
   console.log(`llama.cpp ${peerPrecision}; ${info.cpuFeatures}`);
   const cp = correctness.matchingPrefix;
@@ -370,11 +393,12 @@ async function main() {
   console.log(`other processes during the runs: median ${g(median(otherCores))} cores, max ${g(otherCores.at(-1)!)}; ` +
     `a run is quiet below ${quietBelow} cores`);
   console.log(`\n${promptTokens}-token prompt, ${decodeTokens} tokens, greedy, ${repeats} interleaved repeats; tok/s: median of quiet runs ` +
-    `(their number), median of all [min .. max]; decode GB/s = quiet median x ${(weightBytes / 2 ** 20).toFixed(1)} MiB of weights per step`);
+    `(their number), median of all [min .. max]; decode GB/s = quiet median x ${(weightBytes / 2 ** 20).toFixed(1)} MiB of weights per step, ` +
+    `and its share of the copy bandwidth (${g(copyGBps)} GB/s, one thread's Buffer.copy, best of before and after)`);
   for (const k of ks) {
     for (const s of sides) {
       const st = tokPerS[s][k];
-      const bw = k === 'decode' ? `  ${g(st.quietMedian * weightBytes / 1e9)} GB/s` : '';
+      const bw = k === 'decode' ? `  ${g(st.quietMedian * weightBytes / 1e9)} GB/s (${g(st.quietMedian * weightBytes / 1e9 / copyGBps)})` : '';
       const rt = s === 'llmts' ? '' : `  llmts/this ${g(ratios[s][k].quietMedians)} quiet, ${g(ratios[s][k].allMedians)} all`;
       console.log(`${k.padEnd(8)} ${s.padEnd(27)} ${f(st.quietMedian).padStart(8)} (${st.quietRuns})  ${f(st.median).padStart(8)} [${f(st.min)} .. ${f(st.max)}]${bw}${rt}`);
     }

@@ -117,6 +117,9 @@ function applyNativeSettings(lib: NativeLib, s: NativeKnobs, last: NativeKnobs |
  * a later call's libraryPath is not loaded) and sets its knobs to `settings` (default: from the
  * environment on the first call, unchanged after).
  */
+/** OpenMP spins before a thread sleeps, when the environment sets no wait policy (loadNativeLib). */
+export const DEFAULT_GOMP_SPINCOUNT = 1000;
+
 export function loadNativeLib(settings?: CpuSettings): NativeLib {
   if (loaded) {
     if (settings) {
@@ -131,12 +134,15 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
     throw new Error(`CPU backend: native library ${path} is missing; build it with \`npm run build:native\` ` +
       '(needs gcc with OpenMP)');
   }
-  // OpenMP threads that spin between parallel regions steal the cores the Node thread (and, on a
-  // shared machine, everything else) needs; measured here, spinning made a 2-core decode matmul
-  // 5x slower whenever another process was busy. Sleep instead, unless the user chose otherwise.
-  // (libgomp reads these when it is loaded, which is below.)
+  // How long an OpenMP thread spins before it sleeps, unless the user chose: 1,000 spins (tens of
+  // microseconds). A decode step runs a hundred or more team regions back to back; a thread that
+  // sleeps at once is woken for each (a futex round trip, costly in a VM), and one that spins long
+  // takes the core other work needs: at libgomp's default (300,000) or 3,000 a 2-core decode halved
+  // while another process kept one core busy, where 1,000 cost 3%; on a quiet machine 1,000 decoded
+  // 18-28% faster than sleeping at once (BENCHMARKS.md, "OpenMP wait"). libgomp reads it when it
+  // is loaded, which is below.
   if (process.env.OMP_WAIT_POLICY === undefined && process.env.GOMP_SPINCOUNT === undefined) {
-    process.env.OMP_WAIT_POLICY = 'passive';
+    process.env.GOMP_SPINCOUNT = String(DEFAULT_GOMP_SPINCOUNT);
   }
   const lib = koffi.load(path);
   const f = (decl: string) => lib.func(decl);
