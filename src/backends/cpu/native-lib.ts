@@ -137,8 +137,8 @@ export function loadNativeLib(settings?: CpuSettings): NativeLib {
   // How long an OpenMP thread spins before it sleeps, unless the user chose: 1,000 spins (tens of
   // microseconds). A decode step runs a hundred or more team regions back to back; a thread that
   // sleeps at once is woken for each (a futex round trip, costly in a VM), and one that spins long
-  // takes the core other work needs: at libgomp's default (300,000) or 3,000 a 2-core decode halved
-  // while another process kept one core busy, where 1,000 cost 3%; on a quiet machine 1,000 decoded
+  // takes the core other work needs: at 3,000 spins a 2-core decode halved while another process
+  // kept one core busy, where 1,000 cost 3% (libgomp's default is 300,000); on a quiet machine 1,000 decoded
   // 18-28% faster than sleeping at once (BENCHMARKS.md, "OpenMP wait"). libgomp reads it when it
   // is loaded, which is below.
   if (process.env.OMP_WAIT_POLICY === undefined && process.env.GOMP_SPINCOUNT === undefined) {
