@@ -11,6 +11,7 @@ import { normalizeConfig } from './config.ts';
 import { ArtifactError } from './errors.ts';
 import { readGenerationConfig, type GenerationConfig } from './generation-config.ts';
 import { expectObject, readJsonFile } from './json-file.ts';
+import { fp8SchemeOf, Fp8WeightIndex } from './fp8-checkpoint.ts';
 import { QuantizingWeightIndex, type OnlineQuantization } from './online-quant.ts';
 import { openWeights, type WeightIndex } from './safetensors.ts';
 import { TextTokenizer, TOKENIZER_FILE } from './tokenizer.ts';
@@ -35,7 +36,7 @@ export interface ModelDir {
 export interface LoadModelDirOptions {
   /** load tokenizer and chat template (default true); false for header-only work such as fit */
   tokenizer?: boolean;
-  /** GGUF: what quantized tensors dequantize into (default bf16) */
+  /** GGUF, FP8 checkpoints: what quantized tensors dequantize into (default bf16) */
   quantizedDtype?: 'bf16' | 'f32';
   /** a safetensors checkpoint: quantize its matrices as they load (online-quant.ts) */
   quantization?: OnlineQuantization;
@@ -61,7 +62,11 @@ export function loadModelDir(
   const rawConfig = expectObject(readJsonFile(configFile, 'model config'), 'model config', configFile);
   const generationConfig = readGenerationConfig(dir);
   const files = openWeights(dir);
-  const weights = opts.quantization ? new QuantizingWeightIndex(files, opts.quantization) : files;
+  // an FP8 checkpoint's matrices dequantize as they load (fp8-checkpoint.ts); any other quantized
+  // checkpoint fails here, naming its quant_method
+  const fp8 = fp8SchemeOf(rawConfig, configFile);
+  const stored = fp8 ? new Fp8WeightIndex(files, fp8, opts.quantizedDtype ?? 'bf16') : files;
+  const weights = opts.quantization ? new QuantizingWeightIndex(stored, opts.quantization) : stored;
   const config = normalizeConfig(rawConfig, {
     file: configFile,
     generationEosIds: generationConfig?.eosTokenIds,

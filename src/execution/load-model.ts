@@ -43,7 +43,7 @@ export interface LoadOptions {
   onWarning?: (message: string) => void;
   /** progress of weight upload, (layersDone, layersTotal) */
   onProgress?: (done: number, total: number) => void;
-  /** GGUF: what quantized tensors dequantize into at load (default bf16) */
+  /** GGUF, FP8 checkpoints: what quantized tensors dequantize into at load (default bf16) */
   quantizedDtype?: 'bf16' | 'f32';
   /**
    * a safetensors checkpoint's matrices quantized as they load (src/artifacts/online-quant.ts);

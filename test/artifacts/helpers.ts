@@ -14,7 +14,7 @@ export interface TensorSpec {
   name: string;
   dtype: 'F32' | 'F16' | 'BF16' | 'I64' | string;
   shape: number[];
-  /** element values (converted to dtype); default: i * 0.5 + 1 */
+  /** element values (converted to dtype; the bytes themselves for 8-bit dtypes); default: i * 0.5 + 1 */
   values?: number[];
 }
 
@@ -44,6 +44,10 @@ function encodeTensor(t: TensorSpec): Buffer {
       return Buffer.from(new Uint16Array(vals.map(f32ToBf16)).buffer);
     case 'F16':
       return Buffer.from(new Uint16Array(vals.map(f32ToF16)).buffer);
+    case 'F8_E4M3':
+    case 'F8_E5M2':
+    case 'U8':
+      return Buffer.from(new Uint8Array(vals)); // the raw bytes
     case 'I64':
       return Buffer.from(new BigInt64Array(vals.map((v) => BigInt(Math.trunc(v)))).buffer);
     default:

@@ -10,6 +10,7 @@ import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 import { Engine } from '../../src/execution/engine.ts';
 import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
+import { checkReferenceCases } from '../helpers/reference-cases.ts';
 import { KNOWN_REFERENCE_ARTIFACTS } from '../helpers/known-artifacts.ts';
 
 const FIXTURES = resolve(import.meta.dirname, '../fixtures');
@@ -37,35 +38,12 @@ for (const name of dirs) {
     try {
       // fixtures may run past max_position_embeddings (dynamic NTK exists for that): as transformers does
       const m = await loadModel(backend, dir, { maxModelLen: 4096 });
-      const request = (c: Reference['cases'][number]) => ({
-        promptIds: c.prompt_token_ids,
-        maxTokens: c.steps.length,
-        sampling: { temperature: 0 },
-        ignoreEos: true,
-        topLogprobs: 5,
-      });
-      const solo: Awaited<ReturnType<Engine["complete"]>>[] = [];
-      for (const c of ref.cases) {
-        const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
-        solo.push(await e.complete(request(c)));
-        await e.close(0);
-      }
-      let worst = 0;
-      ref.cases.forEach((c, k) => {
+      ref.cases.forEach((_, k) => {
         const artifact = KNOWN_REFERENCE_ARTIFACTS[name]?.[k];
         if (artifact) t.diagnostic(`case ${k}: comparing ${artifact.steps} steps only (${artifact.why})`);
-        const n = artifact ? artifact.steps : c.steps.length;
-        const r = compareToReference(solo[k].logprobs!.slice(0, n), c.steps.slice(0, n), TOLERANCE);
-        worst = Math.max(worst, r.maxLogprobDiff);
-        assert.ok(r.ok, `case ${k}: ${r.problem}`);
       });
+      const worst = await checkReferenceCases(m, ref.cases, TOLERANCE, (k) => KNOWN_REFERENCE_ARTIFACTS[name]?.[k]?.steps);
       t.diagnostic(`max |Δ logprob| on matched prefix: ${worst.toExponential(2)}`);
-
-      // Batched: all cases at once, small token budget so prefill chunks interleave with decodes.
-      const e = new Engine(m.model, m, { maxBatch: ref.cases.length, tokenBudget: 16, maxModelLen: m.maxContext });
-      const batched = await Promise.all(ref.cases.map((c) => e.complete(request(c))));
-      await e.close(0);
-      batched.forEach((b, k) => assert.deepEqual(b.tokenIds, solo[k].tokenIds, `case ${k} batched differs from solo`));
     } finally {
       await backend.close();
     }

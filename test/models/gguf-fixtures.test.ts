@@ -14,9 +14,8 @@ import { join, resolve } from 'node:path';
 import { test } from 'node:test';
 
 import { createCpuBackend } from '../../src/backends/cpu/cpu-backend.ts';
-import { Engine } from '../../src/execution/engine.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
-import { compareToReference, type StepRecord } from '../helpers/closeness.ts';
+import { checkReferenceCases, type ReferenceCase } from '../helpers/reference-cases.ts';
 
 const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
 /** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
@@ -31,7 +30,7 @@ interface Reference {
   gguf: string;
   ggml_type: string;
   method: string;
-  cases: { prompt_token_ids: number[]; steps: StepRecord[] }[];
+  cases: ReferenceCase[];
 }
 
 const refs: Reference[] = existsSync(DIR)
@@ -64,26 +63,8 @@ for (const dtype of ['f32', 'bf16', 'quantized'] as const) {
             assert.ok(layouts.has(want), `no ${want} weight kept quantized (layouts: ${[...layouts].join(', ')})`);
           }
         }
-        const request = (c: Reference['cases'][number]) => ({
-          promptIds: c.prompt_token_ids, maxTokens: c.steps.length, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 5,
-        });
-        const solo: Awaited<ReturnType<Engine["complete"]>>[] = [];
-        for (const c of ref.cases) {
-          const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
-          solo.push(await e.complete(request(c)));
-          await e.close(0);
-        }
-        let worst = 0;
-        ref.cases.forEach((c, k) => {
-          const r = compareToReference(solo[k]!.logprobs!, c.steps, tolerance);
-          worst = Math.max(worst, r.maxLogprobDiff);
-          assert.ok(r.ok, `case ${k}: ${r.problem}`);
-        });
+        const worst = await checkReferenceCases(m, ref.cases, tolerance);
         t.diagnostic(`max |Δ logprob| on the matched prefix: ${worst.toExponential(2)}`);
-        const e = new Engine(m.model, m, { maxBatch: ref.cases.length, tokenBudget: 16, maxModelLen: m.maxContext });
-        const batched = await Promise.all(ref.cases.map((c) => e.complete(request(c))));
-        await e.close(0);
-        batched.forEach((b, k) => assert.deepEqual(b.tokenIds, solo[k]!.tokenIds, `case ${k} batched differs from solo`));
       } finally {
         await backend.close();
       }
