@@ -3,21 +3,14 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { writeTinyLlama } from '../helpers/tiny-model.ts';
+import { runBin } from '../helpers/run-bin.ts';
 
-const BIN = join(resolve(import.meta.dirname, '../..'), 'bin/llmts');
 
-function run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  return new Promise((done) => {
-    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24, env: { ...process.env, LLMTS_BACKEND: '' } }, (err, stdout, stderr) => {
-      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-    });
-  });
-}
+const run = (args: string[]) => runBin(args, { ...process.env, LLMTS_BACKEND: '' });
 
 test('llmts bench: engine-direct and HTTP figures, concurrency levels, /health during a prefill; a table and JSON', async () => {
   const model = writeTinyLlama({ maxPositions: 512 });

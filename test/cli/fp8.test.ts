@@ -1,7 +1,6 @@
 // FP8 checkpoints end to end: `llmts generate` through bin/llmts against transformers, the server
 // (startServer, as `llmts serve` runs it), and the one-line refusal of other quantized checkpoints.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -10,22 +9,15 @@ import { after, test } from 'node:test';
 import { startServer } from '../../src/api/index.ts';
 import { loadModelDir } from '../../src/artifacts/model-dir.ts';
 import { compareToReference } from '../helpers/closeness.ts';
+import { runBin } from '../helpers/run-bin.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
-const BIN = join(ROOT, 'bin/llmts');
 const MODEL = join(ROOT, 'test/fixtures/fp8/llama_fp8_block');
 const ref = JSON.parse(readFileSync(join(MODEL, 'reference.json'), 'utf8'));
 const tmp = mkdtempSync(join(tmpdir(), 'llmts-fp8-cli-'));
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
-interface Run { code: number; stdout: string; stderr: string }
-function run(args: string[]): Promise<Run> {
-  return new Promise((done) => {
-    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
-      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-    });
-  });
-}
+const run = (args: string[]) => runBin(args);
 
 test('llmts generate on an FP8 checkpoint matches transformers (bf16 dequantization: tolerance 0.1)', async () => {
   const c = ref.cases[1];

@@ -4,14 +4,13 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync, truncateSync, statSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { compareToReference } from '../helpers/closeness.ts';
+import { runBin } from '../helpers/run-bin.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
-const BIN = join(ROOT, 'bin/llmts');
 const QWEN3 = join(ROOT, 'test/fixtures/qwen3');
 
 interface Run {
@@ -20,13 +19,7 @@ interface Run {
   stderr: string;
 }
 
-function run(args: string[]): Promise<Run> {
-  return new Promise((done) => {
-    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
-      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-    });
-  });
-}
+const run = (args: string[]) => runBin(args);
 
 /** A user error: non-zero exit, exactly one line on stderr, no stack trace, matching `pattern`. */
 function assertOneLineError(r: Run, pattern: RegExp): void {

@@ -2,7 +2,6 @@
 // the same file as an Ollama blob (no extension) and in a directory, a split model, `llmts fit`
 // from the header alone, the server (startServer, as `llmts serve` runs it), and one-line errors.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -14,23 +13,16 @@ import { readGgufHeader, readTensorBytes, type GgufValue } from '../../src/artif
 import { FitPlanner } from '../../src/execution/fit/index.ts';
 import { compareToReference } from '../helpers/closeness.ts';
 import { writeGguf, type MetaValue, type TensorDef } from '../helpers/gguf-writer.ts';
+import { runBin } from '../helpers/run-bin.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
-const BIN = join(ROOT, 'bin/llmts');
 const GGUF = join(ROOT, 'test/fixtures/gguf');
 const LLAMA = join(GGUF, 'llama_q8_0.gguf');
 const ref = JSON.parse(readFileSync(join(GGUF, 'llama_q8_0.reference.json'), 'utf8'));
 const tmp = mkdtempSync(join(tmpdir(), 'llmts-gguf-cli-'));
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
-interface Run { code: number; stdout: string; stderr: string }
-function run(args: string[]): Promise<Run> {
-  return new Promise((done) => {
-    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
-      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-    });
-  });
-}
+const run = (args: string[]) => runBin(args);
 
 const tokenizer = loadModelDir(LLAMA).tokenizer;
 

@@ -3,25 +3,17 @@
 // bad values.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { serveOptionsOf } from '../../src/cli/serve.ts';
 import { UsageError } from '../../src/cli/errors.ts';
 import { resolveServeOptions, ServeOptionsError } from '../../src/api/serve-options.ts';
+import { runBin } from '../helpers/run-bin.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
-const BIN = join(ROOT, 'bin/llmts');
 const LLAMA = join(ROOT, 'test/fixtures/llama');
 
-function run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  return new Promise((done) => {
-    execFile(BIN, args, { cwd: tmpdir(), maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
-      done({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
-    });
-  });
-}
+const run = (args: string[]) => runBin(args);
 
 test('generate --json --speculative ngram: the tokens of a run without it, and "speculation" with the draft counts', async () => {
   const c = JSON.parse(readFileSync(join(LLAMA, 'reference.json'), 'utf8')).cases[2];
