@@ -117,6 +117,32 @@ static int validate(const attn_args *a) {
   return 0;
 }
 
+// One work item of a step's attention: a block of tokens (decode: one) by one kv head; `thread`
+// picks the thread's scratch (perThread floats each: the kernels' scratch, then value rows).
+typedef struct {
+  const attn_args *a;
+  const int64_t *block;
+  int isa;
+  int64_t scratchFloats, perThread;
+  float *scratch;
+} attn_items;
+
+static void attn_item(void *arg, int64_t it, int thread) {
+  const attn_items *x = arg;
+  const attn_args *a = x->a;
+  float *scratch = x->scratch + (size_t)thread * (size_t)x->perThread, *vbuf = scratch + x->scratchFloats;
+  const int64_t b = it / a->KVH, kh = it % a->KVH, t0 = x->block[b], nq = x->block[b + 1] - t0;
+  if (nq == 1) {
+    if (x->isa >= ISA_AVX512) attend_avx512(a, t0, kh, scratch, vbuf);
+    else if (x->isa == ISA_AVX2) attend_avx2(a, t0, kh, scratch, vbuf);
+    else attend_generic(a, t0, kh, scratch, vbuf);
+  } else {
+    if (x->isa >= ISA_AVX512) attend_block_avx512(a, t0, nq, kh, scratch, vbuf);
+    else if (x->isa == ISA_AVX2) attend_block_avx2(a, t0, nq, kh, scratch, vbuf);
+    else attend_block_generic(a, t0, nq, kh, scratch, vbuf);
+  }
+}
+
 // i: [q, kpool, vpool, row, pos, tables, out, T, H, KVH, D, NB, BS, R, MBR, window, kv_dt]; f: [scale, softcap]
 static int exec_attention(const llm_cmd *c) {
   const attn_args a = {
@@ -157,25 +183,29 @@ static int exec_attention(const llm_cmd *c) {
   const int64_t blockFloats = a.D * RP + a.D * CHUNK + CHUNK * RP + 5 * RP;
   const int64_t scratchFloats = attendFloats > blockFloats ? attendFloats : blockFloats;
   const int64_t vbufFloats = a.kv_dt == DT_F32 ? 0 : CHUNK * a.D;
+  const attn_items ai = {&a, block, isa, scratchFloats, scratchFloats + vbufFloats, NULL};
   // a step that reads little (a few decode rows at short contexts) runs on this thread: waking the
   // team costs more than it saves, as for the small matmuls (llm_gemv_parallel_min_bytes)
-#pragma omp parallel if (kvBytes >= llm_gemv_parallel_min_bytes())
-  {
-    float *scratch = malloc((size_t)(scratchFloats + vbufFloats) * sizeof(float)), *vbuf = scratch + scratchFloats;
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t it = 0; it < items; it++) {
-      const int64_t b = it / a.KVH, kh = it % a.KVH, t0 = block[b], nq = block[b + 1] - t0;
-      if (nq == 1) {
-        if (isa >= ISA_AVX512) attend_avx512(&a, t0, kh, scratch, vbuf);
-        else if (isa == ISA_AVX2) attend_avx2(&a, t0, kh, scratch, vbuf);
-        else attend_generic(&a, t0, kh, scratch, vbuf);
-      } else {
-        if (isa >= ISA_AVX512) attend_block_avx512(&a, t0, nq, kh, scratch, vbuf);
-        else if (isa == ISA_AVX2) attend_block_avx2(&a, t0, nq, kh, scratch, vbuf);
-        else attend_block_generic(&a, t0, nq, kh, scratch, vbuf);
-      }
+  const int parallel = kvBytes >= llm_gemv_parallel_min_bytes();
+  if (parallel && nblocks == a.T) {
+    // decode (a token a block): on the decode team (pool.c), each thread its scratch
+    attn_items d = ai;
+    d.scratch = malloc((size_t)llm_pool_threads() * (size_t)ai.perThread * sizeof(float));
+    if (!d.scratch) {
+      free(block);
+      return llm_fail("attention: out of memory for scratch");
     }
-    free(scratch);
+    llm_pool_for(items, attn_item, &d);
+    free(d.scratch);
+  } else {
+#pragma omp parallel if (parallel)
+    {
+      attn_items mine = ai;
+      mine.scratch = malloc((size_t)ai.perThread * sizeof(float));
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t it = 0; it < items; it++) attn_item(&mine, it, 0);
+      free(mine.scratch);
+    }
   }
   free(block);
   return 0;

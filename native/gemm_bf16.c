@@ -333,6 +333,33 @@ static int64_t split_pow2(int64_t units, int64_t want, int64_t max) {
   return q;
 }
 
+// One decode work item of gemm_p16_bf16dot: panels [it q, it q + q) for every row of x.
+typedef struct {
+  const uint32_t *xb, *w;
+  const float *bias;
+  float *y;
+  int64_t M, N, K2, P, q;
+} p16_decode_items;
+
+static void p16_decode_item(void *arg, int64_t it, int thread) {
+  (void)thread;
+  const p16_decode_items *a = arg;
+  const uint32_t *xb = a->xb, *w = a->w;
+  const float *bias = a->bias;
+  float *y = a->y;
+  const int64_t M = a->M, N = a->N, K2 = a->K2, P = a->P, q = a->q;
+  const int64_t p0 = it * q, p1 = p0 + q < P ? p0 + q : P;
+  for (int64_t m0 = 0; m0 < M; m0 += DM) {
+    const int64_t mr = M - m0 < DM ? M - m0 : DM;
+    switch (q) {
+      P16_DECODE_NV(1)
+      P16_DECODE_NV(2)
+      P16_DECODE_NV(4)
+      P16_DECODE_NV(8)
+    }
+  }
+}
+
 void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K) {
   const int64_t K2 = K / 2, P = (N + 15) / 16;
   uint32_t *xb = aligned_alloc(64, ((size_t)(M * K2) * sizeof(uint32_t) + 63) / 64 * 64 + 64);
@@ -341,20 +368,12 @@ void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, floa
     // work items of 8 panels, fewer when that leaves threads idle (a tile's shape never changes
     // what its lanes compute); small matrices on one thread
     const int parallel = p16_bytes(N, K) >= llm_gemv_parallel_min_bytes();
-    const int64_t q = split_pow2(P, parallel ? 2 * (int64_t)omp_get_max_threads() : 1, DV);
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int64_t p0 = 0; p0 < P; p0 += q) {
-      const int64_t p1 = p0 + q < P ? p0 + q : P;
-      for (int64_t m0 = 0; m0 < M; m0 += DM) {
-        const int64_t mr = M - m0 < DM ? M - m0 : DM;
-        switch (q) {
-          P16_DECODE_NV(1)
-          P16_DECODE_NV(2)
-          P16_DECODE_NV(4)
-          P16_DECODE_NV(8)
-        }
-      }
-    }
+    const int64_t q = split_pow2(P, parallel ? 2 * (int64_t)llm_pool_threads() : 1, DV);
+    const p16_decode_items items = {xb, w, bias, y, M, N, K2, P, q};
+    // on the decode team (pool.c), or on this thread for small matrices
+    if (parallel) llm_pool_for((P + q - 1) / q, p16_decode_item, (void *)&items);
+    else
+      for (int64_t it = 0; it < (P + q - 1) / q; it++) p16_decode_item((void *)&items, it, 0);
     free(xb);
     return;
   }

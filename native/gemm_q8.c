@@ -274,6 +274,23 @@ static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int6
 }
 #undef QRUN
 
+// One work item of gemm_quant_vnni: nv panels of weights by up to mc rows of x (item = panel tile x
+// row tile, panel-major), QMR rows at a time.
+typedef struct {
+  const qctx *c;
+  int q4, nv;
+  int64_t P, MT, mc, M;
+} qitems;
+
+static void quant_item(void *arg, int64_t it, int thread) {
+  (void)thread;
+  const qitems *a = arg;
+  const int64_t pt = it / a->MT, mt = it % a->MT;
+  const int64_t p0 = pt * a->nv, np = a->P - p0 < a->nv ? a->P - p0 : a->nv;
+  const int64_t m1 = (mt + 1) * a->mc < a->M ? (mt + 1) * a->mc : a->M;
+  for (int64_t m0 = mt * a->mc; m0 < m1; m0 += QMR) run_tile(a->c, a->q4, a->nv, m0, m1 - m0 < QMR ? m1 - m0 : QMR, p0, np);
+}
+
 void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, float *y, int64_t M, int64_t N,
                      int64_t K) {
   const int q4 = quant_kind(dt), sums = quant_x_sums(q4);
@@ -287,23 +304,23 @@ void gemm_quant_vnni(const float *x, const void *w, int dt, const float *bias, f
   const int64_t mc = M <= ROWS_MAX_M ? M : QMC;
   const int64_t PT = (P + nv - 1) / nv, MT = (M + mc - 1) / mc, XT = (M + 15) / 16;
   const int parallel = M > ROWS_MAX_M || quant_p16_bytes(N, K, dt) >= llm_gemv_parallel_min_bytes();
-  // one tile of x rows (decode) is quantized here: inside the team it would cost a barrier, which
-  // with sleeping threads is a wake-up, more than the rows take
-  if (XT == 1) quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, 0, M, K);
-#pragma omp parallel if (parallel)
-  {
-    if (XT > 1) {
+  const qitems items = {&c, q4, nv, P, MT, mc, M};
+  if (XT == 1) {
+    // decode: one tile of x rows, quantized here (inside a team it would cost a barrier, more than
+    // the rows take); the items on the decode team (pool.c), or on this thread for small matrices
+    quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, 0, M, K);
+    if (parallel) llm_pool_for(PT * MT, quant_item, (void *)&items);
+    else
+      for (int64_t it = 0; it < PT * MT; it++) quant_item((void *)&items, it, 0);
+  } else {
+#pragma omp parallel
+    {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < XT; t++)
         quant_x_rows_avx512(x, xq, xd, xc, quant_x_offset(q4), sums, t * 16, (t + 1) * 16 < M ? (t + 1) * 16 : M, K);
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t it = 0; it < PT * MT; it++) quant_item((void *)&items, it, 0);
     }
-#pragma omp for schedule(dynamic, 1) collapse(2) nowait
-    for (int64_t pt = 0; pt < PT; pt++)
-      for (int64_t mt = 0; mt < MT; mt++) {
-        const int64_t p0 = pt * nv, np = P - p0 < nv ? P - p0 : nv;
-        const int64_t m1 = (mt + 1) * mc < M ? (mt + 1) * mc : M;
-        for (int64_t m0 = mt * mc; m0 < m1; m0 += QMR) run_tile(&c, q4, nv, m0, m1 - m0 < QMR ? m1 - m0 : QMR, p0, np);
-      }
   }
   free(xq);
   free(xd);

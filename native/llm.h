@@ -32,17 +32,29 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 #define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
 
 // Runs `body` (which sees int64_t i0, i1) over [0, n) split into one contiguous chunk per
-// thread; single-threaded below `grain` items, where waking the team costs more than it saves.
+// thread; below `grain` items on this thread alone, outside OpenMP (where waking the team costs
+// more than it saves, and even a team of one costs libgomp a futex call at its barrier).
 #define PARALLEL_RANGE(n, grain, ...)                                                               \
   do {                                                                                               \
     const int64_t n_ = (n);                                                                          \
     const int nt_ = n_ >= (int64_t)(grain) ? omp_get_max_threads() : 1;                             \
-    _Pragma("omp parallel for schedule(static) num_threads(nt_)") for (int c_ = 0; c_ < nt_; c_++) { \
-      const int64_t i0 = n_ * c_ / nt_, i1 = n_ * (c_ + 1) / nt_;                                   \
+    if (nt_ == 1) {                                                                                  \
+      const int64_t i0 = 0, i1 = n_;                                                                 \
       __VA_ARGS__;                                                                                   \
+    } else {                                                                                         \
+      _Pragma("omp parallel for schedule(static) num_threads(nt_)") for (int c_ = 0; c_ < nt_; c_++) { \
+        const int64_t i0 = n_ * c_ / nt_, i1 = n_ * (c_ + 1) / nt_;                                 \
+        __VA_ARGS__;                                                                                 \
+      }                                                                                              \
     }                                                                                                \
   } while (0)
 #define PTR(a) ((void *)(intptr_t)(a))
+
+// The decode team (pool.c): runs fn(ctx, item, thread) for item in [0, n) on the caller and the
+// helpers, items claimed one at a time; returns when all have run. Queue worker thread only.
+void llm_pool_for(int64_t n, void (*fn)(void *ctx, int64_t item, int thread), void *ctx);
+// threads of the decode team, the caller included (thread indices passed to fn are below it)
+int llm_pool_threads(void);
 
 // Weight bytes below which a small-M matmul runs on one thread (env LLMTS_GEMV_PAR_MIN_BYTES).
 size_t llm_gemv_parallel_min_bytes(void);
