@@ -17,6 +17,8 @@ Presets (real published shapes where they name a model):
   qwen3-0.6b       Qwen/Qwen3-0.6B's layers (hidden 1024, 28 layers, 16 heads of 128 on 8 KV heads,
                    intermediate 3072, tied embeddings) with the demo tokenizer's 8192-token vocab:
                    0.45 B params, 0.9 GB bf16; the CPU comparison with llama.cpp (bench/peers/llama-cpp.ts).
+  qwen3-8b         Qwen/Qwen3-8B's layers (hidden 4096, 32 heads of 128 on 8 KV heads, intermediate 12288)
+                   with the same vocab, untied; --layers N of its 36 (2: 0.42 B params, 0.84 GB bf16).
 
 usage: python3 bench/make_random_models.py --preset NAME --out DIR [--layers N] [--tiny]
                                            [--tokenizer models/demo/tokenizer.json] [--std 0.02] [--seed 0]
@@ -94,7 +96,20 @@ def qwen3_0_6b(tiny):
     return c
 
 
-PRESETS = {'gemma2-2b': gemma2_2b, 'qwen3-moe-6l': qwen3_moe_6l, 'llama-probe': llama_probe, 'qwen3-0.6b': qwen3_0_6b}
+def qwen3_8b(tiny):
+    # Qwen/Qwen3-8B's layers (hidden 4096, intermediate 12288, 32 heads of 128 on 8 KV heads) with the
+    # demo model's 8k vocabulary; --layers N keeps N of its 36 (2: 0.42 B params, 0.84 GB bf16)
+    c = qwen3_0_6b(False)
+    c.update(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+             num_key_value_heads=8, tie_word_embeddings=False)
+    if tiny:
+        c.update(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+    return c
+
+
+PRESETS = {'gemma2-2b': gemma2_2b, 'qwen3-moe-6l': qwen3_moe_6l, 'llama-probe': llama_probe, 'qwen3-0.6b': qwen3_0_6b,
+           'qwen3-8b': qwen3_8b}
 
 
 def tensor_specs(c):

@@ -20,6 +20,7 @@
 #include <linux/futex.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -142,6 +143,10 @@ void llm_pool_for(int64_t n, void (*fn)(void *ctx, int64_t item, int thread), vo
   atomic_store(&gen, g); // seq_cst: ordered before the sleepers load below
   if (atomic_load(&sleepers) > 0) syscall(SYS_futex, (uint32_t *)&gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
   run_items(g, fn, ctx, n, 0);
-  // every item is claimed; wait for the ones helpers are still running
-  while (atomic_load_explicit(&inflight, memory_order_acquire) != 0) cpu_relax();
+  // every item is claimed; wait for the ones helpers are still running (yielding the core after a
+  // while: a helper the kernel descheduled may need it)
+  for (int k = 0; atomic_load_explicit(&inflight, memory_order_acquire) != 0; k++) {
+    if (k < 4096) cpu_relax();
+    else sched_yield();
+  }
 }
