@@ -38,9 +38,11 @@ static _Atomic uint32_t gen;        // bumped for each loop; helpers wait on it
 static _Atomic uint64_t claim;      // (gen << GEN_SHIFT) | index of the next unclaimed item
 static _Atomic int inflight;        // helpers between a claim attempt and its item's end
 static _Atomic int sleepers;        // helpers asleep (or about to sleep) on `gen`
-static void (*loop_fn)(void *, int64_t, int);
-static void *loop_ctx;
-static int64_t loop_n;
+// the loop's fields: written before its generation is published, read after it is seen (relaxed
+// atomics: a late helper may read them while the next loop writes them, and then claims nothing)
+static _Atomic(void (*)(void *, int64_t, int)) loop_fn;
+static _Atomic(void *) loop_ctx;
+static _Atomic int64_t loop_n;
 static int helpers = -1;            // -1: not started
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -95,9 +97,9 @@ static void *helper_main(void *arg) {
     atomic_fetch_add_explicit(&inflight, 1, memory_order_acq_rel);
     // the loop's fields as published with g; if a newer loop replaced them meanwhile, the claims
     // below fail on the generation tag and nothing of them is used
-    void (*fn)(void *, int64_t, int) = loop_fn;
-    void *ctx = loop_ctx;
-    const int64_t n = loop_n;
+    void (*fn)(void *, int64_t, int) = atomic_load_explicit(&loop_fn, memory_order_relaxed);
+    void *ctx = atomic_load_explicit(&loop_ctx, memory_order_relaxed);
+    const int64_t n = atomic_load_explicit(&loop_n, memory_order_relaxed);
     run_items(g, fn, ctx, n, thread);
     atomic_fetch_sub_explicit(&inflight, 1, memory_order_release);
   }
@@ -135,9 +137,9 @@ void llm_pool_for(int64_t n, void (*fn)(void *ctx, int64_t item, int thread), vo
     for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
     return;
   }
-  loop_fn = fn;
-  loop_ctx = ctx;
-  loop_n = n;
+  atomic_store_explicit(&loop_fn, fn, memory_order_relaxed);
+  atomic_store_explicit(&loop_ctx, ctx, memory_order_relaxed);
+  atomic_store_explicit(&loop_n, n, memory_order_relaxed);
   const uint32_t g = atomic_load(&gen) + 1;
   atomic_store_explicit(&claim, (uint64_t)(g & TAG_MASK) << GEN_SHIFT, memory_order_release);
   atomic_store(&gen, g); // seq_cst: ordered before the sleepers load below
