@@ -31,13 +31,27 @@ SIMD_INLINE void FN(chunk_src)(const attn_args *a, const int32_t *table, int64_t
     vsrc[jj] = (const char *)a->vpool + off * rb;
     for (int64_t b = 0; b < rb; b += 64) {
       __builtin_prefetch(ksrc[jj] + b);
-      __builtin_prefetch(vsrc[jj] + b);
+      __builtin_prefetch(vsrc[jj] + b, 0, 1); // to L2: the values are read after the chunks' scores, and a group's rows would overflow L1
     }
   }
   const int64_t f = first > j0 ? (first - j0 < n ? first - j0 : 0) : 0; // lane of key `first` (or 0)
   for (int64_t jj = n; jj < CHUNK; jj++) {
     ksrc[jj] = ksrc[f];
     vsrc[jj] = vsrc[f];
+  }
+}
+
+// Asks for the key and value rows of keys [j0, j1) of kv head kh into L2 (the next group of
+// chunks while this one is scored: the rows lie a token's KV apart, too far for the hardware
+// prefetchers to follow).
+SIMD_INLINE void FN(prefetch_rows)(const attn_args *a, const int32_t *table, int64_t kh, int64_t j0, int64_t j1) {
+  const int64_t rb = (int64_t)kv_row_bytes(a->kv_dt, a->D);
+  for (int64_t j = j0; j < j1; j++) {
+    const int64_t off = ((int64_t)table[j / a->BS] * a->BS + j % a->BS) * a->KVH + kh;
+    for (int64_t b = 0; b < rb; b += 64) {
+      __builtin_prefetch((const char *)a->kpool + off * rb + b, 0, 1);
+      __builtin_prefetch((const char *)a->vpool + off * rb + b, 0, 1);
+    }
   }
 }
 
@@ -201,6 +215,7 @@ static void FN(attend)(const attn_args *a, int64_t t, int64_t kh, float *scratch
   // chunks start at multiples of CHUNK whatever the window's start, as attend_block's do
   for (int64_t s0 = start / CHUNK * CHUNK; s0 <= p; s0 += SK) {
     const int64_t nc = (p - s0) / CHUNK + 1 < ATTN_SC ? (p - s0) / CHUNK + 1 : ATTN_SC;
+    if (s0 + SK <= p) FN(prefetch_rows)(a, table, kh, s0 + SK, s0 + 2 * SK <= p + 1 ? s0 + 2 * SK : p + 1);
     for (int64_t c = 0; c < ATTN_SC; c++) { // chunks past p repeat chunk 0 (scored, never used)
       const int64_t j0 = s0 + c * CHUNK, n = p + 1 - j0 < CHUNK ? p + 1 - j0 : CHUNK;
       if (c < nc) FN(chunk_src)(a, table, kh, j0, n, start, ksrc + c * CHUNK, vsrc + c * CHUNK);
