@@ -38,8 +38,11 @@ static _Atomic uint32_t gen;        // bumped for each loop; helpers wait on it
 static _Atomic uint64_t claim;      // (gen << GEN_SHIFT) | index of the next unclaimed item
 static _Atomic int inflight;        // helpers between a claim attempt and its item's end
 static _Atomic int sleepers;        // helpers asleep (or about to sleep) on `gen`
-// the loop's fields: written before its generation is published, read after it is seen (relaxed
-// atomics: a late helper may read them while the next loop writes them, and then claims nothing)
+// the loop's fields, under a sequence lock: fields_seq is odd while they are written and 2 g once
+// loop g's are in place. A helper uses them only if it reads 2 g before and after them, so a late
+// helper that races the next loop's writes never pairs one loop's function with another's context
+// or item count.
+static _Atomic uint32_t fields_seq;
 static _Atomic(void (*)(void *, int64_t, int)) loop_fn;
 static _Atomic(void *) loop_ctx;
 static _Atomic int64_t loop_n;
@@ -95,12 +98,13 @@ static void *helper_main(void *arg) {
     const uint32_t g = atomic_load_explicit(&gen, memory_order_acquire);
     seen = g;
     atomic_fetch_add_explicit(&inflight, 1, memory_order_acq_rel);
-    // the loop's fields as published with g; if a newer loop replaced them meanwhile, the claims
-    // below fail on the generation tag and nothing of them is used
+    // loop g's fields, if they are still g's (else a newer loop has begun: nothing of g is left)
+    const uint32_t s1 = atomic_load_explicit(&fields_seq, memory_order_acquire);
     void (*fn)(void *, int64_t, int) = atomic_load_explicit(&loop_fn, memory_order_relaxed);
     void *ctx = atomic_load_explicit(&loop_ctx, memory_order_relaxed);
     const int64_t n = atomic_load_explicit(&loop_n, memory_order_relaxed);
-    run_items(g, fn, ctx, n, thread);
+    atomic_thread_fence(memory_order_acquire);
+    if (s1 == 2 * g && atomic_load_explicit(&fields_seq, memory_order_relaxed) == s1) run_items(g, fn, ctx, n, thread);
     atomic_fetch_sub_explicit(&inflight, 1, memory_order_release);
   }
   return NULL;
@@ -137,10 +141,13 @@ void llm_pool_for(int64_t n, void (*fn)(void *ctx, int64_t item, int thread), vo
     for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
     return;
   }
+  const uint32_t g = atomic_load(&gen) + 1;
+  atomic_store_explicit(&fields_seq, 2 * g - 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release); // the odd value is seen before any of the new fields
   atomic_store_explicit(&loop_fn, fn, memory_order_relaxed);
   atomic_store_explicit(&loop_ctx, ctx, memory_order_relaxed);
   atomic_store_explicit(&loop_n, n, memory_order_relaxed);
-  const uint32_t g = atomic_load(&gen) + 1;
+  atomic_store_explicit(&fields_seq, 2 * g, memory_order_release);
   atomic_store_explicit(&claim, (uint64_t)(g & TAG_MASK) << GEN_SHIFT, memory_order_release);
   atomic_store(&gen, g); // seq_cst: ordered before the sleepers load below
   if (atomic_load(&sleepers) > 0) syscall(SYS_futex, (uint32_t *)&gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
