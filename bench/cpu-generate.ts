@@ -12,7 +12,7 @@ import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
 import { loadModel } from '../src/execution/load-model.ts';
 import { Engine } from '../src/execution/engine.ts';
 import type { DType } from '../src/contracts/backend.ts';
-import type { CpuTensor } from '../src/backends/cpu/cpu-tensor.ts';
+import { decodeWeightBytes } from './decode-weights.ts';
 import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
@@ -45,11 +45,7 @@ function copyBandwidth(): number {
 const backend = await createCpuBackend();
 const m = await loadModel(backend, values.model!);
 const cfg = m.config;
-// bytes every decode step must read: every matrix once as the backend holds it (bf16 panels or a
-// GGUF's quantized blocks), the lm_head once even when tied, the embedding table aside (one row is read)
-const matrices = new Set([...m.model.weights.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]),
-  m.model.weights.lmHead]);
-const weightBytes = [...matrices].reduce((a, t) => a + (t as CpuTensor).bytes, 0);
+const weightBytes = decodeWeightBytes(m);
 
 const prompt = Array.from({ length: promptTokens }, (_, k) => (k * 7919 + 13) % Math.min(cfg.vocabSize, 5000));
 // prefix cache off: every repeat uses the same prompt, and prefill must be measured cold

@@ -17,11 +17,11 @@ import os from 'node:os';
 import { writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 
-import type { Tensor } from '../src/contracts/backend.ts';
 import { createCpuBackend } from '../src/backends/cpu/cpu-backend.ts';
 import type { CpuTensor } from '../src/backends/cpu/cpu-tensor.ts';
 import { Engine } from '../src/execution/engine.ts';
 import { loadModel, type LoadedModel } from '../src/execution/load-model.ts';
+import { decodeWeightBytes } from './decode-weights.ts';
 import { benchCommit } from './commit.ts';
 
 const { values } = parseArgs({
@@ -35,15 +35,6 @@ const { values } = parseArgs({
 });
 if (!values.gguf?.length) throw new Error('--gguf FILE (one or more) is required; see the header for how to make them');
 const promptTokens = Number(values['prompt-tokens']), decodeTokens = Number(values['decode-tokens']), repeats = Number(values.repeats);
-
-/** Bytes a decode step reads of the weights: every layer matrix and the lm_head (tied: the embedding), as held. */
-function decodeWeightBytes(m: LoadedModel): number {
-  const seen = new Set<Tensor>();
-  const w = m.model.weights;
-  for (const l of w.layers) for (const t of [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]) seen.add(t);
-  seen.add(w.lmHead);
-  return [...seen].reduce((a, t) => a + (t as CpuTensor).bytes, 0);
-}
 
 interface Path { label: string; quantWeights: boolean; m: LoadedModel; engine: Engine; weightBytes: number; layouts: string }
 interface Sample { prefill: number; decode: number; cpuMsPerDecodeToken: number }

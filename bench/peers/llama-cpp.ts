@@ -48,6 +48,8 @@ import path from 'node:path';
 
 import { loadNativeLib } from '../../src/backends/cpu/native-lib.ts';
 import type { DType } from '../../src/contracts/backend.ts';
+import type { CpuTensor } from '../../src/backends/cpu/cpu-tensor.ts';
+import { decodeMatrices, decodeWeightBytes } from '../decode-weights.ts';
 
 const originalEnv = { ...process.env };
 const { values } = parseArgs({
@@ -234,12 +236,11 @@ async function main() {
   };
   // bytes a decode step reads (as bench/cpu-quant.ts): every matrix once as the backend holds it
   // (bf16 panels or quantized blocks), one embedding row aside
-  const matrices = new Set([...m.model.weights.layers.flatMap((l) => [l.attn.q, l.attn.k, l.attn.v, l.attn.o, l.mlp.gate, l.mlp.up, l.mlp.down]),
-    m.model.weights.lmHead]);
-  const weightBytes = [...matrices].reduce((a, t) => a + (t as unknown as { bytes: number }).bytes, 0);
+  const matrices = decodeMatrices(m);
+  const weightBytes = decodeWeightBytes(m);
   // how the backend holds the matrices: 'rows' / 'p16' (bf16 or f32 values), or a quantized panel
   // layout ('q8_0', 'q4_0', 'q4_k', 'q6_k': the file's blocks, native/quant_pack.c)
-  const layoutOf = (t: unknown) => { const c = t as { layout: string; dtype: string }; return c.layout === 'rows' || c.layout === 'p16' ? c.dtype : c.layout.toUpperCase(); };
+  const layoutOf = (t: CpuTensor) => (t.layout === 'rows' || t.layout === 'p16' ? t.dtype : t.layout.toUpperCase());
   const weightKinds = [...new Set([...matrices].map(layoutOf))];
   const weightDtypes = weightKinds.join('/');
   const quantized = weightKinds.filter((k) => /^Q/.test(k));
