@@ -11,11 +11,12 @@
 
 import { closeSync, openSync } from 'node:fs';
 
-import { decodeHalf, encodeHalf } from '../backends/common/half.ts';
+import { encodeHalf } from '../backends/common/half.ts';
 import type { WeightSource } from '../contracts/backend.ts';
 import { ArtifactError } from './errors.ts';
 import { readExactly, type TensorEntry } from './safetensors-header.ts';
 import { WeightIndex } from './safetensors.ts';
+import { readSourceValues } from './source-values.ts';
 
 /** How a checkpoint's FP8 matrices are scaled, from its quantization_config. */
 export interface Fp8Scheme {
@@ -112,22 +113,12 @@ function scaleGrid(w: TensorEntry, s: TensorEntry, block: Fp8Scheme['block']): S
   return { rowsPerScale: bm, colsPerScale: bn, cols: C };
 }
 
-function readScales(s: TensorEntry): Float32Array {
-  const fd = openSync(s.file, 'r');
-  let bytes: Buffer;
-  try {
-    bytes = readExactly(fd, s.offset, s.byteLength);
-  } catch (e) {
-    throw new ArtifactError(`${s.file}: tensor ${s.name}: ${(e as Error).message}`, s.file);
-  } finally {
-    closeSync(fd);
+/** A scale tensor's values as f32 (through the index, which reads F32, BF16 and F16). */
+function readScales(index: WeightIndex, s: TensorEntry): Float32Array {
+  if (s.dtype !== 'F32' && s.dtype !== 'BF16' && s.dtype !== 'F16') {
+    throw new ArtifactError(`tensor "${s.name}" in ${s.file} has dtype ${s.dtype}; FP8 scales load from F32, BF16 or F16`, s.file);
   }
-  const n = s.shape.reduce((a, b) => a * b, 1);
-  if (s.dtype === 'F32') return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + 4 * n));
-  if (s.dtype === 'BF16' || s.dtype === 'F16') {
-    return decodeHalf(new Uint16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + 2 * n)), s.dtype === 'BF16' ? 'bf16' : 'f16');
-  }
-  throw new ArtifactError(`tensor "${s.name}" in ${s.file} has dtype ${s.dtype}; FP8 scales load from F32, BF16 or F16`, s.file);
+  return readSourceValues(index.get(s.name));
 }
 
 /** An [N, K] e4m3 matrix's values, each times its block's scale in f32. */
@@ -177,7 +168,7 @@ export class Fp8WeightIndex extends WeightIndex {
     const values = (): Float32Array => {
       const fd = openSync(e.file, 'r');
       try {
-        return dequantizeFp8(readExactly(fd, e.offset, e.byteLength), readScales(s), grid, N, K);
+        return dequantizeFp8(readExactly(fd, e.offset, e.byteLength), readScales(this.base, s), grid, N, K);
       } catch (err) {
         throw err instanceof ArtifactError ? err : new ArtifactError(`${e.file}: tensor ${name}: ${(err as Error).message}`, e.file);
       } finally {

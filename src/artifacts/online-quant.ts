@@ -10,14 +10,11 @@
 // every other use of the tensor (a backend or path that does not keep it) reads the blocks'
 // dequantized values, so the model computes with the same weights either way.
 
-import { closeSync, openSync } from 'node:fs';
-
-import { decodeHalf, encodeHalf, f32ToF16 } from '../backends/common/half.ts';
-import { dtypeBytes, numel, type FloatDType, type QuantizedType, type WeightSource } from '../contracts/backend.ts';
-import { ArtifactError } from './errors.ts';
+import { encodeHalf, f32ToF16 } from '../backends/common/half.ts';
+import type { FloatDType, QuantizedType, WeightSource } from '../contracts/backend.ts';
 import { dequantize } from './gguf/dequant.ts';
 import { GGML_TYPE_BY_NAME } from './gguf/ggml-types.ts';
-import { readExactly } from './safetensors-header.ts';
+import { readSourceValues } from './source-values.ts';
 import { WeightIndex } from './safetensors.ts';
 
 /** what `--quantization` accepts */
@@ -80,26 +77,6 @@ export function quantizeBlocks(type: QuantizedType, x: Float32Array): Uint8Array
   throw new Error(`no quantizer for ${type}`);
 }
 
-/** A float source's values as f32 (its file bytes, or what its decode computes). */
-function readValues(src: WeightSource): Float32Array {
-  if (src.decode) {
-    const b = src.decode('f32');
-    return new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
-  }
-  const n = numel(src.shape);
-  const fd = openSync(src.path, 'r');
-  let bytes: Buffer;
-  try {
-    bytes = readExactly(fd, src.offset, n * dtypeBytes[src.dtype]);
-  } catch (e) {
-    throw new ArtifactError(`${src.path}: tensor ${src.name}: ${(e as Error).message}`, src.path);
-  } finally {
-    closeSync(fd);
-  }
-  if (src.dtype === 'f32') return new Float32Array(bytes.buffer, bytes.byteOffset, n);
-  return decodeHalf(new Uint16Array(bytes.buffer, bytes.byteOffset, n), src.dtype);
-}
-
 /** The values of `type` blocks, in `want`'s bytes. */
 function blockValues(type: QuantizedType, blocks: Uint8Array, n: number, want: FloatDType): Uint8Array {
   const f = new Float32Array(n);
@@ -126,7 +103,7 @@ export class QuantizingWeightIndex extends WeightIndex {
     const [N, K] = src.shape;
     if (src.shape.length !== 2 || !N || !K || K % BLOCK !== 0) return src;
     const type = this.type;
-    const blocks = () => quantizeBlocks(type, readValues(src));
+    const blocks = () => quantizeBlocks(type, readSourceValues(src));
     return { ...src, decode: (want) => blockValues(type, blocks(), N * K, want), quantized: { type, blocks } };
   }
 }
