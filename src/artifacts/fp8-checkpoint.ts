@@ -2,17 +2,17 @@
 // (transformers' FineGrainedFP8: `<name>.weight` F8_E4M3 beside `<name>.weight_scale_inv`, f32
 // scales of `weight_block_size` blocks) or "compressed-tensors" with 8-bit float weights (its
 // float-quantized format: `<name>.weight` F8_E4M3 beside `<name>.weight_scale`, one scale for the
-// tensor, one per output row, or one per block of `block_structure`). No backend multiplies fp8
-// values yet, so each such matrix loads dequantized, as transformers dequantizes one on a machine
-// without an FP8 GPU: value = f32(e4m3) * f32(scale), one f32 multiply, then rounded (nearest even)
-// into the dtype the load asks for (bf16 by default, or f32: then the values are exactly
-// transformers' in fp32). A static activation scale (`input_scale`) is not applied: activations
+// tensor, one per output row, or one per block of `block_structure`). Each such matrix offers its
+// e4m3 bytes and scales (WeightSource.fp8) to a backend that multiplies FP8 (CUDA), and loads
+// dequantized everywhere else, as transformers dequantizes one on a machine without an FP8 GPU:
+// value = f32(e4m3) * f32(scale), one f32 multiply, then rounded (nearest even) into the dtype the
+// load asks for (bf16 by default, or f32: then the values are exactly transformers' in fp32). A static activation scale (`input_scale`) is not applied: activations
 // stay in the backend's float dtype, as in transformers' dequantized model.
 
 import { closeSync, openSync } from 'node:fs';
 
 import { encodeHalf } from '../backends/common/half.ts';
-import type { WeightSource } from '../contracts/backend.ts';
+import { FP8_SCALE_COLS, type WeightSource } from '../contracts/backend.ts';
 import { ArtifactError } from './errors.ts';
 import { readExactly, type TensorEntry } from './safetensors-header.ts';
 import { WeightIndex } from './safetensors.ts';
@@ -91,7 +91,7 @@ export const E4M3_VALUES: Float32Array = (() => {
 })();
 
 /** Scale of element (r, c): the grid a scale tensor of `scaleShape` lays over an [N, K] matrix. */
-interface ScaleGrid { rowsPerScale: number; colsPerScale: number; cols: number }
+export interface ScaleGrid { rowsPerScale: number; colsPerScale: number; cols: number }
 
 function scaleGrid(w: TensorEntry, s: TensorEntry, block: Fp8Scheme['block']): ScaleGrid {
   const [N, K] = w.shape as [number, number];
@@ -134,6 +134,26 @@ export function dequantizeFp8(bits: Uint8Array, scales: Float32Array, grid: Scal
 }
 
 /**
+ * Whether a matrix of this grid keeps its FP8 form for a backend that multiplies it
+ * (WeightSource.fp8): K a multiple of 16 (the kernels' chunks) and every FP8_SCALE_COLS columns of
+ * a row under one scale (one a row, or blocks a multiple of that wide).
+ */
+export function keepsFp8(grid: ScaleGrid, K: number): boolean {
+  return K % 16 === 0 && (grid.cols === 1 || grid.colsPerScale % FP8_SCALE_COLS === 0);
+}
+
+/** The grid's scales as one a row per FP8_SCALE_COLS columns, [N, ceil(K / FP8_SCALE_COLS)] (keepsFp8 grids). */
+export function rowBlockScales(scales: Float32Array, grid: ScaleGrid, N: number, K: number): Float32Array {
+  const KB = Math.ceil(K / FP8_SCALE_COLS);
+  const out = new Float32Array(N * KB);
+  for (let r = 0; r < N; r++) {
+    const srow = Math.floor(r / grid.rowsPerScale) * grid.cols;
+    for (let b = 0; b < KB; b++) out[r * KB + b] = scales[srow + Math.floor((b * FP8_SCALE_COLS) / grid.colsPerScale)]!;
+  }
+  return out;
+}
+
+/**
  * A checkpoint's weights with its FP8 matrices dequantized as they load: each F8_E4M3 weight is a
  * source of `dtype` values (WeightSource.decode); its scale tensor (and a static `input_scale`)
  * leave the index, being part of it. Every other tensor loads as it is.
@@ -165,22 +185,26 @@ export class Fp8WeightIndex extends WeightIndex {
     const s = this.base.entry(name + this.scheme.scaleSuffix);
     const grid = scaleGrid(e, s, this.scheme.block);
     const [N, K] = e.shape as [number, number];
-    const values = (): Float32Array => {
+    const read = <T>(what: (fd: number) => T): T => {
       const fd = openSync(e.file, 'r');
       try {
-        return dequantizeFp8(readExactly(fd, e.offset, e.byteLength), readScales(this.base, s), grid, N, K);
+        return what(fd);
       } catch (err) {
         throw err instanceof ArtifactError ? err : new ArtifactError(`${e.file}: tensor ${name}: ${(err as Error).message}`, e.file);
       } finally {
         closeSync(fd);
       }
     };
+    const bits = (fd: number) => readExactly(fd, e.offset, e.byteLength);
     return {
       path: e.file, offset: e.offset, dtype: this.dtype, shape: [N, K], name,
       decode: (want) => {
-        const f = values();
+        const f = read((fd) => dequantizeFp8(bits(fd), readScales(this.base, s), grid, N, K));
         return want === 'f32' ? new Uint8Array(f.buffer) : new Uint8Array(encodeHalf(f, want).buffer);
       },
+      fp8: keepsFp8(grid, K)
+        ? () => read((fd) => ({ bits: bits(fd), scales: rowBlockScales(readScales(this.base, s), grid, N, K) }))
+        : undefined,
     };
   }
 }

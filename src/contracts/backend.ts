@@ -14,9 +14,11 @@
 import type { DeviceSampleRow } from './device-sampling.ts';
 
 /**
- * Element types. 'int8' and 'fp8' (e4m3) are KV pool dtypes only: every row along the last
- * dimension (one token's keys or values of one kv head) is its one-byte values followed by the
- * row's f32 scale (native/kv_format.h), so it takes rowBytes, not numel * dtypeBytes.
+ * Element types. 'int8' and 'fp8' (e4m3) are KV pool dtypes: every row along the last dimension
+ * (one token's keys or values of one kv head) is its one-byte values followed by the row's f32
+ * scale (native/kv_format.h), so it takes rowBytes, not numel * dtypeBytes. 'fp8' is also the
+ * dtype of the CUDA backend's FP8 matmul weights, whose bytes are the elements alone, their scales
+ * a tensor of their own (cuda-tensor.ts CudaFp8Tensor).
  */
 export type DType = 'f32' | 'f16' | 'bf16' | 'i32' | 'int8' | 'fp8';
 
@@ -79,7 +81,17 @@ export interface WeightSource {
    * gives the values for every other use.
    */
   quantized?: { type: QuantizedType; blocks: () => Uint8Array };
+  /**
+   * FP8 (e4m3) matrices of an FP8 checkpoint (2-D, K a multiple of 16): the e4m3 bytes [N, K] and
+   * an f32 scale per row per FP8_SCALE_COLS columns, [N, ceil(K / FP8_SCALE_COLS)] (the
+   * checkpoint's tensor, row or block scales laid out so), for a backend that multiplies FP8 (the
+   * CUDA backend, `loadWeight(.., 'keep')`); `decode` still gives the dequantized values.
+   */
+  fp8?: () => { bits: Uint8Array; scales: Float32Array };
 }
+
+/** columns of an FP8 matrix one of its scales covers (WeightSource.fp8) */
+export const FP8_SCALE_COLS = 128;
 
 /** ggml types a backend may keep quantized (WeightSource.quantized) */
 export type QuantizedType = 'Q8_0' | 'Q4_0' | 'Q4_K' | 'Q6_K';

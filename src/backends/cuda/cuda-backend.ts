@@ -24,7 +24,7 @@ import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { ScopeStack } from '../common/scopes.ts';
 import { check, CudaUnavailableError, loadCublasLt, probeCuda, traceSlowCalls } from './cuda-lib.ts';
 import { type CudaSettings, cudaSettingsFrom, type CudaSettingsOverrides } from './cuda-settings.ts';
-import { ACT_CODE, CudaTensor, DT_CODE } from './cuda-tensor.ts';
+import { ACT_CODE, CudaFp8Tensor, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { DevicePool } from './device-pool.ts';
 import type { GraphProfile } from './graph-profiler.ts';
 import { KernelProfiler, type KernelTime } from './profiler.ts';
@@ -36,6 +36,7 @@ import type { DeviceSampleRow } from '../../contracts/device-sampling.ts';
 import { CudaRuntime, type KernelArg } from './runtime.ts';
 import * as shapes from '../common/op-shapes.ts';
 import { describe, opChecks, opError, tensorArg } from './validate.ts';
+import { fp8Matmul, fp8RowView } from './cuda-fp8-weights.ts';
 import { backendInfo, type CudaBackendInfo, describeInfo } from './cuda-backend-info.ts';
 import { CudaFusedOps } from './cuda-fused-ops.ts';
 import * as kvOps from './cuda-kv-ops.ts';
@@ -50,6 +51,9 @@ import { CudaWeightLoader } from './cuda-weight-loader.ts';
 export type { CudaBackendInfo, CudaKernelModuleInfo } from './cuda-backend-info.ts';
 
 let nextBackendId = 1;
+
+/** what rowView and free take: every tensor dtype, FP8 matrices among them */
+const VIEWABLE: readonly DType[] = [...ANY, 'fp8'];
 
 export interface CudaBackendOptions {
   /**
@@ -361,12 +365,13 @@ export class CudaBackend implements Backend {
   }
 
   rowView(t: Tensor, start: number, rows: number): Tensor {
-    const x = this.arg('rowView', 't', t, ANY);
+    const x = this.arg('rowView', 't', t, VIEWABLE);
     if (x.shape.length === 0) throw opError('rowView', 'a scalar has no rows');
     const total = x.shape[0]!;
     if (!Number.isSafeInteger(start) || !Number.isSafeInteger(rows) || start < 0 || rows < 0 || start + rows > total) {
       throw opError('rowView', `rows [${start}, ${start + rows}) outside [0, ${total}) of ${describe(x)}`);
     }
+    if (x instanceof CudaFp8Tensor) return fp8RowView(x, start, rows);
     const rowBytes = numel(x.shape.slice(1)) * dtypeBytes[x.dtype];
     return new CudaTensor(Object.freeze([rows, ...x.shape.slice(1)]), x.dtype, x.addr + start * rowBytes, rows * rowBytes,
       x.owner, this.id);
@@ -385,8 +390,9 @@ export class CudaBackend implements Backend {
   }
 
   free(t: Tensor): void {
-    const x = this.arg('free', 't', t, ANY);
+    const x = this.arg('free', 't', t, VIEWABLE);
     if (x.isView) return; // views free nothing
+    if (x instanceof CudaFp8Tensor) this.release(x.scales);
     this.release(x);
   }
 
@@ -431,6 +437,7 @@ export class CudaBackend implements Backend {
 
   embedding(table: Tensor, ids: Tensor, scale: number): Tensor {
     const { table: tb, ids: id, V, D, T } = shapes.embedding(this.checks, table, ids, scale);
+    if (tb.dtype === 'fp8') throw opError('embedding', `the table is ${describe(tb)}: FP8 matrices are matmul weights only`);
     const y = this.out([T, D]);
     this.rt.launch('k_embedding', elementwiseGrid(T * D), ELEMWISE_THREADS, 0, [
       ['p', tb.addr], ['i', DT_CODE[tb.dtype]], ['p', id.addr], ['p', y.addr], ['p', T], ['p', V], ['p', D],
@@ -443,10 +450,19 @@ export class CudaBackend implements Backend {
     const c = checkedBias ?? null;
     const y = this.out([M, N]);
     if (M === 0 || N === 0) return y;
-    if (K > 0 && this.gemm && this.lt(a, b, c, y, M, N, K)) return y;
+    if (b instanceof CudaFp8Tensor) {
+      fp8Matmul(this.ctx, a, b, c, y, M, N, K, (xa, wb, bb, yy, m, n, k) => this.matmulInto(xa, wb, bb, yy, m, n, k));
+      return y;
+    }
+    this.matmulInto(a, b, c, y, M, N, K);
+    return y;
+  }
+
+  /** y = a · b^T (+ c) for a weight of a float dtype: cuBLASLt, or the simple kernel where it has no algorithm. */
+  private matmulInto(a: CudaTensor, b: CudaTensor, c: CudaTensor | null, y: CudaTensor, M: number, N: number, K: number): void {
+    if (K > 0 && this.gemm && this.lt(a, b, c, y, M, N, K)) return;
     if (K > 0 && this.gemm) this.gemmFallbacks++;
     this.simpleMatmul(a, b, c, y, M, N, K);
-    return y;
   }
 
   private simpleMatmul(a: CudaTensor, b: CudaTensor, c: CudaTensor | null, y: CudaTensor, M: number, N: number,

@@ -5,7 +5,7 @@
 // because these are the decoder's fast path, with their own tuning rules; the plain ops stay there.
 import type { Activation, PagedKv, QkNorm, QkvHeads, StepLayout, Tensor } from '../../contracts/backend.ts';
 import { numel } from '../../contracts/backend.ts';
-import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X } from './cuda-op-context.ts';
+import { ACTS, type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid, FLOAT, I32, MAX_GRID_X, WEIGHTS } from './cuda-op-context.ts';
 import { poolDims } from './cuda-kv-ops.ts';
 import { ACT_CODE, type CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { ROPE_QKV_MAX_HEAD_DIM } from './fused-kernels.ts';
@@ -104,7 +104,7 @@ export class CudaFusedOps {
     const a = this.c.arg(op, 'x', x, ACTS, 2);
     const rr = this.c.arg(op, 'r', r, ACTS, 2);
     const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
-    const m = this.c.arg(op, 'w', w, FLOAT, 2);
+    const m = this.c.arg(op, 'w', w, WEIGHTS, 2);
     const [T, D] = a.shape as [number, number];
     const N = m.shape[0]!;
     if (!sameShape(a.shape, rr.shape)) throw opError(op, `shapes differ: x ${describe(a)}, r ${describe(rr)}`);
@@ -138,7 +138,7 @@ export class CudaFusedOps {
     const a = this.c.arg(op, 'x', x, ACTS, 2);
     const rr = this.c.arg(op, 'r', r, ACTS, 2);
     const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
-    const m = this.c.arg(op, 'gateUp', gateUp, FLOAT, 2);
+    const m = this.c.arg(op, 'gateUp', gateUp, WEIGHTS, 2);
     const [T, D] = a.shape as [number, number];
     const N2 = m.shape[0]!;
     if (N2 % 2 !== 0) throw opError(op, `gateUp ${describe(m)} must be packed gate/up rows [2I, ${D}]`);
@@ -189,7 +189,7 @@ export class CudaFusedOps {
     const op = 'gluMatmul';
     this.c.assertOpen(op);
     const g = this.c.arg(op, 'gu', gu, ACTS, 2);
-    const b = this.c.arg(op, 'w', w, FLOAT, 2);
+    const b = this.c.arg(op, 'w', w, WEIGHTS, 2);
     const [T, I2] = g.shape as [number, number];
     const [N, I] = b.shape as [number, number];
     if (I2 !== 2 * I) throw opError(op, `gu ${describe(g)} must be [T, 2I] for w ${describe(b)} ([N, I])`);
@@ -252,7 +252,7 @@ export class CudaFusedOps {
     const a = this.c.arg(op, 'x', x, ACTS, 2);
     const rr = this.c.arg(op, 'r', r, ACTS, 2);
     const g = this.c.arg(op, 'normW', normW, FLOAT, 1);
-    const m = this.c.arg(op, 'qkv', qkv, FLOAT, 2);
+    const m = this.c.arg(op, 'qkv', qkv, WEIGHTS, 2);
     const [T, Dh] = a.shape as [number, number];
     const rows = m.shape[0]!;
     const kp = kv.k as CudaTensor, vp = kv.v as CudaTensor;

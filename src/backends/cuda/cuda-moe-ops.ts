@@ -37,6 +37,10 @@ export function moeFfn(c: CudaOpContext, x: Tensor, routing: MoeRouting, gate: T
   const {
     x: a, weights: rw, experts: re, gate: g, up: u, down: d, T, D, E, I, K,
   } = shapes.moeFfn(c.checks, x, routing, gate, up, down, act);
+  // experts load stacked, dequantized (loadStacked keeps no FP8 matrix)
+  for (const [name, t] of [['gate', g], ['up', u], ['down', d]] as const) {
+    if (t.dtype === 'fp8') throw opError('moeFfn', `${name} is ${describe(t)}: FP8 experts are not multiplied as FP8`);
+  }
   const code = ACT_CODE[act];
   const y = c.out([T, D]);
   if (T === 0 || D === 0) return y;

@@ -14,6 +14,11 @@ export const I32: readonly DType[] = ['i32'];
 /** float tensors an op accepts as activations */
 export const ACTS: readonly DType[] = ['bf16', 'f32'];
 export const FLOAT: readonly DType[] = ['f32', 'f16', 'bf16'];
+/**
+ * matmul weights: any float dtype, or 'fp8' (an FP8 matrix with its scales, CudaFp8Tensor), which
+ * the fused decode ops take through their unfused path (cuda-fp8-weights.ts)
+ */
+export const WEIGHTS: readonly DType[] = [...FLOAT, 'fp8'];
 export const ANY: readonly DType[] = ['f32', 'f16', 'bf16', 'i32'];
 
 export const ELEMWISE_THREADS = 256;

@@ -11,6 +11,7 @@ import type { Env } from '../common/env.ts';
 import {
   choiceKnob, intKnob, type Knobs, mappedKnob, numberKnob, settingsFrom, switchKnob, textKnob,
 } from '../common/knobs.ts';
+import { GEMV_FP8_MAX_M } from './fp8-kernels.ts';
 import { parseGemvPicks, TUNE_MAX_M } from './gemm-tuning.ts';
 
 /** Tuning macros put before a module's source, NAME -> integer value, in order. */
@@ -134,6 +135,17 @@ export interface CudaGemvSettings {
    * GEMVP_MINB=3 in gemvDefines.
    */
   readonly fusedBlocksPerSm: 1 | 2 | 3;
+  /**
+   * FP8 (e4m3) checkpoint matrices stay FP8 on the device ($LLMTS_CUDA_FP8_WEIGHTS, on by default):
+   * half the bytes of bf16, multiplied by the FP8 GEMV at decode rows and dequantized into bf16 for
+   * cuBLASLt at more (cuda-fp8-weights.ts). Off: they load dequantized into bf16, as on the CPU.
+   */
+  readonly fp8Weights: boolean;
+  /**
+   * The most x rows the FP8 GEMV takes ($LLMTS_CUDA_FP8_GEMV_MAX_ROWS; default 8, 0-8; 0: never);
+   * more rows multiply the dequantized weights with cuBLASLt.
+   */
+  readonly fp8GemvMaxRows: number;
 }
 
 export interface CudaAttentionSettings {
@@ -328,6 +340,8 @@ const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
   marginAfterAttention: numberKnob('LLMTS_CUDA_GEMV_MARGIN_AFTER_ATTENTION', 1, { min: 1, max: 4 }),
   marginAfterTcAttention: numberKnob('LLMTS_CUDA_GEMV_MARGIN_AFTER_TC_ATTENTION', 1.2, { min: 1, max: 4 }),
   fusedBlocksPerSm: mappedKnob('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3'], { 1: 1, 2: 2, 3: 3 } as const),
+  fp8Weights: switchKnob('LLMTS_CUDA_FP8_WEIGHTS', true),
+  fp8GemvMaxRows: intKnob('LLMTS_CUDA_FP8_GEMV_MAX_ROWS', GEMV_FP8_MAX_M, { min: 0, max: GEMV_FP8_MAX_M }),
 };
 
 const ATTENTION_KNOBS: Knobs<CudaAttentionSettings> = {

@@ -1,6 +1,7 @@
 // The CUDA backend's weight loading (Backend.loadWeight, loadWeightRows, loadStacked, loadConcat):
 // checks the sources, makes the (unscoped, exactly sized) tensor, streams each byte range into it
-// and converts on the device when the stored dtype is not the one asked for. Separate from
+// and converts on the device when the stored dtype is not the one asked for. FP8 checkpoint
+// matrices load as FP8 (their bytes and scales, CudaFp8Tensor) unless the settings say otherwise. Separate from
 // cuda-backend.ts because it is the only asynchronous file I/O the backend does; how the bytes
 // travel (file -> pinned chunks -> device) is weight-staging.ts, which this drives.
 import { open } from 'node:fs/promises';
@@ -8,6 +9,8 @@ import { open } from 'node:fs/promises';
 import type { DType, Tensor, WeightSource } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { type CudaOpContext, FLOAT } from './cuda-op-context.ts';
+import { fp8ScaleColumns } from './cuda-fp8-weights.ts';
+import { CudaFp8Tensor } from './cuda-tensor.ts';
 import { checkShape, opError, sameShape, weightRows } from './validate.ts';
 import { StagingChunks, uploadFileRange, uploadHostRange } from './weight-staging.ts';
 
@@ -18,11 +21,56 @@ export class CudaWeightLoader {
 
   async loadWeight(src: WeightSource, as: 'keep' | 'f32'): Promise<Tensor> {
     const n = src.shape[0] ?? 1;
+    if (this.keepsFp8([src], as)) return this.loadFp8('loadWeight', [{ src, rowStart: 0, rows: n }], src.shape);
     return this.loadRows('loadWeight', src, 0, src.shape.length === 0 ? 1 : n, as, src.shape);
   }
 
   async loadWeightRows(src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
-    return this.loadRows('loadWeightRows', src, rowStart, rows, as, weightRows(src, rowStart, rows));
+    const shape = weightRows(src, rowStart, rows);
+    if (this.keepsFp8([src], as)) return this.loadFp8('loadWeightRows', [{ src, rowStart, rows }], shape);
+    return this.loadRows('loadWeightRows', src, rowStart, rows, as, shape);
+  }
+
+  /**
+   * Whether these sources load as one FP8 matrix (CudaFp8Tensor): kept in their stored dtype, every
+   * one an FP8 matrix that offers its bytes (WeightSource.fp8), and CudaGemvSettings.fp8Weights on.
+   * Otherwise they load their dequantized values (WeightSource.decode).
+   */
+  private keepsFp8(srcs: WeightSource[], as: 'keep' | 'f32'): boolean {
+    return as === 'keep' && this.c.settings.gemv.fp8Weights && srcs.every((s) => s.fp8 !== undefined && s.shape.length === 2);
+  }
+
+  /** Rows of FP8 sources, one after another, as one FP8 matrix of `shape` with its scales. */
+  private async loadFp8(op: string, parts: { src: WeightSource; rowStart: number; rows: number }[], shape: readonly number[]): Promise<Tensor> {
+    this.c.assertOpen(op);
+    this.c.rt.throwIfKernelsFailed();
+    for (const p of parts) this.checkSource(op, p.src);
+    const [N, K] = shape as [number, number];
+    const KB = fp8ScaleColumns(K);
+    const w = this.c.make([N, K], 'fp8', false, true);
+    const scales = this.c.make([N, KB], 'f32', false, true);
+    try {
+      this.chunks ??= new StagingChunks(this.c.rt);
+      let row = 0;
+      for (const { src, rowStart, rows } of parts) {
+        const { bits, scales: s } = src.fp8!();
+        const n = src.shape[0]!;
+        if (src.shape[1] !== K || bits.length !== n * K || s.length !== n * KB) {
+          throw opError(op, `${src.name}: ${bits.length} FP8 bytes and ${s.length} scales for [${src.shape.join(', ')}] ` +
+            `(want ${n * K} and ${n * KB})`);
+        }
+        const stillOpen = () => this.c.assertOpen(op);
+        await uploadHostRange(this.c.rt, this.chunks, bits.subarray(rowStart * K, (rowStart + rows) * K), w.addr + row * K, stillOpen);
+        await uploadHostRange(this.c.rt, this.chunks, new Uint8Array(s.buffer, s.byteOffset + rowStart * KB * 4, rows * KB * 4),
+          scales.addr + row * KB * 4, stillOpen);
+        row += rows;
+      }
+    } catch (e) {
+      this.c.release(w);
+      this.c.release(scales);
+      throw e;
+    }
+    return new CudaFp8Tensor(w.shape, w.addr, w.bytes, null, w.backendId, scales);
   }
 
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',
@@ -68,7 +116,9 @@ export class CudaWeightLoader {
           `${first.dtype}[${first.shape.join(', ')}] (only dim 0 may differ)`);
       }
     }
-    return this.loadParts('loadConcat', srcs, as, [srcs.reduce((a, s) => a + s.shape[0]!, 0), ...first.shape.slice(1)]);
+    const shape = [srcs.reduce((a, s) => a + s.shape[0]!, 0), ...first.shape.slice(1)];
+    if (this.keepsFp8(srcs, as)) return this.loadFp8('loadConcat', srcs.map((src) => ({ src, rowStart: 0, rows: src.shape[0]! })), shape);
+    return this.loadParts('loadConcat', srcs, as, shape);
   }
 
   /** Loads each source whole, one after another, into one new tensor of `shape`. */

@@ -14,6 +14,7 @@
 
 import { ATTENTION_KERNEL_NAMES, ATTENTION_PRIMITIVES, attentionKernelSource } from './attention-kernels.ts';
 import { CUDA_DEFAULTS, type CudaSettings, type KernelDefines } from './cuda-settings.ts';
+import { FP8_KERNEL_NAMES, FP8_KERNEL_SOURCE } from './fp8-kernels.ts';
 import { FUSED_KERNEL_NAMES, FUSED_KERNEL_SOURCE } from './fused-kernels.ts';
 import {
   GEMV_KERNEL_NAMES, GEMV_KERNEL_SOURCE, GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES,
@@ -516,10 +517,11 @@ export function kernelModules(s: Pick<CudaSettings, 'kernels' | 'attention'> & P
       ATTENTION_KERNEL_NAMES),
     kernelModule('base', BASE_KERNEL_SOURCE, BASE_KERNEL_NAMES),
     kernelModule('fused', moduleDefines(s.kernels.fusedDefines) + FUSED_KERNEL_SOURCE, FUSED_KERNEL_NAMES),
-    // the bf16 MoE kernels share the GEMV kernels' loaders (moe-kernels.ts)
-    kernelModule('gemv', moduleDefines(s.kernels.gemvDefines) + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE,
+    // the bf16 MoE kernels and the FP8 weight kernels share the GEMV kernels' loaders (moe-kernels.ts, fp8-kernels.ts)
+    kernelModule('gemv', moduleDefines(s.kernels.gemvDefines) + ATTENTION_PRIMITIVES + GEMV_KERNEL_SOURCE + MOE_KERNEL_SOURCE +
+      FP8_KERNEL_SOURCE,
       [...GEMV_KERNEL_NAMES, ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
-        ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES] as const),
+        ...GEMVP_NORMROPE_KERNEL_NAMES, ...MOE_KERNEL_NAMES, ...FP8_KERNEL_NAMES] as const),
     kernelModule('sampling', SAMPLING_KERNEL_SOURCE, SAMPLING_KERNEL_NAMES),
   ] as const;
 }

@@ -1,0 +1,157 @@
+// FP8 (e4m3) matmul weights on the CUDA backend (cuda-fp8-weights.ts, fp8-kernels.ts), on a GPU:
+// matmul against a float64 product of the same e4m3 values and scales at decode rows (the FP8
+// GEMV) and at more (dequantized into bf16 for cuBLASLt), with a bias, through row views and a
+// packed load; the FP8 checkpoint fixtures (scripts/make_fp8_fixtures.py) kept in FP8 against
+// transformers under the bf16 tolerance of the CPU's FP8 test, alone and batched; and
+// LLMTS_CUDA_FP8_WEIGHTS off loading them dequantized. The kernels' simulator twin:
+// cuda-fp8-sim.test.ts. Skipped with the reason where CUDA is not usable (CI).
+import assert from 'node:assert/strict';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+
+import { bf16ToF32, encodeHalf } from '../../src/backends/common/half.ts';
+import { type CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
+import { E4M3_VALUES } from '../../src/artifacts/fp8-checkpoint.ts';
+import type { Tensor, WeightSource } from '../../src/contracts/backend.ts';
+import { loadModel } from '../../src/execution/load-model.ts';
+import type { DecoderModel } from '../../src/models/decoder.ts';
+import { checkReferenceCases, type ReferenceCase } from '../helpers/reference-cases.ts';
+import { randomF32, rng } from './helpers.ts';
+
+const probe = probeCuda();
+const SKIP: string | false = probe.ok ? false : `CUDA is not usable here: ${probe.reason}`;
+if (SKIP) console.log(`# cuda-fp8: skipping every test: ${SKIP}`);
+
+const FIXTURES = resolve(import.meta.dirname, '../fixtures/fp8');
+/** as test/models/fp8-fixtures.test.ts for matrices dequantized to bf16 */
+const TOLERANCE = 0.1;
+
+/** An FP8 source of random e4m3 bytes (no NaN bytes) and scales [N, ceil(K / 128)] in [0.01, 2]. */
+function fp8Source(r: () => number, name: string, N: number, K: number) {
+  const KB = Math.ceil(K / 128);
+  const bits = new Uint8Array(N * K);
+  for (let i = 0; i < bits.length; i++) {
+    let b = Math.floor(r() * 256);
+    if ((b & 0x7f) === 0x7f) b ^= 1;
+    bits[i] = b;
+  }
+  const scales = new Float32Array(N * KB).map(() => 0.01 + 1.99 * r());
+  const values = new Float32Array(N * K);
+  for (let i = 0; i < values.length; i++) values[i] = E4M3_VALUES[bits[i]!]! * scales[Math.floor(i / K) * KB + ((i % K) >> 7)]!;
+  const src: WeightSource = {
+    path: '/nonexistent', offset: 0, dtype: 'bf16', shape: [N, K], name,
+    decode: () => new Uint8Array(encodeHalf(values, 'bf16').buffer),
+    fp8: () => ({ bits, scales }),
+  };
+  return { src, values };
+}
+
+/** y = x · values^T (+ bias) in float64, x given as bf16-rounded f32 */
+function product(M: number, N: number, K: number, x: Float32Array, values: Float32Array, bias?: Float32Array): Float64Array {
+  const y = new Float64Array(M * N);
+  for (let m = 0; m < M; m++) {
+    for (let n = 0; n < N; n++) {
+      let v = bias ? bias[n]! : 0;
+      for (let k = 0; k < K; k++) v += x[m * K + k]! * values[n * K + k]!;
+      y[m * N + n] = v;
+    }
+  }
+  return y;
+}
+
+const bf16Round = (a: Float32Array) => Float32Array.from(encodeHalf(a, 'bf16'), bf16ToF32);
+
+describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
+  let backend: CudaBackend;
+  before(async () => {
+    if (SKIP) return;
+    backend = await createCudaBackend();
+    console.log(`# ${backend.describe()}`);
+  });
+  after(async () => {
+    if (!SKIP) await backend.close();
+  });
+
+  async function matmulOf(x: Float32Array, M: number, K: number, w: Tensor, bias?: Tensor): Promise<Float32Array> {
+    backend.beginScope();
+    try {
+      // scale by 1 is exact: the bf16 copy of the (bf16-rounded) data, as an activation holds it
+      const xb = backend.scale(backend.upload(x, [M, K]), 1);
+      return (await backend.read(backend.matmul(xb, w, bias))) as Float32Array;
+    } finally {
+      backend.endScope();
+    }
+  }
+
+  it('matmul of an FP8 matrix matches the float64 product at decode rows (GEMV) and more (dequantized), with a bias, in views', async () => {
+    const r = rng(3);
+    const N = 300, K = 1040; // 9 scale columns, the last one partial
+    const { src, values } = fp8Source(r, 'w', N, K);
+    const w = await backend.loadWeight(src, 'keep');
+    assert.equal(w.dtype, 'fp8', 'kept FP8');
+    const bias = randomF32(r, N, 2);
+    const bt = backend.upload(bias, [N]);
+    for (const M of [1, 2, 3, 4, 5, 8, 9, 17, 64]) {
+      const x = bf16Round(randomF32(r, M * K));
+      for (const withBias of [false, true]) {
+        const y = await matmulOf(x, M, K, w, withBias ? bt : undefined);
+        const want = product(M, N, K, x, values, withBias ? bias : undefined);
+        for (let i = 0; i < want.length; i++) {
+          assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 1e-2 * Math.abs(want[i]!), `M ${M}${withBias ? ' +bias' : ''}: y[${i}] ${y[i]} vs ${want[i]}`);
+        }
+      }
+    }
+    // a row view [100, 220) multiplies those rows with their own scales
+    const view = backend.rowView(w, 100, 120);
+    const x = bf16Round(randomF32(r, 2 * K));
+    const yv = await matmulOf(x, 2, K, view);
+    const full = product(2, N, K, x, values);
+    for (let m = 0; m < 2; m++) {
+      for (let n = 0; n < 120; n++) {
+        const want = full[m * N + 100 + n]!;
+        assert.ok(Math.abs(yv[m * 120 + n]! - want) <= 2e-3 + 1e-2 * Math.abs(want), `view: y[${m}, ${n}]`);
+      }
+    }
+    backend.free(bt);
+    backend.free(w);
+  });
+
+  it('a packed load of FP8 sources is their rows one after another; with fp8Weights off they load dequantized', async () => {
+    const r = rng(4);
+    const K = 256;
+    const a = fp8Source(r, 'a', 40, K), b = fp8Source(r, 'b', 24, K);
+    const packed = await backend.loadConcat([a.src, b.src], 'keep');
+    assert.equal(packed.dtype, 'fp8');
+    const x = bf16Round(randomF32(r, K));
+    const y = await matmulOf(x, 1, K, packed);
+    const values = new Float32Array([...a.values, ...b.values]);
+    const want = product(1, 64, K, x, values);
+    for (let i = 0; i < 64; i++) assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 1e-2 * Math.abs(want[i]!), `packed: y[${i}]`);
+    backend.free(packed);
+    const plain = await createCudaBackend({ settings: { gemv: { fp8Weights: false } } });
+    try {
+      const t = await plain.loadWeight(a.src, 'keep');
+      assert.equal(t.dtype, 'bf16', 'fp8Weights off: the dequantized values');
+    } finally {
+      await plain.close();
+    }
+  });
+
+  const fixtures = existsSync(FIXTURES) ? readdirSync(FIXTURES).filter((d) => existsSync(join(FIXTURES, d, 'reference.json'))).sort() : [];
+  for (const name of fixtures) {
+    it(`${name}: kept in FP8, close to transformers alone and batched`, async (t) => {
+      const dir = join(FIXTURES, name);
+      const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: ReferenceCase[] };
+      const m = await loadModel(backend, dir, { maxModelLen: 512 });
+      try {
+        const layer = (m.model as DecoderModel).weights.layers[0]!;
+        assert.equal(layer.attn.o.dtype, 'fp8', 'o_proj kept FP8');
+        const worst = await checkReferenceCases(m, ref.cases, TOLERANCE);
+        t.diagnostic(`max |Δ logprob| on the matched prefix: ${worst.toExponential(2)}`);
+      } finally {
+        m.model.dispose?.();
+      }
+    });
+  }
+});
