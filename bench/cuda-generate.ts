@@ -99,7 +99,8 @@ const engine = new Engine(m.model, m, {
 const tReady = performance.now();
 
 const numel = (t: Tensor) => t.shape.reduce((x, y) => x * y, 1);
-const size = (t: Tensor) => numel(t) * dtypeBytes[t.dtype];
+// an FP8 matrix (CudaFp8Tensor) reads its scales beside its bytes
+const size = (t: Tensor): number => numel(t) * dtypeBytes[t.dtype] + ('scales' in t ? size((t as Tensor & { scales: Tensor }).scales) : 0);
 // bytes every decode step must read: all layer matrices and the lm_head (not the embedding table);
 // a mixture-of-experts layer: its router and, of its stacked experts, the topK of E one token uses
 const w = m.model.weights;
