@@ -12,7 +12,7 @@
 import { closeSync, openSync } from 'node:fs';
 
 import { encodeHalf } from '../backends/common/half.ts';
-import { FP8_SCALE_COLS, type WeightSource } from '../contracts/backend.ts';
+import type { Fp8Matrix, WeightSource } from '../contracts/backend.ts';
 import { ArtifactError } from './errors.ts';
 import { readExactly, type TensorEntry } from './safetensors-header.ts';
 import { WeightIndex } from './safetensors.ts';
@@ -135,22 +135,27 @@ export function dequantizeFp8(bits: Uint8Array, scales: Float32Array, grid: Scal
 
 /**
  * Whether a matrix of this grid keeps its FP8 form for a backend that multiplies it
- * (WeightSource.fp8): K a multiple of 16 (the kernels' chunks) and every FP8_SCALE_COLS columns of
- * a row under one scale (one a row, or blocks a multiple of that wide).
+ * (WeightSource.fp8): K a multiple of 16 (the kernels' chunks) and one scale a row, or blocks of a
+ * power-of-two width of 16 or more (a chunk of 16 columns then never straddles two scales).
  */
 export function keepsFp8(grid: ScaleGrid, K: number): boolean {
-  return K % 16 === 0 && (grid.cols === 1 || grid.colsPerScale % FP8_SCALE_COLS === 0);
+  const w = grid.colsPerScale;
+  return K % 16 === 0 && (grid.cols === 1 || (w >= 16 && (w & (w - 1)) === 0));
 }
 
-/** The grid's scales as one a row per FP8_SCALE_COLS columns, [N, ceil(K / FP8_SCALE_COLS)] (keepsFp8 grids). */
-export function rowBlockScales(scales: Float32Array, grid: ScaleGrid, N: number, K: number): Float32Array {
-  const KB = Math.ceil(K / FP8_SCALE_COLS);
+/**
+ * The grid's scales as one a row per scaleCols columns (keepsFp8 grids): the block width, or for
+ * one scale a row the smallest power of two (>= 16) that covers K, a single column.
+ */
+export function rowBlockScales(scales: Float32Array, grid: ScaleGrid, N: number, K: number): Pick<Fp8Matrix, 'scales' | 'scaleCols'> {
+  const scaleCols = grid.cols === 1 ? 2 ** Math.max(4, Math.ceil(Math.log2(Math.max(K, 1)))) : grid.colsPerScale;
+  const KB = Math.ceil(K / scaleCols);
   const out = new Float32Array(N * KB);
   for (let r = 0; r < N; r++) {
     const srow = Math.floor(r / grid.rowsPerScale) * grid.cols;
-    for (let b = 0; b < KB; b++) out[r * KB + b] = scales[srow + Math.floor((b * FP8_SCALE_COLS) / grid.colsPerScale)]!;
+    for (let b = 0; b < KB; b++) out[r * KB + b] = scales[srow + Math.floor((b * scaleCols) / grid.colsPerScale)]!;
   }
-  return out;
+  return { scales: out, scaleCols };
 }
 
 /**
@@ -203,7 +208,7 @@ export class Fp8WeightIndex extends WeightIndex {
         return want === 'f32' ? new Uint8Array(f.buffer) : new Uint8Array(encodeHalf(f, want).buffer);
       },
       fp8: keepsFp8(grid, K)
-        ? () => read((fd) => ({ bits: bits(fd), scales: rowBlockScales(readScales(this.base, s), grid, N, K) }))
+        ? () => read((fd) => ({ bits: bits(fd), ...rowBlockScales(readScales(this.base, s), grid, N, K) }))
         : undefined,
     };
   }

@@ -83,15 +83,23 @@ export interface WeightSource {
   quantized?: { type: QuantizedType; blocks: () => Uint8Array };
   /**
    * FP8 (e4m3) matrices of an FP8 checkpoint (2-D, K a multiple of 16): the e4m3 bytes [N, K] and
-   * an f32 scale per row per FP8_SCALE_COLS columns, [N, ceil(K / FP8_SCALE_COLS)] (the
-   * checkpoint's tensor, row or block scales laid out so), for a backend that multiplies FP8 (the
-   * CUDA backend, `loadWeight(.., 'keep')`); `decode` still gives the dequantized values.
+   * an f32 scale per row per `scaleCols` columns (a power of two, 16 or more), [N, ceil(K /
+   * scaleCols)] (the checkpoint's tensor, row or block scales laid out so), for a backend that
+   * multiplies FP8 (the CUDA backend, `loadWeight(.., 'keep')`); `decode` still gives the
+   * dequantized values.
    */
-  fp8?: () => { bits: Uint8Array; scales: Float32Array };
+  fp8?: () => Fp8Matrix;
 }
 
-/** columns of an FP8 matrix one of its scales covers (WeightSource.fp8) */
-export const FP8_SCALE_COLS = 128;
+/** An FP8 matrix's bytes and scales (WeightSource.fp8). */
+export interface Fp8Matrix {
+  /** e4m3 bytes [N, K] */
+  bits: Uint8Array;
+  /** f32 [N, ceil(K / scaleCols)]: each row's scale for each scaleCols of its columns */
+  scales: Float32Array;
+  /** a power of two, >= 16 */
+  scaleCols: number;
+}
 
 /** ggml types a backend may keep quantized (WeightSource.quantized) */
 export type QuantizedType = 'Q8_0' | 'Q4_0' | 'Q4_K' | 'Q6_K';

@@ -112,3 +112,35 @@ test('quantization_config: fp8 and float8 compressed-tensors read; everything el
     assert.throws(() => fp8SchemeOf(cfg as Record<string, unknown>, f), (e: Error) => re.test(e.message) && /^config\.json: quantization_config: .*; supported: /.test(e.message), JSON.stringify(cfg));
   }
 });
+
+test('the FP8 form a backend keeps (WeightSource.fp8) gives the dequantized values of every fixture matrix; K off 16 or odd blocks offer none', async () => {
+  const { loadModelDir } = await import('../../src/artifacts/model-dir.ts');
+  const root = path.resolve(import.meta.dirname, '../fixtures/fp8');
+  let kept = 0;
+  for (const name of fs.readdirSync(root).filter((d) => fs.existsSync(path.join(root, d, 'config.json')))) {
+    const { weights } = loadModelDir(path.join(root, name), { tokenizer: false, quantizedDtype: 'f32' });
+    for (const t of weights.names()) {
+      const src = weights.get(t);
+      if (!src.fp8) continue;
+      const { bits, scales, scaleCols } = src.fp8();
+      const [N, K] = src.shape as [number, number];
+      const KB = Math.ceil(K / scaleCols);
+      assert.ok(scaleCols >= 16 && (scaleCols & (scaleCols - 1)) === 0, `${name} ${t}: scaleCols ${scaleCols}`);
+      assert.equal(scales.length, N * KB);
+      const d = src.decode!('f32');
+      const want = new Float32Array(d.buffer, d.byteOffset, d.byteLength / 4);
+      for (let i = 0; i < N * K; i++) {
+        const got = Math.fround(E4M3_VALUES[bits[i]!]! * scales[Math.floor(i / K) * KB + Math.floor((i % K) / scaleCols)]!);
+        if (got !== want[i]) assert.fail(`${name} ${t}[${i}]: ${got} vs ${want[i]}`);
+      }
+      kept++;
+    }
+  }
+  assert.ok(kept >= 3 * 7, `${kept} matrices offered in FP8`);
+  // blocks 3 columns wide (the partial-block case above) and K = 3: none
+  const ix = indexOf([
+    { name: 'w.weight', dtype: 'F8_E4M3', shape: [3, 3], values: W },
+    { name: 'w.weight_scale_inv', dtype: 'F32', shape: [2, 2], values: [0.5, 2, 8, 0.25] },
+  ], BLOCK);
+  assert.equal(ix.get('w.weight').fp8, undefined);
+});

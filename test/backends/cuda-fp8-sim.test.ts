@@ -3,9 +3,11 @@
 // dequantizeFp8, rounded to bf16), every e4m3 byte included; the FP8 GEMV matches a float64
 // product of the same e4m3 values, scales and bf16 x within the bf16 GEMMs' tolerance
 // (|sim - ref| <= 2e-3 + 8e-3 |ref|), at every row count, ragged N and K (not a multiple of the
-// 128 columns a scale covers), the launch gemvFp8Choice picks and every other warps-a-row count,
-// with a bias and an f32 output. Scales differ by row and by 128 columns by up to 200x, so a
-// scale taken from the wrong row or column block fails it. Their GPU twin: cuda-fp8.test.ts.
+// columns a scale covers), scales of 16, 32 and 128 columns and one a row, the launch
+// gemvFp8Choice picks and every other warps-a-row count, under each FP8_WIDEN (the conversion
+// instructions or integer ops), with a bias and an f32 output. Scales differ by row and column
+// block by up to 200x, so a scale taken from the wrong row or block fails it (as a scale index
+// off by one block and a mis-shifted byte did). Their GPU twin: cuda-fp8.test.ts.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
@@ -37,14 +39,15 @@ function randomScales(r: () => number, N: number, KB: number): Float32Array {
   return s;
 }
 
-/** y = x · (w ⊙ scale)^T (+ bias) in float64 */
-function product(M: number, N: number, K: number, x: Uint16Array, w: Uint8Array, s: Float32Array, bias?: Float32Array): Float64Array {
-  const KB = Math.ceil(K / 128);
+/** y = x · (w ⊙ scale)^T (+ bias) in float64, each scale covering 2^colShift columns */
+function product(M: number, N: number, K: number, x: Uint16Array, w: Uint8Array, s: Float32Array, colShift: number,
+  bias?: Float32Array): Float64Array {
+  const KB = Math.ceil(K / 2 ** colShift);
   const out = new Float64Array(M * N);
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let v = bias ? bias[n]! : 0;
-      for (let k = 0; k < K; k++) v += bf16ToF32(x[m * K + k]!) * E4M3_VALUES[w[n * K + k]!]! * s[n * KB + (k >> 7)]!;
+      for (let k = 0; k < K; k++) v += bf16ToF32(x[m * K + k]!) * E4M3_VALUES[w[n * K + k]!]! * s[n * KB + (k >> colShift)]!;
       out[m * N + n] = v;
     }
   }
@@ -60,36 +63,44 @@ function assertNear(label: string, got: ArrayLike<number>, want: Float64Array, a
 describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, () => {
   it('k_fp8_dequant gives the loader\'s bf16 values: every e4m3 byte, scales by row and 128 columns', () => {
     const N = 5, K = 272, KB = Math.ceil(K / 128); // the last scale column covers 16 columns
+    const r0 = rng(12), w32 = randomFp8(r0, 3 * 96), s32 = randomScales(r0, 3, 3); // and scales of 32 columns
+    assert.deepEqual(runFp8DequantSim(3, 96, w32, s32, 5),
+      encodeHalf(dequantizeFp8(w32, s32, { rowsPerScale: 1, colsPerScale: 32, cols: 3 }, 3, 96), 'bf16'), '32-column scales');
     const r = rng(11);
     const w = new Uint8Array(N * K);
     for (let i = 0; i < w.length; i++) w[i] = i % 256; // every byte, NaNs included (they stay apart below)
     const scales = randomScales(r, N, KB);
-    const got = runFp8DequantSim(N, K, w, scales);
+    const got = runFp8DequantSim(N, K, w, scales, 7);
     const want = encodeHalf(dequantizeFp8(w, scales, { rowsPerScale: 1, colsPerScale: 128, cols: KB }, N, K), 'bf16');
     for (let i = 0; i < w.length; i++) {
       if ((w[i]! & 0x7f) === 0x7f) continue; // NaN bytes: no quantizer writes them (the hardware widens them to NaN)
       assert.equal(got[i], want[i], `element ${i} (byte 0x${w[i]!.toString(16)}, row ${Math.floor(i / K)}): ${got[i]} vs ${want[i]}`);
     }
     // scale 1: the e4m3 values themselves, exactly (3 mantissa bits fit bf16's 7)
-    const one = runFp8DequantSim(1, 256, Uint8Array.from({ length: 256 }, (_, b) => b), new Float32Array(2).fill(1));
+    const one = runFp8DequantSim(1, 256, Uint8Array.from({ length: 256 }, (_, b) => b), new Float32Array(2).fill(1), 7);
     const vals = decodeHalf(one, 'bf16');
     for (let b = 0; b < 256; b++) if ((b & 0x7f) !== 0x7f) assert.equal(vals[b], E4M3_VALUES[b], `byte 0x${b.toString(16)}`);
   });
 
   it('the FP8 GEMV matches the float64 product at every row count, ragged shapes, each warps-a-row count', () => {
     const r = rng(5);
-    const cases: [number, number, number][] = [[1, 13, 16], [1, 37, 272], [2, 21, 1040], [3, 9, 4112], [4, 19, 128], [5, 11, 528],
-      [6, 7, 2064], [7, 30, 144], [8, 23, 1296], [1, 300, 4096]];
-    for (const [M, N, K] of cases) {
-      const KB = Math.ceil(K / 128);
+    // M, N, K, log2 of the columns a scale covers (a single column of scales when it covers K)
+    const cases: [number, number, number, number][] = [[1, 13, 16, 7], [1, 37, 272, 7], [2, 21, 1040, 7], [3, 9, 4112, 7],
+      [4, 19, 128, 4], [5, 11, 528, 5], [6, 7, 2064, 12], [7, 30, 144, 4], [8, 23, 1296, 5], [1, 300, 4096, 7]];
+    for (const [M, N, K, colShift] of cases) {
+      const KB = Math.ceil(K / 2 ** colShift);
       const w = randomFp8(r, N * K), scales = randomScales(r, N, KB);
       const x = encodeHalf(randomF32(r, M * K), 'bf16');
-      const want = product(M, N, K, x, w, scales);
+      const want = product(M, N, K, x, w, scales, colShift);
       const pick = gemvFp8Choice(M, N, K)!;
       assert.ok(pick, `${M}x${N}x${K}: a launch`);
       for (const wpr of [...new Set([pick.warpsPerRow, 1, 2, 4, 8])]) {
-        const y = runGemvFp8Sim({ kernel: pick.kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)) }, M, N, K, w, scales, x);
-        assertNear(`${pick.kernel} ${M}x${N}x${K} w${wpr}`, decodeHalf(y as Uint16Array, 'bf16'), want, 2e-3, 8e-3);
+        for (const widen of [0, 1]) {
+          const y = runGemvFp8Sim({ kernel: pick.kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)), widen }, M, N, K, w, scales,
+            colShift, x);
+          assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift} w${wpr} widen ${widen}`, decodeHalf(y as Uint16Array, 'bf16'), want,
+            2e-3, 8e-3);
+        }
       }
     }
   });
@@ -102,8 +113,8 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
     const x = encodeHalf(randomF32(r, M * K), 'bf16');
     const bias = randomF32(r, N, 4);
     const pick = gemvFp8Choice(M, N, K)!;
-    const y = runGemvFp8Sim(pick, M, N, K, w, scales, x, bias, true) as Float32Array;
-    assertNear('f32 with bias', y, product(M, N, K, x, w, scales, bias), 1e-4, 1e-5);
+    const y = runGemvFp8Sim(pick, M, N, K, w, scales, 7, x, bias, true) as Float32Array;
+    assertNear('f32 with bias', y, product(M, N, K, x, w, scales, 7, bias), 1e-4, 1e-5);
   });
 
   it('gemvFp8Choice: the smallest kernel for M, one pass of loads a lane, more warps a row for small grids; none where M or K rule it out', () => {

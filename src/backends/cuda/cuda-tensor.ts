@@ -45,13 +45,15 @@ export class CudaTensor implements Tensor {
 
 /**
  * An FP8 (e4m3) matrix [N, K]: a byte an element (dtype 'fp8'), rows of K, and `scales`, f32
- * [N, ceil(K / 128)], each row's scale for each 128 of its columns (fp8-kernels.ts). A row view
- * (rowView) views both; freeing the owner frees both.
+ * [N, ceil(K / 2^colShift)], each row's scale for each 2^colShift of its columns (fp8-kernels.ts).
+ * A row view (rowView) views both; freeing the owner frees both.
  */
 export class CudaFp8Tensor extends CudaTensor {
   constructor(shape: readonly number[], addr: number, bytes: number, base: CudaFp8Tensor | null, backendId: number,
-    /** f32 [N, ceil(K / 128)]: a view of the owner's scales in a row view */
-    readonly scales: CudaTensor) {
+    /** f32 [N, ceil(K / 2^colShift)]: a view of the owner's scales in a row view */
+    readonly scales: CudaTensor,
+    /** log2 of the columns a scale covers (4 or more) */
+    readonly colShift: number) {
     super(shape, 'fp8', addr, bytes, base, backendId);
   }
 }

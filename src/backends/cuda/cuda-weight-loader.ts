@@ -9,7 +9,7 @@ import { open } from 'node:fs/promises';
 import type { DType, Tensor, WeightSource } from '../../contracts/backend.ts';
 import { dtypeBytes, numel } from '../../contracts/backend.ts';
 import { type CudaOpContext, FLOAT } from './cuda-op-context.ts';
-import { fp8ScaleColumns } from './cuda-fp8-weights.ts';
+import { fp8ColShift } from './cuda-fp8-weights.ts';
 import { CudaFp8Tensor } from './cuda-tensor.ts';
 import { checkShape, opError, sameShape, weightRows } from './validate.ts';
 import { StagingChunks, uploadFileRange, uploadHostRange } from './weight-staging.ts';
@@ -46,15 +46,20 @@ export class CudaWeightLoader {
     this.c.rt.throwIfKernelsFailed();
     for (const p of parts) this.checkSource(op, p.src);
     const [N, K] = shape as [number, number];
-    const KB = fp8ScaleColumns(K);
+    const first = parts[0]!.src.fp8!();
+    const colShift = fp8ColShift(first.scaleCols);
+    const KB = Math.ceil(K / first.scaleCols);
     const w = this.c.make([N, K], 'fp8', false, true);
     const scales = this.c.make([N, KB], 'f32', false, true);
     try {
       this.chunks ??= new StagingChunks(this.c.rt);
       let row = 0;
-      for (const { src, rowStart, rows } of parts) {
-        const { bits, scales: s } = src.fp8!();
+      for (const [i, { src, rowStart, rows }] of parts.entries()) {
+        const { bits, scales: s, scaleCols } = i === 0 ? first : src.fp8!();
         const n = src.shape[0]!;
+        if (scaleCols !== first.scaleCols) {
+          throw opError(op, `${src.name}: its FP8 scales cover ${scaleCols} columns, ${parts[0]!.src.name}'s ${first.scaleCols}`);
+        }
         if (src.shape[1] !== K || bits.length !== n * K || s.length !== n * KB) {
           throw opError(op, `${src.name}: ${bits.length} FP8 bytes and ${s.length} scales for [${src.shape.join(', ')}] ` +
             `(want ${n * K} and ${n * KB})`);
@@ -70,7 +75,7 @@ export class CudaWeightLoader {
       this.c.release(scales);
       throw e;
     }
-    return new CudaFp8Tensor(w.shape, w.addr, w.bytes, null, w.backendId, scales);
+    return new CudaFp8Tensor(w.shape, w.addr, w.bytes, null, w.backendId, scales, colShift);
   }
 
   private async loadRows(op: string, src: WeightSource, rowStart: number, rows: number, as: 'keep' | 'f32',

@@ -4,12 +4,13 @@
 // (kernels.ts), whose streaming loads (gemv_ld_stream, gemv_ld_cached) they use.
 //
 // The weight layout (cuda-fp8-weights.ts): e4m3 bytes, rows of K, and an f32 scale per row per
-// FP8_SCALE_COLS (128) columns, [N, ceil(K / 128)], which every checkpoint layout maps onto exactly
-// (one scale a tensor, one a row, 128 x 128 blocks: each row of a block repeats its scale).
+// 2^colShift columns (16 or more), [N, KB = ceil(K / 2^colShift)], which every checkpoint layout
+// maps onto exactly (one scale a tensor or a row: one column of scales; blocks of a power-of-two
+// width, such as 128 x 128: each row of a block repeats its scale).
 //
 // Why our own GEMV: a decode step reads every weight once, so at one row the product is a stream of
 // the weight bytes, and FP8 halves them against bf16. One warp (or WPR warps) per output row; each
-// lane streams 16-byte chunks (16 e4m3 values, inside one scale column since 128 % 16 == 0) with
+// lane streams 16-byte chunks (16 e4m3 values, inside one scale column since it is 16 or more wide) with
 // UNR loads in flight, widens them exactly to f32 (sm_89+: cvt.rn.f16x2.e4m3x2, then f16 -> f32;
 // elsewhere, and in the host warp simulator, the same values from the bits) and multiplies them by
 // the matching 16 bf16 of each x row. A chunk's 16 products are summed in order, then scaled and
@@ -35,13 +36,29 @@ __device__ __forceinline__ void fp8x2_to_f32(unsigned v, float& lo, float& hi) {
 #endif
 }
 
-// a chunk's 16 e4m3 weights as f32
+// FP8_WIDEN (LLMTS_CUDA_GEMV_DEFINES): how the GEMV widens its weights. 0: fp8x2_to_f32 (the
+// conversion instructions); 1: integer ops alone, each byte's bits moved into an f32 of 2^-120 times
+// its value (subnormal for e4m3 subnormals: exact without flush-to-zero, which NVRTC leaves off),
+// the 2^120 applied to each chunk's sum (two factors of 2^60: exact, and no overflow).
+#ifndef FP8_WIDEN
+#define FP8_WIDEN 0
+#endif
+
+// a chunk's 16 e4m3 weights as f32 (FP8_WIDEN 1: times 2^-120)
 __device__ __forceinline__ void fp8_widen16(const uint4& w, float* f) {
   const unsigned* u = (const unsigned*)&w;
   #pragma unroll
   for (int j = 0; j < 4; j++) {
+#if FP8_WIDEN == 1
+    const unsigned v = u[j];
+    f[4 * j] = __uint_as_float(((v & 0x80u) << 24) | ((v & 0x7fu) << 20));
+    f[4 * j + 1] = __uint_as_float(((v & 0x8000u) << 16) | ((v & 0x7f00u) << 12));
+    f[4 * j + 2] = __uint_as_float(((v & 0x800000u) << 8) | ((v & 0x7f0000u) << 4));
+    f[4 * j + 3] = __uint_as_float((v & 0x80000000u) | ((v & 0x7f000000u) >> 4));
+#else
     fp8x2_to_f32(u[j] & 0xffffu, f[4 * j], f[4 * j + 1]);
     fp8x2_to_f32(u[j] >> 16, f[4 * j + 2], f[4 * j + 3]);
+#endif
   }
 }
 
@@ -66,7 +83,7 @@ __device__ __forceinline__ float fp8_dot16(const float* f, const uint4& xa, cons
 // WPR warps share one output row (each takes a contiguous 1/WPR of its chunks; shared memory adds
 // their sums in warp order). y = sum (+ bias[n], bias dtype bdt, or bdt < 0: none), stored in ydt.
 template <int MMAX, int UNR>
-__device__ __forceinline__ void gemv_fp8_rows(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB,
+__device__ __forceinline__ void gemv_fp8_rows(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB, int colShift,
                                               const u16* __restrict__ x, const void* bias, int bdt, void* y, int ydt,
                                               int M, int N, int K, int WPR) {
   __shared__ float red[8][MMAX];
@@ -103,10 +120,14 @@ __device__ __forceinline__ void gemv_fp8_rows(const unsigned char* __restrict__ 
       if (c < cEnd) {
         float f[16];
         fp8_widen16(wv[u], f);
-        const float s = sr[c >> 3];
+        // FP8_WIDEN 1: the 2^120 in two halves, so that no scale up to f32's largest overflows
+        const float s = sr[(c << 4) >> colShift] * (FP8_WIDEN == 1 ? 1.152921504606847e18f : 1.0f);
         #pragma unroll
         for (int m = 0; m < MMAX; m++) {
-          if (m < M) acc[m] += s * fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
+          if (m < M) {
+            const float d = fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
+            acc[m] += s * (FP8_WIDEN == 1 ? d * 1.152921504606847e18f : d); // 2^60 each
+          }
         }
       }
     }
@@ -134,8 +155,8 @@ __device__ __forceinline__ void gemv_fp8_rows(const unsigned char* __restrict__ 
 
 #define GEMV_FP8_KERNEL(MMAX, UNR) \
 extern "C" __global__ void __launch_bounds__(256) k_gemv_fp8_m##MMAX(const unsigned char* w, const float* scales, int KB, \
-    const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
-  gemv_fp8_rows<MMAX, UNR>(w, scales, KB, x, bias, bdt, y, ydt, M, N, K, WPR); \
+    int colShift, const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
+  gemv_fp8_rows<MMAX, UNR>(w, scales, KB, colShift, x, bias, bdt, y, ydt, M, N, K, WPR); \
 }
 GEMV_FP8_KERNEL(1, 8)
 GEMV_FP8_KERNEL(2, 8)
@@ -145,13 +166,13 @@ GEMV_FP8_KERNEL(8, 4)
 // out[N, K] = bf16(f32(w) * scale), four values a thread: what the checkpoint loader's bf16
 // dequantization stores (one f32 multiply, then round to nearest even), so a product of more rows
 // multiplies the same bf16 weights the dequantized model has. K % 4 == 0.
-extern "C" __global__ void k_fp8_dequant(const unsigned char* w, const float* scales, int KB, u16* out, i64 N, int K) {
+extern "C" __global__ void k_fp8_dequant(const unsigned char* w, const float* scales, int KB, int colShift, u16* out, i64 N, int K) {
   const i64 quads = N * (i64)(K >> 2);
   GRID_STRIDE(i, quads) {
     const i64 e = i * 4;
     const i64 n = e / K;
     const int k = (int)(e - n * K);
-    const float s = scales[n * KB + (k >> 7)];
+    const float s = scales[n * KB + (k >> colShift)];
     const unsigned v = ((const unsigned*)w)[i];
     float f[4];
     fp8x2_to_f32(v & 0xffffu, f[0], f[1]);
@@ -168,8 +189,6 @@ export const GEMV_FP8_KERNEL_NAMES = ['k_gemv_fp8_m1', 'k_gemv_fp8_m2', 'k_gemv_
 export const FP8_KERNEL_NAMES = [...GEMV_FP8_KERNEL_NAMES, 'k_fp8_dequant'] as const;
 export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number];
 
-/** columns an FP8 weight's scale covers along K (the scales are [N, ceil(K / FP8_SCALE_COLS)]) */
-export const FP8_SCALE_COLS = 128;
 /** the most x rows the FP8 GEMV takes; more multiply the dequantized weights (cuBLASLt) */
 export const GEMV_FP8_MAX_M = 8;
 const UNROLL: Record<GemvFp8KernelName, number> = { k_gemv_fp8_m1: 8, k_gemv_fp8_m2: 8, k_gemv_fp8_m4: 8, k_gemv_fp8_m8: 4 };
