@@ -4,8 +4,8 @@
 // product of the same e4m3 values, scales and bf16 x within the bf16 GEMMs' tolerance
 // (|sim - ref| <= 2e-3 + 8e-3 |ref|), at every row count, ragged N and K (not a multiple of the
 // columns a scale covers), scales of 16, 32 and 128 columns and one a row, the launch
-// gemvFp8Choice picks and every other warps-a-row count, under each FP8_WIDEN (the conversion
-// instructions or integer ops), with a bias and an f32 output. Scales differ by row and column
+// gemvFp8Choice picks and every other warps-a-row count, with a bias and an f32 output; the
+// persistent twin, looping over rows and passes on small grids, gives the one-shot kernel's bits. Scales differ by row and column
 // block by up to 200x, so a scale taken from the wrong row or block fails it (as a scale index
 // off by one block and a mis-shifted byte did). Their GPU twin: cuda-fp8.test.ts.
 import assert from 'node:assert/strict';
@@ -94,13 +94,19 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
       const want = product(M, N, K, x, w, scales, colShift);
       const pick = gemvFp8Choice(M, N, K)!;
       assert.ok(pick, `${M}x${N}x${K}: a launch`);
+      const ys = new Map<number, Uint16Array>();
       for (const wpr of [...new Set([pick.warpsPerRow, 1, 2, 4, 8])]) {
-        for (const widen of [0, 1]) {
-          const y = runGemvFp8Sim({ kernel: pick.kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)), widen }, M, N, K, w, scales,
-            colShift, x);
-          assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift} w${wpr} widen ${widen}`, decodeHalf(y as Uint16Array, 'bf16'), want,
-            2e-3, 8e-3);
-        }
+        const y = runGemvFp8Sim({ kernel: pick.kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)) }, M, N, K, w, scales, colShift, x);
+        assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift} w${wpr}`, decodeHalf(y as Uint16Array, 'bf16'), want, 2e-3, 8e-3);
+        ys.set(wpr, y as Uint16Array);
+      }
+      // the persistent twin on grids of 1 and 2 SMs (each warp loops over rows and passes): the
+      // one-shot kernel's bits at one warp a row
+      for (const sms of [1, 2]) {
+        const p = gemvFp8Choice(M, N, K, true, sms)!;
+        const y = runGemvFp8Sim(p, M, N, K, w, scales, colShift, x) as Uint16Array;
+        const i = y.findIndex((v, j) => v !== ys.get(1)![j]);
+        assert.equal(i, -1, `${p.kernel} ${M}x${N}x${K} on ${sms} SMs: y[${i}] ${y[i]} vs ${ys.get(1)![i]}`);
       }
     }
   });
@@ -113,8 +119,10 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
     const x = encodeHalf(randomF32(r, M * K), 'bf16');
     const bias = randomF32(r, N, 4);
     const pick = gemvFp8Choice(M, N, K)!;
-    const y = runGemvFp8Sim(pick, M, N, K, w, scales, 7, x, bias, true) as Float32Array;
-    assertNear('f32 with bias', y, product(M, N, K, x, w, scales, 7, bias), 1e-4, 1e-5);
+    for (const p of [pick, gemvFp8Choice(M, N, K, true, 1)!]) {
+      const y = runGemvFp8Sim(p, M, N, K, w, scales, 7, x, bias, true) as Float32Array;
+      assertNear(`${p.kernel}: f32 with bias`, y, product(M, N, K, x, w, scales, 7, bias), 1e-4, 1e-5);
+    }
   });
 
   it('gemvFp8Choice: the smallest kernel for M, one pass of loads a lane, more warps a row for small grids; none where M or K rule it out', () => {
@@ -127,5 +135,7 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
     assert.equal(gemvFp8Choice(9, 64, 64), undefined);
     assert.equal(gemvFp8Choice(1, 64, 24), undefined, 'K not a multiple of 16');
     assert.equal(gemvFp8Choice(0, 64, 64), undefined);
+    assert.deepEqual(gemvFp8Choice(3, 4096, 4096, true, 132), { kernel: 'k_gemvp_fp8_m4', warpsPerRow: 1, grid: 396 });
+    assert.equal(gemvFp8Choice(1, 40, 4096, true, 132)!.grid, 5, 'no more blocks than row groups');
   });
 });

@@ -47,17 +47,24 @@ function fp8Source(r: () => number, name: string, N: number, K: number) {
   return { src, values };
 }
 
-/** y = x · values^T (+ bias) in float64, x given as bf16-rounded f32 */
-function product(M: number, N: number, K: number, x: Float32Array, values: Float32Array, bias?: Float32Array): Float64Array {
+/** y = x · values^T (+ bias) in float64, x given as bf16-rounded f32; mass: Σ|x·w| of each y */
+function product(M: number, N: number, K: number, x: Float32Array, values: Float32Array, bias?: Float32Array) {
   const y = new Float64Array(M * N);
+  const mass = new Float64Array(M * N);
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let v = bias ? bias[n]! : 0;
-      for (let k = 0; k < K; k++) v += x[m * K + k]! * values[n * K + k]!;
+      let a = 0;
+      for (let k = 0; k < K; k++) {
+        const t = x[m * K + k]! * values[n * K + k]!;
+        v += t;
+        a += Math.abs(t);
+      }
       y[m * N + n] = v;
+      mass[m * N + n] = a;
     }
   }
-  return y;
+  return { y, mass };
 }
 
 const bf16Round = (a: Float32Array) => Float32Array.from(encodeHalf(a, 'bf16'), bf16ToF32);
@@ -98,9 +105,13 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
       const x = bf16Round(randomF32(r, M * K));
       for (const withBias of [false, true]) {
         const y = await matmulOf(x, M, K, w, withBias ? bt : undefined);
-        const want = product(M, N, K, x, M <= 8 ? values : bf16Values, withBias ? bias : undefined);
+        const { y: want, mass } = product(M, N, K, x, M <= 8 ? values : bf16Values, withBias ? bias : undefined);
+        // the GEMV sums in f32 in a fixed order; cuBLASLt's GEMM may split K and sum its parts in
+        // another order, which on a cancelling sum of large terms costs a little of their mass
+        const slack = M <= 8 ? 0 : 1e-4;
         for (let i = 0; i < want.length; i++) {
-          assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 1e-2 * Math.abs(want[i]!), `M ${M}${withBias ? ' +bias' : ''}: y[${i}] ${y[i]} vs ${want[i]}`);
+          const bound = 2e-3 + 1e-2 * Math.abs(want[i]!) + slack * mass[i]!;
+          assert.ok(Math.abs(y[i]! - want[i]!) <= bound, `M ${M}${withBias ? ' +bias' : ''}: y[${i}] ${y[i]} vs ${want[i]}`);
         }
       }
     }
@@ -108,7 +119,7 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
     const view = backend.rowView(w, 100, 120);
     const x = bf16Round(randomF32(r, 2 * K));
     const yv = await matmulOf(x, 2, K, view);
-    const full = product(2, N, K, x, values);
+    const full = product(2, N, K, x, values).y;
     for (let m = 0; m < 2; m++) {
       for (let n = 0; n < 120; n++) {
         const want = full[m * N + 100 + n]!;
@@ -128,7 +139,7 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
     const x = bf16Round(randomF32(r, K));
     const y = await matmulOf(x, 1, K, packed);
     const values = new Float32Array([...a.values, ...b.values]);
-    const want = product(1, 64, K, x, values);
+    const want = product(1, 64, K, x, values).y;
     for (let i = 0; i < 64; i++) assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 1e-2 * Math.abs(want[i]!), `packed: y[${i}]`);
     backend.free(packed);
     const plain = await createCudaBackend({ settings: { gemv: { fp8Weights: false } } });

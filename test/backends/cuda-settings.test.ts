@@ -26,7 +26,7 @@ describe('CUDA settings', () => {
       gemm: { engine: 'cublaslt', tune: true, tuneMaxM: 64, pickBucketRows: 64, tuneFlush: 'read', invariantRows: 256 },
       gemv: {
         mode: 'auto', picks: new Map(), margin: 1.1, marginAfterAttention: 1, marginAfterTcAttention: 1.2, fusedBlocksPerSm: 2,
-        fp8Weights: true, fp8GemvMaxRows: 8,
+        fp8Weights: true, fp8GemvMaxRows: 8, fp8Gemv: 'persistent',
       },
       attention: {
         mode: 'auto', decodeKernel: 'tc', decodeBlocksPerSm: 8, tcResident: 3, oneTokenHint: true, tcMinChunk: 64,

@@ -1,6 +1,7 @@
 // The CUDA backend's FP8 (e4m3) matmul weights (CudaFp8Tensor: the bytes, and an f32 scale per row
 // per power-of-two run of columns): which product a matmul with one runs, and the row views of one. At decode rows
-// (at most CudaGemvSettings.fp8GemvMaxRows, bf16 x) the FP8 GEMV (fp8-kernels.ts) reads the FP8
+// (at most CudaGemvSettings.fp8GemvMaxRows, bf16 x) the FP8 GEMV (fp8-kernels.ts; fp8Gemv picks the
+// persistent or one-shot kernel) reads the FP8
 // bytes once, half the bf16 bytes; more rows dequantize the matrix into a bf16 scratch
 // (k_fp8_dequant: the loader's bf16 values) for the backend's bf16 matmul, as do batch-invariant
 // mode's (one cuBLASLt algorithm per weight shape, no GEMVs). Separate from cuda-backend.ts
@@ -25,7 +26,7 @@ export function fp8Matmul(c: CudaOpContext, a: CudaTensor, w: CudaFp8Tensor, bia
   M: number, N: number, K: number, bf16Into: Bf16MatmulInto): void {
   const KB = w.scales.shape[1]!;
   const gemv = a.dtype === 'bf16' && !c.settings.batchInvariant && M <= c.settings.gemv.fp8GemvMaxRows && a.addr % 16 === 0 &&
-    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K) : undefined;
+    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K, c.settings.gemv.fp8Gemv === 'persistent', c.rt.smCount) : undefined;
   if (gemv) {
     c.rt.launch(gemv.kernel, [gemv.grid, 1, 1], GEMV_THREADS, 0, [
       ['p', w.addr], ['p', w.scales.addr], ['i', KB], ['i', w.colShift], ['p', a.addr], ['p', bias ? bias.addr : 0], ['i', bias ? DT_CODE[bias.dtype] : -1],

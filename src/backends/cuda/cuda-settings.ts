@@ -146,6 +146,11 @@ export interface CudaGemvSettings {
    * more rows multiply the dequantized weights with cuBLASLt.
    */
   readonly fp8GemvMaxRows: number;
+  /**
+   * Which FP8 GEMV ($LLMTS_CUDA_FP8_GEMV; default persistent: k_gemvp_fp8_*, loads of the next
+   * pass in flight while a pass multiplies; one-shot: k_gemv_fp8_*, a block per row group).
+   */
+  readonly fp8Gemv: 'persistent' | 'one-shot';
 }
 
 export interface CudaAttentionSettings {
@@ -342,6 +347,7 @@ const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
   fusedBlocksPerSm: mappedKnob('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3'], { 1: 1, 2: 2, 3: 3 } as const),
   fp8Weights: switchKnob('LLMTS_CUDA_FP8_WEIGHTS', true),
   fp8GemvMaxRows: intKnob('LLMTS_CUDA_FP8_GEMV_MAX_ROWS', GEMV_FP8_MAX_M, { min: 0, max: GEMV_FP8_MAX_M }),
+  fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['persistent', 'one-shot']),
 };
 
 const ATTENTION_KNOBS: Knobs<CudaAttentionSettings> = {

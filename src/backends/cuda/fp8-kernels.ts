@@ -36,29 +36,13 @@ __device__ __forceinline__ void fp8x2_to_f32(unsigned v, float& lo, float& hi) {
 #endif
 }
 
-// FP8_WIDEN (LLMTS_CUDA_GEMV_DEFINES): how the GEMV widens its weights. 0: fp8x2_to_f32 (the
-// conversion instructions); 1: integer ops alone, each byte's bits moved into an f32 of 2^-120 times
-// its value (subnormal for e4m3 subnormals: exact without flush-to-zero, which NVRTC leaves off),
-// the 2^120 applied to each chunk's sum (two factors of 2^60: exact, and no overflow).
-#ifndef FP8_WIDEN
-#define FP8_WIDEN 0
-#endif
-
-// a chunk's 16 e4m3 weights as f32 (FP8_WIDEN 1: times 2^-120)
+// a chunk's 16 e4m3 weights as f32
 __device__ __forceinline__ void fp8_widen16(const uint4& w, float* f) {
   const unsigned* u = (const unsigned*)&w;
   #pragma unroll
   for (int j = 0; j < 4; j++) {
-#if FP8_WIDEN == 1
-    const unsigned v = u[j];
-    f[4 * j] = __uint_as_float(((v & 0x80u) << 24) | ((v & 0x7fu) << 20));
-    f[4 * j + 1] = __uint_as_float(((v & 0x8000u) << 16) | ((v & 0x7f00u) << 12));
-    f[4 * j + 2] = __uint_as_float(((v & 0x800000u) << 8) | ((v & 0x7f0000u) << 4));
-    f[4 * j + 3] = __uint_as_float((v & 0x80000000u) | ((v & 0x7f000000u) >> 4));
-#else
     fp8x2_to_f32(u[j] & 0xffffu, f[4 * j], f[4 * j + 1]);
     fp8x2_to_f32(u[j] >> 16, f[4 * j + 2], f[4 * j + 3]);
-#endif
   }
 }
 
@@ -120,14 +104,10 @@ __device__ __forceinline__ void gemv_fp8_rows(const unsigned char* __restrict__ 
       if (c < cEnd) {
         float f[16];
         fp8_widen16(wv[u], f);
-        // FP8_WIDEN 1: the 2^120 in two halves, so that no scale up to f32's largest overflows
-        const float s = sr[(c << 4) >> colShift] * (FP8_WIDEN == 1 ? 1.152921504606847e18f : 1.0f);
+        const float s = sr[(c << 4) >> colShift];
         #pragma unroll
         for (int m = 0; m < MMAX; m++) {
-          if (m < M) {
-            const float d = fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
-            acc[m] += s * (FP8_WIDEN == 1 ? d * 1.152921504606847e18f : d); // 2^60 each
-          }
+          if (m < M) acc[m] += s * fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
         }
       }
     }
@@ -163,6 +143,81 @@ GEMV_FP8_KERNEL(2, 8)
 GEMV_FP8_KERNEL(4, 8)
 GEMV_FP8_KERNEL(8, 4)
 
+// The persistent, software-pipelined twin (k_gemvp_fp8_*): a grid of at most a few blocks an SM
+// whose warps each take rows gw, gw + W, ... (W warps in all), a row in passes of 32 UNR chunks, the
+// next pass's loads issued before this pass's arithmetic. Why: the one-shot kernel's blocks run as
+// one wave that loads, then widens and multiplies while the memory idles; here loading and
+// arithmetic overlap across passes and rows. A lane sums the same chunks in the same order as the
+// one-shot kernel at one warp a row: the same bits.
+template <int MMAX, int UNR>
+__device__ __forceinline__ void gemvp_fp8_rows(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB,
+                                               int colShift, const u16* __restrict__ x, const void* bias, int bdt, void* y,
+                                               int ydt, int M, int N, int K) {
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
+  const int nch = K >> 4, xch = K >> 3;
+  const int passes = (nch + 32 * UNR - 1) / (32 * UNR);
+  const int rows = gw < N ? (N - 1 - gw) / W + 1 : 0;
+  const i64 items = (i64)rows * passes;
+  const uint4* xr = (const uint4*)x;
+  uint4 cur[UNR], nxt[UNR];
+  #pragma unroll
+  for (int u = 0; u < UNR; u++) {
+    const int c = u * 32 + lane;
+    cur[u] = items > 0 && c < nch ? gemv_ld_stream((const uint4*)(w + (i64)gw * K) + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  PDL_ENTRY();
+  float acc[MMAX];
+  #pragma unroll
+  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
+  for (i64 it = 0; it < items; it++) {
+    const int n = gw + (int)(it / passes) * W, p = (int)(it % passes);
+    if (it + 1 < items) {
+      const int n1 = gw + (int)((it + 1) / passes) * W, p1 = (int)((it + 1) % passes);
+      #pragma unroll
+      for (int u = 0; u < UNR; u++) {
+        const int c = p1 * 32 * UNR + u * 32 + lane;
+        nxt[u] = c < nch ? gemv_ld_stream((const uint4*)(w + (i64)n1 * K) + c) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    const float* sr = scales + (i64)n * KB;
+    #pragma unroll
+    for (int u = 0; u < UNR; u++) {
+      const int c = p * 32 * UNR + u * 32 + lane;
+      if (c < nch) {
+        float f[16];
+        fp8_widen16(cur[u], f);
+        const float s = sr[(c << 4) >> colShift];
+        #pragma unroll
+        for (int m = 0; m < MMAX; m++) {
+          if (m < M) acc[m] += s * fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
+        }
+      }
+    }
+    if (p == passes - 1) {
+      #pragma unroll
+      for (int m = 0; m < MMAX; m++) {
+        const float v = warp_sum(acc[m]);
+        acc[m] = 0.0f;
+        if (lane == 0 && m < M) st(y, ydt, (i64)m * N + n, v + (bdt >= 0 ? ld(bias, bdt, n) : 0.0f));
+      }
+    }
+    #pragma unroll
+    for (int u = 0; u < UNR; u++) cur[u] = nxt[u];
+  }
+}
+
+#define GEMVP_FP8_KERNEL(MMAX, UNR) \
+extern "C" __global__ void __launch_bounds__(256) k_gemvp_fp8_m##MMAX(const unsigned char* w, const float* scales, int KB, \
+    int colShift, const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
+  (void)WPR; \
+  gemvp_fp8_rows<MMAX, UNR>(w, scales, KB, colShift, x, bias, bdt, y, ydt, M, N, K); \
+}
+GEMVP_FP8_KERNEL(1, 4)
+GEMVP_FP8_KERNEL(2, 4)
+GEMVP_FP8_KERNEL(4, 4)
+GEMVP_FP8_KERNEL(8, 2)
+
 // out[N, K] = bf16(f32(w) * scale), four values a thread: what the checkpoint loader's bf16
 // dequantization stores (one f32 multiply, then round to nearest even), so a product of more rows
 // multiplies the same bf16 weights the dequantized model has. K % 4 == 0.
@@ -186,24 +241,33 @@ extern "C" __global__ void k_fp8_dequant(const unsigned char* w, const float* sc
 
 /** the FP8 decode GEMVs, by the most x rows each takes (1, 2, 4, 8) */
 export const GEMV_FP8_KERNEL_NAMES = ['k_gemv_fp8_m1', 'k_gemv_fp8_m2', 'k_gemv_fp8_m4', 'k_gemv_fp8_m8'] as const;
-export const FP8_KERNEL_NAMES = [...GEMV_FP8_KERNEL_NAMES, 'k_fp8_dequant'] as const;
-export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number];
+/** their persistent, pipelined twins (same arguments; one warp a row; grid gemvpFp8Grid) */
+export const GEMVP_FP8_KERNEL_NAMES = ['k_gemvp_fp8_m1', 'k_gemvp_fp8_m2', 'k_gemvp_fp8_m4', 'k_gemvp_fp8_m8'] as const;
+export const FP8_KERNEL_NAMES = [...GEMV_FP8_KERNEL_NAMES, ...GEMVP_FP8_KERNEL_NAMES, 'k_fp8_dequant'] as const;
+export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number] | (typeof GEMVP_FP8_KERNEL_NAMES)[number];
 
 /** the most x rows the FP8 GEMV takes; more multiply the dequantized weights (cuBLASLt) */
 export const GEMV_FP8_MAX_M = 8;
-const UNROLL: Record<GemvFp8KernelName, number> = { k_gemv_fp8_m1: 8, k_gemv_fp8_m2: 8, k_gemv_fp8_m4: 8, k_gemv_fp8_m8: 4 };
+const UNROLL: Record<(typeof GEMV_FP8_KERNEL_NAMES)[number], number> = { k_gemv_fp8_m1: 8, k_gemv_fp8_m2: 8, k_gemv_fp8_m4: 8, k_gemv_fp8_m8: 4 };
+/** resident blocks an SM the persistent grid is sized for */
+export const GEMVP_FP8_BLOCKS_PER_SM = 3;
 /** blocks below which a launch takes more warps a row (so fewer rows a block, more blocks) */
 const MIN_BLOCKS = 264;
 
 /**
- * The FP8 GEMV launch for M rows of x over an [N, K] weight: the smallest kernel that holds M rows,
- * the fewest warps a row (1, 2, 4 or 8) that give each lane one pass of loads, then more while the
- * grid would be under MIN_BLOCKS (two blocks an SM of the H200) — more bytes in flight for the
- * small matrices; undefined where M or K rule it out.
+ * The FP8 GEMV launch for M rows of x over an [N, K] weight; undefined where M or K rule it out.
+ * One-shot (`persistent` false): the smallest kernel that holds M rows, the fewest warps a row (1,
+ * 2, 4 or 8) that give each lane one pass of loads, then more while the grid would be under
+ * MIN_BLOCKS (two blocks an SM of the H200) — more bytes in flight for the small matrices.
+ * Persistent: its pipelined twin at one warp a row, min(row groups, GEMVP_FP8_BLOCKS_PER_SM x
+ * smCount) blocks.
  */
-export function gemvFp8Choice(M: number, N: number, K: number): { kernel: GemvFp8KernelName; warpsPerRow: number; grid: number } | undefined {
+export function gemvFp8Choice(M: number, N: number, K: number, persistent = false, smCount = 132):
+  { kernel: GemvFp8KernelName; warpsPerRow: number; grid: number } | undefined {
   if (!Number.isInteger(M) || M < 1 || M > GEMV_FP8_MAX_M || !Number.isInteger(K) || K < 16 || K % 16 !== 0 || N < 1) return undefined;
-  const kernel = GEMV_FP8_KERNEL_NAMES.find((k) => Number(k.slice('k_gemv_fp8_m'.length)) >= M)!;
+  const i = GEMV_FP8_KERNEL_NAMES.findIndex((k) => Number(k.slice('k_gemv_fp8_m'.length)) >= M);
+  if (persistent) return { kernel: GEMVP_FP8_KERNEL_NAMES[i]!, warpsPerRow: 1, grid: Math.min(Math.ceil(N / 8), GEMVP_FP8_BLOCKS_PER_SM * smCount) };
+  const kernel = GEMV_FP8_KERNEL_NAMES[i]!;
   const chunks = K / 16;
   let wpr = 1;
   while (wpr < 8 && wpr * 32 * UNROLL[kernel] < chunks) wpr *= 2;

@@ -2,14 +2,14 @@
 // through warp-sim.h, launched as cuda-fp8-weights.ts launches them (GEMV_THREADS a block, the
 // grid gemvFp8Choice gives; the dequantization over elementwiseGrid).
 import { ELEMWISE_THREADS, elementwiseGrid } from '../../../src/backends/cuda/cuda-op-context.ts';
-import { FP8_KERNEL_SOURCE, GEMV_FP8_KERNEL_NAMES } from '../../../src/backends/cuda/fp8-kernels.ts';
+import { FP8_KERNEL_SOURCE, GEMV_FP8_KERNEL_NAMES, GEMVP_FP8_KERNEL_NAMES } from '../../../src/backends/cuda/fp8-kernels.ts';
 import { GEMV_KERNEL_SOURCE, GEMV_THREADS } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
 const DRIVER = String.raw`
 typedef void (*GemvFp8Fn)(const unsigned char*, const float*, int, int, const u16*, const void*, int, void*, int, int, int, int, int);
 struct Named { const char* name; GemvFp8Fn fn; };
-static const Named FP8[] = { ${GEMV_FP8_KERNEL_NAMES.map((k) => `{"${k}", ${k}}`).join(', ')} };
+static const Named FP8[] = { ${[...GEMV_FP8_KERNEL_NAMES, ...GEMVP_FP8_KERNEL_NAMES].map((k) => `{"${k}", ${k}}`).join(', ')} };
 
 // argv: input, output. Input: char[32] kernel; i32 M N K KB WPR grid threads bdt ydt colShift; u8 w[N K];
 // f32 scales[N KB]; then for a GEMV u16 x[M K] and (bdt 0) f32 bias[N]. Output: y [M N] (ydt: bf16
@@ -51,8 +51,7 @@ int main(int argc, char** argv) {
 }
 `;
 
-/** the module's source with FP8_WIDEN set (fp8-kernels.ts: how the GEMV widens its weights) */
-const sim = (widen = 0) => buildSim('fp8', `#define FP8_WIDEN ${widen}\n${GEMV_KERNEL_SOURCE}\n${FP8_KERNEL_SOURCE}\n${DRIVER}`);
+const sim = () => buildSim('fp8', `${GEMV_KERNEL_SOURCE}\n${FP8_KERNEL_SOURCE}\n${DRIVER}`);
 
 function header(kernel: string, ints: number[]): Buffer {
   const name = Buffer.alloc(32);
@@ -64,8 +63,6 @@ export interface Fp8GemvLaunch {
   kernel: string;
   warpsPerRow: number;
   grid: number;
-  /** FP8_WIDEN (default 0) */
-  widen?: number;
 }
 
 /**
@@ -76,7 +73,7 @@ export interface Fp8GemvLaunch {
 export function runGemvFp8Sim(l: Fp8GemvLaunch, M: number, N: number, K: number, w: Uint8Array, scales: Float32Array, colShift: number,
   x: Uint16Array, bias?: Float32Array, f32Out = false): Uint16Array | Float32Array {
   const KB = scales.length / N;
-  const buf = runSim(sim(l.widen), Buffer.concat([
+  const buf = runSim(sim(), Buffer.concat([
     header(l.kernel, [M, N, K, KB, l.warpsPerRow, l.grid, GEMV_THREADS, bias ? 0 : -1, f32Out ? 0 : 2, colShift]),
     bytesOf(w, scales, x, ...(bias ? [bias] : []))]));
   return f32Out ? new Float32Array(buf) : new Uint16Array(buf);
