@@ -4,8 +4,9 @@
 // product of the same e4m3 values, scales and bf16 x within the bf16 GEMMs' tolerance
 // (|sim - ref| <= 2e-3 + 8e-3 |ref|), at every row count, ragged N and K (not a multiple of the
 // columns a scale covers), scales of 16, 32 and 128 columns and one a row, the launch
-// gemvFp8Choice picks and every other warps-a-row count, with a bias and an f32 output; the
-// persistent twin, looping over rows and passes on small grids, gives the one-shot kernel's bits. Scales differ by row and column
+// gemvFp8Choice picks and every other warps-a-row count, with a bias and an f32 output; so does
+// the tensor-core GEMV to 16 rows (scales of 64 columns and more), which gives a row of x the same
+// bits whatever rows share its launch. Scales differ by row and column
 // block by up to 200x, so a scale taken from the wrong row or block fails it (as a scale index
 // off by one block and a mis-shifted byte did). Their GPU twin: cuda-fp8.test.ts.
 import assert from 'node:assert/strict';
@@ -82,7 +83,7 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
     for (let b = 0; b < 256; b++) if ((b & 0x7f) !== 0x7f) assert.equal(vals[b], E4M3_VALUES[b], `byte 0x${b.toString(16)}`);
   });
 
-  it('the FP8 GEMV matches the float64 product at every row count, ragged shapes, each warps-a-row count', () => {
+  it('the CUDA-core FP8 GEMV matches the float64 product at every row count, ragged shapes, each warps-a-row count', () => {
     const r = rng(5);
     // M, N, K, log2 of the columns a scale covers (a single column of scales when it covers K)
     const cases: [number, number, number, number][] = [[1, 13, 16, 7], [1, 37, 272, 7], [2, 21, 1040, 7], [3, 9, 4112, 7],
@@ -92,50 +93,70 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
       const w = randomFp8(r, N * K), scales = randomScales(r, N, KB);
       const x = encodeHalf(randomF32(r, M * K), 'bf16');
       const want = product(M, N, K, x, w, scales, colShift);
-      const pick = gemvFp8Choice(M, N, K)!;
+      const pick = gemvFp8Choice(M, N, K, colShift, 'cuda-core')!;
       assert.ok(pick, `${M}x${N}x${K}: a launch`);
-      const ys = new Map<number, Uint16Array>();
       for (const wpr of [...new Set([pick.warpsPerRow, 1, 2, 4, 8])]) {
-        const y = runGemvFp8Sim({ kernel: pick.kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)) }, M, N, K, w, scales, colShift, x);
+        const y = runGemvFp8Sim({ ...pick, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)) }, M, N, K, w, scales, colShift, x);
         assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift} w${wpr}`, decodeHalf(y as Uint16Array, 'bf16'), want, 2e-3, 8e-3);
-        ys.set(wpr, y as Uint16Array);
-      }
-      // the persistent twin on grids of 1 and 2 SMs (each warp loops over rows and passes): the
-      // one-shot kernel's bits at one warp a row
-      for (const sms of [1, 2]) {
-        const p = gemvFp8Choice(M, N, K, true, sms)!;
-        const y = runGemvFp8Sim(p, M, N, K, w, scales, colShift, x) as Uint16Array;
-        const i = y.findIndex((v, j) => v !== ys.get(1)![j]);
-        assert.equal(i, -1, `${p.kernel} ${M}x${N}x${K} on ${sms} SMs: y[${i}] ${y[i]} vs ${ys.get(1)![i]}`);
       }
     }
   });
 
-  it('the FP8 GEMV adds a bias and stores f32 when asked (the matmul\'s bias path)', () => {
+  it('the tensor-core FP8 GEMV matches the float64 product at every row count to 16, ragged N and K, scales of 64 columns to a row', () => {
+    const r = rng(6);
+    // ragged K: not a multiple of the 64-column chunk (a lane's 16 columns past K read nothing)
+    const cases: [number, number, number, number][] = [[1, 13, 16, 7], [1, 37, 272, 7], [2, 21, 1040, 6], [3, 9, 4112, 7],
+      [5, 40, 528, 12], [8, 23, 1296, 7], [9, 17, 336, 6], [12, 33, 1088, 7], [16, 16, 2064, 12], [1, 300, 4096, 7]];
+    for (const [M, N, K, colShift] of cases) {
+      const KB = Math.ceil(K / 2 ** colShift);
+      const w = randomFp8(r, N * K), scales = randomScales(r, N, KB);
+      const x = encodeHalf(randomF32(r, M * K), 'bf16');
+      const pick = gemvFp8Choice(M, N, K, colShift)!;
+      assert.equal(pick.kernel, M <= 8 ? 'k_gemv_fp8_tc_n1' : 'k_gemv_fp8_tc_n2');
+      const y = runGemvFp8Sim(pick, M, N, K, w, scales, colShift, x);
+      assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift}`, decodeHalf(y as Uint16Array, 'bf16'), product(M, N, K, x, w, scales, colShift), 2e-3, 8e-3);
+    }
+  });
+
+  it('the tensor-core FP8 GEMV gives a row of x the same bits alone, among 8 rows and among 16', () => {
+    const r = rng(9);
+    const N = 40, K = 1104, colShift = 7;
+    const w = randomFp8(r, N * K), scales = randomScales(r, N, Math.ceil(K / 128));
+    const x = encodeHalf(randomF32(r, 16 * K), 'bf16');
+    const run = (M: number, rows: Uint16Array) => runGemvFp8Sim(gemvFp8Choice(M, N, K, colShift)!, M, N, K, w, scales, colShift, rows) as Uint16Array;
+    const y16 = run(16, x), y8 = run(8, x.subarray(0, 8 * K));
+    assert.deepEqual(y8, y16.subarray(0, 8 * N), 'rows 0-7: tiles n1 and n2');
+    for (const m of [0, 5, 11, 15]) assert.deepEqual(run(1, x.subarray(m * K, (m + 1) * K)), y16.subarray(m * N, (m + 1) * N), `row ${m} alone`);
+  });
+
+  it('the FP8 GEMVs add a bias and store f32 when asked (the matmul\'s bias path)', () => {
     const r = rng(8);
     const M = 3, N = 17, K = 400;
     const KB = Math.ceil(K / 128);
     const w = randomFp8(r, N * K), scales = randomScales(r, N, KB);
     const x = encodeHalf(randomF32(r, M * K), 'bf16');
     const bias = randomF32(r, N, 4);
-    const pick = gemvFp8Choice(M, N, K)!;
-    for (const p of [pick, gemvFp8Choice(M, N, K, true, 1)!]) {
+    for (const p of [gemvFp8Choice(M, N, K, 7, 'cuda-core')!, gemvFp8Choice(M, N, K, 7)!]) {
       const y = runGemvFp8Sim(p, M, N, K, w, scales, 7, x, bias, true) as Float32Array;
       assertNear(`${p.kernel}: f32 with bias`, y, product(M, N, K, x, w, scales, 7, bias), 1e-4, 1e-5);
     }
   });
 
-  it('gemvFp8Choice: the smallest kernel for M, one pass of loads a lane, more warps a row for small grids; none where M or K rule it out', () => {
-    assert.equal(gemvFp8Choice(1, 4096, 4096)!.kernel, 'k_gemv_fp8_m1');
-    assert.equal(gemvFp8Choice(3, 4096, 4096)!.kernel, 'k_gemv_fp8_m4');
-    assert.equal(gemvFp8Choice(8, 4096, 4096)!.kernel, 'k_gemv_fp8_m8');
-    assert.equal(gemvFp8Choice(1, 4096, 4096)!.warpsPerRow, 1, '4096 rows: 512 blocks at one warp a row');
-    assert.equal(gemvFp8Choice(1, 1024, 4096)!.warpsPerRow, 4, '1024 rows: 4 warps a row for 512 blocks');
-    assert.equal(gemvFp8Choice(1, 4096, 14336)!.warpsPerRow, 4, 'K 14336: 896 chunks, one pass at 4 warps');
-    assert.equal(gemvFp8Choice(9, 64, 64), undefined);
-    assert.equal(gemvFp8Choice(1, 64, 24), undefined, 'K not a multiple of 16');
-    assert.equal(gemvFp8Choice(0, 64, 64), undefined);
-    assert.deepEqual(gemvFp8Choice(3, 4096, 4096, true, 132), { kernel: 'k_gemvp_fp8_m4', warpsPerRow: 1, grid: 396 });
-    assert.equal(gemvFp8Choice(1, 40, 4096, true, 132)!.grid, 5, 'no more blocks than row groups');
+  it('gemvFp8Choice: the tensor-core kernel to 16 rows where scales cover 64 columns or more, else the CUDA-core one to 8; none where M or K rule them out', () => {
+    assert.deepEqual(gemvFp8Choice(1, 4096, 4096, 7), { kernel: 'k_gemv_fp8_tc_n1', warpsPerRow: 1, grid: 256, threads: 128 });
+    assert.equal(gemvFp8Choice(9, 4096, 4096, 7)!.kernel, 'k_gemv_fp8_tc_n2');
+    assert.equal(gemvFp8Choice(16, 4096, 4096, 6)!.kernel, 'k_gemv_fp8_tc_n2');
+    assert.equal(gemvFp8Choice(17, 4096, 4096, 7), undefined);
+    assert.equal(gemvFp8Choice(3, 4096, 4096, 5)!.kernel, 'k_gemv_fp8_m4', 'scales of 32 columns: the CUDA-core kernel');
+    assert.equal(gemvFp8Choice(9, 4096, 4096, 5), undefined);
+    assert.equal(gemvFp8Choice(1, 4096, 4096, 7, 'cuda-core')!.kernel, 'k_gemv_fp8_m1');
+    assert.equal(gemvFp8Choice(3, 4096, 4096, 7, 'cuda-core')!.kernel, 'k_gemv_fp8_m4');
+    assert.equal(gemvFp8Choice(8, 4096, 4096, 7, 'cuda-core')!.kernel, 'k_gemv_fp8_m8');
+    assert.equal(gemvFp8Choice(1, 4096, 4096, 7, 'cuda-core')!.warpsPerRow, 1, '4096 rows: 512 blocks at one warp a row');
+    assert.equal(gemvFp8Choice(1, 1024, 4096, 7, 'cuda-core')!.warpsPerRow, 4, '1024 rows: 4 warps a row for 512 blocks');
+    assert.equal(gemvFp8Choice(1, 4096, 14336, 7, 'cuda-core')!.warpsPerRow, 4, 'K 14336: 896 chunks, one pass at 4 warps');
+    assert.equal(gemvFp8Choice(9, 64, 64, 7, 'cuda-core'), undefined);
+    assert.equal(gemvFp8Choice(1, 64, 24, 7), undefined, 'K not a multiple of 16');
+    assert.equal(gemvFp8Choice(0, 64, 64, 7), undefined);
   });
 });

@@ -1,7 +1,8 @@
 // FP8 (e4m3) matmul weights on the CUDA backend (cuda-fp8-weights.ts, fp8-kernels.ts), on a GPU:
-// matmul against a float64 product of the same e4m3 values and scales at decode rows (the FP8
-// GEMV) and at more (dequantized into bf16 for cuBLASLt), with a bias, through row views and a
-// packed load; the FP8 checkpoint fixtures (scripts/make_fp8_fixtures.py) kept in FP8 against
+// matmul against a float64 product of the same e4m3 values and scales at decode rows (each FP8
+// GEMV), at more equal to the bf16 matmul of the loader's values (what the dequantization feeds
+// cuBLASLt), with a bias, through row views and a packed load; a row's bits alone and batched in
+// the tensor-core GEMV; the FP8 checkpoint fixtures (scripts/make_fp8_fixtures.py) kept in FP8 against
 // transformers under the bf16 tolerance of the CPU's FP8 test, alone and batched; and
 // LLMTS_CUDA_FP8_WEIGHTS off loading them dequantized. The kernels' simulator twin:
 // cuda-fp8-sim.test.ts. Skipped with the reason where CUDA is not usable (CI).
@@ -47,24 +48,17 @@ function fp8Source(r: () => number, name: string, N: number, K: number) {
   return { src, values };
 }
 
-/** y = x · values^T (+ bias) in float64, x given as bf16-rounded f32; mass: Σ|x·w| of each y */
+/** y = x · values^T (+ bias) in float64, x given as bf16-rounded f32 */
 function product(M: number, N: number, K: number, x: Float32Array, values: Float32Array, bias?: Float32Array) {
   const y = new Float64Array(M * N);
-  const mass = new Float64Array(M * N);
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let v = bias ? bias[n]! : 0;
-      let a = 0;
-      for (let k = 0; k < K; k++) {
-        const t = x[m * K + k]! * values[n * K + k]!;
-        v += t;
-        a += Math.abs(t);
-      }
+      for (let k = 0; k < K; k++) v += x[m * K + k]! * values[n * K + k]!;
       y[m * N + n] = v;
-      mass[m * N + n] = a;
     }
   }
-  return { y, mass };
+  return { y };
 }
 
 const bf16Round = (a: Float32Array) => Float32Array.from(encodeHalf(a, 'bf16'), bf16ToF32);
@@ -80,53 +74,79 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
     if (!SKIP) await backend.close();
   });
 
-  async function matmulOf(x: Float32Array, M: number, K: number, w: Tensor, bias?: Tensor): Promise<Float32Array> {
-    backend.beginScope();
+  async function matmulOf(x: Float32Array, M: number, K: number, w: Tensor, bias?: Tensor, on: CudaBackend = backend): Promise<Float32Array> {
+    on.beginScope();
     try {
       // scale by 1 is exact: the bf16 copy of the (bf16-rounded) data, as an activation holds it
-      const xb = backend.scale(backend.upload(x, [M, K]), 1);
-      return (await backend.read(backend.matmul(xb, w, bias))) as Float32Array;
+      const xb = on.scale(on.upload(x, [M, K]), 1);
+      return (await on.read(on.matmul(xb, w, bias))) as Float32Array;
     } finally {
-      backend.endScope();
+      on.endScope();
     }
   }
 
-  it('matmul of an FP8 matrix matches the float64 product at decode rows (GEMV) and more (dequantized), with a bias, in views', async () => {
-    const r = rng(3);
-    const N = 300, K = 1040; // 9 scale columns, the last one partial
-    const { src, values } = fp8Source(r, 'w', N, K);
-    const w = await backend.loadWeight(src, 'keep');
-    assert.equal(w.dtype, 'fp8', 'kept FP8');
-    const bias = randomF32(r, N, 2);
-    const bt = backend.upload(bias, [N]);
-    // more rows than the GEMV takes multiply the loader's bf16 values (k_fp8_dequant)
-    const bf16Values = bf16Round(values);
-    for (const M of [1, 2, 3, 4, 5, 8, 9, 17, 64]) {
-      const x = bf16Round(randomF32(r, M * K));
-      for (const withBias of [false, true]) {
-        const y = await matmulOf(x, M, K, w, withBias ? bt : undefined);
-        const { y: want, mass } = product(M, N, K, x, M <= 8 ? values : bf16Values, withBias ? bias : undefined);
-        // the GEMV sums in f32 in a fixed order; cuBLASLt's GEMM may split K and sum its parts in
-        // another order, which on a cancelling sum of large terms costs a little of their mass
-        const slack = M <= 8 ? 0 : 1e-4;
-        for (let i = 0; i < want.length; i++) {
-          const bound = 2e-3 + 1e-2 * Math.abs(want[i]!) + slack * mass[i]!;
-          assert.ok(Math.abs(y[i]! - want[i]!) <= bound, `M ${M}${withBias ? ' +bias' : ''}: y[${i}] ${y[i]} vs ${want[i]}`);
+  for (const engine of ['tensor-core', 'cuda-core'] as const) {
+    const gemvRows = engine === 'tensor-core' ? 16 : 8;
+    it(`matmul of an FP8 matrix: the ${engine} GEMV to ${gemvRows} rows matches the float64 product, more rows the bf16 matmul of the loader's values; with a bias, in views`, async () => {
+      const on = engine === 'tensor-core' ? backend : await createCudaBackend({ settings: { gemv: { fp8Gemv: engine } } });
+      try {
+        const r = rng(3);
+        const N = 300, K = 1040; // 9 scale columns, the last one partial
+        const { src, values } = fp8Source(r, 'w', N, K);
+        const w = await on.loadWeight(src, 'keep');
+        assert.equal(w.dtype, 'fp8', 'kept FP8');
+        // the loader's bf16 values as a plain bf16 weight: what more rows than a GEMV takes multiply
+        const plain = await on.loadWeight({ ...src, fp8: undefined }, 'keep');
+        assert.equal(plain.dtype, 'bf16');
+        const bias = randomF32(r, N, 2);
+        const bt = on.upload(bias, [N]);
+        for (const M of [1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 64]) {
+          const x = bf16Round(randomF32(r, M * K));
+          for (const withBias of [false, true]) {
+            const label = `M ${M}${withBias ? ' +bias' : ''}`;
+            const y = await matmulOf(x, M, K, w, withBias ? bt : undefined, on);
+            if (M > gemvRows) {
+              const ref = await matmulOf(x, M, K, plain, withBias ? bt : undefined, on);
+              const i = y.findIndex((v, j) => v !== ref[j]);
+              assert.equal(i, -1, `${label}: y[${i}] ${y[i]} vs the bf16 weight's ${ref[i]}`);
+              continue;
+            }
+            const want = product(M, N, K, x, values, withBias ? bias : undefined).y;
+            for (let i = 0; i < want.length; i++) {
+              assert.ok(Math.abs(y[i]! - want[i]!) <= 2e-3 + 1e-2 * Math.abs(want[i]!), `${label}: y[${i}] ${y[i]} vs ${want[i]}`);
+            }
+          }
         }
+        // a row view [100, 220) multiplies those rows with their own scales
+        const view = on.rowView(w, 100, 120);
+        const x = bf16Round(randomF32(r, 2 * K));
+        const yv = await matmulOf(x, 2, K, view, undefined, on);
+        const full = product(2, N, K, x, values).y;
+        for (let m = 0; m < 2; m++) {
+          for (let n = 0; n < 120; n++) {
+            const want = full[m * N + 100 + n]!;
+            assert.ok(Math.abs(yv[m * 120 + n]! - want) <= 2e-3 + 1e-2 * Math.abs(want), `view: y[${m}, ${n}]`);
+          }
+        }
+        on.free(bt);
+        on.free(w);
+        on.free(plain);
+      } finally {
+        if (on !== backend) await on.close();
       }
-    }
-    // a row view [100, 220) multiplies those rows with their own scales
-    const view = backend.rowView(w, 100, 120);
-    const x = bf16Round(randomF32(r, 2 * K));
-    const yv = await matmulOf(x, 2, K, view);
-    const full = product(2, N, K, x, values).y;
-    for (let m = 0; m < 2; m++) {
-      for (let n = 0; n < 120; n++) {
-        const want = full[m * N + 100 + n]!;
-        assert.ok(Math.abs(yv[m * 120 + n]! - want) <= 2e-3 + 1e-2 * Math.abs(want), `view: y[${m}, ${n}]`);
-      }
-    }
-    backend.free(bt);
+    });
+  }
+
+  it('the tensor-core FP8 GEMV gives a row of x the same bits alone and among 8 or 16 rows', async () => {
+    const r = rng(7);
+    const N = 256, K = 4096;
+    const { src } = fp8Source(r, 'w', N, K);
+    const w = await backend.loadWeight(src, 'keep');
+    const x = bf16Round(randomF32(r, 16 * K));
+    const y16 = await matmulOf(x, 16, K, w);
+    const y8 = await matmulOf(x.subarray(0, 8 * K), 8, K, w);
+    assert.deepEqual(y8, y16.subarray(0, 8 * N), 'rows 0-7: one tile of 8 rows and two');
+    for (const m of [0, 3, 9, 15]) assert.deepEqual(await matmulOf(x.subarray(m * K, (m + 1) * K), 1, K, w), y16.subarray(m * N, (m + 1) * N), `row ${m} alone`);
     backend.free(w);
   });
 

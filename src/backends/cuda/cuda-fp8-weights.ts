@@ -1,15 +1,13 @@
 // The CUDA backend's FP8 (e4m3) matmul weights (CudaFp8Tensor: the bytes, and an f32 scale per row
 // per power-of-two run of columns): which product a matmul with one runs, and the row views of one. At decode rows
-// (at most CudaGemvSettings.fp8GemvMaxRows, bf16 x) the FP8 GEMV (fp8-kernels.ts; fp8Gemv picks the
-// persistent or one-shot kernel) reads the FP8
-// bytes once, half the bf16 bytes; more rows dequantize the matrix into a bf16 scratch
+// (at most CudaGemvSettings.fp8GemvMaxRows, bf16 x) an FP8 GEMV (fp8-kernels.ts: the tensor-core
+// one, or the CUDA-core one as CudaGemvSettings.fp8Gemv says) reads the FP8 bytes once, half the bf16 bytes; more rows dequantize the matrix into a bf16 scratch
 // (k_fp8_dequant: the loader's bf16 values) for the backend's bf16 matmul, as do batch-invariant
 // mode's (one cuBLASLt algorithm per weight shape, no GEMVs). Separate from cuda-backend.ts
 // because it is the one weight layout that is not a plain dtype.
 import { type CudaOpContext, ELEMWISE_THREADS, elementwiseGrid } from './cuda-op-context.ts';
 import { CudaFp8Tensor, CudaTensor, DT_CODE } from './cuda-tensor.ts';
 import { gemvFp8Choice } from './fp8-kernels.ts';
-import { GEMV_THREADS } from './gemv-kernels.ts';
 
 /** y [M, N] = a [M, K] · w^T (+ bias) with bf16 weights w: the backend's plain matmul, into y */
 export type Bf16MatmulInto = (a: CudaTensor, w: CudaTensor, bias: CudaTensor | null, y: CudaTensor, M: number, N: number, K: number) => void;
@@ -26,9 +24,9 @@ export function fp8Matmul(c: CudaOpContext, a: CudaTensor, w: CudaFp8Tensor, bia
   M: number, N: number, K: number, bf16Into: Bf16MatmulInto): void {
   const KB = w.scales.shape[1]!;
   const gemv = a.dtype === 'bf16' && !c.settings.batchInvariant && M <= c.settings.gemv.fp8GemvMaxRows && a.addr % 16 === 0 &&
-    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K, c.settings.gemv.fp8Gemv === 'persistent', c.rt.smCount) : undefined;
+    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K, w.colShift, c.settings.gemv.fp8Gemv) : undefined;
   if (gemv) {
-    c.rt.launch(gemv.kernel, [gemv.grid, 1, 1], GEMV_THREADS, 0, [
+    c.rt.launch(gemv.kernel, [gemv.grid, 1, 1], gemv.threads, 0, [
       ['p', w.addr], ['p', w.scales.addr], ['i', KB], ['i', w.colShift], ['p', a.addr], ['p', bias ? bias.addr : 0], ['i', bias ? DT_CODE[bias.dtype] : -1],
       ['p', y.addr], ['i', DT_CODE[y.dtype]], ['i', M], ['i', N], ['i', K], ['i', gemv.warpsPerRow]]);
     return;

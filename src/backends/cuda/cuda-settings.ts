@@ -11,7 +11,7 @@ import type { Env } from '../common/env.ts';
 import {
   choiceKnob, intKnob, type Knobs, mappedKnob, numberKnob, settingsFrom, switchKnob, textKnob,
 } from '../common/knobs.ts';
-import { GEMV_FP8_MAX_M } from './fp8-kernels.ts';
+import { type Fp8GemvEngine, GEMV_FP8_MAX_M } from './fp8-kernels.ts';
 import { parseGemvPicks, TUNE_MAX_M } from './gemm-tuning.ts';
 
 /** Tuning macros put before a module's source, NAME -> integer value, in order. */
@@ -142,15 +142,15 @@ export interface CudaGemvSettings {
    */
   readonly fp8Weights: boolean;
   /**
-   * The most x rows the FP8 GEMV takes ($LLMTS_CUDA_FP8_GEMV_MAX_ROWS; default 8, 0-8; 0: never);
-   * more rows multiply the dequantized weights with cuBLASLt.
+   * The most x rows an FP8 GEMV takes ($LLMTS_CUDA_FP8_GEMV_MAX_ROWS; default 16, 0-16; 0: never;
+   * the CUDA-core GEMV takes at most 8); more rows multiply the dequantized weights with cuBLASLt.
    */
   readonly fp8GemvMaxRows: number;
   /**
-   * Which FP8 GEMV ($LLMTS_CUDA_FP8_GEMV; default persistent: k_gemvp_fp8_*, loads of the next
-   * pass in flight while a pass multiplies; one-shot: k_gemv_fp8_*, a block per row group).
+   * Which FP8 GEMV ($LLMTS_CUDA_FP8_GEMV; default tensor-core: k_gemv_fp8_tc_*, mma tiles to 16
+   * rows where a scale covers 64 columns or more; cuda-core: k_gemv_fp8_m*, FMAs to 8 rows).
    */
-  readonly fp8Gemv: 'persistent' | 'one-shot';
+  readonly fp8Gemv: Fp8GemvEngine;
 }
 
 export interface CudaAttentionSettings {
@@ -347,7 +347,7 @@ const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
   fusedBlocksPerSm: mappedKnob('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3'], { 1: 1, 2: 2, 3: 3 } as const),
   fp8Weights: switchKnob('LLMTS_CUDA_FP8_WEIGHTS', true),
   fp8GemvMaxRows: intKnob('LLMTS_CUDA_FP8_GEMV_MAX_ROWS', GEMV_FP8_MAX_M, { min: 0, max: GEMV_FP8_MAX_M }),
-  fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['persistent', 'one-shot']),
+  fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['tensor-core', 'cuda-core']),
 };
 
 const ATTENTION_KNOBS: Knobs<CudaAttentionSettings> = {

@@ -1,5 +1,5 @@
 // CUDA source of the FP8 (e4m3) weight kernels: y[M, N] = x[M, K] · (w[N, K] ⊙ scale)^T for decode
-// shapes (M <= 8 rows, k_gemv_fp8_*), and the dequantization into bf16 that larger M multiply with
+// shapes (the CUDA-core k_gemv_fp8_m* to M 8, the tensor-core k_gemv_fp8_tc_n* to M 16), and the dequantization into bf16 that larger M multiply with
 // cuBLASLt's bf16 GEMM (k_fp8_dequant). They follow GEMV_KERNEL_SOURCE in the 'gemv' module
 // (kernels.ts), whose streaming loads (gemv_ld_stream, gemv_ld_cached) they use.
 //
@@ -19,6 +19,8 @@
 //
 // NaN bytes (0x7f, 0xff) are no weight a quantizer writes: the hardware widens them to NaN, the
 // portable path to a finite value.
+
+import { GEMV_THREADS } from './gemv-kernels.ts';
 
 export const FP8_KERNEL_SOURCE = String.raw`
 // two e4m3 values (the low byte first) as f32, exactly
@@ -143,80 +145,150 @@ GEMV_FP8_KERNEL(2, 8)
 GEMV_FP8_KERNEL(4, 8)
 GEMV_FP8_KERNEL(8, 4)
 
-// The persistent, software-pipelined twin (k_gemvp_fp8_*): a grid of at most a few blocks an SM
-// whose warps each take rows gw, gw + W, ... (W warps in all), a row in passes of 32 UNR chunks, the
-// next pass's loads issued before this pass's arithmetic. Why: the one-shot kernel's blocks run as
-// one wave that loads, then widens and multiplies while the memory idles; here loading and
-// arithmetic overlap across passes and rows. A lane sums the same chunks in the same order as the
-// one-shot kernel at one warp a row: the same bits.
-template <int MMAX, int UNR>
-__device__ __forceinline__ void gemvp_fp8_rows(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB,
-                                               int colShift, const u16* __restrict__ x, const void* bias, int bdt, void* y,
-                                               int ydt, int M, int N, int K) {
-  const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
-  const int nch = K >> 4, xch = K >> 3;
-  const int passes = (nch + 32 * UNR - 1) / (32 * UNR);
-  const int rows = gw < N ? (N - 1 - gw) / W + 1 : 0;
-  const i64 items = (i64)rows * passes;
-  const uint4* xr = (const uint4*)x;
-  uint4 cur[UNR], nxt[UNR];
+// The tensor-core GEMV (k_gemv_fp8_tc_n*): y^T = (w ⊙ scale) · x^T as mma.sync m16n8k16 tiles with
+// the weights as the 16-row A operand and x as the 8-column B operand (NT tiles of 8 x rows), so
+// the multiplies run on the tensor cores and the CUDA cores only widen bytes. Why: the CUDA-core
+// kernel above is bound by its conversions (cvt.f16x2.e4m3x2 and f16 -> f32 run at a quarter of
+// the FMA rate), and at 8 rows its FMAs cost three bf16 decode steps.
+//
+// A block is 4 warps over the same 16 weight rows, each warp a quarter of the 64-column chunks; a
+// lane of fragment row g (lane / 4) and column group q (lane % 4) loads 16 bytes of rows g and g + 8
+// and the 16 bf16 of x row 8t + g at columns 64c + 16q .. + 16. The dot product does not care in
+// which order its k run, so mma step s takes the lanes' bytes 4s .. 4s + 3 as its k 2q, 2q + 1,
+// 2q + 8, 2q + 9, for A and B alike: the loads stay 16-byte vectors. Bytes widen exactly to bf16:
+// an e4m3 byte's magnitude bits moved under bf16's exponent and mantissa make the bf16 of 2^-120
+// times its value (subnormals too), and one bf16x2 multiply by 2^120 makes it exact. A chunk's
+// product (f32 in the tensor core) is scaled once (a scale covers 64 columns or more: colShift >= 6)
+// and added to the lane's sums; the 4 warps' sums meet in shared memory in warp order.
+// Each element of y sums its own row and column only, in an order fixed by K: a row of x gets the
+// same bits at any M and with either tile count. Requirements (cuda-fp8-weights.ts): K % 16 == 0,
+// colShift >= 6, w rows and x 16-byte aligned, M <= 8 NT.
+
+// e4m3 bytes 0, 1 (lo) or 2, 3 (hi) of v as a bf16x2, the first in the low half, exactly
+__device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned v, bool hi) {
+  // each byte to the top of its 16-bit half (prmt; the selector's 4s pick zero bytes)
+#if defined(__CUDA_ARCH__)
+  const unsigned p = __byte_perm(v, 0u, hi ? 0x3424u : 0x1404u);
+#else
+  const unsigned p = hi ? ((v >> 8) & 0xff00u) | (v & 0xff000000u) : ((v & 0xffu) << 8) | ((v & 0xff00u) << 16);
+#endif
+  // sign kept at bit 15 (31), the 7 magnitude bits down to bits 10..4 (26..20): the bf16 bits of
+  // 2^-120 times the value
+  const unsigned t = ((p >> 4) & 0x07f007f0u) | (p & 0x80008000u);
+#if defined(__CUDA_ARCH__)
+  unsigned r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(t), "r"(0x7b807b80u), "r"(0x80008000u)); // * 2^120 + (-0)
+  return r;
+#else
+  auto up = [](unsigned b) { return (unsigned)((__float_as_uint(__uint_as_float(b << 16) * 0x1p120f)) >> 16); };
+  return up(t & 0xffffu) | (up(t >> 16) << 16);
+#endif
+}
+
+template <int NT, int UNR>
+__device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB, int colShift,
+                                            const u16* __restrict__ x, const void* bias, int bdt, void* y, int ydt,
+                                            int M, int N, int K) {
+  __shared__ float red[3][32][4 * NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  const bool v0 = n0 + g < N, v1 = n0 + g + 8 < N;
+  const i64 row0 = v0 ? n0 + g : 0, row1 = v1 ? n0 + g + 8 : 0;
+  const int nch = (K + 63) >> 6;
+  const int per = (nch + 3) >> 2;
+  const int cBegin = warp * per, cEnd = min(nch, cBegin + per);
+  const int shift = colShift - 6;
+  const unsigned char* w0 = w + row0 * K + 16 * q;
+  const unsigned char* w1 = w + row1 * K + 16 * q;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float acc[NT][4];
   #pragma unroll
-  for (int u = 0; u < UNR; u++) {
-    const int c = u * 32 + lane;
-    cur[u] = items > 0 && c < nch ? gemv_ld_stream((const uint4*)(w + (i64)gw * K) + c) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  PDL_ENTRY();
-  float acc[MMAX];
-  #pragma unroll
-  for (int m = 0; m < MMAX; m++) acc[m] = 0.0f;
-  for (i64 it = 0; it < items; it++) {
-    const int n = gw + (int)(it / passes) * W, p = (int)(it % passes);
-    if (it + 1 < items) {
-      const int n1 = gw + (int)((it + 1) / passes) * W, p1 = (int)((it + 1) % passes);
-      #pragma unroll
-      for (int u = 0; u < UNR; u++) {
-        const int c = p1 * 32 * UNR + u * 32 + lane;
-        nxt[u] = c < nch ? gemv_ld_stream((const uint4*)(w + (i64)n1 * K) + c) : make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-    const float* sr = scales + (i64)n * KB;
+  for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  bool waited = false;
+  for (int c0 = cBegin; c0 < cEnd || !waited; c0 += UNR) {
+    uint4 wa[UNR], wb[UNR];
     #pragma unroll
     for (int u = 0; u < UNR; u++) {
-      const int c = p * 32 * UNR + u * 32 + lane;
-      if (c < nch) {
-        float f[16];
-        fp8_widen16(cur[u], f);
-        const float s = sr[(c << 4) >> colShift];
-        #pragma unroll
-        for (int m = 0; m < MMAX; m++) {
-          if (m < M) acc[m] += s * fp8_dot16(f, gemv_ld_cached(xr + (i64)m * xch + 2 * c), gemv_ld_cached(xr + (i64)m * xch + 2 * c + 1));
-        }
-      }
+      const int c = c0 + u;
+      const bool in = c < cEnd && 64 * c + 16 * q < K;
+      wa[u] = in && v0 ? gemv_ld_stream((const uint4*)(w0 + 64 * (i64)c)) : zero;
+      wb[u] = in && v1 ? gemv_ld_stream((const uint4*)(w1 + 64 * (i64)c)) : zero;
     }
-    if (p == passes - 1) {
-      #pragma unroll
-      for (int m = 0; m < MMAX; m++) {
-        const float v = warp_sum(acc[m]);
-        acc[m] = 0.0f;
-        if (lane == 0 && m < M) st(y, ydt, (i64)m * N + n, v + (bdt >= 0 ? ld(bias, bdt, n) : 0.0f));
-      }
+    if (!waited) {
+      PDL_ENTRY();
+      waited = true;
     }
     #pragma unroll
-    for (int u = 0; u < UNR; u++) cur[u] = nxt[u];
+    for (int u = 0; u < UNR; u++) {
+      const int c = c0 + u;
+      if (c >= cEnd) continue;
+      const int col = 64 * c + 16 * q;
+      const bool in = col < K;
+      uint4 xv[NT][2];
+      #pragma unroll
+      for (int t = 0; t < NT; t++) {
+        const int m = 8 * t + g;
+        const uint4* xr = (const uint4*)(x + (i64)m * K + col);
+        xv[t][0] = in && m < M ? gemv_ld_cached(xr) : zero;
+        xv[t][1] = in && m < M ? gemv_ld_cached(xr + 1) : zero;
+      }
+      float part[NT][4];
+      #pragma unroll
+      for (int t = 0; t < NT; t++) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.0f;
+      const unsigned* a0 = (const unsigned*)&wa[u];
+      const unsigned* a1 = (const unsigned*)&wb[u];
+      #pragma unroll
+      for (int s = 0; s < 4; s++) {
+        const unsigned a[4] = { fp8x2_to_bf16x2(a0[s], false), fp8x2_to_bf16x2(a1[s], false),
+                                fp8x2_to_bf16x2(a0[s], true), fp8x2_to_bf16x2(a1[s], true) };
+        #pragma unroll
+        for (int t = 0; t < NT; t++) {
+          const unsigned* b = (const unsigned*)&xv[t][s >> 1];
+          att_mma(part[t], a, b[2 * (s & 1)], b[2 * (s & 1) + 1]);
+        }
+      }
+      const float s0 = v0 ? scales[row0 * KB + (c >> shift)] : 0.0f;
+      const float s1 = v1 ? scales[row1 * KB + (c >> shift)] : 0.0f;
+      #pragma unroll
+      for (int t = 0; t < NT; t++) {
+        acc[t][0] += s0 * part[t][0];
+        acc[t][1] += s0 * part[t][1];
+        acc[t][2] += s1 * part[t][2];
+        acc[t][3] += s1 * part[t][3];
+      }
+    }
+  }
+  if (warp > 0) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+      #pragma unroll
+      for (int e = 0; e < 4; e++) red[warp - 1][lane][4 * t + e] = acc[t][e];
+    }
+  }
+  __syncthreads();
+  if (warp > 0) return;
+  #pragma unroll
+  for (int t = 0; t < NT; t++) {
+    #pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = acc[t][e];
+      for (int p = 0; p < 3; p++) v += red[p][lane][4 * t + e];
+      // fragment element e: weight row g (+8 for e >= 2), x row 8t + 2q (+1 for odd e)
+      const int n = n0 + g + (e >= 2 ? 8 : 0), m = 8 * t + 2 * q + (e & 1);
+      if (n < N && m < M) st(y, ydt, (i64)m * N + n, v + (bdt >= 0 ? ld(bias, bdt, n) : 0.0f));
+    }
   }
 }
 
-#define GEMVP_FP8_KERNEL(MMAX, UNR) \
-extern "C" __global__ void __launch_bounds__(256) k_gemvp_fp8_m##MMAX(const unsigned char* w, const float* scales, int KB, \
+#define GEMV_FP8_TC_KERNEL(NT, UNR) \
+extern "C" __global__ void __launch_bounds__(128) k_gemv_fp8_tc_n##NT(const unsigned char* w, const float* scales, int KB, \
     int colShift, const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
   (void)WPR; \
-  gemvp_fp8_rows<MMAX, UNR>(w, scales, KB, colShift, x, bias, bdt, y, ydt, M, N, K); \
+  gemv_fp8_tc<NT, UNR>(w, scales, KB, colShift, x, bias, bdt, y, ydt, M, N, K); \
 }
-GEMVP_FP8_KERNEL(1, 4)
-GEMVP_FP8_KERNEL(2, 4)
-GEMVP_FP8_KERNEL(4, 4)
-GEMVP_FP8_KERNEL(8, 2)
+GEMV_FP8_TC_KERNEL(1, 4)
+GEMV_FP8_TC_KERNEL(2, 4)
 
 // out[N, K] = bf16(f32(w) * scale), four values a thread: what the checkpoint loader's bf16
 // dequantization stores (one f32 multiply, then round to nearest even), so a product of more rows
@@ -239,38 +311,51 @@ extern "C" __global__ void k_fp8_dequant(const unsigned char* w, const float* sc
 }
 `;
 
-/** the FP8 decode GEMVs, by the most x rows each takes (1, 2, 4, 8) */
+/** the CUDA-core FP8 decode GEMVs, by the most x rows each takes (1, 2, 4, 8) */
 export const GEMV_FP8_KERNEL_NAMES = ['k_gemv_fp8_m1', 'k_gemv_fp8_m2', 'k_gemv_fp8_m4', 'k_gemv_fp8_m8'] as const;
-/** their persistent, pipelined twins (same arguments; one warp a row; grid gemvpFp8Grid) */
-export const GEMVP_FP8_KERNEL_NAMES = ['k_gemvp_fp8_m1', 'k_gemvp_fp8_m2', 'k_gemvp_fp8_m4', 'k_gemvp_fp8_m8'] as const;
-export const FP8_KERNEL_NAMES = [...GEMV_FP8_KERNEL_NAMES, ...GEMVP_FP8_KERNEL_NAMES, 'k_fp8_dequant'] as const;
-export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number] | (typeof GEMVP_FP8_KERNEL_NAMES)[number];
+/** the tensor-core FP8 GEMVs, by their tiles of 8 x rows (at most 8 or 16 rows) */
+export const GEMV_FP8_TC_KERNEL_NAMES = ['k_gemv_fp8_tc_n1', 'k_gemv_fp8_tc_n2'] as const;
+export const FP8_KERNEL_NAMES = [...GEMV_FP8_KERNEL_NAMES, ...GEMV_FP8_TC_KERNEL_NAMES, 'k_fp8_dequant'] as const;
+export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number] | (typeof GEMV_FP8_TC_KERNEL_NAMES)[number];
 
-/** the most x rows the FP8 GEMV takes; more multiply the dequantized weights (cuBLASLt) */
-export const GEMV_FP8_MAX_M = 8;
+/** the most x rows an FP8 GEMV takes (the tensor-core one; the CUDA-core one takes 8); more multiply the dequantized weights (cuBLASLt) */
+export const GEMV_FP8_MAX_M = 16;
+const GEMV_FP8_CUDA_CORE_MAX_M = 8;
+/** threads of a tensor-core GEMV block: 4 warps over the same 16 weight rows */
+export const GEMV_FP8_TC_THREADS = 128;
 const UNROLL: Record<(typeof GEMV_FP8_KERNEL_NAMES)[number], number> = { k_gemv_fp8_m1: 8, k_gemv_fp8_m2: 8, k_gemv_fp8_m4: 8, k_gemv_fp8_m8: 4 };
-/** resident blocks an SM the persistent grid is sized for */
-export const GEMVP_FP8_BLOCKS_PER_SM = 3;
 /** blocks below which a launch takes more warps a row (so fewer rows a block, more blocks) */
 const MIN_BLOCKS = 264;
 
+export type Fp8GemvEngine = 'tensor-core' | 'cuda-core';
+
+export interface Fp8GemvLaunch {
+  kernel: GemvFp8KernelName;
+  /** the CUDA-core kernel's warps a row (1 for the tensor-core one) */
+  warpsPerRow: number;
+  grid: number;
+  threads: number;
+}
+
 /**
- * The FP8 GEMV launch for M rows of x over an [N, K] weight; undefined where M or K rule it out.
- * One-shot (`persistent` false): the smallest kernel that holds M rows, the fewest warps a row (1,
- * 2, 4 or 8) that give each lane one pass of loads, then more while the grid would be under
- * MIN_BLOCKS (two blocks an SM of the H200) — more bytes in flight for the small matrices.
- * Persistent: its pipelined twin at one warp a row, min(row groups, GEMVP_FP8_BLOCKS_PER_SM x
- * smCount) blocks.
+ * The FP8 GEMV launch for M rows of x over an [N, K] weight whose scales cover 2^colShift columns;
+ * undefined where M or K rule every one out. The tensor-core kernel (`engine` 'tensor-core', the
+ * default) where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
+ * a 16 weight rows. Otherwise the CUDA-core kernel to M 8: the smallest that holds M rows, the
+ * fewest warps a row (1, 2, 4 or 8) that give each lane one pass of loads, then more while the
+ * grid would be under MIN_BLOCKS (two blocks an SM of the H200): more bytes in flight for the
+ * small matrices.
  */
-export function gemvFp8Choice(M: number, N: number, K: number, persistent = false, smCount = 132):
-  { kernel: GemvFp8KernelName; warpsPerRow: number; grid: number } | undefined {
-  if (!Number.isInteger(M) || M < 1 || M > GEMV_FP8_MAX_M || !Number.isInteger(K) || K < 16 || K % 16 !== 0 || N < 1) return undefined;
-  const i = GEMV_FP8_KERNEL_NAMES.findIndex((k) => Number(k.slice('k_gemv_fp8_m'.length)) >= M);
-  if (persistent) return { kernel: GEMVP_FP8_KERNEL_NAMES[i]!, warpsPerRow: 1, grid: Math.min(Math.ceil(N / 8), GEMVP_FP8_BLOCKS_PER_SM * smCount) };
-  const kernel = GEMV_FP8_KERNEL_NAMES[i]!;
+export function gemvFp8Choice(M: number, N: number, K: number, colShift: number, engine: Fp8GemvEngine = 'tensor-core'): Fp8GemvLaunch | undefined {
+  if (!Number.isInteger(M) || M < 1 || !Number.isInteger(K) || K < 16 || K % 16 !== 0 || N < 1) return undefined;
+  if (engine === 'tensor-core' && colShift >= 6 && M <= GEMV_FP8_MAX_M) {
+    return { kernel: GEMV_FP8_TC_KERNEL_NAMES[M <= 8 ? 0 : 1], warpsPerRow: 1, grid: Math.ceil(N / 16), threads: GEMV_FP8_TC_THREADS };
+  }
+  if (M > GEMV_FP8_CUDA_CORE_MAX_M) return undefined;
+  const kernel = GEMV_FP8_KERNEL_NAMES.find((k) => Number(k.slice('k_gemv_fp8_m'.length)) >= M)!;
   const chunks = K / 16;
   let wpr = 1;
   while (wpr < 8 && wpr * 32 * UNROLL[kernel] < chunks) wpr *= 2;
   while (wpr < 8 && Math.ceil(N / (8 / wpr)) < MIN_BLOCKS) wpr *= 2;
-  return { kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)) };
+  return { kernel, warpsPerRow: wpr, grid: Math.ceil(N / (8 / wpr)), threads: GEMV_THREADS };
 }

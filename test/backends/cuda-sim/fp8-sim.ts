@@ -1,15 +1,15 @@
-// Runs the CUDA FP8 weight kernels (fp8-kernels.ts: the FP8 GEMV and k_fp8_dequant) on the CPU
-// through warp-sim.h, launched as cuda-fp8-weights.ts launches them (GEMV_THREADS a block, the
-// grid gemvFp8Choice gives; the dequantization over elementwiseGrid).
+// Runs the CUDA FP8 weight kernels (fp8-kernels.ts: the FP8 GEMVs and k_fp8_dequant) on the CPU
+// through warp-sim.h, launched as cuda-fp8-weights.ts launches them (the block and grid
+// gemvFp8Choice gives; the dequantization over elementwiseGrid).
 import { ELEMWISE_THREADS, elementwiseGrid } from '../../../src/backends/cuda/cuda-op-context.ts';
-import { FP8_KERNEL_SOURCE, GEMV_FP8_KERNEL_NAMES, GEMVP_FP8_KERNEL_NAMES } from '../../../src/backends/cuda/fp8-kernels.ts';
-import { GEMV_KERNEL_SOURCE, GEMV_THREADS } from '../../../src/backends/cuda/gemv-kernels.ts';
+import { FP8_KERNEL_SOURCE, type Fp8GemvLaunch, GEMV_FP8_KERNEL_NAMES, GEMV_FP8_TC_KERNEL_NAMES } from '../../../src/backends/cuda/fp8-kernels.ts';
+import { GEMV_KERNEL_SOURCE } from '../../../src/backends/cuda/gemv-kernels.ts';
 import { buildSim, bytesOf, runSim } from './build.ts';
 
 const DRIVER = String.raw`
 typedef void (*GemvFp8Fn)(const unsigned char*, const float*, int, int, const u16*, const void*, int, void*, int, int, int, int, int);
 struct Named { const char* name; GemvFp8Fn fn; };
-static const Named FP8[] = { ${[...GEMV_FP8_KERNEL_NAMES, ...GEMVP_FP8_KERNEL_NAMES].map((k) => `{"${k}", ${k}}`).join(', ')} };
+static const Named FP8[] = { ${[...GEMV_FP8_KERNEL_NAMES, ...GEMV_FP8_TC_KERNEL_NAMES].map((k) => `{"${k}", ${k}}`).join(', ')} };
 
 // argv: input, output. Input: char[32] kernel; i32 M N K KB WPR grid threads bdt ydt colShift; u8 w[N K];
 // f32 scales[N KB]; then for a GEMV u16 x[M K] and (bdt 0) f32 bias[N]. Output: y [M N] (ydt: bf16
@@ -59,12 +59,6 @@ function header(kernel: string, ints: number[]): Buffer {
   return Buffer.concat([name, bytesOf(Int32Array.from([...ints, ...Array(10 - ints.length).fill(0)]))]);
 }
 
-export interface Fp8GemvLaunch {
-  kernel: string;
-  warpsPerRow: number;
-  grid: number;
-}
-
 /**
  * y [M, N] of one FP8 GEMV launch over e4m3 bytes w [N, K] and scales [N, KB] (each covering
  * 2^colShift columns), x bf16 bits [M, K];
@@ -74,7 +68,7 @@ export function runGemvFp8Sim(l: Fp8GemvLaunch, M: number, N: number, K: number,
   x: Uint16Array, bias?: Float32Array, f32Out = false): Uint16Array | Float32Array {
   const KB = scales.length / N;
   const buf = runSim(sim(), Buffer.concat([
-    header(l.kernel, [M, N, K, KB, l.warpsPerRow, l.grid, GEMV_THREADS, bias ? 0 : -1, f32Out ? 0 : 2, colShift]),
+    header(l.kernel, [M, N, K, KB, l.warpsPerRow, l.grid, l.threads, bias ? 0 : -1, f32Out ? 0 : 2, colShift]),
     bytesOf(w, scales, x, ...(bias ? [bias] : []))]));
   return f32Out ? new Float32Array(buf) : new Uint16Array(buf);
 }
