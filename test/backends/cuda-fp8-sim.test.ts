@@ -102,7 +102,7 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
     }
   });
 
-  it('the tensor-core FP8 GEMV matches the float64 product at every row count to 16, ragged N and K, scales of 64 columns to a row', () => {
+  it('the tensor-core FP8 GEMV matches the float64 product at every row count to 16, ragged N and K, scales of 64 columns to a row, 4 to 16 warps a block', () => {
     const r = rng(6);
     // ragged K: not a multiple of the 64-column chunk (a lane's 16 columns past K read nothing)
     const cases: [number, number, number, number][] = [[1, 13, 16, 7], [1, 37, 272, 7], [2, 21, 1040, 6], [3, 9, 4112, 7],
@@ -111,10 +111,13 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
       const KB = Math.ceil(K / 2 ** colShift);
       const w = randomFp8(r, N * K), scales = randomScales(r, N, KB);
       const x = encodeHalf(randomF32(r, M * K), 'bf16');
-      const pick = gemvFp8Choice(M, N, K, colShift)!;
-      assert.equal(pick.kernel, M <= 8 ? 'k_gemv_fp8_tc_n1' : 'k_gemv_fp8_tc_n2');
-      const y = runGemvFp8Sim(pick, M, N, K, w, scales, colShift, x);
-      assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift}`, decodeHalf(y as Uint16Array, 'bf16'), product(M, N, K, x, w, scales, colShift), 2e-3, 8e-3);
+      const want = product(M, N, K, x, w, scales, colShift);
+      for (const warps of [4, 8, 16]) {
+        const pick = gemvFp8Choice(M, N, K, colShift, 'tensor-core', warps)!;
+        assert.equal(pick.kernel, M <= 8 ? 'k_gemv_fp8_tc_n1' : 'k_gemv_fp8_tc_n2');
+        const y = runGemvFp8Sim(pick, M, N, K, w, scales, colShift, x);
+        assertNear(`${pick.kernel} ${M}x${N}x${K}/${2 ** colShift} ${warps} warps`, decodeHalf(y as Uint16Array, 'bf16'), want, 2e-3, 8e-3);
+      }
     }
   });
 
@@ -144,6 +147,7 @@ describe('CUDA FP8 weight kernels (warp simulator)', { skip: SKIP ?? false }, ()
 
   it('gemvFp8Choice: the tensor-core kernel to 16 rows where scales cover 64 columns or more, else the CUDA-core one to 8; none where M or K rule them out', () => {
     assert.deepEqual(gemvFp8Choice(1, 4096, 4096, 7), { kernel: 'k_gemv_fp8_tc_n1', warpsPerRow: 1, grid: 256, threads: 128 });
+    assert.equal(gemvFp8Choice(1, 4096, 4096, 7, 'tensor-core', 16)!.threads, 512);
     assert.equal(gemvFp8Choice(9, 4096, 4096, 7)!.kernel, 'k_gemv_fp8_tc_n2');
     assert.equal(gemvFp8Choice(16, 4096, 4096, 6)!.kernel, 'k_gemv_fp8_tc_n2');
     assert.equal(gemvFp8Choice(17, 4096, 4096, 7), undefined);

@@ -26,7 +26,7 @@ describe('CUDA settings', () => {
       gemm: { engine: 'cublaslt', tune: true, tuneMaxM: 64, pickBucketRows: 64, tuneFlush: 'read', invariantRows: 256 },
       gemv: {
         mode: 'auto', picks: new Map(), margin: 1.1, marginAfterAttention: 1, marginAfterTcAttention: 1.2, fusedBlocksPerSm: 2,
-        fp8Weights: true, fp8GemvMaxRows: 16, fp8Gemv: 'tensor-core',
+        fp8Weights: true, fp8GemvMaxRows: 16, fp8Gemv: 'tensor-core', fp8TcWarps: 4,
       },
       attention: {
         mode: 'auto', decodeKernel: 'tc', decodeBlocksPerSm: 8, tcResident: 3, oneTokenHint: true, tcMinChunk: 64,

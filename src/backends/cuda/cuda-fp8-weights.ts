@@ -24,7 +24,7 @@ export function fp8Matmul(c: CudaOpContext, a: CudaTensor, w: CudaFp8Tensor, bia
   M: number, N: number, K: number, bf16Into: Bf16MatmulInto): void {
   const KB = w.scales.shape[1]!;
   const gemv = a.dtype === 'bf16' && !c.settings.batchInvariant && M <= c.settings.gemv.fp8GemvMaxRows && a.addr % 16 === 0 &&
-    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K, w.colShift, c.settings.gemv.fp8Gemv) : undefined;
+    w.addr % 16 === 0 ? gemvFp8Choice(M, N, K, w.colShift, c.settings.gemv.fp8Gemv, c.settings.gemv.fp8TcWarps) : undefined;
   if (gemv) {
     c.rt.launch(gemv.kernel, [gemv.grid, 1, 1], gemv.threads, 0, [
       ['p', w.addr], ['p', w.scales.addr], ['i', KB], ['i', w.colShift], ['p', a.addr], ['p', bias ? bias.addr : 0], ['i', bias ? DT_CODE[bias.dtype] : -1],

@@ -151,6 +151,8 @@ export interface CudaGemvSettings {
    * rows where a scale covers 64 columns or more; cuda-core: k_gemv_fp8_m*, FMAs to 8 rows).
    */
   readonly fp8Gemv: Fp8GemvEngine;
+  /** Warps of a tensor-core FP8 GEMV block, each a share of the columns ($LLMTS_CUDA_FP8_TC_WARPS: 4, 8 or 16; default 4). */
+  readonly fp8TcWarps: 4 | 8 | 16;
 }
 
 export interface CudaAttentionSettings {
@@ -348,6 +350,7 @@ const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
   fp8Weights: switchKnob('LLMTS_CUDA_FP8_WEIGHTS', true),
   fp8GemvMaxRows: intKnob('LLMTS_CUDA_FP8_GEMV_MAX_ROWS', GEMV_FP8_MAX_M, { min: 0, max: GEMV_FP8_MAX_M }),
   fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['tensor-core', 'cuda-core']),
+  fp8TcWarps: mappedKnob('LLMTS_CUDA_FP8_TC_WARPS', ['4', '8', '16'], { 4: 4, 8: 8, 16: 16 } as const),
 };
 
 const ATTENTION_KNOBS: Knobs<CudaAttentionSettings> = {

@@ -22,7 +22,11 @@
 
 import { GEMV_THREADS } from './gemv-kernels.ts';
 
+/** the most warps a tensor-core GEMV block takes (its shared sums are sized for them) */
+export const GEMV_FP8_TC_MAX_WARPS = 16;
+
 export const FP8_KERNEL_SOURCE = String.raw`
+#define GEMV_FP8_TC_MAX_WARPS ${GEMV_FP8_TC_MAX_WARPS}
 // two e4m3 values (the low byte first) as f32, exactly
 __device__ __forceinline__ void fp8x2_to_f32(unsigned v, float& lo, float& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -185,18 +189,26 @@ __device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned v, bool hi) {
 #endif
 }
 
+// chunks a pass of loads takes (two tiles of x rows hold twice the x registers: half as many)
+#ifndef FP8_TC_UNR
+#define FP8_TC_UNR 4
+#endif
+#ifndef FP8_TC_UNR_N2
+#define FP8_TC_UNR_N2 2
+#endif
+
 template <int NT, int UNR>
 __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB, int colShift,
                                             const u16* __restrict__ x, const void* bias, int bdt, void* y, int ydt,
                                             int M, int N, int K) {
-  __shared__ float red[3][32][4 * NT];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[GEMV_FP8_TC_MAX_WARPS - 1][32][4 * NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int n0 = blockIdx.x * 16;
   const bool v0 = n0 + g < N, v1 = n0 + g + 8 < N;
   const i64 row0 = v0 ? n0 + g : 0, row1 = v1 ? n0 + g + 8 : 0;
   const int nch = (K + 63) >> 6;
-  const int per = (nch + 3) >> 2;
+  const int per = (nch + warps - 1) / warps;
   const int cBegin = warp * per, cEnd = min(nch, cBegin + per);
   const int shift = colShift - 6;
   const unsigned char* w0 = w + row0 * K + 16 * q;
@@ -219,20 +231,24 @@ __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w,
       PDL_ENTRY();
       waited = true;
     }
+    // every x load of the pass in flight before the first multiply waits on one
+    uint4 xv[UNR][NT][2];
     #pragma unroll
     for (int u = 0; u < UNR; u++) {
-      const int c = c0 + u;
-      if (c >= cEnd) continue;
-      const int col = 64 * c + 16 * q;
-      const bool in = col < K;
-      uint4 xv[NT][2];
+      const int col = 64 * (c0 + u) + 16 * q;
+      const bool in = c0 + u < cEnd && col < K;
       #pragma unroll
       for (int t = 0; t < NT; t++) {
         const int m = 8 * t + g;
         const uint4* xr = (const uint4*)(x + (i64)m * K + col);
-        xv[t][0] = in && m < M ? gemv_ld_cached(xr) : zero;
-        xv[t][1] = in && m < M ? gemv_ld_cached(xr + 1) : zero;
+        xv[u][t][0] = in && m < M ? gemv_ld_cached(xr) : zero;
+        xv[u][t][1] = in && m < M ? gemv_ld_cached(xr + 1) : zero;
       }
+    }
+    #pragma unroll
+    for (int u = 0; u < UNR; u++) {
+      const int c = c0 + u;
+      if (c >= cEnd) continue;
       float part[NT][4];
       #pragma unroll
       for (int t = 0; t < NT; t++) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.0f;
@@ -244,7 +260,7 @@ __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w,
                                 fp8x2_to_bf16x2(a0[s], true), fp8x2_to_bf16x2(a1[s], true) };
         #pragma unroll
         for (int t = 0; t < NT; t++) {
-          const unsigned* b = (const unsigned*)&xv[t][s >> 1];
+          const unsigned* b = (const unsigned*)&xv[u][t][s >> 1];
           att_mma(part[t], a, b[2 * (s & 1)], b[2 * (s & 1) + 1]);
         }
       }
@@ -273,7 +289,7 @@ __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w,
     #pragma unroll
     for (int e = 0; e < 4; e++) {
       float v = acc[t][e];
-      for (int p = 0; p < 3; p++) v += red[p][lane][4 * t + e];
+      for (int p = 0; p < warps - 1; p++) v += red[p][lane][4 * t + e];
       // fragment element e: weight row g (+8 for e >= 2), x row 8t + 2q (+1 for odd e)
       const int n = n0 + g + (e >= 2 ? 8 : 0), m = 8 * t + 2 * q + (e & 1);
       if (n < N && m < M) st(y, ydt, (i64)m * N + n, v + (bdt >= 0 ? ld(bias, bdt, n) : 0.0f));
@@ -282,13 +298,13 @@ __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w,
 }
 
 #define GEMV_FP8_TC_KERNEL(NT, UNR) \
-extern "C" __global__ void __launch_bounds__(128) k_gemv_fp8_tc_n##NT(const unsigned char* w, const float* scales, int KB, \
-    int colShift, const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
+extern "C" __global__ void __launch_bounds__(32 * GEMV_FP8_TC_MAX_WARPS) k_gemv_fp8_tc_n##NT(const unsigned char* w, const float* scales, \
+    int KB, int colShift, const u16* x, const void* bias, int bdt, void* y, int ydt, int M, int N, int K, int WPR) { \
   (void)WPR; \
   gemv_fp8_tc<NT, UNR>(w, scales, KB, colShift, x, bias, bdt, y, ydt, M, N, K); \
 }
-GEMV_FP8_TC_KERNEL(1, 4)
-GEMV_FP8_TC_KERNEL(2, 4)
+GEMV_FP8_TC_KERNEL(1, FP8_TC_UNR)
+GEMV_FP8_TC_KERNEL(2, FP8_TC_UNR_N2)
 
 // out[N, K] = bf16(f32(w) * scale), four values a thread: what the checkpoint loader's bf16
 // dequantization stores (one f32 multiply, then round to nearest even), so a product of more rows
@@ -321,8 +337,6 @@ export type GemvFp8KernelName = (typeof GEMV_FP8_KERNEL_NAMES)[number] | (typeof
 /** the most x rows an FP8 GEMV takes (the tensor-core one; the CUDA-core one takes 8); more multiply the dequantized weights (cuBLASLt) */
 export const GEMV_FP8_MAX_M = 16;
 const GEMV_FP8_CUDA_CORE_MAX_M = 8;
-/** threads of a tensor-core GEMV block: 4 warps over the same 16 weight rows */
-export const GEMV_FP8_TC_THREADS = 128;
 const UNROLL: Record<(typeof GEMV_FP8_KERNEL_NAMES)[number], number> = { k_gemv_fp8_m1: 8, k_gemv_fp8_m2: 8, k_gemv_fp8_m4: 8, k_gemv_fp8_m8: 4 };
 /** blocks below which a launch takes more warps a row (so fewer rows a block, more blocks) */
 const MIN_BLOCKS = 264;
@@ -341,15 +355,16 @@ export interface Fp8GemvLaunch {
  * The FP8 GEMV launch for M rows of x over an [N, K] weight whose scales cover 2^colShift columns;
  * undefined where M or K rule every one out. The tensor-core kernel (`engine` 'tensor-core', the
  * default) where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
- * a 16 weight rows. Otherwise the CUDA-core kernel to M 8: the smallest that holds M rows, the
+ * of `tcWarps` warps a 16 weight rows. Otherwise the CUDA-core kernel to M 8: the smallest that holds M rows, the
  * fewest warps a row (1, 2, 4 or 8) that give each lane one pass of loads, then more while the
  * grid would be under MIN_BLOCKS (two blocks an SM of the H200): more bytes in flight for the
  * small matrices.
  */
-export function gemvFp8Choice(M: number, N: number, K: number, colShift: number, engine: Fp8GemvEngine = 'tensor-core'): Fp8GemvLaunch | undefined {
+export function gemvFp8Choice(M: number, N: number, K: number, colShift: number, engine: Fp8GemvEngine = 'tensor-core', tcWarps = 4):
+  Fp8GemvLaunch | undefined {
   if (!Number.isInteger(M) || M < 1 || !Number.isInteger(K) || K < 16 || K % 16 !== 0 || N < 1) return undefined;
   if (engine === 'tensor-core' && colShift >= 6 && M <= GEMV_FP8_MAX_M) {
-    return { kernel: GEMV_FP8_TC_KERNEL_NAMES[M <= 8 ? 0 : 1], warpsPerRow: 1, grid: Math.ceil(N / 16), threads: GEMV_FP8_TC_THREADS };
+    return { kernel: GEMV_FP8_TC_KERNEL_NAMES[M <= 8 ? 0 : 1], warpsPerRow: 1, grid: Math.ceil(N / 16), threads: 32 * tcWarps };
   }
   if (M > GEMV_FP8_CUDA_CORE_MAX_M) return undefined;
   const kernel = GEMV_FP8_KERNEL_NAMES.find((k) => Number(k.slice('k_gemv_fp8_m'.length)) >= M)!;
