@@ -91,7 +91,7 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
   for (const engine of ['tensor-core', 'cuda-core'] as const) {
     const gemvRows = engine === 'tensor-core' ? 16 : 8;
     it(`matmul of an FP8 matrix: the ${engine} GEMV to ${gemvRows} rows matches the float64 product, more rows the bf16 matmul of the loader's values (to an ulp); with a bias, in views`, async () => {
-      const on = engine === 'tensor-core' ? backend : await createCudaBackend({ settings: { gemv: { fp8Gemv: engine } } });
+      const on = await createCudaBackend({ settings: { gemv: { fp8Gemv: engine } } });
       try {
         const r = rng(3);
         const N = 300, K = 1040; // 9 scale columns, the last one partial
@@ -137,7 +137,7 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
         on.free(w);
         on.free(plain);
       } finally {
-        if (on !== backend) await on.close();
+        await on.close();
       }
     });
   }
@@ -146,13 +146,20 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
     const r = rng(7);
     const N = 256, K = 4096;
     const { src } = fp8Source(r, 'w', N, K);
-    const w = await backend.loadWeight(src, 'keep');
-    const x = bf16Round(randomF32(r, 16 * K));
-    const y16 = await matmulOf(x, 16, K, w);
-    const y8 = await matmulOf(x.subarray(0, 8 * K), 8, K, w);
-    assert.deepEqual(y8, y16.subarray(0, 8 * N), 'rows 0-7: one tile of 8 rows and two');
-    for (const m of [0, 3, 9, 15]) assert.deepEqual(await matmulOf(x.subarray(m * K, (m + 1) * K), 1, K, w), y16.subarray(m * N, (m + 1) * N), `row ${m} alone`);
-    backend.free(w);
+    const tc = await createCudaBackend({ settings: { gemv: { fp8Gemv: 'tensor-core' } } });
+    try {
+      const w = await tc.loadWeight(src, 'keep');
+      const x = bf16Round(randomF32(r, 16 * K));
+      const y16 = await matmulOf(x, 16, K, w, undefined, tc);
+      const y8 = await matmulOf(x.subarray(0, 8 * K), 8, K, w, undefined, tc);
+      assert.deepEqual(y8, y16.subarray(0, 8 * N), 'rows 0-7: one tile of 8 rows and two');
+      for (const m of [0, 3, 9, 15]) {
+        assert.deepEqual(await matmulOf(x.subarray(m * K, (m + 1) * K), 1, K, w, undefined, tc), y16.subarray(m * N, (m + 1) * N), `row ${m} alone`);
+      }
+      tc.free(w);
+    } finally {
+      await tc.close();
+    }
   });
 
   it('a packed load of FP8 sources is their rows one after another; with fp8Weights off they load dequantized', async () => {

@@ -197,6 +197,19 @@ __device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned v, bool hi) {
 #define FP8_TC_UNR_N2 2
 #endif
 
+// 16 bytes of x, the previous kernel's output: a volatile, coherent load (not ld.global.nc, which
+// declares the data unchanging for the kernel's life, nor a plain asm, which the compiler may move
+// ahead of PDL_ENTRY's wait)
+__device__ __forceinline__ uint4 fp8_ld_x(const uint4* p) {
+#ifdef __CUDA_ARCH__
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
 template <int NT, int UNR>
 __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w, const float* __restrict__ scales, int KB, int colShift,
                                             const u16* __restrict__ x, const void* bias, int bdt, void* y, int ydt,
@@ -241,8 +254,8 @@ __device__ __forceinline__ void gemv_fp8_tc(const unsigned char* __restrict__ w,
       for (int t = 0; t < NT; t++) {
         const int m = 8 * t + g;
         const uint4* xr = (const uint4*)(x + (i64)m * K + col);
-        xv[u][t][0] = in && m < M ? gemv_ld_cached(xr) : zero;
-        xv[u][t][1] = in && m < M ? gemv_ld_cached(xr + 1) : zero;
+        xv[u][t][0] = in && m < M ? fp8_ld_x(xr) : zero;
+        xv[u][t][1] = in && m < M ? fp8_ld_x(xr + 1) : zero;
       }
     }
     #pragma unroll

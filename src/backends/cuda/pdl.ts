@@ -10,7 +10,6 @@
 import {
   GEMVP_GLU_KERNEL_NAMES, GEMVP_KERNEL_NAMES, GEMVP_NORM_KERNEL_NAMES, GEMVP_NORMGLU_KERNEL_NAMES, GEMVP_NORMROPE_KERNEL_NAMES,
 } from './gemv-kernels.ts';
-import { GEMV_FP8_KERNEL_NAMES, GEMV_FP8_TC_KERNEL_NAMES } from './fp8-kernels.ts';
 import type { KernelName } from './kernels.ts';
 
 export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
@@ -24,8 +23,6 @@ export const PDL_KERNELS: ReadonlySet<string> = new Set<KernelName>([
   // the persistent GEMVs: their first ring of weight loads before PDL_ENTRY, their staged x after
   ...GEMVP_KERNEL_NAMES, ...GEMVP_GLU_KERNEL_NAMES, ...GEMVP_NORM_KERNEL_NAMES, ...GEMVP_NORMGLU_KERNEL_NAMES,
   ...GEMVP_NORMROPE_KERNEL_NAMES,
-  // the FP8 GEMVs: their first weight loads before PDL_ENTRY, x after
-  ...GEMV_FP8_KERNEL_NAMES, ...GEMV_FP8_TC_KERNEL_NAMES,
 ]);
 
 /**
