@@ -155,7 +155,7 @@ GEMV_FP8_KERNEL(8, 4)
 // kernel above is bound by its conversions (cvt.f16x2.e4m3x2 and f16 -> f32 run at a quarter of
 // the FMA rate), and at 8 rows its FMAs cost three bf16 decode steps.
 //
-// A block is 4 warps over the same 16 weight rows, each warp a quarter of the 64-column chunks; a
+// A block is 4, 8 or 16 warps over the same 16 weight rows, each warp a share of the 64-column chunks; a
 // lane of fragment row g (lane / 4) and column group q (lane % 4) loads 16 bytes of rows g and g + 8
 // and the 16 bf16 of x row 8t + g at columns 64c + 16q .. + 16. The dot product does not care in
 // which order its k run, so mma step s takes the lanes' bytes 4s .. 4s + 3 as its k 2q, 2q + 1,
@@ -163,7 +163,7 @@ GEMV_FP8_KERNEL(8, 4)
 // an e4m3 byte's magnitude bits moved under bf16's exponent and mantissa make the bf16 of 2^-120
 // times its value (subnormals too), and one bf16x2 multiply by 2^120 makes it exact. A chunk's
 // product (f32 in the tensor core) is scaled once (a scale covers 64 columns or more: colShift >= 6)
-// and added to the lane's sums; the 4 warps' sums meet in shared memory in warp order.
+// and added to the lane's sums; the warps' sums meet in shared memory in warp order.
 // Each element of y sums its own row and column only, in an order fixed by K: a row of x gets the
 // same bits at any M and with either tile count. Requirements (cuda-fp8-weights.ts): K % 16 == 0,
 // colShift >= 6, w rows and x 16-byte aligned, M <= 8 NT.
@@ -366,8 +366,8 @@ export interface Fp8GemvLaunch {
 
 /**
  * The FP8 GEMV launch for M rows of x over an [N, K] weight whose scales cover 2^colShift columns;
- * undefined where M or K rule every one out. The tensor-core kernel (`engine` 'tensor-core', the
- * default) where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
+ * undefined where M or K rule every one out. The tensor-core kernel (`engine` 'tensor-core'; the
+ * settings' default is 'cuda-core') where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
  * of `tcWarps` warps a 16 weight rows. Otherwise the CUDA-core kernel to M 8: the smallest that holds M rows, the
  * fewest warps a row (1, 2, 4 or 8) that give each lane one pass of loads, then more while the
  * grid would be under MIN_BLOCKS (two blocks an SM of the H200): more bytes in flight for the
