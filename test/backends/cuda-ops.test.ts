@@ -287,6 +287,42 @@ describe('matmul', { skip: SKIP }, () => {
     assert.deepEqual(tunedHere().sort(), [`20x${N}x${K}`, `3x${N}x${K}`].sort());
   });
 
+  it('bf16 products of long sums at a few rows are the f32 sum rounded once (split-K slices add up in f32)', async () => {
+    // N 300, K 1040 at 8-64 rows: shapes where cuBLASLt's heuristic takes split-K on the H200; adding
+    // the slices in bf16 put some outputs many bf16 units off
+    const r = rng(17);
+    const N = 300, K = 1040;
+    const w = bf(randomF32(r, N * K, 4));
+    const wt = await weight(w, 'bf16', [N, K])(cuda);
+    for (const M of [8, 9, 17, 64]) {
+      const x = bf(randomF32(r, M * K));
+      // twice: the heuristic's first algorithm, then the tuned one
+      for (const pass of [1, 2]) {
+        cuda.beginScope();
+        let y: Float32Array;
+        try {
+          y = (await cuda.read(cuda.matmul(act(cuda, x, [M, K]), wt))) as Float32Array;
+        } finally {
+          cuda.endScope();
+        }
+        for (let m = 0; m < M; m++) {
+          for (let n = 0; n < N; n++) {
+            let s = 0, a = 0;
+            for (let k = 0; k < K; k++) {
+              const p = x[m * K + k]! * w[n * K + k]!;
+              s += p;
+              a += Math.abs(p);
+            }
+            const got = y[m * N + n]!, big = Math.max(Math.abs(got), Math.abs(s));
+            const halfUlp = big === 0 ? 0 : 2 ** (Math.floor(Math.log2(big)) - 8);
+            assert.ok(Math.abs(got - s) <= halfUlp + 1e-6 * a, `M ${M} pass ${pass}: y[${m}, ${n}] ${got} vs ${s}`);
+          }
+        }
+      }
+    }
+    cuda.free(wt);
+  });
+
   it('handles M = 0 and K = 0 (empty sum = bias)', async () => {
     const y0 = cuda.matmul(cuda.upload(new Float32Array(0), [0, 8]), cuda.upload(randomF32(rng(1), 24), [3, 8]));
     const yk = cuda.matmul(cuda.upload(new Float32Array(0), [2, 0]), cuda.upload(new Float32Array(0), [3, 0]),

@@ -26,7 +26,7 @@ describe('CUDA settings', () => {
       gemm: { engine: 'cublaslt', tune: true, tuneMaxM: 64, pickBucketRows: 64, tuneFlush: 'read', invariantRows: 256 },
       gemv: {
         mode: 'auto', picks: new Map(), margin: 1.1, marginAfterAttention: 1, marginAfterTcAttention: 1.2, fusedBlocksPerSm: 2,
-        fp8Weights: true, fp8GemvMaxRows: 16, fp8Gemv: 'cuda-core', fp8TcWarps: 4,
+        fp8Weights: true, fp8GemvMaxRows: 16, fp8Gemv: 'tensor-core', fp8TcWarps: 4,
       },
       attention: {
         mode: 'auto', decodeKernel: 'tc', decodeBlocksPerSm: 8, tcResident: 3, oneTokenHint: true, tcMinChunk: 64,
@@ -46,7 +46,7 @@ describe('CUDA settings', () => {
       LLMTS_CUDA_GEMV: 'prefer', LLMTS_CUDA_GEMV_PICKS: '1x2x8=cublaslt', LLMTS_CUDA_GEMVP_FUSED_BPS: '3',
       LLMTS_CUDA_ATT_DECODE: 'cuda-core', LLMTS_CUDA_ATT_TC_GRID: 'slots-first', LLMTS_CUDA_MOE_DOWN_ROWS: '1',
       LLMTS_CUDA_MOE_HIDDEN_ROWS: '1', LLMTS_CUDA_FUSE_GLU: 'on', LLMTS_CUDA_GEMV_DEFINES: 'GEMVP_MINB=3, GEMV_UNR=8',
-      LLMTS_CUDA_FP8_WEIGHTS: 'off', LLMTS_CUDA_FP8_GEMV_MAX_ROWS: '2', LLMTS_CUDA_FP8_GEMV: 'tensor-core',
+      LLMTS_CUDA_FP8_WEIGHTS: 'off', LLMTS_CUDA_FP8_GEMV_MAX_ROWS: '2', LLMTS_CUDA_FP8_GEMV: 'cuda-core',
     }, { attention: { tcStages: 3 }, moe: { passRows: 256 } });
     assert.deepEqual([s.runtime.device, s.runtime.pdl, s.runtime.graphProfile, s.runtime.profilerGraphs, s.runtime.slowCallMs],
       [1, false, true, { from: 60, count: 2 }, 8]);
@@ -56,7 +56,7 @@ describe('CUDA settings', () => {
     assert.deepEqual([s.attention.decodeKernel, s.attention.tcGrid, s.attention.tcStages], ['cuda-core', 'slots-first', 3]);
     assert.deepEqual([s.moe.downRows, s.moe.hiddenRows, s.moe.passRows, s.moe.tcMinRows], [1, 1, 256, 64]);
     assert.equal(s.fused.fuseGlu, true);
-    assert.deepEqual([s.gemv.fp8Weights, s.gemv.fp8GemvMaxRows, s.gemv.fp8Gemv], [false, 2, 'tensor-core']);
+    assert.deepEqual([s.gemv.fp8Weights, s.gemv.fp8GemvMaxRows, s.gemv.fp8Gemv], [false, 2, 'cuda-core']);
     assert.throws(() => cudaSettingsFrom({ LLMTS_CUDA_FP8_GEMV_MAX_ROWS: '17' }), /LLMTS_CUDA_FP8_GEMV_MAX_ROWS/);
     assert.deepEqual(s.kernels.gemvDefines, { GEMVP_MINB: 3, GEMV_UNR: 8 });
     assert.equal(cudaSettingsFrom({ XDG_CACHE_HOME: '/x' }).runtime.cacheDir, '/x/llmts/cuda');

@@ -147,9 +147,9 @@ export interface CudaGemvSettings {
    */
   readonly fp8GemvMaxRows: number;
   /**
-   * Which FP8 GEMV ($LLMTS_CUDA_FP8_GEMV; default cuda-core: k_gemv_fp8_m*, FMAs to 8 rows;
-   * tensor-core: k_gemv_fp8_tc_*, mma tiles to 16 rows where a scale covers 64 columns or more,
-   * opt-in until it passes the GPU tests: its last GPU run gave NaN logits in whole-model decode).
+   * Which FP8 GEMV ($LLMTS_CUDA_FP8_GEMV; default tensor-core: k_gemv_fp8_tc_*, mma tiles to 16
+   * rows where a scale covers 64 columns or more, else the CUDA-core one; cuda-core: k_gemv_fp8_m*,
+   * FMAs to 8 rows: 3x its time a step at 8 and 16 requests on the H200, TUNING.md).
    */
   readonly fp8Gemv: Fp8GemvEngine;
   /** Warps of a tensor-core FP8 GEMV block, each a share of the columns ($LLMTS_CUDA_FP8_TC_WARPS: 4, 8 or 16; default 4). */
@@ -350,7 +350,7 @@ const GEMV_KNOBS: Knobs<CudaGemvSettings> = {
   fusedBlocksPerSm: mappedKnob('LLMTS_CUDA_GEMVP_FUSED_BPS', ['2', '1', '3'], { 1: 1, 2: 2, 3: 3 } as const),
   fp8Weights: switchKnob('LLMTS_CUDA_FP8_WEIGHTS', true),
   fp8GemvMaxRows: intKnob('LLMTS_CUDA_FP8_GEMV_MAX_ROWS', GEMV_FP8_MAX_M, { min: 0, max: GEMV_FP8_MAX_M }),
-  fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['cuda-core', 'tensor-core']),
+  fp8Gemv: choiceKnob('LLMTS_CUDA_FP8_GEMV', ['tensor-core', 'cuda-core']),
   fp8TcWarps: mappedKnob('LLMTS_CUDA_FP8_TC_WARPS', ['4', '8', '16'], { 4: 4, 8: 8, 16: 16 } as const),
 };
 

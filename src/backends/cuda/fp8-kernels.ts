@@ -367,7 +367,7 @@ export interface Fp8GemvLaunch {
 /**
  * The FP8 GEMV launch for M rows of x over an [N, K] weight whose scales cover 2^colShift columns;
  * undefined where M or K rule every one out. The tensor-core kernel (`engine` 'tensor-core'; the
- * settings' default is 'cuda-core') where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
+ * settings' default too) where scales cover 64 columns or more: one tile of 8 x rows to M 8, two to 16, a block
  * of `tcWarps` warps a 16 weight rows. Otherwise the CUDA-core kernel to M 8: the smallest that holds M rows, the
  * fewest warps a row (1, 2, 4 or 8) that give each lane one pass of loads, then more while the
  * grid would be under MIN_BLOCKS (two blocks an SM of the H200): more bytes in flight for the

@@ -4,6 +4,11 @@
 // Row-major [M, N] = x [M, K] · w [N, K]^T is, in cuBLASLt's column-major terms,
 // D (N x M, ld N) = op(A) · B with A = w viewed as K x N (ld K) transposed, B = x as K x M (ld K):
 // the "TN" layout. Plans (descriptors + the heuristic's algorithm) are cached per shape and types.
+//
+// Split-K algorithms may only sum their K slices in f32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE):
+// the default mask also allows adding the slices up in the output's type, which for bf16 outputs
+// rounds each partial sum to 8 significant bits (on the H200, outputs up to a third off at 8-64 rows,
+// N 300, K 1040; test/backends/cuda-ops.test.ts). Throughput at 8-64 requests did not move.
 import { type CublasLt, check, num, out64 } from './cuda-lib.ts';
 import type { CudaSettings } from './cuda-settings.ts';
 import type { CudaRuntime } from './runtime.ts';
@@ -17,6 +22,9 @@ const CUBLAS_COMPUTE_32F = 68;
 const CUBLASLT_MATMUL_DESC_TRANSA = 3;
 const CUBLASLT_MATMUL_DESC_TRANSB = 4;
 const CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
+const CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3;
+/** cublasLtReductionScheme_t: COMPUTE_TYPE (2) only; algorithms without split-K pass any mask */
+const REDUCTION_IN_F32 = 2;
 const CUBLAS_OP_N = 0;
 const CUBLAS_OP_T = 1;
 /** sizeof(cublasLtMatmulHeuristicResult_t): algo (8 x u64), size_t workspaceSize, int state, float waves, int[4] */
@@ -120,6 +128,8 @@ export class LtGemm {
     const ws = new BigUint64Array([BigInt(WORKSPACE_BYTES)]);
     checkLt(lt.cublasLtMatmulPreferenceSetAttribute(this.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws, 8),
       'setting the workspace size');
+    checkLt(lt.cublasLtMatmulPreferenceSetAttribute(this.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, new Uint32Array([REDUCTION_IN_F32]), 4),
+      'restricting split-K reductions to f32');
     this.workspace = pool.alloc(WORKSPACE_BYTES, true).addr;
   }
 
