@@ -143,12 +143,17 @@ export function keepsFp8(grid: ScaleGrid, K: number): boolean {
   return K % 16 === 0 && (grid.cols === 1 || (w >= 16 && (w & (w - 1)) === 0));
 }
 
+/** rowBlockScales' scaleCols for a keepsFp8 grid over K columns */
+export function rowBlockScaleCols(grid: ScaleGrid, K: number): number {
+  return grid.cols === 1 ? 2 ** Math.max(4, Math.ceil(Math.log2(Math.max(K, 1)))) : grid.colsPerScale;
+}
+
 /**
  * The grid's scales as one a row per scaleCols columns (keepsFp8 grids): the block width, or for
  * one scale a row the smallest power of two (>= 16) that covers K, a single column.
  */
 export function rowBlockScales(scales: Float32Array, grid: ScaleGrid, N: number, K: number): Pick<Fp8Matrix, 'scales' | 'scaleCols'> {
-  const scaleCols = grid.cols === 1 ? 2 ** Math.max(4, Math.ceil(Math.log2(Math.max(K, 1)))) : grid.colsPerScale;
+  const scaleCols = rowBlockScaleCols(grid, K);
   const KB = Math.ceil(K / scaleCols);
   const out = new Float32Array(N * KB);
   for (let r = 0; r < N; r++) {
@@ -210,6 +215,7 @@ export class Fp8WeightIndex extends WeightIndex {
       fp8: keepsFp8(grid, K)
         ? () => read((fd) => ({ bits: bits(fd), ...rowBlockScales(readScales(this.base, s), grid, N, K) }))
         : undefined,
+      fp8ScaleCols: keepsFp8(grid, K) ? rowBlockScaleCols(grid, K) : undefined,
     };
   }
 }

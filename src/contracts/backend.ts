@@ -89,6 +89,8 @@ export interface WeightSource {
    * dequantized values.
    */
   fp8?: () => Fp8Matrix;
+  /** with `fp8`: the `scaleCols` its matrix will have, known from the headers (the fit planner's sizes) */
+  fp8ScaleCols?: number;
 }
 
 /** An FP8 matrix's bytes and scales (WeightSource.fp8). */

@@ -23,6 +23,7 @@ import { CUDA_POOL, PoolModel, type AllocatorModel, type Block } from './allocat
 import { L2_FLUSH_BYTES, TUNE_MAX_M, tuneClassOf } from '../../backends/cuda/gemm-tuning.ts';
 import { moeGroupedScratch, moeRunsGrouped, moeVecKernelsApply } from '../../backends/cuda/moe-kernels.ts';
 import { type CudaSettings, cudaSettingsFrom } from '../../backends/cuda/cuda-settings.ts';
+import { gemvFp8Choice } from '../../backends/cuda/fp8-kernels.ts';
 
 /** CPU backend: uploads above this get a fresh exact block, smaller ones are staged (cpu-backend.ts) */
 const STAGED_UPLOAD_MAX = 1 << 20;
@@ -57,8 +58,11 @@ export class DryTensor implements Tensor {
     readonly source?: { bytes: number; dtype: DType },
     /** the allocator its block came from (a graph's arena while one is captured) */
     readonly allocator?: AllocatorModel,
-    /** a layout other than numel x dtype (the CPU backend's quantized panels): its name and bytes */
-    readonly layout?: { name: string; bytes: number },
+    /**
+     * a layout other than numel x dtype: its name and bytes (the CPU backend's quantized panels; a
+     * CUDA FP8 matrix's bytes and scales, which take a second block and colShift)
+     */
+    readonly layout?: { name: string; bytes: number; fp8?: { colShift: number; scales: Block } },
   ) {}
   get owner(): DryTensor {
     return this.base ?? this;
@@ -107,6 +111,12 @@ export interface DryRunOptions {
    * native/quant_pack.c), and take those panels' bytes; default false
    */
   quantWeights?: boolean;
+  /**
+   * CUDA: FP8 checkpoint matrices stay FP8 (CudaGemvSettings.fp8Weights; cuda-weight-loader.ts
+   * keepsFp8): a byte a weight plus an f32 scale per row per scale run, multiplied by the FP8 GEMV
+   * at decode rows and through a bf16 copy made for the op at more. Default false
+   */
+  fp8Weights?: boolean;
 }
 
 /**
@@ -151,6 +161,7 @@ export class DryRunBackend implements Backend {
   private readonly cudaTuning: CudaTuning;
   private readonly cuda: CudaSettings;
   private readonly quantWeights: boolean;
+  private readonly fp8Weights: boolean;
   readonly name: 'cpu' | 'cuda';
   readonly activationDtype: DType;
   readonly allocator: AllocatorModel;
@@ -162,7 +173,7 @@ export class DryRunBackend implements Backend {
    * and the real backend's business, so every float role takes every float dtype.
    */
   private readonly checks: OpChecks<DryTensor> = {
-    dtypes: { act: FLOATS, weight: FLOATS, param: FLOATS, kv: [...FLOATS, 'int8', 'fp8'], logits: FLOATS },
+    dtypes: { act: FLOATS, weight: [...FLOATS, 'fp8'], param: FLOATS, kv: [...FLOATS, 'int8', 'fp8'], logits: FLOATS },
     error: (op, message) => new Error(`${this.name} backend (dry run) ${op}: ${message}`),
     open: () => {}, // it has nothing to close
     arg: (op, name, t, dtypes, rank) => {
@@ -179,6 +190,7 @@ export class DryRunBackend implements Backend {
     this.threads = opts.threads ?? os.availableParallelism();
     this.cuda = opts.cuda ?? cudaSettingsFrom(process.env);
     this.quantWeights = opts.name === 'cpu' && opts.quantWeights === true;
+    this.fp8Weights = opts.fp8Weights === true;
     this.gemmTune = !this.cuda.gemm.tune ? 'off' : opts.gemmTune ?? 'always';
     this.cudaTuning = opts.cudaTuning ?? { maxM: CUDA_TUNE_MAX_M, byClass: true };
     this.scopes = new ScopeStack<DryTensor>((t) => this.release(t), (t) => t.owner);
@@ -194,7 +206,11 @@ export class DryRunBackend implements Backend {
       this.captureGraph = (body) => this.capture(body);
     }
     if (opts.fused) {
-      this.loadConcat = async (srcs, as) => this.loaded(srcs[0]!, as, [srcs.reduce((a, x) => a + x.shape[0]!, 0), ...srcs[0]!.shape.slice(1)], srcs.length);
+      this.loadConcat = async (srcs, as) => {
+        const rows = srcs.reduce((a, x) => a + x.shape[0]!, 0);
+        if (this.keepsFp8(srcs, as)) return this.loadedFp8(srcs[0]!, rows, srcs[0]!.shape[1]!);
+        return this.loaded(srcs[0]!, as, [rows, ...srcs[0]!.shape.slice(1)], srcs.length);
+      };
       this.addRmsnorm = (x: Tensor) => ((this.kernels += 1), { sum: this.out(x.shape), normed: this.out(x.shape) });
       this.gluPacked = (gu: Tensor) => ((this.kernels += 1), this.out([gu.shape[0]!, gu.shape[1]! / 2]));
       this.ropeQkvWriteKv = (qkv: Tensor, heads: QkvHeads, _pos: Tensor, inv: Tensor, _s: number, _n: QkNorm | undefined) => {
@@ -231,6 +247,7 @@ export class DryRunBackend implements Backend {
     if (t.freed || t.base || !t.block) return;
     t.freed = true;
     (t.allocator ?? this.allocator).release(t.block);
+    if (t.layout?.fp8) (t.allocator ?? this.allocator).release(t.layout.fp8.scales);
   }
 
   // ---- memory ------------------------------------------------------------------------------
@@ -243,6 +260,22 @@ export class DryRunBackend implements Backend {
     // CPU: a small upload is staged through a malloc'd copy until the queue runs it
     if (this.name === 'cpu' && !fresh) this.current.scratch(bytes);
     return this.make(shape, dtype, true, fresh);
+  }
+
+  /** as cuda-weight-loader.ts keepsFp8: every source an FP8 matrix kept in its stored form */
+  private keepsFp8(srcs: readonly WeightSource[], as: 'keep' | 'f32'): boolean {
+    return this.fp8Weights && as === 'keep' && srcs.every((s) => s.fp8 !== undefined && s.fp8ScaleCols !== undefined && s.shape.length === 2);
+  }
+
+  /** An FP8 matrix [N, K] as the CUDA loader makes it: the e4m3 bytes, then its scales [N, KB] f32, two blocks. */
+  private loadedFp8(src: WeightSource, N: number, K: number): DryTensor {
+    const cols = src.fp8ScaleCols!;
+    const scaleBytes = N * Math.ceil(K / cols) * 4;
+    const at = this.current;
+    const block = at.alloc(N * K, true);
+    const scales = at.alloc(scaleBytes, true);
+    return new DryTensor(Object.freeze([N, K]), 'fp8', block, null, { bytes: N * K, dtype: 'fp8' }, at,
+      { name: 'fp8', bytes: N * K + scaleBytes, fp8: { colShift: Math.log2(cols), scales } });
   }
 
   private loaded(src: WeightSource, as: 'keep' | 'f32', shape: readonly number[], parts = 1): DryTensor {
@@ -263,9 +296,11 @@ export class DryRunBackend implements Backend {
       return this.make(src.shape, src.dtype, false, true, { bytes: numel(src.shape) * dtypeBytes[src.dtype], dtype: src.dtype },
         { name: src.quantized.type, bytes: quantPanelBytes(src.quantized.type, N!, K!) });
     }
+    if (this.keepsFp8([src], as)) return this.loadedFp8(src, N!, K!);
     return this.loaded(src, as, src.shape);
   }
   async loadWeightRows(src: WeightSource, _rowStart: number, rows: number, as: 'keep' | 'f32'): Promise<Tensor> {
+    if (this.keepsFp8([src], as)) return this.loadedFp8(src, rows, src.shape[1]!);
     return this.loaded(src, as, [rows, ...src.shape.slice(1)]);
   }
   async loadStacked(srcs: WeightSource[], as: 'keep' | 'f32'): Promise<Tensor> {
@@ -380,25 +415,51 @@ export class DryRunBackend implements Backend {
   matmul(x: Tensor, w: Tensor, bias?: Tensor): Tensor {
     const { M, N, K } = shapes.matmul(this.checks, x, w, bias);
     const y = this.out([M, N]);
+    const fp8 = (w as DryTensor).owner.layout?.fp8;
+    if (fp8) this.fp8MatmulCost(x, bias, M, N, K, fp8.colShift);
+    else this.matmulCost(x, w.dtype, bias, M, N, K);
+    return y;
+  }
+
+  /**
+   * As cuda-fp8-weights.ts fp8Matmul: the FP8 GEMV at its rows (one kernel, no scratch); more rows
+   * dequantize into a bf16 scratch held over the bf16 product
+   */
+  private fp8MatmulCost(x: Tensor, bias: Tensor | undefined, M: number, N: number, K: number, colShift: number): void {
+    const g = this.cuda.gemv;
+    const gemv = x.dtype === 'bf16' && !this.cuda.batchInvariant && M <= g.fp8GemvMaxRows
+      ? gemvFp8Choice(M, N, K, colShift, g.fp8Gemv, g.fp8TcWarps) : undefined;
+    if (gemv) {
+      this.kernels += 1;
+      return;
+    }
+    const at = this.current;
+    const scratch = at.alloc(N * K * 2, false);
+    this.kernels += 1;
+    this.matmulCost(x, 'bf16', bias, M, N, K);
+    at.release(scratch);
+  }
+
+  /** a matmul's kernels and scratch with a weight of `wDtype` */
+  private matmulCost(x: Tensor, wDtype: DType, bias: Tensor | undefined, M: number, N: number, K: number): void {
     // the GEMM, a conversion of x when its dtype differs from w's, the f32 epilogue with a bias or a non-bf16 weight
-    if (M > 0 && N > 0) this.kernels += 1 + (x.dtype !== w.dtype ? 1 : 0) + (w.dtype === 'bf16' && bias === undefined ? 0 : 1);
+    if (M > 0 && N > 0) this.kernels += 1 + (x.dtype !== wDtype ? 1 : 0) + (wDtype === 'bf16' && bias === undefined ? 0 : 1);
     this.packScratch(M, K);
     if (this.name === 'cuda' && M > 0 && N > 0 && K > 0) {
       // cuBLASLt takes x in w's dtype (a converted copy when they differ); an f32 accumulator
       // unless the weight is bf16 and there is no bias
       const sizes: number[] = [];
-      if (x.dtype !== w.dtype) sizes.push(M * K * dtypeBytes[w.dtype]);
-      const acc = !(w.dtype === 'bf16' && bias === undefined);
+      if (x.dtype !== wDtype) sizes.push(M * K * dtypeBytes[wDtype]);
+      const acc = !(wDtype === 'bf16' && bias === undefined);
       if (acc) sizes.push(M * N * 4);
       // gemm.ts tunes inside run(), after the converted x and the accumulator exist
       const rows = this.cudaTuning.byClass ? tuneClassOf(M) : M;
-      const key = `${w.dtype}.${acc ? 'f32' : 'bf16'}.${rows}.${N}.${K}`;
+      const key = `${wDtype}.${acc ? 'f32' : 'bf16'}.${rows}.${N}.${K}`;
       const tune = this.gemmTune !== 'off' && M <= this.cudaTuning.maxM && this.arena === null &&
         (this.gemmTune === 'always' || !this.tuned.has(key));
       if (tune) this.tuned.add(key);
       this.transient(tune ? [...sizes, CUDA_L2_FLUSH_BYTES] : sizes);
     }
-    return y;
   }
 
   /** native/gemm_impl.h gemm_packed: x [M, K] copied into K-major panels for the op's duration */

@@ -356,6 +356,7 @@ export class FitPlanner {
     if (known) return known.report;
     const backend = new DryRunBackend({
       name: 'cpu', activationDtype: 'f32', allocator: new ExactModel(), quantWeights: kind === 'cpu' && this.cpu.quantWeights,
+      fp8Weights: kind === 'cuda' && this.cuda.gemv.fp8Weights,
     });
     const lookup = new RecordingLookup(this.source.weights);
     const w = await this.loadDry(backend, lookup);
@@ -441,6 +442,7 @@ export class FitPlanner {
         ...(cudaTuning ? { cudaTuning } : {}),
         cuda: this.cuda,
         quantWeights: kind === 'cpu' && this.cpu.quantWeights,
+        fp8Weights: kind === 'cuda' && this.cuda.gemv.fp8Weights,
       });
       const w = await this.loadDry(backend, this.source.weights);
       const model = new DecoderModel(backend, this.config, w);
