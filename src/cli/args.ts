@@ -67,7 +67,7 @@ export function kvDtypeFlag(v: Values): KvDtype | undefined {
   return raw as KvDtype;
 }
 
-/** --quantization q8_0|q4_0: quantize a safetensors checkpoint's matrices as they load (undefined: as stored) */
+/** --quantization q8_0|q4_0|fp8: quantize a safetensors checkpoint's matrices as they load (undefined: as stored) */
 export function quantizationFlag(v: Values): OnlineQuantization | undefined {
   const raw = stringFlag(v, 'quantization');
   if (raw === undefined) return undefined;

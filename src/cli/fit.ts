@@ -4,6 +4,7 @@
 
 import { parseFlags, stringFlag, requiredString, numberFlag, parseSize, kvDtypeFlag, quantizationFlag, type Options } from './args.ts';
 import { UsageError } from './errors.ts';
+import { QUANTIZATION_BACKEND } from '../artifacts/online-quant.ts';
 import {
   FitPlanner, FitError, DEFAULT_CHUNK, GPU_NAMES, GPUS, MachineError, gpuMachine, customMachine, cpuMachine,
   DEFAULT_GPU_MEMORY_UTILIZATION, planDrafter, type DrafterPlan, type FitPlan, type KvDtype, type Machine,
@@ -40,8 +41,8 @@ Memory plan and decode speed estimate, from config.json and safetensors headers 
   --device cpu|cuda           what --memory describes (default cuda); without --gpu/--memory,
                               cpu (the default) plans for this machine's CPU
   --skus                      plan for every GPU in the table and this CPU
-  --quantization q8_0|q4_0    the matrices quantized as they load (CPU; serve's flag): planned at
-                              those blocks' bytes
+  --quantization q8_0|q4_0|fp8  the matrices quantized as they load (serve's flag; q8_0 / q4_0
+                              CPU, fp8 CUDA): planned at those blocks' bytes
   --kv-dtype DTYPE            KV cache dtype: f32, bf16, f16, or int8 / fp8 (CPU only) (default:
                               f32 on the CPU backend, bf16 on CUDA)
   --batch N                   sequences resident together (default 1)
@@ -70,7 +71,11 @@ export async function runFit(argv: string[]): Promise<void> {
   const kvDtype: KvDtype | undefined = kvDtypeFlag(v);
   const machines = resolveMachines(v);
   const quantization = quantizationFlag(v);
-  if (quantization && machines.some((m) => m.kind !== 'cpu')) throw new UsageError(`--quantization ${quantization} is for the CPU backend: plan it without a GPU`);
+  if (quantization && machines.some((m) => m.kind !== (QUANTIZATION_BACKEND[quantization] === 'cpu' ? 'cpu' : 'gpu'))) {
+    throw new UsageError(QUANTIZATION_BACKEND[quantization] === 'cpu'
+      ? `--quantization ${quantization} is for the CPU backend: plan it without a GPU`
+      : `--quantization ${quantization} is for the CUDA backend: plan it with --gpu`);
+  }
 
   let planner: FitPlanner;
   try {

@@ -54,8 +54,9 @@ const HELP = `usage: llmts generate --model DIR (--prompt TEXT | --messages JSON
   --kv-dtype DTYPE         what the KV cache holds (default: the backend's, f32 on the CPU, bf16 on
                            CUDA); the CPU backend also keeps bf16 (half the bytes a decode step
                            reads) and int8 / fp8 with a scale per token and head (about a quarter)
-  --quantization q8_0|q4_0 CPU: quantize a safetensors checkpoint's matrices as they load, kept
-                           quantized as a GGUF's of that type (default: as stored)
+  --quantization q8_0|q4_0|fp8  quantize a safetensors checkpoint's matrices as they load
+                           (default: as stored): q8_0 / q4_0 on the CPU, kept as a GGUF's of that
+                           type; fp8 on CUDA, the layers' matrices e4m3 with a scale a row
   --device auto|cpu|cuda   (default auto)
   --batch-invariant        CUDA: results that do not depend on other rows of a step (the server's
                            mode, for comparing; default: $LLMTS_CUDA_BATCH_INVARIANT, off)

@@ -62,8 +62,9 @@ const HELP = `usage: llmts serve --model DIR [options]
                               on CUDA); the CPU backend also keeps bf16 (half the bytes a decode
                               step reads, twice the tokens in the same memory) and int8 / fp8 with
                               a scale per token and head (about a quarter of f32's bytes)
-  --quantization q8_0|q4_0    CPU: quantize a safetensors checkpoint's matrices as they load,
-                              kept quantized as a GGUF's of that type (default: as stored)
+  --quantization q8_0|q4_0|fp8  quantize a safetensors checkpoint's matrices as they load
+                              (default: as stored): q8_0 / q4_0 on the CPU, kept as a GGUF's of
+                              that type; fp8 on CUDA, the layers' matrices e4m3 with a scale a row
   --gpu-memory-utilization F  CUDA: fraction of device memory for weights, KV cache and
                               activations (default 0.9); the KV cache gets what is left
   --device auto|cpu|cuda      (default auto)

@@ -2,7 +2,7 @@
 // template, weights index) -> weights on the device -> the decoder graph, plus the text helpers
 // the CLI and server need.
 
-import { ONLINE_QUANTIZATIONS, type OnlineQuantization } from '../artifacts/online-quant.ts';
+import { ONLINE_QUANTIZATIONS, type OnlineQuantization, QUANTIZATION_BACKEND } from '../artifacts/online-quant.ts';
 import type { Backend } from '../contracts/backend.ts';
 import { loadModelDir } from '../artifacts/model-dir.ts';
 import { loadModelWeights, MissingWeightError } from '../models/weights.ts';
@@ -46,8 +46,9 @@ export interface LoadOptions {
   /** GGUF, FP8 checkpoints: what quantized tensors dequantize into at load (default bf16) */
   quantizedDtype?: 'bf16' | 'f32';
   /**
-   * a safetensors checkpoint's matrices quantized as they load (src/artifacts/online-quant.ts);
-   * the CPU backend keeps them quantized, as a GGUF's of that type
+   * a safetensors checkpoint's matrices quantized as they load (src/artifacts/online-quant.ts):
+   * q8_0 / q4_0 the CPU backend keeps quantized, as a GGUF's of that type; fp8 the CUDA backend
+   * keeps FP8 (QUANTIZATION_BACKEND; the other backend refuses it)
    */
   quantization?: OnlineQuantization;
 }
@@ -56,9 +57,11 @@ export async function loadModel(backend: Backend, dir: string, opts: LoadOptions
   if (opts.quantization !== undefined && !ONLINE_QUANTIZATIONS.includes(opts.quantization)) {
     throw new ArtifactError(`quantization must be one of ${ONLINE_QUANTIZATIONS.join(', ')}, got ${JSON.stringify(opts.quantization)}`, dir);
   }
-  if (opts.quantization && backend.name !== 'cpu') {
-    throw new ArtifactError(`--quantization ${opts.quantization} is for the CPU backend (the ${backend.name} backend has no ` +
-      `kernels for ${opts.quantization} weights)`, dir);
+  const keeper = opts.quantization && QUANTIZATION_BACKEND[opts.quantization];
+  if (keeper && backend.name !== keeper) {
+    throw new ArtifactError(`--quantization ${opts.quantization} is for the ${keeper === 'cpu' ? 'CPU' : 'CUDA'} backend (the ` +
+      `${backend.name} backend has no kernels for ${opts.quantization} weights; ` +
+      `${keeper === 'cpu' ? 'fp8 is the CUDA one' : 'q8_0 and q4_0 are the CPU ones'})`, dir);
   }
   const art = loadModelDir(dir, { quantizedDtype: opts.quantizedDtype, quantization: opts.quantization });
   const cfg = art.config;

@@ -147,7 +147,14 @@ test('bad models and bad input get one clear line and a non-zero exit', async (t
     assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'q8', ...p]), /--kv-dtype must be one of f32, bf16, f16, int8, fp8, got "q8"/);
     assertOneLineError(await run(['generate', '--model', QWEN3, '--kv-dtype', 'f16', '--device', 'cpu', ...p]),
       /the cpu backend keeps its KV cache in f32, bf16, int8 or fp8, not f16/);
-    assertOneLineError(await run(['generate', '--model', QWEN3, '--quantization', 'q2', ...p]), /--quantization must be one of q8_0, q4_0, got "q2"/);
+    assertOneLineError(await run(['generate', '--model', QWEN3, '--quantization', 'q2', ...p]), /--quantization must be one of q8_0, q4_0, fp8, got "q2"/);
+    assertOneLineError(await run(['generate', '--model', QWEN3, '--quantization', 'fp8', '--device', 'cpu', ...p]),
+      /--quantization fp8 is for the CUDA backend \(the cpu backend has no kernels for fp8 weights/);
+    assertOneLineError(await run(['fit', '--model', QWEN3, '--ctx', '64', '--quantization', 'fp8', '--device', 'cpu', '--memory', '8G', '--bandwidth', '10']),
+      /--quantization fp8 is for the CUDA backend: plan it with --gpu/);
+    const fit = await run(['fit', '--model', QWEN3, '--ctx', '64', '--quantization', 'fp8', '--gpu', 'h200', '--json']);
+    assert.equal(fit.code, 0, fit.stderr);
+    assert.ok(JSON.parse(fit.stdout).weights.residentBytesByDtype.fp8 > 0, 'the layers\' matrices planned in FP8');
   });
   await t.test('--device cuda without CUDA', async () =>
     assertOneLineError(await run(['generate', '--model', QWEN3, '--device', 'cuda', ...p]), /cuda/i));
