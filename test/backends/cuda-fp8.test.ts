@@ -15,6 +15,7 @@ import { bf16ToF32, encodeHalf } from '../../src/backends/common/half.ts';
 import { type CudaBackend, createCudaBackend, probeCuda } from '../../src/backends/cuda/index.ts';
 import { E4M3_VALUES } from '../../src/artifacts/fp8-checkpoint.ts';
 import type { Tensor, WeightSource } from '../../src/contracts/backend.ts';
+import { Engine } from '../../src/execution/engine.ts';
 import { loadModel } from '../../src/execution/load-model.ts';
 import type { DecoderModel } from '../../src/models/decoder.ts';
 import { checkReferenceCases, type ReferenceCase } from '../helpers/reference-cases.ts';
@@ -178,6 +179,37 @@ describe('FP8 weights on the CUDA backend', { skip: SKIP }, () => {
     try {
       const t = await plain.loadWeight(a.src, 'keep');
       assert.equal(t.dtype, 'bf16', 'fp8Weights off: the dequantized values');
+    } finally {
+      await plain.close();
+    }
+  });
+
+  it('--quantization fp8: the layers\' matrices kept FP8 give the tokens and logprobs of their values loaded as floats', async (t) => {
+    const dir = resolve(import.meta.dirname, '../fixtures/llama');
+    const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { cases: ReferenceCase[] };
+    const plain = await createCudaBackend({ settings: { gemv: { fp8Weights: false } } });
+    try {
+      const run = async (b: CudaBackend) => {
+        const m = await loadModel(b, dir, { maxModelLen: 512, quantization: 'fp8' });
+        const out = [];
+        for (const c of ref.cases) {
+          const e = new Engine(m.model, m, { maxBatch: 1, maxModelLen: m.maxContext });
+          out.push(await e.complete({ promptIds: c.prompt_token_ids, maxTokens: 16, sampling: { temperature: 0 }, ignoreEos: true, topLogprobs: 1 }));
+          await e.close(0);
+        }
+        return { out, o: (m.model as DecoderModel).weights.layers[0]!.attn.o.dtype };
+      };
+      const kept = await run(backend), bf16 = await run(plain);
+      assert.deepEqual([kept.o, bf16.o], ['fp8', 'f32'], 'FP8 kept; off, the values in the checkpoint\'s dtype (f32 here)');
+      // bf16 activations either way; the FP8 GEMV's bf16 outputs against the f32 weights' products:
+      // within the bf16 tolerance of the FP8 fixtures
+      let worst = 0;
+      kept.out.forEach((r, k) => {
+        assert.deepEqual(r.tokenIds, bf16.out[k]!.tokenIds, `case ${k} tokens`);
+        r.logprobs!.forEach((l, i) => (worst = Math.max(worst, Math.abs(l.logprob - bf16.out[k]!.logprobs![i]!.logprob))));
+      });
+      t.diagnostic(`max |Δ logprob|: ${worst.toExponential(2)}`);
+      assert.ok(worst <= TOLERANCE, `max |Δ logprob| ${worst}`);
     } finally {
       await plain.close();
     }
