@@ -5,8 +5,9 @@
 // fixture applies) and into bf16 (a rounding of every weight to 8 bits of mantissa: the tolerance
 // of the bf16 path, as for CUDA's bf16 activations), with LLMTS_CPU_QUANT_WEIGHTS off; and, the
 // default, Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
-// per block of 32 for the integer dot products; the rest dequantized into bf16), tolerance per
-// ggml type.
+// per block of 32 for the integer dot products), Q5_0 / IQ4_NL / Q3_K ones rewritten into Q8_0 / Q6_K
+// blocks of the same values (src/artifacts/gguf/transcode.ts) and kept so; the rest dequantized into
+// bf16; tolerance per ggml type.
 
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -21,9 +22,16 @@ const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
 /** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
 const TOLERANCE = { f32: 0.05, bf16: 0.1 } as const;
 /** the same with Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized, by the fixture's ggml type ('mixed': kquant's) */
-const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, mixed: 0.1 };
+const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, Q5_0: 0.1, mixed: 0.1 };
 /** the layouts a fixture's kept matrices must show, by its ggml type */
-const KEPT_LAYOUTS: Record<string, string[]> = { Q8_0: ['q8_0'], Q4_0: ['q4_0'], mixed: ['q8_0', 'q4_k', 'q6_k'] };
+const KEPT_LAYOUTS: Record<string, string[]> = { Q8_0: ['q8_0'], Q4_0: ['q4_0'], Q5_0: ['q8_0'], mixed: ['q8_0', 'q4_k', 'q6_k'] };
+/**
+ * kquant's layer matrices (one ggml type each, its notes) by the layout they must be kept in; the
+ * others dequantized (the 'p16' bf16 panels)
+ */
+const KQUANT_LAYOUTS: Record<string, string> = {
+  q: 'p16', k: 'q6_k', v: 'q4_k', o: 'p16', gate: 'q6_k', up: 'p16', down: 'q8_0',
+};
 
 interface Reference {
   name: string;
@@ -61,6 +69,14 @@ for (const dtype of ['f32', 'bf16', 'quantized'] as const) {
             .map((w) => (w as { layout?: string } | undefined)?.layout));
           for (const want of KEPT_LAYOUTS[ref.ggml_type]!) {
             assert.ok(layouts.has(want), `no ${want} weight kept quantized (layouts: ${[...layouts].join(', ')})`);
+          }
+          if (ref.name === 'kquant') {
+            for (const l of m.model.weights.layers) {
+              const byName: Record<string, unknown> = { ...l.attn, ...l.mlp };
+              for (const [name, want] of Object.entries(KQUANT_LAYOUTS)) {
+                assert.equal((byName[name] as { layout?: string } | undefined)?.layout, want, `kquant ${name}`);
+              }
+            }
           }
         }
         const worst = await checkReferenceCases(m, ref.cases, tolerance);

@@ -4,7 +4,8 @@
 // that the backend calls when it loads the tensor: quantized blocks are dequantized (dequant.ts)
 // into `quantizedDtype`, and llama.cpp's q/k row permutation is undone. Q8_0, Q4_0, Q4_K and Q6_K matrices also
 // carry their raw blocks (`quantized`, rows permuted back the same way), which the CPU backend keeps
-// as they are for its integer matmuls (native/quant_pack.c).
+// as they are for its integer matmuls (native/quant_pack.c); Q5_0, IQ4_NL and Q3_K matrices carry
+// theirs rewritten, value for value, into Q8_0 or Q6_K blocks (transcode.ts).
 
 import type { QuantizedType, WeightSource } from '../../contracts/backend.ts';
 import { ArtifactError } from '../errors.ts';
@@ -14,6 +15,7 @@ import type { TensorRef } from './arch.ts';
 import { dequantize, dequantizeToBf16 } from './dequant.ts';
 import { isPlainFloat, LOADABLE_TYPE_NAMES } from './ggml-types.ts';
 import { readTensorBytes } from './reader.ts';
+import { TRANSCODED, transcodeBlocks } from './transcode.ts';
 
 export type FloatDtype = 'f32' | 'f16' | 'bf16';
 
@@ -52,8 +54,13 @@ export class GgufWeightIndex extends WeightIndex {
     const src: WeightSource = { path: t.file, offset: e.offset, dtype, shape: [...e.shape], name };
     if (plain && ref.unpermuteHeads === undefined) return src; // the file's bytes as they are
     const decoded: WeightSource = { ...src, decode: (want) => decodeRef(ref, e, dtype, want) };
-    if (!KEPT_QUANTIZED.has(t.type.name) || e.shape.length !== 2) return decoded;
-    return { ...decoded, quantized: { type: t.type.name as QuantizedType, blocks: () => rawBlocks(ref, e) } };
+    if (e.shape.length !== 2) return decoded;
+    if (KEPT_QUANTIZED.has(t.type.name)) {
+      return { ...decoded, quantized: { type: t.type.name as QuantizedType, blocks: () => rawBlocks(ref, e) } };
+    }
+    const to = TRANSCODED[t.type.name];
+    if (!to) return decoded;
+    return { ...decoded, quantized: { type: to, blocks: () => transcodeBlocks(t.type.name, rawBlocks(ref, e)) } };
   }
 }
 
