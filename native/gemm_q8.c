@@ -8,7 +8,10 @@
 // rounding intrinsics, which the compiler never fuses into an FMA (avx512f implies FMA, and GCC
 // contracts a plain multiply and add), so the portable kernel computes the same bits.
 //
-// Q4_K runs Q4_0's nibble loop from zero (no offset) and subtracts each block's min term after it.
+// Q4_K runs Q4_0's nibble loop from zero (no offset) and subtracts each block's min term after it;
+// Q5_K the same with each nibble vector or'ed with its fifth bits (a shift and a mask). IQ4_XS turns
+// Q4_0's nibbles into its table's bytes with vpshufb (the table in each 128-bit lane), then runs as
+// Q8_0 with the block's scale d * sc.
 // Q6_K ors each nibble vector with its 2-bit high parts (two shifts and masks) and folds each half of
 // the block into the f32 sum with the half's scale.
 //
@@ -75,7 +78,11 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
                                                         const int32_t *const *cr, const uint8_t *const *wp,
                                                         int64_t KB, __m512 acc[QMR][QNV]) {
   const int64_t qb = quant_quants_bytes(Q4);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i nib = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+  // IQ4_XS: ggml's kvalues_iq4nl + 128 in each 128-bit lane, for vpshufb
+  const __m512i iq4 = _mm512_broadcast_i32x4(_mm_setr_epi8((char)1, (char)24, (char)45, (char)63, (char)79, (char)93, (char)106,
+                                                            (char)118, (char)129, (char)141, (char)153, (char)166, (char)181,
+                                                            (char)197, (char)217, (char)241));
   const uint16_t *sc[QNV];
   for (int v = 0; v < NV; v++) sc[v] = (const uint16_t *)(wp[v] + KB * qb); // Q8_0, Q4_0
   for (int i = 0; i < MR; i++)
@@ -136,17 +143,35 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       }
       continue;
     }
+    const int kmin = Q4 == QK_Q4_K || Q4 == QK_Q5_K; // a min per block, no offset
     for (int i = 0; i < MR; i++) {
-      const __m512i c0 = Q4 == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(cr[i][b]);
+      const __m512i c0 = kmin ? _mm512_setzero_si512() : _mm512_set1_epi32(cr[i][b]);
       for (int v = 0; v < NV; v++) ia[i][v] = c0;
     }
     if (Q4) {
+      __m512i h5[QNV];
+      if (Q4 == QK_Q5_K)
+        for (int v = 0; v < NV; v++) h5[v] = _mm512_loadu_si512(wp[v] + b * qb + 256);
       for (int j = 0; j < 4; j++) {
         __m512i l4[QNV], h4[QNV];
         for (int v = 0; v < NV; v++) {
-          const __m512i r = _mm512_loadu_si512(wp[v] + b * 256 + j * 64);
+          const __m512i r = _mm512_loadu_si512(wp[v] + b * qb + j * 64);
           l4[v] = _mm512_and_si512(r, nib);
           h4[v] = _mm512_and_si512(_mm512_srli_epi16(r, 4), nib);
+          if (Q4 == QK_Q5_K) {
+            // bits 2j and 2j + 1 of each fifth-bit byte moved to bit 4 (16-bit shifts of at most 4:
+            // bit 4 of either byte comes from its own byte)
+            __m512i u0, u1;
+            if (j == 0) u0 = _mm512_slli_epi16(h5[v], 4), u1 = _mm512_slli_epi16(h5[v], 3);
+            else if (j == 1) u0 = _mm512_slli_epi16(h5[v], 2), u1 = _mm512_slli_epi16(h5[v], 1);
+            else if (j == 2) u0 = h5[v], u1 = _mm512_srli_epi16(h5[v], 1);
+            else u0 = _mm512_srli_epi16(h5[v], 2), u1 = _mm512_srli_epi16(h5[v], 3);
+            l4[v] = _mm512_or_si512(l4[v], _mm512_and_si512(u0, m10));
+            h4[v] = _mm512_or_si512(h4[v], _mm512_and_si512(u1, m10));
+          } else if (Q4 == QK_IQ4_XS) {
+            l4[v] = _mm512_shuffle_epi8(iq4, l4[v]);
+            h4[v] = _mm512_shuffle_epi8(iq4, h4[v]);
+          }
         }
         for (int i = 0; i < MR; i++) {
           const __m512i xa = _mm512_set1_epi32(load4(xr[i] + b * 32 + 8 * j));
@@ -168,11 +193,11 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       }
     }
     __m512 dw[QNV];
-    if (Q4 == 2) {
+    if (kmin) {
       // d * sc and dmin * mn, exact; acc = (acc + i_b (d_x d_w)) - s_b (d_x m_w)
       __m512 mw[QNV];
       for (int v = 0; v < NV; v++) {
-        const uint8_t *ks = wp[v] + KB * 256;
+        const uint8_t *ks = wp[v] + KB * qb;
         const uint16_t *kd = (const uint16_t *)(ks + KB * 32) + (b / 8) * 16;
         const __m512 scv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ks + b * 16))));
         const __m512 mnv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ks + KB * 16 + b * 16))));
@@ -189,7 +214,17 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       }
       continue;
     }
-    for (int v = 0; v < NV; v++) dw[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc[v] + b * 16)));
+    if (Q4 == QK_IQ4_XS) {
+      // d * sc, exact
+      for (int v = 0; v < NV; v++) {
+        const int8_t *ks = (const int8_t *)(wp[v] + KB * 256) + b * 16;
+        const uint16_t *kd = (const uint16_t *)(wp[v] + KB * 256 + KB * 16) + (b / 8) * 16;
+        const __m512 scv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)ks)));
+        dw[v] = _mm512_mul_round_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kd)), scv, RN);
+      }
+    } else {
+      for (int v = 0; v < NV; v++) dw[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc[v] + b * 16)));
+    }
     for (int i = 0; i < MR; i++) {
       const __m512 dx = _mm512_set1_ps(dr[i][b]);
       for (int v = 0; v < NV; v++) {
@@ -249,13 +284,27 @@ static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int6
     else if (mr == 2) QRUN(2, 2, 3);
     else if (mr == 3) QRUN(3, 2, 3);
     else QRUN(4, 2, 3);
-  } else if (q4 == 2) {
+  } else if (q4 == QK_Q4_K) {
     if (nv == 6) QRUN(1, 6, 2);
     else if (nv == 4) QRUN(2, 4, 2);
     else if (mr == 1) QRUN(1, 2, 2);
     else if (mr == 2) QRUN(2, 2, 2);
     else if (mr == 3) QRUN(3, 2, 2);
     else QRUN(4, 2, 2);
+  } else if (q4 == QK_Q5_K) {
+    if (nv == 6) QRUN(1, 6, 4);
+    else if (nv == 4) QRUN(2, 4, 4);
+    else if (mr == 1) QRUN(1, 2, 4);
+    else if (mr == 2) QRUN(2, 2, 4);
+    else if (mr == 3) QRUN(3, 2, 4);
+    else QRUN(4, 2, 4);
+  } else if (q4 == QK_IQ4_XS) {
+    if (nv == 6) QRUN(1, 6, 5);
+    else if (nv == 4) QRUN(2, 4, 5);
+    else if (mr == 1) QRUN(1, 2, 5);
+    else if (mr == 2) QRUN(2, 2, 5);
+    else if (mr == 3) QRUN(3, 2, 5);
+    else QRUN(4, 2, 5);
   } else if (q4) {
     if (nv == 6) QRUN(1, 6, 1);
     else if (nv == 4) QRUN(2, 4, 1);

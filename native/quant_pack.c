@@ -34,6 +34,15 @@
 //   [b][h][l]) and d KS x 16 f16: 420 bytes a panel block against the file's 420 (210 per 256
 //   weights). w = (d * sc) * (q - 32), d * sc exact in f32 (11 x 8 bits).
 //
+// Q5_K (K a multiple of 256): Q4_K's panel with the fifth bits after each block's nibbles:
+//     hi    64 bytes: byte (l, t) holds in bit 2j + h the q >> 4 of row 16p + l at k = 32 b + 8 j + 4 h + t
+//   (320 bytes a block), then sc, mn, d and dmin as Q4_K's: 360 bytes a panel block against the file's
+//   352 (176 per 256 weights). w = (d * sc) * q - (dmin * mn), q in 0..31.
+// IQ4_XS (K a multiple of 256): the nibbles as Q4_0's (each indexes the non-linear table kv of 16 int8
+//   values), then sc KB x 16 int8 (row 16p + l's 6-bit block scale minus 32 at [b][l]) and d KS x 16 f16:
+//   276 bytes a panel block against the file's 272 (136 per 256 weights). w = (d * sc) * kv[q], d * sc
+//   exact in f32; the kernels multiply kv[q] + 128 (unsigned) and start from -128 times x's block sum.
+//
 // Why unsigned weights: vpdpbusd multiplies unsigned bytes by signed ones. The weights take the
 // unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are, 32 for Q6_K), and the
 // activations stay signed; then sum_k (w + C) x = sum_k w x + C sum_k x, and C sum_k x is one
@@ -53,6 +62,7 @@
 //   Q4_K: d_w = d * sc and m_w = dmin * mn (exact), i_b the dot of x's values with the 4-bit q, s_b
 //   the sum of x's values in the block; acc = (acc + float(i_b) * (d_x * d_w)) - float(s_b) * (d_x * m_w),
 //   each product and sum rounded to f32, in that order.
+//   Q5_K: as Q4_K, i_b the dot with the 5-bit q. IQ4_XS: as Q8_0, d_w = d * sc.
 //   Q6_K: the block's two halves of 16 k in turn, acc = acc + float(i_h) * (d_x * d_w_h), i_h the dot
 //   over the half (started from -32 times the half's sum of x's values, so it is that of q - 32).
 #include <math.h>
@@ -62,7 +72,11 @@
 #include "llm.h"
 #include "simd.h"
 
-enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOCK_BYTES = 210 };
+enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOCK_BYTES = 210, Q5K_BLOCK_BYTES = 176,
+       IQ4XS_BLOCK_BYTES = 136 };
+
+// IQ4_NL / IQ4_XS's table (ggml's kvalues_iq4nl)
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static int quant_q4(int dt) { return dt == DT_Q4_0_P16; }
 
@@ -83,10 +97,11 @@ static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
   }
 }
 
-// Q4_K panel p from the ggml blocks (row n's super-block s at raw + (n KS + s) * 144).
-static void pack_panel_q4k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p) {
-  const int64_t KS = KB / 8;
-  uint8_t *sc = dst + KB * 256, *mn = sc + KB * 16;
+// Q4_K (q5 0) or Q5_K (q5 1) panel p from the ggml blocks (row n's super-block s at raw + (n KS + s) *
+// 144 or 176: d, dmin, 12 scale bytes, Q5_K's 32 bytes of fifth bits, the 128 bytes of nibbles).
+static void pack_panel_q4k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p, int q5) {
+  const int64_t KS = KB / 8, qb = q5 ? 320 : 256, bb = q5 ? Q5K_BLOCK_BYTES : Q4K_BLOCK_BYTES;
+  uint8_t *sc = dst + KB * qb, *mn = sc + KB * 16;
   uint16_t *d = (uint16_t *)(mn + KB * 16), *dmin = d + KS * 16;
   for (int64_t l = 0; l < 16; l++) {
     const int64_t n = p * 16 + l;
@@ -95,23 +110,59 @@ static void pack_panel_q4k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t 
         d[s * 16 + l] = dmin[s * 16 + l] = 0;
         for (int64_t b = s * 8; b < s * 8 + 8; b++) {
           sc[b * 16 + l] = mn[b * 16 + l] = 0;
-          for (int j = 0; j < 4; j++) memset(dst + b * 256 + j * 64 + l * 4, 0, 4);
+          for (int j = 0; j < qb / 64; j++) memset(dst + b * qb + j * 64 + l * 4, 0, 4);
         }
         continue;
       }
-      const uint8_t *src = raw + (n * KS + s) * Q4K_BLOCK_BYTES;
+      const uint8_t *src = raw + (n * KS + s) * bb;
       memcpy(&d[s * 16 + l], src, 2);
       memcpy(&dmin[s * 16 + l], src + 2, 2);
+      const uint8_t *qh = src + 16; // Q5_K: bit jb of qh[e] is the fifth bit of sub-block jb's element e
       for (int jb = 0; jb < 8; jb++) {
         const int64_t b = s * 8 + jb;
         q4k_scale_min(src + 4, jb, &sc[b * 16 + l], &mn[b * 16 + l]);
         // ggml: sub-block jb's element e is nibble (jb & 1) of qs[32 (jb >> 1) + e]
-        const uint8_t *qs = src + 16 + 32 * (jb >> 1);
+        const uint8_t *qs = src + (q5 ? 48 : 16) + 32 * (jb >> 1);
         const int shift = (jb & 1) * 4;
+        uint8_t *q = dst + b * qb;
+        for (int t = 0; t < 4; t++) {
+          uint8_t hv = 0;
+          for (int j = 0; j < 4; j++) {
+            q[j * 64 + l * 4 + t] = (uint8_t)(((qs[8 * j + t] >> shift) & 0xF) | (((qs[8 * j + 4 + t] >> shift) & 0xF) << 4));
+            if (q5)
+              for (int h = 0; h < 2; h++) hv |= (uint8_t)(((qh[8 * j + 4 * h + t] >> jb) & 1) << (2 * j + h));
+          }
+          if (q5) q[256 + l * 4 + t] = hv;
+        }
+      }
+    }
+  }
+}
+
+// IQ4_XS panel p from the ggml blocks (row n's super-block s at raw + (n KS + s) * 136: d, scales_h,
+// scales_l[4], then sub-block j's 16 bytes of nibbles, low nibbles its elements 0..15).
+static void pack_panel_iq4xs(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p) {
+  const int64_t KS = KB / 8;
+  int8_t *sc = (int8_t *)(dst + KB * 256);
+  uint16_t *d = (uint16_t *)(dst + KB * 256 + KB * 16);
+  for (int64_t l = 0; l < 16; l++) {
+    const int64_t n = p * 16 + l;
+    for (int64_t s = 0; s < KS; s++) {
+      const uint8_t *src = n < N ? raw + (n * KS + s) * IQ4XS_BLOCK_BYTES : NULL;
+      if (src) memcpy(&d[s * 16 + l], src, 2);
+      else d[s * 16 + l] = 0;
+      const int sh = src ? src[2] | (src[3] << 8) : 0;
+      for (int jb = 0; jb < 8; jb++) {
+        const int64_t b = s * 8 + jb;
+        uint8_t u[32]; // rows past N: index 8 (a small value times a zero scale)
+        for (int e = 0; e < 16; e++) {
+          u[e] = src ? src[8 + 16 * jb + e] & 0xF : 8;
+          u[e + 16] = src ? src[8 + 16 * jb + e] >> 4 : 8;
+        }
+        sc[b * 16 + l] = src ? (int8_t)((((src[4 + (jb >> 1)] >> ((jb & 1) * 4)) & 0xF) | (((sh >> (2 * jb)) & 3) << 4)) - 32) : 0;
         uint8_t *q = dst + b * 256;
         for (int j = 0; j < 4; j++)
-          for (int t = 0; t < 4; t++)
-            q[j * 64 + l * 4 + t] = (uint8_t)(((qs[8 * j + t] >> shift) & 0xF) | (((qs[8 * j + 4 + t] >> shift) & 0xF) << 4));
+          for (int t = 0; t < 4; t++) q[j * 64 + l * 4 + t] = (uint8_t)(u[8 * j + t] | (u[8 * j + 4 + t] << 4));
       }
     }
   }
@@ -206,7 +257,8 @@ static int exec_pack_quant(const llm_cmd *c) {
   const int64_t P = (N + 15) / 16, KB = K / 32, pb = (int64_t)quant_p16_bytes(16, K, dt);
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < P; p++) {
-    if (dt == DT_Q4_K_P16) pack_panel_q4k(dst + p * pb, raw, N, KB, p);
+    if (dt == DT_Q4_K_P16 || dt == DT_Q5_K_P16) pack_panel_q4k(dst + p * pb, raw, N, KB, p, dt == DT_Q5_K_P16);
+    else if (dt == DT_IQ4_XS_P16) pack_panel_iq4xs(dst + p * pb, raw, N, KB, p);
     else if (dt == DT_Q6_K_P16) pack_panel_q6k(dst + p * pb, raw, N, KB, p);
     else pack_panel(dst + p * pb, raw, dt, N, KB, p);
   }
@@ -224,20 +276,38 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
   const int q4 = quant_q4(dt);
   const int64_t KB = K / 32, qb = q4 ? 256 : 512, l = n % 16;
   const uint8_t *panel = (const uint8_t *)w + (n / 16) * (int64_t)quant_p16_bytes(16, K, dt);
-  if (dt == DT_Q4_K_P16) { // (d * sc) * q - dmin * mn, rounded as gguf dequantizes: the product, then the difference
-    const uint8_t *sc = panel + KB * 256, *mn = sc + KB * 16;
+  if (dt == DT_Q4_K_P16 || dt == DT_Q5_K_P16) { // (d * sc) * q - dmin * mn, rounded as gguf dequantizes: the product, then the difference
+    const int64_t kqb = quant_quants_bytes(quant_kind(dt));
+    const uint8_t *sc = panel + KB * kqb, *mn = sc + KB * 16;
     const uint16_t *d = (const uint16_t *)(mn + KB * 16), *dmin = d + (KB / 8) * 16;
     for (int64_t b = 0; b < KB; b++) {
       const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 16 + l];
       const float mw = f16_to_f32(dmin[(b / 8) * 16 + l]) * (float)mn[b * 16 + l];
+      const uint8_t *q = panel + b * kqb;
+      float *o = dst + b * 32;
+      for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+          const uint8_t u = q[j * 64 + l * 4 + t];
+          const int h5 = kqb == 320 ? q[256 + l * 4 + t] >> (2 * j) : 0; // Q5_K's fifth bits
+          const float lo = (float)((u & 0xF) | ((h5 & 1) << 4)) * dw, hi = (float)((u >> 4) | ((h5 & 2) << 3)) * dw;
+          o[8 * j + t] = lo - mw;
+          o[8 * j + 4 + t] = hi - mw;
+        }
+    }
+    return;
+  }
+  if (dt == DT_IQ4_XS_P16) { // (d * sc) * kv[q], exact
+    const int8_t *sc = (const int8_t *)(panel + KB * 256);
+    const uint16_t *d = (const uint16_t *)(panel + KB * 256 + KB * 16);
+    for (int64_t b = 0; b < KB; b++) {
+      const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 16 + l];
       const uint8_t *q = panel + b * 256;
       float *o = dst + b * 32;
       for (int j = 0; j < 4; j++)
         for (int t = 0; t < 4; t++) {
           const uint8_t u = q[j * 64 + l * 4 + t];
-          const float lo = (float)(u & 0xF) * dw, hi = (float)(u >> 4) * dw;
-          o[8 * j + t] = lo - mw;
-          o[8 * j + 4 + t] = hi - mw;
+          o[8 * j + t] = (float)IQ4_VALUES[u & 0xF] * dw;
+          o[8 * j + 4 + t] = (float)IQ4_VALUES[u >> 4] * dw;
         }
     }
     return;
@@ -321,11 +391,16 @@ __attribute__((target_clones("avx2", "default"))) static void
 quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int kind,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
   const int64_t KB = K / 32, qb = quant_quants_bytes(kind);
+  const int kmin = kind == QK_Q4_K || kind == QK_Q5_K; // a min per block
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
-  const uint8_t *ksc = panel + KB * 256, *kmn = ksc + KB * 16;
+  const uint8_t *ksc = panel + KB * qb, *kmn = ksc + KB * 16;
   const uint16_t *kd = (const uint16_t *)(kmn + KB * 16), *kdmin = kd + (KB / 8) * 16;
   const int8_t *q6sc = (const int8_t *)(panel + KB * 384);
   const uint16_t *q6d = (const uint16_t *)(panel + KB * 384 + KB * 32);
+  const int8_t *xsc = (const int8_t *)(panel + KB * 256);
+  const uint16_t *xsd = (const uint16_t *)(panel + KB * 256 + KB * 16);
+  uint8_t iq4u[16]; // IQ4_XS: the table's values + 128, the unsigned side of the dots
+  for (int i = 0; i < 16; i++) iq4u[i] = (uint8_t)(IQ4_VALUES[i] + 128);
   for (int64_t m = m0; m < m1; m++) {
     float acc[16] = {0};
     for (int64_t b = 0; b < KB; b++) {
@@ -350,20 +425,29 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
         continue;
       }
       int32_t is[16];
-      for (int l = 0; l < 16; l++) is[l] = kind == QK_Q4_K ? 0 : xc[m * KB + b];
+      for (int l = 0; l < 16; l++) is[l] = kmin ? 0 : xc[m * KB + b];
       if (kind != QK_Q8_0) {
         for (int j = 0; j < 4; j++)
           for (int l = 0; l < 16; l++)
             for (int t = 0; t < 4; t++) {
               const uint8_t u = q[j * 64 + l * 4 + t];
-              is[l] += (int32_t)(u & 0xF) * xb[8 * j + t] + (int32_t)(u >> 4) * xb[8 * j + 4 + t];
+              int32_t lo = u & 0xF, hi = u >> 4;
+              if (kind == QK_Q5_K) {
+                const int h5 = q[256 + l * 4 + t] >> (2 * j);
+                lo |= (h5 & 1) << 4;
+                hi |= (h5 & 2) << 3;
+              } else if (kind == QK_IQ4_XS) {
+                lo = iq4u[lo];
+                hi = iq4u[hi];
+              }
+              is[l] += lo * xb[8 * j + t] + hi * xb[8 * j + 4 + t];
             }
       } else {
         for (int g = 0; g < 8; g++)
           for (int l = 0; l < 16; l++)
             for (int t = 0; t < 4; t++) is[l] += (int32_t)q[g * 64 + l * 4 + t] * xb[4 * g + t];
       }
-      if (kind == QK_Q4_K) {
+      if (kmin) {
         const float sum = (float)xc[m * KB + b];
         for (int l = 0; l < 16; l++) {
           const float dw = f16_to_f32(kd[(b / 8) * 16 + l]) * (float)ksc[b * 16 + l];
@@ -376,7 +460,8 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
         continue;
       }
       for (int l = 0; l < 16; l++) {
-        const float s = dx * f16_to_f32(scales[b * 16 + l]);
+        const float dw = kind == QK_IQ4_XS ? f16_to_f32(xsd[(b / 8) * 16 + l]) * (float)xsc[b * 16 + l] : f16_to_f32(scales[b * 16 + l]);
+        const float s = dx * dw;
         const float f = (float)is[l] * s;
         acc[l] = acc[l] + f;
       }

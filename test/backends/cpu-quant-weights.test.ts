@@ -1,8 +1,8 @@
-// GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matmul weights kept quantized on the CPU backend (native/quant_pack.c,
+// GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matmul weights kept quantized on the CPU backend (native/quant_pack.c,
 // gemm_q8.c; LLMTS_CPU_QUANT_WEIGHTS): read back and embedding rows are the exact dequantized
 // values; a matmul is bit for bit a TypeScript model of the kernels' arithmetic (x quantized per
 // block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order;
-// Q4_K then subtracts the block's sum of x times d_x * m_w; Q6_K sums each half of 16 with its own scale)
+// Q4_K / Q5_K then subtract the block's sum of x times d_x * m_w; Q6_K sums each half of 16 with its own scale)
 // on every ISA, one thread or the team; each row is the same whatever M is; the result is within a
 // bound derived from x's rounding of the f32 matmul of the dequantized weights; other ops refuse
 // the tensor by name.
@@ -19,11 +19,13 @@ import { GGML_TYPE_BY_NAME } from '../../src/artifacts/gguf/ggml-types.ts';
 import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng } from './helpers.ts';
 
 const fr = Math.fround;
-const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210 };
+const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210, Q5_K: 176, IQ4_XS: 136 };
 /** weights a ggml block holds */
-const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256 };
+const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256, Q5_K: 256, IQ4_XS: 256 };
 /** a panel's bytes per block of 32 k (native/llm.h quant_p16_bytes) */
-const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420 };
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420, Q5_K: 360, IQ4_XS: 276 };
+/** ggml's kvalues_iq4nl */
+const IQ4_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 let quant: CpuBackend;
 let plain: CpuBackend;
@@ -39,8 +41,8 @@ after(async () => {
 
 /**
  * Random ggml blocks of w[N][K]: scales of either sign (f16), every quant value possible (Q8_0's
- * -128 too); Q4_K: d and dmin so, and any 12 bytes of 6-bit scales and mins; Q6_K: d so (at the
- * block's end) and any int8 scales.
+ * -128 too); Q4_K / Q5_K: d and dmin so, and any 12 bytes of 6-bit scales and mins; Q6_K: d so (at the
+ * block's end) and any int8 scales; IQ4_XS: d so and any 6-bit block scales.
  */
 function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number): Uint8Array {
   const nb = (N * K) / BLOCK_SIZE[type], bb = BLOCK_BYTES[type];
@@ -54,8 +56,10 @@ function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number
     }
     return raw;
   }
-  const scaled = type === 'Q4_K' ? 2 : 1; // f16s at the block's start: Q4_K's d and dmin (a tenth as large: 6-bit factors)
-  const size = type === 'Q4_K' ? 0.0003 : 0.02;
+  // f16s at the block's start: Q4_K's and Q5_K's d and dmin (a tenth as large: 6-bit factors), IQ4_XS's d
+  // (smaller still: 6-bit factors of 7-bit values)
+  const scaled = type === 'Q4_K' || type === 'Q5_K' ? 2 : 1;
+  const size = type === 'Q4_K' || type === 'Q5_K' ? 0.0003 : type === 'IQ4_XS' ? 0.00002 : 0.02;
   const scales = encodeHalf(Float32Array.from({ length: nb * scaled }, () => (r() < 0.5 ? -1 : 1) * (size / 10 + size * r())), 'f16');
   for (let b = 0; b < nb; b++) {
     for (let s = 0; s < scaled; s++) {
@@ -94,18 +98,36 @@ function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number):
     }
     return { q, d: d16, sub: 16 };
   }
-  if (type === 'Q4_K') {
-    const m = new Float32Array(N * KB);
+  if (type === 'Q4_K' || type === 'Q5_K') {
+    const m = new Float32Array(N * KB), q5 = type === 'Q5_K';
     for (let sb = 0; sb < (N * K) / 256; sb++) {
       const o = sb * bb, dd = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!, dmin = F16_TO_F32[raw[o + 2]! | (raw[o + 3]! << 8)]!;
       for (let j = 0; j < 8; j++) {
         const [sc, mn] = q4kScaleMin(raw, o + 4, j);
         d[sb * 8 + j] = fr(dd * sc);
         m[sb * 8 + j] = fr(dmin * mn);
-        for (let l = 0; l < 32; l++) q[sb * 256 + j * 32 + l] = (raw[o + 16 + 32 * (j >> 1) + l]! >> ((j & 1) * 4)) & 0xf;
+        for (let l = 0; l < 32; l++) {
+          const nibble = (raw[o + (q5 ? 48 : 16) + 32 * (j >> 1) + l]! >> ((j & 1) * 4)) & 0xf;
+          q[sb * 256 + j * 32 + l] = q5 ? nibble | (((raw[o + 16 + l]! >> j) & 1) << 4) : nibble;
+        }
       }
     }
     return { q, d, m, sub: 32 };
+  }
+  if (type === 'IQ4_XS') {
+    for (let sb = 0; sb < (N * K) / 256; sb++) {
+      const o = sb * bb, dd = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!, sh = raw[o + 2]! | (raw[o + 3]! << 8);
+      for (let j = 0; j < 8; j++) {
+        const ls = ((raw[o + 4 + (j >> 1)]! >> ((j & 1) * 4)) & 0xf) | (((sh >> (2 * j)) & 3) << 4);
+        d[sb * 8 + j] = fr(dd * (ls - 32));
+        for (let e = 0; e < 16; e++) {
+          const u = raw[o + 8 + 16 * j + e]!;
+          q[sb * 256 + j * 32 + e] = IQ4_VALUES[u & 0xf]!;
+          q[sb * 256 + j * 32 + e + 16] = IQ4_VALUES[u >> 4]!;
+        }
+      }
+    }
+    return { q, d, sub: 32 };
   }
   for (let blk = 0; blk < N * KB; blk++) {
     const o = blk * bb;
@@ -184,13 +206,13 @@ function firstDiff(a: Float32Array, b: Float32Array): string | undefined {
   return undefined;
 }
 
-const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K'];
+const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q5_K', 'IQ4_XS'];
 // odd N (partial panels of 16), K a multiple of 32 (the K-quants: 256) from one block up
 const SHAPES_32: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
 const SHAPES_256: [number, number][] = [[1, 256], [17, 256], [33, 512], [130, 1024]];
 const shapesOf = (type: QuantizedType) => (BLOCK_SIZE[type] === 256 ? SHAPES_256 : SHAPES_32);
 
-describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K weights kept quantized', () => {
+describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS weights kept quantized', () => {
   it('load quantized only when kept, and read back the exact dequantized values', async () => {
     const r = rng(21);
     for (const type of TYPES) {
@@ -290,7 +312,7 @@ describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K weights kept quantized', () => {
         const raw = randomBlocks(r, type, N, K);
         const src = source(type, raw, N, K);
         const wv = new Float32Array(src.decode!('f32').buffer);
-        const wi = type === 'Q4_K' ? weightInts(type, raw, N, K) : undefined;
+        const wi = type === 'Q4_K' || type === 'Q5_K' ? weightInts(type, raw, N, K) : undefined;
         const t = await quant.loadWeight(src, 'keep', 'matmul');
         const M = 7, x = randomF32(r, M * K, 3);
         const y = (await quant.read(quant.matmul(quant.upload(x, [M, K]), t))) as Float32Array;

@@ -1,4 +1,4 @@
-// The fit planner and GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matrices (and Q5_0 / IQ4_NL / Q3_K ones, kept as Q8_0 / Q6_K): on the CPU, where they stay quantized
+// The fit planner and GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matrices (and Q5_0 / IQ4_NL / Q3_K ones, kept as Q8_0 / Q6_K): on the CPU, where they stay quantized
 // (LLMTS_CPU_QUANT_WEIGHTS, on by default), the plan counts the bytes the backend holds for them,
 // the quantized panels; on CUDA, and on the CPU with the knob off, their bf16 values.
 import assert from 'node:assert/strict';
@@ -33,7 +33,7 @@ async function residentOnCpu(file: string, quantWeights: boolean): Promise<{ byt
 }
 
 describe('fit: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized on the CPU', () => {
-  for (const [name, layouts] of [['llama_q8_0.gguf', ['q8_0']], ['mistral_q4_0.gguf', ['q4_0']], ['kquant.gguf', ['q4_k', 'q6_k', 'q8_0']], ['qwen3_q5_0.gguf', ['q8_0']]] as const) {
+  for (const [name, layouts] of [['llama_q8_0.gguf', ['q8_0']], ['mistral_q4_0.gguf', ['q4_0']], ['kquant.gguf', ['q4_k', 'q6_k', 'q8_0', 'q5_k', 'iq4_xs']], ['qwen3_q5_0.gguf', ['q8_0']]] as const) {
     it(`${name}: the CPU plan counts the quantized panels, CUDA's and the knob off the bf16 values`, async () => {
       const file = join(DIR, name);
       const quant = await residentOnCpu(file, true);

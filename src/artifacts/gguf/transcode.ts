@@ -21,13 +21,13 @@ export const TRANSCODED: Readonly<Record<string, QuantizedType>> = { Q5_0: 'Q8_0
 const IQ4NL_VALUES = new Int8Array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]);
 
 const SRC_BYTES: Record<string, number> = { Q5_0: 22, IQ4_NL: 18, Q3_K: 110 };
-const DST_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210 };
+const DST_BYTES: Partial<Record<QuantizedType, number>> = { Q8_0: 34, Q6_K: 210 };
 
 /** `src` (whole blocks of `type`, a key of TRANSCODED) as blocks of TRANSCODED[type]. */
 export function transcodeBlocks(type: string, src: Uint8Array): Uint8Array {
   const to = TRANSCODED[type];
   if (!to) throw new Error(`ggml type ${type} has no transcoding to a kept type`);
-  const sb = SRC_BYTES[type]!, db = DST_BYTES[to];
+  const sb = SRC_BYTES[type]!, db = DST_BYTES[to]!;
   if (src.length % sb !== 0) throw new Error(`${type}: ${src.length} bytes is not a whole number of ${sb}-byte blocks`);
   const blocks = src.length / sb;
   const out = new Uint8Array(blocks * db);
