@@ -55,8 +55,8 @@ static int panels_ab(int argc, char **argv){
 
 // `kernel-bench quant [N K]...`: the same matrix as bf16 panels (DT_BF16_P16), Q8_0 panels
 // (DT_Q8_0_P16), Q4_0 panels of nibbles (DT_Q4_0_P16), and Q4_0's values unpacked into Q8_0 panels
-// at load (the layout Q4_0 would have without nibbles), Q4_K and Q6_K panels (DT_Q4_K_P16,
-// DT_Q6_K_P16; K a multiple of 256), at M = 1, 4 and 512; Qwen3-0.6B's shapes by
+// at load (the layout Q4_0 would have without nibbles), Q4_K, Q6_K, Q5_K and IQ4_XS panels (DT_Q4_K_P16,
+// DT_Q6_K_P16, DT_Q5_K_P16, DT_IQ4_XS_P16; K a multiple of 256), at M = 1, 4 and 512; Qwen3-0.6B's shapes by
 // default. Times are process CPU time (CLOCK_PROCESS_CPUTIME_ID: run with OMP_NUM_THREADS=1, other
 // work on a shared machine then costs wall time, not these figures); decode cycles through copies
 // of the weights filling 256 MiB of bf16, so each matmul streams its weights from memory.
@@ -72,17 +72,22 @@ static int quant_ab(int argc, char **argv){
   printf("threads %d, isa %d, vnni %d; ms of process CPU time a matmul (best of 5), decode GB/s of the weights' bytes\n",
          omp_get_max_threads(), llm_set_isa(-1), llm_quant_vnni());
   for(int s=0;s<ns;s++){ int N = argc > 2 ? atoi(argv[2+2*s]) : def[s][0], K = argc > 2 ? atoi(argv[3+2*s]) : def[s][1];
-    enum{NVAR=6}; const int nvar = K%256==0 ? NVAR : 4;
-    const size_t nb=(size_t)N*K/32, ns=(size_t)N*K/256; const char*names[NVAR]={"bf16 panels","Q8_0","Q4_0 nibbles","Q4_0 as int8","Q4_K","Q6_K"};
-    int dts[NVAR]={4,5,6,5,7,8}; size_t wb[NVAR]={llm_p16_bytes(N,K),llm_quant_p16_bytes(N,K,5),llm_quant_p16_bytes(N,K,6),llm_quant_p16_bytes(N,K,5),
-      nvar>4?llm_quant_p16_bytes(N,K,7):0,nvar>4?llm_quant_p16_bytes(N,K,8):0};
+    enum{NVAR=8}; const int nvar = K%256==0 ? NVAR : 4;
+    const size_t nb=(size_t)N*K/32, ns=(size_t)N*K/256;
+    const char*names[NVAR]={"bf16 panels","Q8_0","Q4_0 nibbles","Q4_0 as int8","Q4_K","Q6_K","Q5_K","IQ4_XS"};
+    int dts[NVAR]={4,5,6,5,7,8,11,12}; size_t wb[NVAR]={llm_p16_bytes(N,K),llm_quant_p16_bytes(N,K,5),llm_quant_p16_bytes(N,K,6),llm_quant_p16_bytes(N,K,5),
+      nvar>4?llm_quant_p16_bytes(N,K,7):0,nvar>4?llm_quant_p16_bytes(N,K,8):0,nvar>4?llm_quant_p16_bytes(N,K,11):0,nvar>4?llm_quant_p16_bytes(N,K,12):0};
     int copies=(int)((256u<<20)/((size_t)N*K*2)); if(copies<1) copies=1; if(copies>64) copies=64;
     void*ws[NVAR][64];
-    uint8_t*q8=malloc(nb*34),*q4=malloc(nb*18),*q4as8=malloc(nb*34),*q4k=malloc(ns*144),*q6k=malloc(ns*210); uint16_t*bf=malloc((size_t)N*K*2);
+    uint8_t*q8=malloc(nb*34),*q4=malloc(nb*18),*q4as8=malloc(nb*34),*q4k=malloc(ns*144),*q6k=malloc(ns*210),*q5k=malloc(ns*176),*iq4=malloc(ns*136);
+    uint16_t*bf=malloc((size_t)N*K*2);
+    for(size_t b=0;b<ns*176;b++) q5k[b]=(uint8_t)((b*2654435761u)>>11);
+    for(size_t b=0;b<ns*136;b++) iq4[b]=(uint8_t)((b*2246822519u)>>11);
     for(size_t b=0;b<ns*144;b++) q4k[b]=(uint8_t)((b*2654435761u)>>13); // any scales, mins and nibbles
     for(size_t b=0;b<ns*210;b++) q6k[b]=(uint8_t)((b*2246822519u)>>13);
     for(size_t b=0;b<ns;b++){ uint16_t d=f32_to_f16_bits(0.0005f), m=f32_to_f16_bits(0.0002f);
-      memcpy(q4k+b*144,&d,2); memcpy(q4k+b*144+2,&m,2); memcpy(q6k+b*210+208,&d,2); }
+      memcpy(q4k+b*144,&d,2); memcpy(q4k+b*144+2,&m,2); memcpy(q6k+b*210+208,&d,2);
+      memcpy(q5k+b*176,&d,2); memcpy(q5k+b*176+2,&m,2); memcpy(iq4+b*136,&d,2); }
     for(size_t b=0;b<nb;b++){ uint16_t d=f32_to_f16_bits(0.01f+0.001f*(float)(b%7));
       memcpy(q8+b*34,&d,2); memcpy(q4+b*18,&d,2); memcpy(q4as8+b*34,&d,2);
       for(int j=0;j<32;j++) q8[b*34+2+j]=(uint8_t)((b*31+j*7919)%255);
@@ -91,8 +96,8 @@ static int quant_ab(int argc, char **argv){
     for(size_t i=0;i<(size_t)N*K;i++) bf[i]=0x3c00+(i*7919%512);
     for(int v=0;v<nvar;v++) for(int c=0;c<copies;c++){
       ws[v][c]=(void*)(intptr_t)llm_alloc((int64_t)wb[v]);
-      void*src=v==0?(void*)bf:v==1?(void*)q8:v==2?(void*)q4:v==3?(void*)q4as8:v==4?(void*)q4k:(void*)q6k;
-      size_t sb=v==0?(size_t)N*K*2:v==2?nb*18:v==4?ns*144:v==5?ns*210:nb*34;
+      void*srcs[NVAR]={bf,q8,q4,q4as8,q4k,q6k,q5k,iq4}; void*src=srcs[v];
+      const size_t sbs[NVAR]={(size_t)N*K*2,nb*34,nb*18,nb*34,ns*144,ns*210,ns*176,ns*136}; size_t sb=sbs[v];
       void*st=(void*)(intptr_t)llm_alloc((int64_t)sb); memcpy(st,src,sb);
       if(v==0) llm_op_pack_bf16_p16((intptr_t)st,(intptr_t)ws[v][c],N,K); else llm_op_pack_quant((intptr_t)st,(intptr_t)ws[v][c],N,K,dts[v]);
       sync_(); free(st); }
@@ -111,7 +116,7 @@ static int quant_ab(int argc, char **argv){
       printf("\n"); free(x); free(y);
     }
     for(int v=0;v<nvar;v++) for(int c=0;c<copies;c++) free(ws[v][c]);
-    free(q8); free(q4); free(q4as8); free(q4k); free(q6k); free(bf);
+    free(q8); free(q4); free(q4as8); free(q4k); free(q6k); free(q5k); free(iq4); free(bf);
   }
   return 0;
 }
