@@ -9,7 +9,8 @@
 // contracts a plain multiply and add), so the portable kernel computes the same bits.
 //
 // Q4_K runs Q4_0's nibble loop from zero (no offset) and subtracts each block's min term after it;
-// Q5_K the same with each nibble vector or'ed with its fifth bits (a shift and a mask). IQ4_XS turns
+// Q5_K the same with each nibble vector or'ed with its fifth bits (a shift and a mask); Q4_1 / Q5_1 as
+// Q4_K / Q5_K with the block's own f16 d and -m. IQ4_XS turns
 // Q4_0's nibbles into its table's bytes with vpshufb (the table in each 128-bit lane), then runs as
 // Q8_0 with the block's scale d * sc.
 // Q6_K ors each nibble vector with its 2-bit high parts (two shifts and masks) and folds each half of
@@ -143,14 +144,14 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       }
       continue;
     }
-    const int kmin = Q4 == QK_Q4_K || Q4 == QK_Q5_K; // a min per block, no offset
+    const int kmin = quant_has_min(Q4), five = quant_has_fifth(Q4); // a min per block, no offset; fifth bits
     for (int i = 0; i < MR; i++) {
       const __m512i c0 = kmin ? _mm512_setzero_si512() : _mm512_set1_epi32(cr[i][b]);
       for (int v = 0; v < NV; v++) ia[i][v] = c0;
     }
     if (Q4) {
       __m512i h5[QNV];
-      if (Q4 == QK_Q5_K)
+      if (five)
         for (int v = 0; v < NV; v++) h5[v] = _mm512_loadu_si512(wp[v] + b * qb + 256);
       for (int j = 0; j < 4; j++) {
         __m512i l4[QNV], h4[QNV];
@@ -158,7 +159,7 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
           const __m512i r = _mm512_loadu_si512(wp[v] + b * qb + j * 64);
           l4[v] = _mm512_and_si512(r, nib);
           h4[v] = _mm512_and_si512(_mm512_srli_epi16(r, 4), nib);
-          if (Q4 == QK_Q5_K) {
+          if (five) {
             // bits 2j and 2j + 1 of each fifth-bit byte moved to bit 4 (16-bit shifts of at most 4:
             // bit 4 of either byte comes from its own byte)
             __m512i u0, u1;
@@ -197,6 +198,12 @@ static inline __attribute__((always_inline)) void qtile(const int MR, const int 
       // d * sc and dmin * mn, exact; acc = (acc + i_b (d_x d_w)) - s_b (d_x m_w)
       __m512 mw[QNV];
       for (int v = 0; v < NV; v++) {
+        if (Q4 == QK_Q4_1 || Q4 == QK_Q5_1) { // the block's d and -m, f16
+          const uint16_t *d1 = (const uint16_t *)(wp[v] + KB * qb) + b * 16;
+          dw[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d1));
+          mw[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d1 + KB * 16)));
+          continue;
+        }
         const uint8_t *ks = wp[v] + KB * qb;
         const uint16_t *kd = (const uint16_t *)(ks + KB * 32) + (b / 8) * 16;
         const __m512 scv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ks + b * 16))));
@@ -298,6 +305,20 @@ static void run_tile(const qctx *c, int q4, int nv, int64_t m0, int64_t mr, int6
     else if (mr == 2) QRUN(2, 2, 4);
     else if (mr == 3) QRUN(3, 2, 4);
     else QRUN(4, 2, 4);
+  } else if (q4 == QK_Q4_1) {
+    if (nv == 6) QRUN(1, 6, 6);
+    else if (nv == 4) QRUN(2, 4, 6);
+    else if (mr == 1) QRUN(1, 2, 6);
+    else if (mr == 2) QRUN(2, 2, 6);
+    else if (mr == 3) QRUN(3, 2, 6);
+    else QRUN(4, 2, 6);
+  } else if (q4 == QK_Q5_1) {
+    if (nv == 6) QRUN(1, 6, 7);
+    else if (nv == 4) QRUN(2, 4, 7);
+    else if (mr == 1) QRUN(1, 2, 7);
+    else if (mr == 2) QRUN(2, 2, 7);
+    else if (mr == 3) QRUN(3, 2, 7);
+    else QRUN(4, 2, 7);
   } else if (q4 == QK_IQ4_XS) {
     if (nv == 6) QRUN(1, 6, 5);
     else if (nv == 4) QRUN(2, 4, 5);

@@ -14,13 +14,15 @@
 // Element types; the numbers are part of the FFI (src/backends/cpu/native-lib.ts mirrors them).
 // DT_BF16_P16: bf16 matmul weights in 16-row panels of k pairs (weight_pack.c), only as a
 // matmul's w or an embedding table. DT_Q8_0_P16 / DT_Q4_0_P16 / DT_Q4_K_P16 / DT_Q6_K_P16 / DT_Q5_K_P16 /
-// DT_IQ4_XS_P16: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matmul weights kept quantized in 16-row
+// DT_IQ4_XS_P16 / DT_Q4_1_P16 / DT_Q5_1_P16: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1
+// matmul weights kept quantized in 16-row
 // panels (quant_pack.c), in the same two roles.
 // DT_KV_INT8 / DT_KV_FP8: KV pools of one-byte values with an f32 scale per row (kv_format.h).
 enum {
   DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_BF16_P16 = 4,
   DT_Q8_0_P16 = 5, DT_Q4_0_P16 = 6, DT_Q4_K_P16 = 7, DT_Q6_K_P16 = 8,
-  DT_KV_INT8 = 9, DT_KV_FP8 = 10, DT_Q5_K_P16 = 11, DT_IQ4_XS_P16 = 12
+  DT_KV_INT8 = 9, DT_KV_FP8 = 10, DT_Q5_K_P16 = 11, DT_IQ4_XS_P16 = 12,
+  DT_Q4_1_P16 = 13, DT_Q5_1_P16 = 14
 };
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
@@ -75,34 +77,43 @@ void gemm_p16_bf16dot(const float *x, const uint32_t *w, const float *bias, floa
 
 // ---- quantized weights in panels (quant_pack.c, gemm_q8.c) -------------------------------------
 
-static inline int dt_quant(int dt) { return (dt >= DT_Q8_0_P16 && dt <= DT_Q6_K_P16) || dt == DT_Q5_K_P16 || dt == DT_IQ4_XS_P16; }
+static inline int dt_quant(int dt) { return (dt >= DT_Q8_0_P16 && dt <= DT_Q6_K_P16) || (dt >= DT_Q5_K_P16 && dt <= DT_Q5_1_P16); }
 // The kernels' variant of a quantized panel dtype: QK_Q8_0, QK_Q4_0 (nibbles, offset 8), QK_Q4_K
 // (nibbles, a min per block), QK_Q6_K (nibbles and 2-bit high parts, a scale per 16 k, offset 32),
 // QK_Q5_K (Q4_K's, and a fifth bit per weight), QK_IQ4_XS (nibbles indexing a table of bytes, offset
-// 128, an int8 scale per block times its super-block's f16).
-enum { QK_Q8_0 = 0, QK_Q4_0 = 1, QK_Q4_K = 2, QK_Q6_K = 3, QK_Q5_K = 4, QK_IQ4_XS = 5 };
-static inline int quant_kind(int dt) { return dt <= DT_Q6_K_P16 ? dt - DT_Q8_0_P16 : dt == DT_Q5_K_P16 ? QK_Q5_K : QK_IQ4_XS; }
+// 128, an int8 scale per block times its super-block's f16), QK_Q4_1 / QK_Q5_1 (nibbles, Q5_1 with
+// fifth bits as Q5_K's; an f16 scale and an f16 min per block).
+enum { QK_Q8_0 = 0, QK_Q4_0 = 1, QK_Q4_K = 2, QK_Q6_K = 3, QK_Q5_K = 4, QK_IQ4_XS = 5, QK_Q4_1 = 6, QK_Q5_1 = 7 };
+static inline int quant_kind(int dt) { return dt <= DT_Q6_K_P16 ? dt - DT_Q8_0_P16 : dt - DT_Q5_K_P16 + QK_Q5_K; }
+// Kinds with a min per block (their weights carry no offset; x's block sums multiply the min) and
+// kinds with fifth bits after each block's nibbles.
+static inline int quant_has_min(int kind) { return kind == QK_Q4_K || kind == QK_Q5_K || kind == QK_Q4_1 || kind == QK_Q5_1; }
+static inline int quant_has_fifth(int kind) { return kind == QK_Q5_K || kind == QK_Q5_1; }
 // Bytes of a panel block's quants (16 rows x 32 k), ahead of the KB blocks' scales: Q8_0 512 (a byte
 // a weight), the nibble kinds 256, Q6_K 384 (nibbles, then the 2-bit high parts), Q5_K 320 (nibbles,
-// then the fifth bits).
+// then the fifth bits), Q5_1 320.
 static inline int64_t quant_quants_bytes(int kind) {
-  static const int64_t qb[] = {512, 256, 256, 384, 320, 256};
+  static const int64_t qb[] = {512, 256, 256, 384, 320, 256, 256, 320};
   return qb[kind];
 }
 // Weights a ggml block of dt holds (K must be a multiple): 32, or 256 for the K-quants and IQ4_XS.
-static inline int64_t quant_k_multiple(int dt) { return quant_kind(dt) >= QK_Q4_K ? 256 : 32; }
+static inline int64_t quant_k_multiple(int dt) {
+  const int k = quant_kind(dt);
+  return k == QK_Q8_0 || k == QK_Q4_0 || k == QK_Q4_1 || k == QK_Q5_1 ? 32 : 256;
+}
 // Bytes of w[N][K] (K a multiple of quant_k_multiple) per panel block of 32 k: DT_Q8_0_P16 544,
-// DT_Q4_0_P16 288, DT_Q4_K_P16 296, DT_Q6_K_P16 420, DT_Q5_K_P16 360, DT_IQ4_XS_P16 276.
+// DT_Q4_0_P16 288, DT_Q4_K_P16 296, DT_Q6_K_P16 420, DT_Q5_K_P16 360, DT_IQ4_XS_P16 276, DT_Q4_1_P16 320,
+// DT_Q5_1_P16 384.
 static inline size_t quant_p16_bytes(int64_t N, int64_t K, int dt) {
-  static const int per_block[] = {544, 288, 296, 420, 360, 276};
+  static const int per_block[] = {544, 288, 296, 420, 360, 276, 320, 384};
   return (size_t)((N + 15) / 16) * (size_t)(K / 32) * (size_t)per_block[quant_kind(dt)];
 }
 // x's per-block integer terms a kind needs: xc holds quant_x_sums(kind) int32 per block of 32 (Q6_K:
 // one per 16 k), each -c_off times the sum of those q, c_off = quant_x_offset(kind) (the weights'
-// unsigned offset; Q4_K's and Q5_K's -1 gives the plain sum, for their mins).
+// unsigned offset; the min kinds' -1 gives the plain sum, for their mins).
 static inline int quant_x_sums(int kind) { return kind == QK_Q6_K ? 2 : 1; }
 static inline int quant_x_offset(int kind) {
-  static const int off[] = {128, 8, -1, 32, -1, 128};
+  static const int off[] = {128, 8, -1, 32, -1, 128, -1, -1};
   return off[kind];
 }
 // dst[0..K) = row n of a quantized panel matrix, dequantized (exact: f16 scale x small integer).

@@ -42,6 +42,9 @@
 //   values), then sc KB x 16 int8 (row 16p + l's 6-bit block scale minus 32 at [b][l]) and d KS x 16 f16:
 //   276 bytes a panel block against the file's 272 (136 per 256 weights). w = (d * sc) * kv[q], d * sc
 //   exact in f32; the kernels multiply kv[q] + 128 (unsigned) and start from -128 times x's block sum.
+// Q4_1 / Q5_1 (K a multiple of 32): the nibbles as Q4_0's (values 0..15, no offset), Q5_1 with fifth bits
+//   as Q5_K's after each block's nibbles, then d KB x 16 f16 (the file's scale) and nm KB x 16 f16 (its
+//   min, negated: exact): 320 / 384 bytes a panel block, the file's 20 / 24 per 32 weights. w = d * q + m.
 //
 // Why unsigned weights: vpdpbusd multiplies unsigned bytes by signed ones. The weights take the
 // unsigned side, offset by C (128 for Q8_0, 8 for Q4_0: its nibbles as they are, 32 for Q6_K), and the
@@ -62,7 +65,8 @@
 //   Q4_K: d_w = d * sc and m_w = dmin * mn (exact), i_b the dot of x's values with the 4-bit q, s_b
 //   the sum of x's values in the block; acc = (acc + float(i_b) * (d_x * d_w)) - float(s_b) * (d_x * m_w),
 //   each product and sum rounded to f32, in that order.
-//   Q5_K: as Q4_K, i_b the dot with the 5-bit q. IQ4_XS: as Q8_0, d_w = d * sc.
+//   Q5_K: as Q4_K, i_b the dot with the 5-bit q. IQ4_XS: as Q8_0, d_w = d * sc. Q4_1 / Q5_1: as Q4_K with
+//   d_w = d and m_w = -m (so the min term's subtraction adds m's).
 //   Q6_K: the block's two halves of 16 k in turn, acc = acc + float(i_h) * (d_x * d_w_h), i_h the dot
 //   over the half (started from -32 times the half's sum of x's values, so it is that of q - 32).
 #include <math.h>
@@ -72,7 +76,7 @@
 #include "llm.h"
 #include "simd.h"
 
-enum { Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOCK_BYTES = 210, Q5K_BLOCK_BYTES = 176,
+enum { Q41_BLOCK_BYTES = 20, Q51_BLOCK_BYTES = 24, Q8_BLOCK_BYTES = 34, Q4_BLOCK_BYTES = 18, Q4K_BLOCK_BYTES = 144, Q6K_BLOCK_BYTES = 210, Q5K_BLOCK_BYTES = 176,
        IQ4XS_BLOCK_BYTES = 136 };
 
 // IQ4_NL / IQ4_XS's table (ggml's kvalues_iq4nl)
@@ -209,6 +213,45 @@ static void pack_panel_q6k(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t 
   }
 }
 
+// Q4_1 (q5 0) or Q5_1 (q5 1) panel p from the ggml blocks (row n's block b at raw + (n KB + b) * 20 or
+// 24: d, m, Q5_1's u32 of fifth bits (bit e: element e's), 16 bytes of nibbles, low nibbles elements 0..15).
+static void pack_panel_q41(uint8_t *dst, const uint8_t *raw, int64_t N, int64_t KB, int64_t p, int q5) {
+  const int64_t qb = q5 ? 320 : 256, bb = q5 ? Q51_BLOCK_BYTES : Q41_BLOCK_BYTES;
+  uint16_t *d = (uint16_t *)(dst + KB * qb), *nm = d + KB * 16;
+  for (int64_t l = 0; l < 16; l++) {
+    const int64_t n = p * 16 + l;
+    for (int64_t b = 0; b < KB; b++) {
+      uint8_t *q = dst + b * qb;
+      if (n >= N) {
+        d[b * 16 + l] = nm[b * 16 + l] = 0;
+        for (int j = 0; j < qb / 64; j++) memset(q + j * 64 + l * 4, 0, 4);
+        continue;
+      }
+      const uint8_t *src = raw + (n * KB + b) * bb;
+      memcpy(&d[b * 16 + l], src, 2);
+      uint16_t m;
+      memcpy(&m, src + 2, 2);
+      nm[b * 16 + l] = (uint16_t)(m ^ 0x8000);
+      uint32_t qh = 0;
+      if (q5) memcpy(&qh, src + 4, 4);
+      const uint8_t *qs = src + (q5 ? 8 : 4);
+      uint8_t u[32];
+      for (int e = 0; e < 16; e++) {
+        u[e] = (uint8_t)((qs[e] & 0xF) | (((qh >> e) & 1) << 4));
+        u[e + 16] = (uint8_t)((qs[e] >> 4) | (((qh >> (e + 16)) & 1) << 4));
+      }
+      for (int t = 0; t < 4; t++) {
+        uint8_t hv = 0;
+        for (int j = 0; j < 4; j++) {
+          q[j * 64 + l * 4 + t] = (uint8_t)((u[8 * j + t] & 0xF) | ((u[8 * j + 4 + t] & 0xF) << 4));
+          for (int h = 0; h < 2; h++) hv |= (uint8_t)((u[8 * j + 4 * h + t] >> 4) << (2 * j + h));
+        }
+        if (q5) q[256 + l * 4 + t] = hv;
+      }
+    }
+  }
+}
+
 // Packs panel p from the ggml blocks (row n's block b at raw + (n KB + b) * block bytes).
 static void pack_panel(uint8_t *dst, const uint8_t *raw, int dt, int64_t N, int64_t KB, int64_t p) {
   const int q4 = quant_q4(dt);
@@ -259,6 +302,7 @@ static int exec_pack_quant(const llm_cmd *c) {
   for (int64_t p = 0; p < P; p++) {
     if (dt == DT_Q4_K_P16 || dt == DT_Q5_K_P16) pack_panel_q4k(dst + p * pb, raw, N, KB, p, dt == DT_Q5_K_P16);
     else if (dt == DT_IQ4_XS_P16) pack_panel_iq4xs(dst + p * pb, raw, N, KB, p);
+    else if (dt == DT_Q4_1_P16 || dt == DT_Q5_1_P16) pack_panel_q41(dst + p * pb, raw, N, KB, p, dt == DT_Q5_1_P16);
     else if (dt == DT_Q6_K_P16) pack_panel_q6k(dst + p * pb, raw, N, KB, p);
     else pack_panel(dst + p * pb, raw, dt, N, KB, p);
   }
@@ -276,19 +320,23 @@ void quant_row_to_f32(float *dst, const void *w, int dt, int64_t n, int64_t K) {
   const int q4 = quant_q4(dt);
   const int64_t KB = K / 32, qb = q4 ? 256 : 512, l = n % 16;
   const uint8_t *panel = (const uint8_t *)w + (n / 16) * (int64_t)quant_p16_bytes(16, K, dt);
-  if (dt == DT_Q4_K_P16 || dt == DT_Q5_K_P16) { // (d * sc) * q - dmin * mn, rounded as gguf dequantizes: the product, then the difference
-    const int64_t kqb = quant_quants_bytes(quant_kind(dt));
+  if (quant_has_min(quant_kind(dt))) {
+    // K-quants: (d * sc) * q - dmin * mn; Q4_1 / Q5_1: d * q - (-m); rounded as gguf dequantizes: the
+    // product, then the difference
+    const int kind = quant_kind(dt), kq = kind == QK_Q4_K || kind == QK_Q5_K;
+    const int64_t kqb = quant_quants_bytes(kind);
     const uint8_t *sc = panel + KB * kqb, *mn = sc + KB * 16;
     const uint16_t *d = (const uint16_t *)(mn + KB * 16), *dmin = d + (KB / 8) * 16;
+    const uint16_t *d1 = (const uint16_t *)(panel + KB * kqb), *nm1 = d1 + KB * 16;
     for (int64_t b = 0; b < KB; b++) {
-      const float dw = f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 16 + l];
-      const float mw = f16_to_f32(dmin[(b / 8) * 16 + l]) * (float)mn[b * 16 + l];
+      const float dw = kq ? f16_to_f32(d[(b / 8) * 16 + l]) * (float)sc[b * 16 + l] : f16_to_f32(d1[b * 16 + l]);
+      const float mw = kq ? f16_to_f32(dmin[(b / 8) * 16 + l]) * (float)mn[b * 16 + l] : f16_to_f32(nm1[b * 16 + l]);
       const uint8_t *q = panel + b * kqb;
       float *o = dst + b * 32;
       for (int j = 0; j < 4; j++)
         for (int t = 0; t < 4; t++) {
           const uint8_t u = q[j * 64 + l * 4 + t];
-          const int h5 = kqb == 320 ? q[256 + l * 4 + t] >> (2 * j) : 0; // Q5_K's fifth bits
+          const int h5 = quant_has_fifth(kind) ? q[256 + l * 4 + t] >> (2 * j) : 0;
           const float lo = (float)((u & 0xF) | ((h5 & 1) << 4)) * dw, hi = (float)((u >> 4) | ((h5 & 2) << 3)) * dw;
           o[8 * j + t] = lo - mw;
           o[8 * j + 4 + t] = hi - mw;
@@ -391,7 +439,8 @@ __attribute__((target_clones("avx2", "default"))) static void
 quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const uint8_t *panel, int kind,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t m0, int64_t m1, int64_t p) {
   const int64_t KB = K / 32, qb = quant_quants_bytes(kind);
-  const int kmin = kind == QK_Q4_K || kind == QK_Q5_K; // a min per block
+  const int kmin = quant_has_min(kind), kq = kind == QK_Q4_K || kind == QK_Q5_K;
+  const uint16_t *d1 = (const uint16_t *)(panel + KB * qb), *nm1 = d1 + KB * 16; // Q4_1 / Q5_1
   const uint16_t *scales = (const uint16_t *)(panel + KB * qb);
   const uint8_t *ksc = panel + KB * qb, *kmn = ksc + KB * 16;
   const uint16_t *kd = (const uint16_t *)(kmn + KB * 16), *kdmin = kd + (KB / 8) * 16;
@@ -432,7 +481,7 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
             for (int t = 0; t < 4; t++) {
               const uint8_t u = q[j * 64 + l * 4 + t];
               int32_t lo = u & 0xF, hi = u >> 4;
-              if (kind == QK_Q5_K) {
+              if (quant_has_fifth(kind)) {
                 const int h5 = q[256 + l * 4 + t] >> (2 * j);
                 lo |= (h5 & 1) << 4;
                 hi |= (h5 & 2) << 3;
@@ -450,8 +499,8 @@ quant_panel_portable(const int8_t *xq, const float *xd, const int32_t *xc, const
       if (kmin) {
         const float sum = (float)xc[m * KB + b];
         for (int l = 0; l < 16; l++) {
-          const float dw = f16_to_f32(kd[(b / 8) * 16 + l]) * (float)ksc[b * 16 + l];
-          const float mw = f16_to_f32(kdmin[(b / 8) * 16 + l]) * (float)kmn[b * 16 + l];
+          const float dw = kq ? f16_to_f32(kd[(b / 8) * 16 + l]) * (float)ksc[b * 16 + l] : f16_to_f32(d1[b * 16 + l]);
+          const float mw = kq ? f16_to_f32(kdmin[(b / 8) * 16 + l]) * (float)kmn[b * 16 + l] : f16_to_f32(nm1[b * 16 + l]);
           const float s = dx * dw, t = dx * mw;
           const float f = (float)is[l] * s, g = sum * t;
           const float a = acc[l] + f;

@@ -75,7 +75,7 @@ export interface WeightSource {
    */
   decode?: (dtype: 'f32' | 'f16' | 'bf16') => Uint8Array;
   /**
-   * GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matrices (2-D, rows of whole blocks): the file's ggml blocks, rows
+   * GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 matrices (2-D, rows of whole blocks): the file's ggml blocks, rows
    * in the order of `shape` (llama.cpp's q/k permutation undone), for a backend that keeps such
    * matmul weights quantized (the CPU backend, `loadWeight(.., 'keep', 'matmul')`); `decode` still
    * gives the values for every other use.
@@ -104,7 +104,7 @@ export interface Fp8Matrix {
 }
 
 /** ggml types a backend may keep quantized (WeightSource.quantized) */
-export type QuantizedType = 'Q8_0' | 'Q4_0' | 'Q4_K' | 'Q6_K' | 'Q5_K' | 'IQ4_XS';
+export type QuantizedType = 'Q8_0' | 'Q4_0' | 'Q4_K' | 'Q6_K' | 'Q5_K' | 'IQ4_XS' | 'Q4_1' | 'Q5_1';
 
 export type Activation = 'silu' | 'gelu_tanh' | 'gelu';
 

@@ -1,8 +1,8 @@
-// GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matmul weights kept quantized on the CPU backend (native/quant_pack.c,
+// GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 matmul weights kept quantized on the CPU backend (native/quant_pack.c,
 // gemm_q8.c; LLMTS_CPU_QUANT_WEIGHTS): read back and embedding rows are the exact dequantized
 // values; a matmul is bit for bit a TypeScript model of the kernels' arithmetic (x quantized per
 // block of 32, each block's exact integer dot times d_x * d_w into one f32 sum, blocks in order;
-// Q4_K / Q5_K then subtract the block's sum of x times d_x * m_w; Q6_K sums each half of 16 with its own scale)
+// Q4_K / Q5_K / Q4_1 / Q5_1 then subtract the block's sum of x times d_x * m_w; Q6_K sums each half of 16 with its own scale)
 // on every ISA, one thread or the team; each row is the same whatever M is; the result is within a
 // bound derived from x's rounding of the f32 matmul of the dequantized weights; other ops refuse
 // the tensor by name.
@@ -19,11 +19,11 @@ import { GGML_TYPE_BY_NAME } from '../../src/artifacts/gguf/ggml-types.ts';
 import { CPU_ISA_NAMES, forEachCpuIsa, randomF32, rng } from './helpers.ts';
 
 const fr = Math.fround;
-const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210, Q5_K: 176, IQ4_XS: 136 };
+const BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 34, Q4_0: 18, Q4_K: 144, Q6_K: 210, Q5_K: 176, IQ4_XS: 136, Q4_1: 20, Q5_1: 24 };
 /** weights a ggml block holds */
-const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256, Q5_K: 256, IQ4_XS: 256 };
+const BLOCK_SIZE: Record<QuantizedType, number> = { Q8_0: 32, Q4_0: 32, Q4_K: 256, Q6_K: 256, Q5_K: 256, IQ4_XS: 256, Q4_1: 32, Q5_1: 32 };
 /** a panel's bytes per block of 32 k (native/llm.h quant_p16_bytes) */
-const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420, Q5_K: 360, IQ4_XS: 276 };
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420, Q5_K: 360, IQ4_XS: 276, Q4_1: 320, Q5_1: 384 };
 /** ggml's kvalues_iq4nl */
 const IQ4_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
@@ -58,7 +58,8 @@ function randomBlocks(r: () => number, type: QuantizedType, N: number, K: number
   }
   // f16s at the block's start: Q4_K's and Q5_K's d and dmin (a tenth as large: 6-bit factors), IQ4_XS's d
   // (smaller still: 6-bit factors of 7-bit values)
-  const scaled = type === 'Q4_K' || type === 'Q5_K' ? 2 : 1;
+  // Q4_1's and Q5_1's d and m
+  const scaled = type === 'Q4_K' || type === 'Q5_K' || type === 'Q4_1' || type === 'Q5_1' ? 2 : 1;
   const size = type === 'Q4_K' || type === 'Q5_K' ? 0.0003 : type === 'IQ4_XS' ? 0.00002 : 0.02;
   const scales = encodeHalf(Float32Array.from({ length: nb * scaled }, () => (r() < 0.5 ? -1 : 1) * (size / 10 + size * r())), 'f16');
   for (let b = 0; b < nb; b++) {
@@ -128,6 +129,22 @@ function weightInts(type: QuantizedType, raw: Uint8Array, N: number, K: number):
       }
     }
     return { q, d, sub: 32 };
+  }
+  if (type === 'Q4_1' || type === 'Q5_1') {
+    // w = d q + m: the model's d q - m' with m' = -m
+    const m = new Float32Array(N * KB), q5 = type === 'Q5_1';
+    for (let blk = 0; blk < N * KB; blk++) {
+      const o = blk * bb;
+      d[blk] = F16_TO_F32[raw[o]! | (raw[o + 1]! << 8)]!;
+      m[blk] = -F16_TO_F32[raw[o + 2]! | (raw[o + 3]! << 8)]!;
+      const qh = q5 ? (raw[o + 4]! | (raw[o + 5]! << 8) | (raw[o + 6]! << 16) | (raw[o + 7]! << 24)) >>> 0 : 0;
+      const qs = o + (q5 ? 8 : 4);
+      for (let j = 0; j < 32; j++) {
+        const nibble = j < 16 ? raw[qs + j]! & 0xf : raw[qs + j - 16]! >> 4;
+        q[blk * 32 + j] = nibble | (((qh >>> j) & 1) << 4);
+      }
+    }
+    return { q, d, m, sub: 32 };
   }
   for (let blk = 0; blk < N * KB; blk++) {
     const o = blk * bb;
@@ -206,13 +223,13 @@ function firstDiff(a: Float32Array, b: Float32Array): string | undefined {
   return undefined;
 }
 
-const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q5_K', 'IQ4_XS'];
+const TYPES: QuantizedType[] = ['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q5_K', 'IQ4_XS', 'Q4_1', 'Q5_1'];
 // odd N (partial panels of 16), K a multiple of 32 (the K-quants: 256) from one block up
 const SHAPES_32: [number, number][] = [[1, 32], [17, 32], [15, 64], [33, 96], [40, 256], [130, 1024]];
 const SHAPES_256: [number, number][] = [[1, 256], [17, 256], [33, 512], [130, 1024]];
 const shapesOf = (type: QuantizedType) => (BLOCK_SIZE[type] === 256 ? SHAPES_256 : SHAPES_32);
 
-describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS weights kept quantized', () => {
+describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 weights kept quantized', () => {
   it('load quantized only when kept, and read back the exact dequantized values', async () => {
     const r = rng(21);
     for (const type of TYPES) {
@@ -312,7 +329,7 @@ describe('GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS weights kept quantized'
         const raw = randomBlocks(r, type, N, K);
         const src = source(type, raw, N, K);
         const wv = new Float32Array(src.decode!('f32').buffer);
-        const wi = type === 'Q4_K' || type === 'Q5_K' ? weightInts(type, raw, N, K) : undefined;
+        const wi = ['Q4_K', 'Q5_K', 'Q4_1', 'Q5_1'].includes(type) ? weightInts(type, raw, N, K) : undefined;
         const t = await quant.loadWeight(src, 'keep', 'matmul');
         const M = 7, x = randomF32(r, M * K, 3);
         const y = (await quant.read(quant.matmul(quant.upload(x, [M, K]), t))) as Float32Array;

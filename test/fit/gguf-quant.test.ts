@@ -33,7 +33,7 @@ async function residentOnCpu(file: string, quantWeights: boolean): Promise<{ byt
 }
 
 describe('fit: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matrices kept quantized on the CPU', () => {
-  for (const [name, layouts] of [['llama_q8_0.gguf', ['q8_0']], ['mistral_q4_0.gguf', ['q4_0']], ['kquant.gguf', ['q4_k', 'q6_k', 'q8_0', 'q5_k', 'iq4_xs']], ['qwen3_q5_0.gguf', ['q8_0']]] as const) {
+  for (const [name, layouts] of [['llama_q8_0.gguf', ['q8_0']], ['mistral_q4_0.gguf', ['q4_0']], ['kquant.gguf', ['q4_k', 'q6_k', 'q8_0', 'q5_k', 'iq4_xs']], ['qwen3_q5_0.gguf', ['q8_0']], ['granite_q4_1.gguf', ['q4_1']], ['gemma2_q5_1.gguf', ['q5_1']]] as const) {
     it(`${name}: the CPU plan counts the quantized panels, CUDA's and the knob off the bf16 values`, async () => {
       const file = join(DIR, name);
       const quant = await residentOnCpu(file, true);

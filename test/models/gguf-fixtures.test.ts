@@ -4,7 +4,7 @@
 // tensors load dequantized into f32 (the reference's own values, so the f32 tolerance of every
 // fixture applies) and into bf16 (a rounding of every weight to 8 bits of mantissa: the tolerance
 // of the bf16 path, as for CUDA's bf16 activations), with LLMTS_CPU_QUANT_WEIGHTS off; and, the
-// default, Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
+// default, Q8_0 / Q4_0 / Q4_1 / Q5_1 / Q4_K / Q5_K / Q6_K / IQ4_XS matrices kept quantized (native/quant_pack.c: activations rounded to 8 bits
 // per block of 32 for the integer dot products), Q5_0 / IQ4_NL / Q3_K ones rewritten into Q8_0 / Q6_K
 // blocks of the same values (src/artifacts/gguf/transcode.ts) and kept so; the rest dequantized into
 // bf16; tolerance per ggml type.
@@ -22,9 +22,9 @@ const DIR = resolve(import.meta.dirname, '../fixtures/gguf');
 /** |Δ logprob| allowed on the matched prefix, by what the weights are dequantized into */
 const TOLERANCE = { f32: 0.05, bf16: 0.1 } as const;
 /** the same with those matrices kept quantized, by the fixture's ggml type ('mixed': kquant's) */
-const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, Q5_0: 0.1, mixed: 0.1 };
+const QUANT_TOLERANCE: Record<string, number> = { Q8_0: 0.1, Q4_0: 0.1, Q4_1: 0.1, Q5_0: 0.1, Q5_1: 0.1, mixed: 0.1 };
 /** the layouts a fixture's kept matrices must show, by its ggml type */
-const KEPT_LAYOUTS: Record<string, string[]> = { Q8_0: ['q8_0'], Q4_0: ['q4_0'], Q5_0: ['q8_0'], mixed: ['q8_0', 'q4_k', 'q6_k', 'q5_k', 'iq4_xs'] };
+const KEPT_LAYOUTS: Record<string, string[]> = { Q8_0: ['q8_0'], Q4_0: ['q4_0'], Q4_1: ['q4_1'], Q5_0: ['q8_0'], Q5_1: ['q5_1'], mixed: ['q8_0', 'q4_k', 'q6_k', 'q5_k', 'iq4_xs'] };
 /**
  * kquant's layer matrices (one ggml type each, its notes) by the layout they must be kept in; the
  * others dequantized (the 'p16' bf16 panels)

@@ -2,7 +2,7 @@
 // and the fit planner read. F32 / F16 / BF16 tensors stored as llmts keeps them are plain file
 // ranges, read by the backends exactly as safetensors payloads are; the rest carry a `decode`
 // that the backend calls when it loads the tensor: quantized blocks are dequantized (dequant.ts)
-// into `quantizedDtype`, and llama.cpp's q/k row permutation is undone. Q8_0, Q4_0, Q4_K, Q6_K, Q5_K and IQ4_XS matrices also
+// into `quantizedDtype`, and llama.cpp's q/k row permutation is undone. Q8_0, Q4_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K and IQ4_XS matrices also
 // carry their raw blocks (`quantized`, rows permuted back the same way), which the CPU backend keeps
 // as they are for its integer matmuls (native/quant_pack.c); Q5_0, IQ4_NL and Q3_K matrices carry
 // theirs rewritten, value for value, into Q8_0 or Q6_K blocks (transcode.ts).
@@ -65,7 +65,7 @@ export class GgufWeightIndex extends WeightIndex {
 }
 
 /** ggml types a backend may keep quantized (WeightSource.quantized) */
-const KEPT_QUANTIZED: ReadonlySet<string> = new Set<QuantizedType>(['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q5_K', 'IQ4_XS']);
+const KEPT_QUANTIZED: ReadonlySet<string> = new Set<QuantizedType>(['Q8_0', 'Q4_0', 'Q4_K', 'Q6_K', 'Q5_K', 'IQ4_XS', 'Q4_1', 'Q5_1']);
 
 /** The tensor's ggml blocks, rows in Hugging Face order (llama.cpp's q/k permutation undone). */
 function rawBlocks(ref: TensorRef, e: TensorEntry): Uint8Array {

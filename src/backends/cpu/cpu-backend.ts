@@ -15,7 +15,7 @@ import { type CpuLayout, CpuTensor } from './cpu-tensor.ts';
 import { numel } from '../../contracts/backend.ts';
 import { FenceWaiter } from './fence-waiter.ts';
 import {
-  ACT_CODE, DT_BF16_P16, DT_CODE, DT_IQ4_XS_P16, DT_Q4_0_P16, DT_Q4_K_P16, DT_Q5_K_P16, DT_Q6_K_P16, DT_Q8_0_P16, ISA_AVX512_BF16, loadNativeLib, type NativeLib,
+  ACT_CODE, DT_BF16_P16, DT_CODE, DT_IQ4_XS_P16, DT_Q4_0_P16, DT_Q4_1_P16, DT_Q4_K_P16, DT_Q5_1_P16, DT_Q5_K_P16, DT_Q6_K_P16, DT_Q8_0_P16, ISA_AVX512_BF16, loadNativeLib, type NativeLib,
 } from './native-lib.ts';
 import { fromPanels, panelsOnlyWhereRead } from './weight-panels.ts';
 import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
@@ -37,6 +37,8 @@ const QUANTIZED: Record<QuantizedType, { layout: CpuLayout; code: number; blockB
   Q6_K: { layout: 'q6_k', code: DT_Q6_K_P16, blockBytes: 210, blockSize: 256 },
   Q5_K: { layout: 'q5_k', code: DT_Q5_K_P16, blockBytes: 176, blockSize: 256 },
   IQ4_XS: { layout: 'iq4_xs', code: DT_IQ4_XS_P16, blockBytes: 136, blockSize: 256 },
+  Q4_1: { layout: 'q4_1', code: DT_Q4_1_P16, blockBytes: 20, blockSize: 32 },
+  Q5_1: { layout: 'q5_1', code: DT_Q5_1_P16, blockBytes: 24, blockSize: 32 },
 };
 const QUANT_LAYOUT_CODE: Partial<Record<CpuLayout, number>> = Object.fromEntries(Object.values(QUANTIZED).map((q) => [q.layout, q.code]));
 /** the native dtype code an op passes for a weight of `t`'s layout */
@@ -150,7 +152,7 @@ export class CpuBackend implements Backend {
       (mode === 'on' || this.lib.isa() === ISA_AVX512_BF16);
   }
 
-  /** GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matrices stay quantized (CpuSettings.quantWeights) */
+  /** GGUF Q8_0 / Q4_0 / Q4_1 / Q5_1 / Q4_K / Q5_K / Q6_K / IQ4_XS matrices stay quantized (CpuSettings.quantWeights) */
   private keepsQuantized(src: WeightSource): boolean {
     const q = src.quantized && QUANTIZED[src.quantized.type];
     return this.settings.quantWeights && q !== undefined && src.shape.length === 2 && src.shape[0]! > 0 &&

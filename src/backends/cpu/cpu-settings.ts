@@ -40,7 +40,7 @@ export interface CpuSettings {
    */
   readonly packWeights: 'auto' | 'on' | 'off';
   /**
-   * Whether GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matmul weights (and Q5_0 / IQ4_NL / Q3_K ones, as Q8_0 / Q6_K) stay quantized, in panels of their own (native/quant_pack.c;
+   * Whether GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 matmul weights (and Q5_0 / IQ4_NL / Q3_K ones, as Q8_0 / Q6_K) stay quantized, in panels of their own (native/quant_pack.c;
    * $LLMTS_CPU_QUANT_WEIGHTS, on by default): integer dot products on activations quantized per
    * block of 32 (AVX512-VNNI where the CPU has it, a portable kernel computing the same numbers
    * elsewhere), from a bit over a quarter (Q4_0, Q4_K) to a half (Q8_0) of bf16's bytes. Off

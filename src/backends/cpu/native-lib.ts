@@ -13,13 +13,15 @@ import { type CpuSettings, cpuSettingsFrom } from './cpu-settings.ts';
 export const DT_CODE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3, int8: 9, fp8: 10 };
 /** native/llm.h's DT_BF16_P16: bf16 weights in 16-row panels of k pairs (native/weight_pack.c) */
 export const DT_BF16_P16 = 4;
-/** native/llm.h's DT_Q8_0_P16 .. DT_Q6_K_P16, DT_Q5_K_P16, DT_IQ4_XS_P16: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS weights kept quantized in 16-row panels (native/quant_pack.c) */
+/** native/llm.h's DT_Q8_0_P16 .. DT_Q6_K_P16, DT_Q5_K_P16 .. DT_Q5_1_P16: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 weights kept quantized in 16-row panels (native/quant_pack.c) */
 export const DT_Q8_0_P16 = 5;
 export const DT_Q4_0_P16 = 6;
 export const DT_Q4_K_P16 = 7;
 export const DT_Q6_K_P16 = 8;
 export const DT_Q5_K_P16 = 11;
 export const DT_IQ4_XS_P16 = 12;
+export const DT_Q4_1_P16 = 13;
+export const DT_Q5_1_P16 = 14;
 /** native/llm.h's ISA_AVX512_BF16 */
 export const ISA_AVX512_BF16 = 3;
 export const ACT_CODE = { silu: 0, gelu_tanh: 1, gelu: 2 } as const;

@@ -1,7 +1,7 @@
 // bf16 matmul weights in panels (native/weight_pack.c): what the TS side of the CPU backend needs
 // to know of the layout. A panel tensor keeps its logical dtype and shape (bf16 [N, K]); only the
 // ops that read the layout may take it, every other op refuses it by name. The same holds for GGUF
-// Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS weights kept quantized in panels (native/quant_pack.c).
+// Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 weights kept quantized in panels (native/quant_pack.c).
 import type { OpChecks } from '../common/op-shapes.ts';
 import type { CpuTensor } from './cpu-tensor.ts';
 

@@ -107,7 +107,7 @@ export interface DryRunOptions {
   /** the CUDA backend's settings it mirrors (the tuner's on/off, the MoE grouping); default from the environment */
   cuda?: CudaSettings;
   /**
-   * CPU: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
+   * CPU: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 matmul weights stay quantized, in panels of 16 rows (CpuSettings.quantWeights,
    * native/quant_pack.c), and take those panels' bytes; default false
    */
   quantWeights?: boolean;
@@ -123,9 +123,10 @@ export interface DryRunOptions {
  * native/llm.h quant_p16_bytes: rows rounded up to panels of 16; a panel's block of 32 k takes 16 x 34
  * bytes (Q8_0), 16 x 18 (Q4_0), 16 x 18.5 (Q4_K: nibbles, a scale and a min byte, its super-block's two
  * f16s), 16 x 26.25 (Q6_K: nibbles, 2-bit high parts, two int8 scales, its super-block's f16), 16 x 22.5
- * (Q5_K: Q4_K's and the fifth bits) or 16 x 17.25 (IQ4_XS: nibbles, an int8 scale, its super-block's f16)
+ * (Q5_K: Q4_K's and the fifth bits), 16 x 17.25 (IQ4_XS: nibbles, an int8 scale, its super-block's f16), 16 x 20
+ * (Q4_1: nibbles, an f16 scale and min) or 16 x 24 (Q5_1: the same and the fifth bits)
  */
-const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420, Q5_K: 360, IQ4_XS: 276 };
+const PANEL_BLOCK_BYTES: Record<QuantizedType, number> = { Q8_0: 544, Q4_0: 288, Q4_K: 296, Q6_K: 420, Q5_K: 360, IQ4_XS: 276, Q4_1: 320, Q5_1: 384 };
 
 export function quantPanelBytes(type: QuantizedType, N: number, K: number): number {
   return Math.ceil(N / 16) * (K / 32) * PANEL_BLOCK_BYTES[type];

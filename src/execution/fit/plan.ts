@@ -98,7 +98,7 @@ export interface WeightsReport {
   checkpointBytes: number;
   /** checkpoint bytes per stored dtype ("BF16": ...) */
   checkpointBytesByDtype: Record<string, number>;
-  /** resident bytes per kept dtype ("Q8_0" / "Q4_0" / "Q4_K" / "Q6_K" / "Q5_K" / "IQ4_XS": matrices the CPU backend keeps quantized) */
+  /** resident bytes per kept dtype ("Q8_0" / "Q4_0" / "Q4_K" / "Q6_K" / "Q5_K" / "IQ4_XS" / "Q4_1" / "Q5_1": matrices the CPU backend keeps quantized) */
   residentBytesByDtype: Record<string, number>;
   tensors: number;
   /** checkpoint tensors the model never reads (a tied lm_head copy, rotary buffers, ...) */
@@ -296,7 +296,7 @@ export interface PlannerSource {
 export class FitPlanner {
   readonly config: ModelConfig;
   readonly contextLength: number;
-  /** per backend kind: the CPU keeps GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS (and, rewritten, Q5_0 / IQ4_NL / Q3_K) matrices quantized (CpuSettings.quantWeights), CUDA dequantizes them */
+  /** per backend kind: the CPU keeps GGUF Q8_0 / Q4_0 / Q4_K / Q6_K / Q5_K / IQ4_XS / Q4_1 / Q5_1 (and, rewritten, Q5_0 / IQ4_NL / Q3_K) matrices quantized (CpuSettings.quantWeights), CUDA dequantizes them */
   private readonly weightsByKind = new Map<BackendKind, { report: WeightsReport; decode: DecodeWeights }>();
   private readonly sims = new Map<string, Promise<Simulation>>();
   /** per (backend kind, batch): worst resident over every step of 1..T tokens, minus the base */
