@@ -1,4 +1,4 @@
-// Matmuls of quantized panel weights (DT_Q8_0_P16 .. DT_Q6_K_P16; quant_pack.c has the
+// Matmuls of quantized panel weights (DT_Q8_0_P16 .. DT_Q6_K_P16, DT_Q5_K_P16 .. DT_Q5_1_P16; quant_pack.c has the
 // layout and the arithmetic) with AVX512-VNNI: per group of 4 k, one vpdpbusd adds 16 rows x 4 byte products
 // of a panel into 16 int32 lanes, x's 4 bytes broadcast. A block's 8 groups sum exactly; then its
 // int32 sums become f32, times d_x * d_w, into one f32 accumulator per output, blocks in order.

@@ -1,5 +1,5 @@
-// Q8_0, Q4_0, Q4_K and Q6_K matmul weights kept quantized (DT_Q8_0_P16 .. DT_Q6_K_P16): the CPU
-// backend's layout for a GGUF file's Q8_0 / Q4_0 / Q4_K / Q6_K matrices, made once at load
+// Q8_0, Q4_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K and IQ4_XS matmul weights kept quantized (DT_Q8_0_P16 .. DT_Q6_K_P16, DT_Q5_K_P16 .. DT_Q5_1_P16): the CPU
+// backend's layout for a GGUF file's matrices of those types, made once at load
 // (llm_op_pack_quant) from the file's ggml blocks, and the arithmetic every kernel of it computes.
 //
 // Why: decode streams every weight once a token, so its speed is the weights' bytes; Q8_0 holds
